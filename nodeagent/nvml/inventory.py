@@ -1,0 +1,133 @@
+"""The Inventory: one immutable snapshot of what NVML reports about the node's GPUs."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+ARCHITECTURES = {
+    2: "kepler",
+    3: "maxwell",
+    4: "pascal",
+    5: "volta",
+    6: "turing",
+    7: "ampere",
+    8: "ada",
+    9: "hopper",
+    10: "blackwell",
+    13: "rubin",
+}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a GPU instance sits: `size` memory slices from `start`."""
+
+    start: int
+    size: int
+
+    def slots(self) -> range:
+        return range(self.start, self.start + self.size)
+
+    def __str__(self) -> str:
+        return f"{self.start}:{self.size}"
+
+
+@dataclass(frozen=True)
+class Engines:
+    copy: int
+    decoder: int
+    encoder: int
+    jpeg: int
+    ofa: int
+
+
+@dataclass(frozen=True)
+class GiProfile:
+    """A GPU-instance profile. `id` is NVML's profile id (not a PROFILE_* constant)."""
+
+    id: int
+    name: str  # as NVIDIA writes it in configs: "1g.18gb", "1g.18gb+me"
+    slice_count: int
+    instance_count: int
+    multiprocessor_count: int
+    memory_bytes: int
+    engines: Engines
+    placements: tuple[Placement, ...]
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    memory_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One GPU instance and its compute instance (a MIG device). A GI left without a CI
+    (a crash between the two creates) has `ci_id`, `mig_uuid` None."""
+
+    gpu_index: int
+    gi_id: int
+    ci_id: int | None
+    profile_id: int
+    profile: str
+    placement: Placement
+    mig_uuid: str | None
+    memory_total_bytes: int
+    memory_used_bytes: int
+    multiprocessor_count: int
+    processes: tuple[Process, ...]
+
+    @property
+    def in_use(self) -> bool:
+        return bool(self.processes)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    pci_device_id: int
+    memory_total_bytes: int
+    memory_used_bytes: int
+    memory_free_bytes: int
+    compute_capability: tuple[int, int]
+    architecture: str
+    mig_capable: bool
+    mig_current: bool
+    mig_pending: bool
+    memory_slice_count: int
+    profiles: tuple[GiProfile, ...]
+    slices: tuple[Slice, ...]
+    processes: tuple[Process, ...]  # on the full GPU (MIG disabled)
+
+    def profile_named(self, name: str) -> GiProfile | None:
+        return next((p for p in self.profiles if p.name == name), None)
+
+    def profile_by_id(self, profile_id: int) -> GiProfile | None:
+        return next((p for p in self.profiles if p.id == profile_id), None)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    driver_version: str
+    cuda_driver_version: int  # as NVML gives it: 13000 is CUDA 13.0
+    gpus: tuple[Gpu, ...]
+
+    @property
+    def cuda_version(self) -> str:
+        v = self.cuda_driver_version
+        return f"{v // 1000}.{v % 1000 // 10}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole snapshot as JSON-ready data (`nodeagent status --output json`)."""
+        data = asdict(self)
+        data["cuda_version"] = self.cuda_version
+        for gpu, raw in zip(self.gpus, data["gpus"], strict=True):
+            raw["pci_device_id"] = f"0x{gpu.pci_device_id:08X}"
+            for s, rs in zip(gpu.slices, raw["slices"], strict=True):
+                rs["in_use"] = s.in_use
+        return data

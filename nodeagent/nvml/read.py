@@ -1,0 +1,250 @@
+"""Read the node's GPUs through NVML into one immutable Inventory."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import replace
+from typing import Any
+
+from nodeagent.errors import NvmlError
+from nodeagent.nvml.inventory import (
+    ARCHITECTURES,
+    Engines,
+    GiProfile,
+    Gpu,
+    Inventory,
+    Placement,
+    Process,
+    Slice,
+)
+from nodeagent.nvml.session import INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, NvmlSession
+
+MIB = 1024 * 1024
+PROFILE_CONSTANT_COUNT = 18  # NVML_GPU_INSTANCE_PROFILE_COUNT
+CI_PROFILE_CONSTANT_COUNT = 9  # NVML_COMPUTE_INSTANCE_PROFILE_COUNT
+_ARRAY_SIZE = 32  # more than any profile's placements or instances
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _profile_name(raw: Any) -> str:
+    """NVML names profiles b'MIG 1g.18gb'; configs and labels use '1g.18gb'."""
+    return _text(raw).removeprefix("MIG ").strip()
+
+
+def read_profiles(session: NvmlSession, dev: Any, index: int) -> tuple[GiProfile, ...]:
+    """Every GPU-instance profile the GPU offers (readable with MIG disabled).
+
+    Loops over the NVML_GPU_INSTANCE_PROFILE_* constants: they only select a profile; the
+    returned `info.id` is what placement, capacity and create calls take.
+    nvidia-smi equivalent: `nvidia-smi mig -i N -lgip` and `-lgipp`.
+    """
+    lib = session.lib
+    profiles: dict[int, GiProfile] = {}
+    for constant in range(PROFILE_CONSTANT_COUNT):
+        try:
+            info = session.call("nvmlDeviceGetGpuInstanceProfileInfo", dev, constant)
+        except NvmlError as err:
+            if err.code in (NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND):
+                continue
+            raise
+        if info.instanceCount == 0 or info.id in profiles:
+            continue
+        placements = (lib.c_nvmlGpuInstancePlacement_t * _ARRAY_SIZE)()
+        count = ctypes.c_uint(_ARRAY_SIZE)
+        session.call(
+            "nvmlDeviceGetGpuInstancePossiblePlacements",
+            dev,
+            info.id,
+            placements,
+            ctypes.byref(count),
+            context=f"GPU {index}",
+        )
+        profiles[int(info.id)] = GiProfile(
+            id=int(info.id),
+            name=_profile_name(info.name),
+            slice_count=int(info.sliceCount),
+            instance_count=int(info.instanceCount),
+            multiprocessor_count=int(info.multiprocessorCount),
+            memory_bytes=int(info.memorySizeMB) * MIB,
+            engines=Engines(
+                copy=int(info.copyEngineCount),
+                decoder=int(info.decoderCount),
+                encoder=int(info.encoderCount),
+                jpeg=int(info.jpegCount),
+                ofa=int(info.ofaCount),
+            ),
+            placements=tuple(
+                Placement(int(placements[i].start), int(placements[i].size))
+                for i in range(count.value)
+            ),
+        )
+    return tuple(sorted(profiles.values(), key=lambda p: (p.slice_count, p.memory_bytes, p.name)))
+
+
+def _processes(session: NvmlSession, handle: Any) -> tuple[Process, ...]:
+    procs = session.read("nvmlDeviceGetComputeRunningProcesses", handle) or []
+    return tuple(
+        Process(
+            pid=int(p.pid),
+            memory_bytes=None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+        )
+        for p in procs
+    )
+
+
+def _gpu_instances(session: NvmlSession, dev: Any, profile: GiProfile) -> list[Any]:
+    lib = session.lib
+    arr = (lib.c_nvmlGpuInstance_t * _ARRAY_SIZE)()
+    count = ctypes.c_uint(0)
+    session.call("nvmlDeviceGetGpuInstances", dev, profile.id, arr, ctypes.byref(count))
+    return [arr[i] for i in range(count.value)]
+
+
+def _compute_instances(session: NvmlSession, gi: Any) -> list[Any]:
+    """Every CI in a GI, over each CI profile the GI offers."""
+    lib = session.lib
+    found: list[Any] = []
+    seen: set[int] = set()
+    for constant in range(CI_PROFILE_CONSTANT_COUNT):
+        try:
+            info = session.call(
+                "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                gi,
+                constant,
+                lib.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+            )
+        except NvmlError as err:
+            if err.code in (NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND):
+                continue
+            raise
+        if info.id in seen:
+            continue
+        seen.add(int(info.id))
+        arr = (lib.c_nvmlComputeInstance_t * _ARRAY_SIZE)()
+        count = ctypes.c_uint(0)
+        session.call("nvmlGpuInstanceGetComputeInstances", gi, info.id, arr, ctypes.byref(count))
+        found.extend(session.call("nvmlComputeInstanceGetInfo", arr[i]) for i in range(count.value))
+    return found
+
+
+def _mig_devices(session: NvmlSession, dev: Any) -> dict[tuple[int, int], Any]:
+    """MIG device handles by (gi_id, ci_id). Empty indices answer NOT_FOUND."""
+    devices = {}
+    for i in range(int(session.call("nvmlDeviceGetMaxMigDeviceCount", dev))):
+        try:
+            mig = session.call("nvmlDeviceGetMigDeviceHandleByIndex", dev, i)
+        except NvmlError as err:
+            if err.code == NOT_FOUND:
+                continue
+            raise
+        if not bool(session.call("nvmlDeviceIsMigDeviceHandle", mig)):
+            continue
+        gi_id = int(session.call("nvmlDeviceGetGpuInstanceId", mig))
+        ci_id = int(session.call("nvmlDeviceGetComputeInstanceId", mig))
+        devices[(gi_id, ci_id)] = mig
+    return devices
+
+
+def read_slices(
+    session: NvmlSession, dev: Any, index: int, profiles: tuple[GiProfile, ...]
+) -> tuple[Slice, ...]:
+    """The GPU's GPU instances with their compute instances (MIG enabled only).
+
+    nvidia-smi equivalent: `nvidia-smi mig -i N -lgi` and `-lci`.
+    """
+    migs = _mig_devices(session, dev)
+    slices = []
+    for profile in profiles:
+        for gi in _gpu_instances(session, dev, profile):
+            gi_info = session.call("nvmlGpuInstanceGetInfo", gi)
+            # Without a MIG device (no CI yet) the slice shows its profile's size, no use.
+            bare = Slice(
+                gpu_index=index,
+                gi_id=int(gi_info.id),
+                ci_id=None,
+                profile_id=profile.id,
+                profile=profile.name,
+                placement=Placement(int(gi_info.placement.start), int(gi_info.placement.size)),
+                mig_uuid=None,
+                memory_total_bytes=profile.memory_bytes,
+                memory_used_bytes=0,
+                multiprocessor_count=profile.multiprocessor_count,
+                processes=(),
+            )
+            cis = _compute_instances(session, gi)
+            if not cis:
+                slices.append(bare)
+            for ci in cis:
+                slices.append(_with_mig_device(session, bare, int(ci.id), migs))
+    return tuple(sorted(slices, key=lambda s: (s.placement.start, s.gi_id, s.ci_id or 0)))
+
+
+def _with_mig_device(
+    session: NvmlSession, bare: Slice, ci_id: int, migs: dict[tuple[int, int], Any]
+) -> Slice:
+    """The slice of CI `ci_id`, filled from its MIG device handle (UUID, memory, processes)."""
+    mig = migs.get((bare.gi_id, ci_id))
+    if mig is None:
+        return replace(bare, ci_id=ci_id)
+    mem = session.call("nvmlDeviceGetMemoryInfo", mig)
+    attrs = session.read("nvmlDeviceGetAttributes", mig)
+    return replace(
+        bare,
+        ci_id=ci_id,
+        mig_uuid=_text(session.call("nvmlDeviceGetUUID", mig)),
+        memory_total_bytes=int(mem.total),
+        memory_used_bytes=int(mem.used),
+        multiprocessor_count=(
+            int(attrs.multiprocessorCount) if attrs is not None else bare.multiprocessor_count
+        ),
+        processes=_processes(session, mig),
+    )
+
+
+def read_gpu(session: NvmlSession, index: int) -> Gpu:
+    """One GPU: identity, memory, MIG mode, profiles, slices, processes."""
+    dev = session.call("nvmlDeviceGetHandleByIndex", index, context=f"GPU {index}")
+    pci = session.call("nvmlDeviceGetPciInfo", dev)
+    mem = session.call("nvmlDeviceGetMemoryInfo", dev)
+    mode = session.read("nvmlDeviceGetMigMode", dev)
+    arch = session.read("nvmlDeviceGetArchitecture", dev)
+    mig_capable = mode is not None
+    current, pending = (bool(mode[0]), bool(mode[1])) if mode is not None else (False, False)
+    profiles = read_profiles(session, dev, index) if mig_capable else ()
+    slots = max((p.start + p.size for pr in profiles for p in pr.placements), default=0)
+    major, minor = session.call("nvmlDeviceGetCudaComputeCapability", dev)
+    return Gpu(
+        index=index,
+        uuid=_text(session.call("nvmlDeviceGetUUID", dev)),
+        name=_text(session.call("nvmlDeviceGetName", dev)),
+        pci_bus_id=_text(pci.busId),
+        pci_device_id=int(pci.pciDeviceId),
+        memory_total_bytes=int(mem.total),
+        memory_used_bytes=int(mem.used),
+        memory_free_bytes=int(mem.free),
+        compute_capability=(int(major), int(minor)),
+        architecture=ARCHITECTURES.get(int(arch), "unknown") if arch is not None else "unknown",
+        mig_capable=mig_capable,
+        mig_current=current,
+        mig_pending=pending,
+        memory_slice_count=slots,
+        profiles=profiles,
+        slices=read_slices(session, dev, index, profiles) if current else (),
+        processes=() if current else _processes(session, dev),
+    )
+
+
+def read_inventory(session: NvmlSession) -> Inventory:
+    """The whole node as one immutable snapshot.
+
+    nvidia-smi equivalent: `nvidia-smi -q` plus `nvidia-smi mig -lgip/-lgipp/-lgi/-lci`.
+    """
+    count = int(session.call("nvmlDeviceGetCount"))
+    return Inventory(
+        driver_version=_text(session.call("nvmlSystemGetDriverVersion")),
+        cuda_driver_version=int(session.call("nvmlSystemGetCudaDriverVersion")),
+        gpus=tuple(read_gpu(session, i) for i in range(count)),
+    )

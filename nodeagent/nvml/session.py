@@ -1,0 +1,105 @@
+"""The one gateway to the NVML library: init once per process, every call mapped to NvmlError."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import threading
+from collections import Counter
+from typing import Any
+
+from nodeagent.errors import NvmlError
+
+# NVML's own nvmlErrorString texts for the codes pynvml cannot name without the library.
+_MESSAGES = {
+    1: "Uninitialized",
+    2: "Invalid Argument",
+    3: "Not Supported",
+    4: "Insufficient Permissions",
+    6: "Not Found",
+    7: "Insufficient Size",
+    9: "Driver Not Loaded",
+    10: "Timeout",
+    12: "NVML Shared Library Not Found",
+    13: "Function Not Found",
+    15: "GPU is lost",
+    16: "GPU requires restart",
+    19: "In use by another client",
+    20: "Insufficient Memory",
+    23: "Insufficient resources",
+    29: "Invalid state",
+    999: "Unknown Error",
+}
+NOT_SUPPORTED = 3
+NOT_FOUND = 6
+INVALID_ARGUMENT = 2
+IN_USE = 19
+INSUFFICIENT_RESOURCES = 23
+
+_sessions: dict[int, NvmlSession] = {}
+_sessions_lock = threading.Lock()
+
+
+def message_for(code: int) -> str:
+    return _MESSAGES.get(code, f"NVML error {code}")
+
+
+class NvmlSession:
+    """An initialised NVML library (the real `pynvml` or the emulator).
+
+    Use `open_session(lib)`: one session, one nvmlInit per library per process; nvmlShutdown
+    runs at exit. `call(name, *args)` is the only way nodeagent reaches NVML.
+    """
+
+    def __init__(self, lib: Any) -> None:
+        self.lib = lib
+        self.errors_by_function: Counter[str] = Counter()
+        self._closed = False
+        self.call("nvmlInit")
+        atexit.register(self.close)
+
+    def call(self, function: str, *args: Any, context: str = "") -> Any:
+        """Call `lib.<function>(*args)`; raise NvmlError(code) from any NVMLError."""
+        fn = getattr(self.lib, function)
+        try:
+            return fn(*args)
+        except self.lib.NVMLError as err:
+            code = int(getattr(err, "value", 999))
+            self.errors_by_function[function] += 1
+            raise NvmlError(code, function, message_for(code), context) from err
+
+    def read(self, function: str, *args: Any, context: str = "") -> Any:
+        """Like call(), but a NOT_SUPPORTED answer becomes None (reads only, never writes)."""
+        try:
+            return self.call(function, *args, context=context)
+        except NvmlError as err:
+            if err.code == NOT_SUPPORTED:
+                return None
+            raise
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Shutdown at exit must never mask the real outcome of the command.
+        with contextlib.suppress(Exception):
+            self.lib.nvmlShutdown()
+
+
+def open_session(lib: Any) -> NvmlSession:
+    """The process's session for `lib`, initialising NVML on first use only."""
+    with _sessions_lock:
+        session = _sessions.get(id(lib))
+        if session is None or session.lib is not lib or session._closed:
+            session = NvmlSession(lib)
+            _sessions[id(lib)] = session
+        return session
+
+
+def load_real_library() -> Any:
+    """Import the real pynvml module (nvidia-ml-py). Raises NvmlError if it is missing."""
+    try:
+        import pynvml
+    except ImportError as err:  # pragma: no cover - nvidia-ml-py is a dependency
+        raise NvmlError(12, "import pynvml", "nvidia-ml-py is not installed") from err
+    return pynvml

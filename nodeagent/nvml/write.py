@@ -1,0 +1,119 @@
+"""MIG writes through NVML: mode, GPU instances with explicit placements, compute instances.
+
+Writes never swallow an error: every NVML failure surfaces as NvmlError with its code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+from nodeagent.errors import NvmlError
+from nodeagent.nvml.inventory import Placement
+from nodeagent.nvml.session import NOT_SUPPORTED, NvmlSession, message_for
+
+# NVML_COMPUTE_INSTANCE_PROFILE_<N>_SLICE constants by compute-slice count N.
+_CI_PROFILE_FOR_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
+
+
+@dataclass(frozen=True)
+class MigModeResult:
+    current: bool
+    pending: bool
+    activation_status: int  # NVML return code of the activation (0 = done)
+
+    @property
+    def is_pending(self) -> bool:
+        return self.current != self.pending
+
+
+class MigWriter:
+    """Mutating MIG calls for one node. Each names the GPU index in its errors."""
+
+    def __init__(self, session: NvmlSession) -> None:
+        self.session = session
+
+    def _device(self, index: int) -> Any:
+        return self.session.call("nvmlDeviceGetHandleByIndex", index, context=f"GPU {index}")
+
+    def set_mig_mode(self, index: int, enabled: bool) -> MigModeResult:
+        """Enable or disable MIG mode; read back current and pending.
+
+        The activation status NVML returns is not an exception: on Ampere the change stays
+        pending until a GPU reset, and a busy GPU leaves it pending with IN_USE.
+        nvidia-smi equivalent: `nvidia-smi -i N -mig 1|0`.
+        """
+        dev = self._device(index)
+        status = self.session.call(
+            "nvmlDeviceSetMigMode", dev, 1 if enabled else 0, context=f"GPU {index}"
+        )
+        current, pending = self.session.call("nvmlDeviceGetMigMode", dev)
+        return MigModeResult(bool(current), bool(pending), int(status))
+
+    def create_gpu_instance(self, index: int, profile_id: int, placement: Placement) -> int:
+        """Create a GI of `profile_id` at an explicit placement; return its GI id.
+
+        nvidia-smi equivalent: `nvidia-smi mig -i N -cgi PROFILE:START` (explicit placement).
+        """
+        dev = self._device(index)
+        where = f"GPU {index}, profile id {profile_id} at placement {placement}"
+        p = self.session.lib.c_nvmlGpuInstancePlacement_t()
+        p.start, p.size = placement.start, placement.size
+        gi = self.session.call(
+            "nvmlDeviceCreateGpuInstanceWithPlacement",
+            dev,
+            profile_id,
+            ctypes.byref(p),
+            context=where,
+        )
+        return int(self.session.call("nvmlGpuInstanceGetInfo", gi, context=where).id)
+
+    def _gpu_instance(self, index: int, gi_id: int) -> Any:
+        return self.session.call(
+            "nvmlDeviceGetGpuInstanceById",
+            self._device(index),
+            gi_id,
+            context=f"GPU {index} GI {gi_id}",
+        )
+
+    def create_compute_instance(self, index: int, gi_id: int, slice_count: int) -> int:
+        """Create the CI that spans the whole GI (`slice_count` compute slices); return its id.
+
+        nvidia-smi equivalent: `nvidia-smi mig -i N -gi GI -cci` (the default full CI).
+        """
+        where = f"GPU {index} GI {gi_id}"
+        constant = _CI_PROFILE_FOR_SLICES.get(slice_count)
+        if constant is None:
+            raise NvmlError(
+                NOT_SUPPORTED, "nvmlGpuInstanceCreateComputeInstance", message_for(3), where
+            )
+        gi = self._gpu_instance(index, gi_id)
+        lib = self.session.lib
+        info = self.session.call(
+            "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+            gi,
+            constant,
+            lib.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+            context=where,
+        )
+        ci = self.session.call("nvmlGpuInstanceCreateComputeInstance", gi, info.id, context=where)
+        return int(self.session.call("nvmlComputeInstanceGetInfo", ci, context=where).id)
+
+    def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:
+        """Destroy one CI. IN_USE while processes run on it.
+
+        nvidia-smi equivalent: `nvidia-smi mig -i N -gi GI -ci CI -dci`.
+        """
+        where = f"GPU {index} GI {gi_id} CI {ci_id}"
+        gi = self._gpu_instance(index, gi_id)
+        ci = self.session.call("nvmlGpuInstanceGetComputeInstanceById", gi, ci_id, context=where)
+        self.session.call("nvmlComputeInstanceDestroy", ci, context=where)
+
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
+        """Destroy one GI (its CIs first). IN_USE while it has CIs or processes.
+
+        nvidia-smi equivalent: `nvidia-smi mig -i N -gi GI -dgi`.
+        """
+        gi = self._gpu_instance(index, gi_id)
+        self.session.call("nvmlGpuInstanceDestroy", gi, context=f"GPU {index} GI {gi_id}")
