@@ -57,3 +57,9 @@ class KubeError(AgentError):
 
 class SimError(ConfigError):
     """The emulator was given a bad spec, a corrupt state file or an unknown device."""
+
+
+class NothingMatched(AgentError):
+    """A selection matched nothing (e.g. a config covers no GPU of this node)."""
+
+    exit_code = 1

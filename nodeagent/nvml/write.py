@@ -51,6 +51,11 @@ class MigWriter:
         current, pending = self.session.call("nvmlDeviceGetMigMode", dev)
         return MigModeResult(bool(current), bool(pending), int(status))
 
+    def mig_mode(self, index: int) -> tuple[bool, bool]:
+        """(current, pending) MIG mode. nvidia-smi equivalent: `nvidia-smi -i N -q` (MIG Mode)."""
+        current, pending = self.session.call("nvmlDeviceGetMigMode", self._device(index))
+        return bool(current), bool(pending)
+
     def create_gpu_instance(self, index: int, profile_id: int, placement: Placement) -> int:
         """Create a GI of `profile_id` at an explicit placement; return its GI id.
 

@@ -1,0 +1,307 @@
+"""mig-parted's v1 MIG config format: strict parsing with file:line:col in every error. Pure.
+
+    version: v1
+    mig-configs:
+      NAME:
+        - devices: all | [0, 1]          # required
+          device-filter: "0x233510DE"    # optional: a PCI device id or a list of them
+          mig-enabled: true | false      # required
+          mig-devices: {"1g.18gb": 2}    # profile -> count; must be empty when disabled
+
+All errors of a file are collected and raised together as one ConfigError.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+from nodeagent.errors import ConfigError
+
+PROFILE_RE = re.compile(r"^\d+g\.\d+gb(\+me)?$")
+CI_PROFILE_RE = re.compile(r"^(\d+)c\.(\d+g\.\d+gb(?:\+me)?)$")
+PCI_ID_RE = re.compile(r"^0x[0-9a-fA-F]{8}$")
+ENTRY_KEYS = ("devices", "device-filter", "mig-enabled", "mig-devices")
+
+
+@dataclass(frozen=True)
+class Mark:
+    source: str
+    line: int
+    column: int
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line}:{self.column}"
+
+
+@dataclass(frozen=True)
+class ProfileCount:
+    name: str
+    count: int
+    mark: Mark
+
+
+@dataclass(frozen=True)
+class Entry:
+    devices: Literal["all"] | tuple[int, ...]
+    device_filter: tuple[int, ...] | None
+    mig_enabled: bool
+    mig_devices: tuple[ProfileCount, ...]
+    mark: Mark
+    devices_mark: Mark
+
+
+@dataclass(frozen=True)
+class MigConfigFile:
+    source: str
+    configs: dict[str, tuple[Entry, ...]]
+    marks: dict[str, Mark] = field(default_factory=dict)
+
+
+class _Errors:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.located: list[tuple[Mark, str]] = []
+
+    @property
+    def items(self) -> list[str]:
+        return [
+            f"{m}: {msg}" for m, msg in sorted(self.located, key=lambda x: (x[0].line, x[0].column))
+        ]
+
+    def mark(self, node: yaml.Node) -> Mark:
+        return Mark(self.source, node.start_mark.line + 1, node.start_mark.column + 1)
+
+    def add(self, node: yaml.Node | Mark, message: str) -> None:
+        mark = node if isinstance(node, Mark) else self.mark(node)
+        self.located.append((mark, message))
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise config_error(self.source, self.items)
+
+
+def config_error(source: str, items: list[str]) -> ConfigError:
+    if len(items) == 1:
+        return ConfigError(items[0])
+    return ConfigError(f"{source} has {len(items)} errors:\n  " + "\n  ".join(items))
+
+
+def _mapping(node: yaml.Node, errors: _Errors, what: str) -> list[tuple[yaml.Node, yaml.Node]]:
+    """The (key, value) pairs of a mapping node; reports duplicate and non-string keys."""
+    if not isinstance(node, yaml.MappingNode):
+        errors.add(node, f"{what} must be a mapping, not {_kind(node)}")
+        return []
+    seen: set[str] = set()
+    pairs: list[tuple[yaml.Node, yaml.Node]] = []
+    for key, value in node.value:
+        if not isinstance(key, yaml.ScalarNode):
+            errors.add(key, f"{what} has a key that is not a string")
+            continue
+        if key.value in seen:
+            errors.add(key, f"{what} has key {key.value!r} twice")
+            continue
+        seen.add(key.value)
+        pairs.append((key, value))
+    return pairs
+
+
+def _kind(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    value = yaml.safe_load(yaml.serialize(node)) if isinstance(node, yaml.ScalarNode) else None
+    if value is None:
+        return "empty"
+    return f"{type(value).__name__} {node.value!r}"
+
+
+def _scalar(node: yaml.Node) -> Any:
+    """The plain YAML value of a scalar node (int, bool, str, None...)."""
+    return yaml.safe_load(yaml.serialize(node))
+
+
+def parse_config(text: str, source: str) -> MigConfigFile:
+    """Parse a v1 MIG config file; raise ConfigError listing every problem with its position."""
+    errors = _Errors(source)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = getattr(err, "problem", None) or str(err)
+        raise ConfigError(f"{where}: not valid YAML: {problem}") from err
+    if root is None:
+        raise ConfigError(f"{source}: the file is empty; expected 'version: v1' and 'mig-configs'")
+    top = dict((k.value, (k, v)) for k, v in _mapping(root, errors, "the file"))
+    for key, (knode, _) in top.items():
+        if key not in ("version", "mig-configs"):
+            errors.add(knode, f"unknown key {key!r}; expected 'version' and 'mig-configs'")
+    if "version" not in top:
+        errors.add(root, "missing 'version: v1'")
+    else:
+        vnode = top["version"][1]
+        if not (isinstance(vnode, yaml.ScalarNode) and vnode.value == "v1"):
+            errors.add(vnode, f"version must be v1, not {_kind(vnode)}")
+    configs: dict[str, tuple[Entry, ...]] = {}
+    marks: dict[str, Mark] = {}
+    if "mig-configs" not in top:
+        errors.add(root, "missing 'mig-configs'")
+    else:
+        cnode = top["mig-configs"][1]
+        pairs = _mapping(cnode, errors, "mig-configs")
+        if isinstance(cnode, yaml.MappingNode) and not pairs and not cnode.value:
+            errors.add(cnode, "mig-configs is empty; define at least one config")
+        for knode, vnode in pairs:
+            marks[knode.value] = errors.mark(knode)
+            configs[knode.value] = _entries(vnode, errors, f"config {knode.value!r}")
+    errors.raise_if_any()
+    return MigConfigFile(source, configs, marks)
+
+
+def _entries(node: yaml.Node, errors: _Errors, what: str) -> tuple[Entry, ...]:
+    if not isinstance(node, yaml.SequenceNode):
+        errors.add(node, f"{what} must be a list of entries (- devices: ...), not {_kind(node)}")
+        return ()
+    if not node.value:
+        errors.add(node, f"{what} has no entries")
+    entries = []
+    for i, item in enumerate(node.value):
+        entry = _entry(item, errors, f"{what} entry {i + 1}")
+        if entry is not None:
+            entries.append(entry)
+    return tuple(entries)
+
+
+def _entry(node: yaml.Node, errors: _Errors, what: str) -> Entry | None:
+    before = len(errors.located)
+    fields = dict((k.value, (k, v)) for k, v in _mapping(node, errors, what))
+    for key, (knode, _) in fields.items():
+        if key not in ENTRY_KEYS:
+            errors.add(
+                knode, f"{what}: unknown key {key!r}; expected one of {', '.join(ENTRY_KEYS)}"
+            )
+    devices = _devices(fields, node, errors, what)
+    device_filter = _device_filter(fields, errors, what)
+    enabled = None
+    if "mig-enabled" not in fields:
+        errors.add(node, f"{what}: missing 'mig-enabled' (true or false)")
+    else:
+        enode = fields["mig-enabled"][1]
+        value = _scalar(enode) if isinstance(enode, yaml.ScalarNode) else None
+        if not isinstance(value, bool):
+            errors.add(enode, f"{what}: mig-enabled must be true or false, not {_kind(enode)}")
+        else:
+            enabled = value
+    counts = _mig_devices(fields, errors, what)
+    if enabled is False and counts:
+        errors.add(
+            fields["mig-devices"][1], f"{what}: mig-devices must be empty when mig-enabled is false"
+        )
+    if len(errors.located) > before or devices is None or enabled is None:
+        return None
+    return Entry(
+        devices=devices,
+        device_filter=device_filter,
+        mig_enabled=enabled,
+        mig_devices=counts,
+        mark=errors.mark(node),
+        devices_mark=errors.mark(fields["devices"][1]),
+    )
+
+
+def _devices(
+    fields: dict[str, tuple[yaml.Node, yaml.Node]], node: yaml.Node, errors: _Errors, what: str
+) -> Literal["all"] | tuple[int, ...] | None:
+    if "devices" not in fields:
+        errors.add(node, f"{what}: missing 'devices' ('all' or a list of GPU indices)")
+        return None
+    dnode = fields["devices"][1]
+    if isinstance(dnode, yaml.ScalarNode) and dnode.value == "all":
+        return "all"
+    if not isinstance(dnode, yaml.SequenceNode):
+        errors.add(
+            dnode, f"{what}: devices must be 'all' or a list of GPU indices, not {_kind(dnode)}"
+        )
+        return None
+    if not dnode.value:
+        errors.add(dnode, f"{what}: devices is an empty list")
+        return None
+    indices: list[int] = []
+    for item in dnode.value:
+        value = _scalar(item) if isinstance(item, yaml.ScalarNode) else None
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            errors.add(item, f"{what}: device index must be an integer >= 0, not {_kind(item)}")
+        elif value in indices:
+            errors.add(item, f"{what}: device index {value} is listed twice")
+        else:
+            indices.append(value)
+    return tuple(indices)
+
+
+def _device_filter(
+    fields: dict[str, tuple[yaml.Node, yaml.Node]], errors: _Errors, what: str
+) -> tuple[int, ...] | None:
+    if "device-filter" not in fields:
+        return None
+    fnode = fields["device-filter"][1]
+    items = fnode.value if isinstance(fnode, yaml.SequenceNode) else [fnode]
+    if isinstance(fnode, yaml.SequenceNode) and not items:
+        errors.add(fnode, f"{what}: device-filter is an empty list")
+    ids = []
+    for item in items:
+        if not (isinstance(item, yaml.ScalarNode) and PCI_ID_RE.match(item.value)):
+            errors.add(
+                item,
+                f"{what}: device-filter must be a PCI device id like '0x233510DE',"
+                f" not {_kind(item)}",
+            )
+        else:
+            ids.append(int(item.value, 16))
+    return tuple(ids)
+
+
+def _mig_devices(
+    fields: dict[str, tuple[yaml.Node, yaml.Node]], errors: _Errors, what: str
+) -> tuple[ProfileCount, ...]:
+    if "mig-devices" not in fields:
+        return ()
+    mnode = fields["mig-devices"][1]
+    if isinstance(mnode, yaml.ScalarNode) and _scalar(mnode) is None:
+        errors.add(mnode, f"{what}: mig-devices is empty; write {{}} for no slices")
+        return ()
+    counts = []
+    for knode, vnode in _mapping(mnode, errors, f"{what} mig-devices"):
+        name = knode.value
+        ci = CI_PROFILE_RE.match(name)
+        if ci:
+            errors.add(
+                knode,
+                f"{what}: compute-instance profile {name!r} is not supported: nodeagent creates one"
+                f" compute instance spanning each GPU instance; use {ci.group(2)!r}",
+            )
+            continue
+        if not PROFILE_RE.match(name):
+            errors.add(
+                knode, f"{what}: {name!r} is not a MIG profile name like '1g.18gb' or '1g.18gb+me'"
+            )
+            continue
+        value = _scalar(vnode) if isinstance(vnode, yaml.ScalarNode) else None
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            errors.add(
+                vnode, f"{what}: count of {name} must be an integer >= 0, not {_kind(vnode)}"
+            )
+            continue
+        counts.append(ProfileCount(name, value, errors.mark(knode)))
+    return tuple(counts)
+
+
+def dump_config(configs: dict[str, list[dict[str, Any]]]) -> str:
+    """Write configs as a v1 file (what `mig export` and `mig generate-config` print)."""
+    return yaml.safe_dump(
+        {"version": "v1", "mig-configs": configs}, sort_keys=False, default_flow_style=False
+    )
