@@ -114,15 +114,17 @@ def _kind(node: yaml.Node) -> str:
         return "a mapping"
     if isinstance(node, yaml.SequenceNode):
         return "a list"
-    value = yaml.safe_load(yaml.serialize(node)) if isinstance(node, yaml.ScalarNode) else None
+    value = _scalar(node)
     if value is None:
         return "empty"
     return f"{type(value).__name__} {node.value!r}"
 
 
 def _scalar(node: yaml.Node) -> Any:
-    """The plain YAML value of a scalar node (int, bool, str, None...)."""
-    return yaml.safe_load(yaml.serialize(node))
+    """The plain YAML value of a scalar node (int, bool, str, None...); None for others."""
+    if not isinstance(node, yaml.ScalarNode):
+        return None
+    return yaml.constructor.SafeConstructor().construct_object(node)
 
 
 def parse_config(text: str, source: str) -> MigConfigFile:
@@ -137,6 +139,8 @@ def parse_config(text: str, source: str) -> MigConfigFile:
         raise ConfigError(f"{where}: not valid YAML: {problem}") from err
     if root is None:
         raise ConfigError(f"{source}: the file is empty; expected 'version: v1' and 'mig-configs'")
+    if not isinstance(root, yaml.MappingNode):
+        raise ConfigError(f"{errors.mark(root)}: the file must be a mapping, not {_kind(root)}")
     top = dict((k.value, (k, v)) for k, v in _mapping(root, errors, "the file"))
     for key, (knode, _) in top.items():
         if key not in ("version", "mig-configs"):
@@ -150,7 +154,8 @@ def parse_config(text: str, source: str) -> MigConfigFile:
     configs: dict[str, tuple[Entry, ...]] = {}
     marks: dict[str, Mark] = {}
     if "mig-configs" not in top:
-        errors.add(root, "missing 'mig-configs'")
+        if not any(k not in ("version", "mig-configs") for k in top):
+            errors.add(root, "missing 'mig-configs'")
     else:
         cnode = top["mig-configs"][1]
         pairs = _mapping(cnode, errors, "mig-configs")
@@ -179,6 +184,11 @@ def _entries(node: yaml.Node, errors: _Errors, what: str) -> tuple[Entry, ...]:
 
 def _entry(node: yaml.Node, errors: _Errors, what: str) -> Entry | None:
     before = len(errors.located)
+    if not isinstance(node, yaml.MappingNode):
+        errors.add(
+            node, f"{what} must be a mapping (devices: ..., mig-enabled: ...), not {_kind(node)}"
+        )
+        return None
     fields = dict((k.value, (k, v)) for k, v in _mapping(node, errors, what))
     for key, (knode, _) in fields.items():
         if key not in ENTRY_KEYS:

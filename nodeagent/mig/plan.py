@@ -169,12 +169,17 @@ def _blockers(geometry: Geometry, counts: Mapping[int, int], existing: list[_Gi]
     return [gi for gi in busy if gi.instance not in best]
 
 
-def _destroy(gpu: int, gi: _Gi) -> list[Operation]:
+def _destroy(gpu: int, gis: list[_Gi]) -> list[Operation]:
+    """Destroy every CI of these GIs, then the GIs (NVML refuses a GI that still has CIs)."""
     ops = [
         Operation("destroy-ci", gpu, gi.profile, gi.profile_id, gi.placement, gi.gi_id, ci)
+        for gi in gis
         for ci in gi.ci_ids
     ]
-    ops.append(Operation("destroy-gi", gpu, gi.profile, gi.profile_id, gi.placement, gi.gi_id))
+    ops += [
+        Operation("destroy-gi", gpu, gi.profile, gi.profile_id, gi.placement, gi.gi_id)
+        for gi in gis
+    ]
     return ops
 
 
@@ -189,7 +194,7 @@ def plan_gpu(gpu: Gpu, want: Desired, in_use: Mapping[str, str] | None = None) -
                 + "; ".join(gi.describe(gpu.index) for gi in busy)
                 + "; nothing was changed"
             )
-        ops = [op for gi in existing for op in _destroy(gpu.index, gi)]
+        ops = _destroy(gpu.index, existing)
         if gpu.mig_current or gpu.mig_pending:
             ops.append(Operation("set-mig-mode", gpu.index, enabled=False))
         return GpuPlan(gpu.index, tuple(ops))
@@ -215,9 +220,7 @@ def plan_gpu(gpu: Gpu, want: Desired, in_use: Mapping[str, str] | None = None) -
     by_inst = {gi.instance: gi for gi in existing}
     kept = [by_inst[i] for i in target if i in by_inst and len(by_inst[i].ci_ids) <= 1]
     kept_ids = {gi.gi_id for gi in kept}
-    for gi in existing:
-        if gi.gi_id not in kept_ids:
-            ops += _destroy(gpu.index, gi)
+    ops += _destroy(gpu.index, [gi for gi in existing if gi.gi_id not in kept_ids])
     new = [inst for inst in target if not (inst in by_inst and by_inst[inst].gi_id in kept_ids)]
     profiles = {p.id: p for p in gpu.profiles}
     for inst in new:

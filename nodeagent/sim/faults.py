@@ -75,11 +75,17 @@ def parse_faults(text: str) -> list[Fault]:
     return faults
 
 
+class SimulatedCrash(BaseException):
+    """Raised instead of ending the process when a FaultPlan is `in_process`: like a kill,
+    it is no Exception, so no `except Exception` handler of nodeagent's catches it."""
+
+
 @dataclass
 class FaultPlan:
     """Counts calls and decides which fault, if any, hits the current one."""
 
     faults: list[Fault] = field(default_factory=list)
+    in_process: bool = False
     calls: int = 0
     mutations: int = 0
     per_function: dict[str, int] = field(default_factory=dict)

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import pynvml
 
 from nodeagent.errors import SimError
-from nodeagent.sim.faults import FaultPlan
+from nodeagent.sim.faults import FaultPlan, SimulatedCrash
 from nodeagent.sim.models import (
     INVALID_ARGUMENT_CONSTANTS,
     MIB,
@@ -135,6 +135,8 @@ class SimulatedNvml:
 
     def _fire(self, fault: Any) -> None:
         if fault.exit_code is not None:
+            if self.faults.in_process:
+                raise SimulatedCrash(f"simulated kill (exit {fault.exit_code})")
             os._exit(fault.exit_code)
         _fail(fault.error)
 
