@@ -32,8 +32,9 @@ def describe(counts: dict[str, int]) -> str:
     return " + ".join(f"{n}x{name}" for name, n in counts.items()) or "no slices"
 
 
-def _gpu_label(gpu: Gpu) -> str:
-    return f"GPU {gpu.index} ({gpu.name})"
+def _gpu_label(gpus: list[Gpu]) -> str:
+    indices = ", ".join(str(g.index) for g in gpus)
+    return f"GPU{'s' if len(gpus) > 1 else ''} {indices} ({gpus[0].name})"
 
 
 def resolve(cfg: MigConfigFile, name: str, inventory: Inventory) -> dict[int, Desired]:
@@ -46,16 +47,28 @@ def resolve(cfg: MigConfigFile, name: str, inventory: Inventory) -> dict[int, De
     errors: list[str] = []
     desired: dict[int, Desired] = {}
     for entry in cfg.configs[name]:
+        fresh = []
         for gpu in _matched(entry, gpus, errors):
             if gpu.index in desired:
                 errors.append(
                     f"{entry.mark}: GPU {gpu.index} is already configured by the entry at"
                     f" {desired[gpu.index].source}; each GPU may match one entry"
                 )
-                continue
-            counts = _counts(entry, gpu, errors)
-            if counts is not None:
-                desired[gpu.index] = Desired(gpu.index, entry.mig_enabled, counts, str(entry.mark))
+            else:
+                fresh.append(gpu)
+        # Check once per GPU model, naming every GPU of that model the entry covers.
+        by_model: dict[int, list[Gpu]] = {}
+        for gpu in fresh:
+            by_model.setdefault(gpu.pci_device_id, []).append(gpu)
+        for same in by_model.values():
+            counts = _counts(entry, same, errors)
+            for gpu in same:
+                if counts is not None:
+                    desired[gpu.index] = Desired(
+                        gpu.index, entry.mig_enabled, counts, str(entry.mark)
+                    )
+                else:
+                    desired[gpu.index] = Desired(gpu.index, entry.mig_enabled, {}, str(entry.mark))
     if errors:
         raise config_error(cfg.source, errors)
     if not desired:
@@ -86,9 +99,11 @@ def _matched(entry: Entry, gpus: tuple[Gpu, ...], errors: list[str]) -> list[Gpu
     return chosen
 
 
-def _counts(entry: Entry, gpu: Gpu, errors: list[str]) -> dict[int, int] | None:
+def _counts(entry: Entry, gpus: list[Gpu], errors: list[str]) -> dict[int, int] | None:
+    """The entry's counts by profile id for GPUs of one model; None (and errors) if invalid."""
+    gpu = gpus[0]
     if entry.mig_enabled and not gpu.mig_capable:
-        errors.append(f"{entry.mark}: {_gpu_label(gpu)} does not support MIG")
+        errors.append(f"{entry.mark}: {_gpu_label(gpus)} does not support MIG")
         return None
     geometry = Geometry.of(gpu)
     counts: dict[int, int] = {}
@@ -97,14 +112,16 @@ def _counts(entry: Entry, gpu: Gpu, errors: list[str]) -> dict[int, int] | None:
         profile = geometry.by_name(pc.name)
         if profile is None:
             valid = ", ".join(p.name for p in gpu.profiles)
+            verb = "have" if len(gpus) > 1 else "has"
             errors.append(
-                f"{pc.mark}: {_gpu_label(gpu)} has no MIG profile {pc.name}; valid: {valid}"
+                f"{pc.mark}: {_gpu_label(gpus)} {verb} no MIG profile {pc.name}; valid: {valid}"
             )
             failed = True
         elif pc.count > profile.instance_count:
+            verb = "hold" if len(gpus) > 1 else "holds"
             errors.append(
-                f"{pc.mark}: {_gpu_label(gpu)} holds at most {profile.instance_count}x{pc.name};"
-                f" asked for {pc.count}"
+                f"{pc.mark}: {_gpu_label(gpus)} {verb} at most"
+                f" {profile.instance_count}x{pc.name}; asked for {pc.count}"
             )
             failed = True
         elif pc.count:
@@ -115,7 +132,7 @@ def _counts(entry: Entry, gpu: Gpu, errors: list[str]) -> dict[int, int] | None:
         names = {p.id: p.name for p in gpu.profiles}
         asked = describe({names[pid]: n for pid, n in counts.items()})
         errors.append(
-            f"{entry.mark}: {asked} do not fit together on {_gpu_label(gpu)}"
+            f"{entry.mark}: {asked} do not fit together on {_gpu_label(gpus)}"
             f" ({gpu.memory_slice_count} memory slices, no valid placement for all of them)"
         )
         return None
