@@ -69,3 +69,13 @@ def cli(tmp_path: Path) -> Callable[..., Result]:
         return Result(proc.returncode, proc.stdout, proc.stderr)
 
     return run
+
+
+def assert_one_error(res: Result, code: int, *words: str) -> None:
+    """The command failed with `code` and one stderr sentence holding every word; no traceback."""
+    assert res.returncode == code, (res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    for word in words:
+        assert word in lines[0], lines[0]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import Result
+from tests.conftest import Result, assert_one_error
 
 Cli = Callable[..., Result]
 
@@ -131,15 +131,6 @@ def test_stdin_and_environment(node: Callable[..., Result], tmp_path: Path) -> N
     assert node("mig", "assert", env=env).returncode == 0
 
 
-def _one_error(res: Result, code: int, *words: str) -> None:
-    assert res.returncode == code, (res.stdout, res.stderr)
-    assert "Traceback" not in res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    for w in words:
-        assert w in lines[0], lines[0]
-
-
 NODE_BAD = [
     (
         "unknown-profile",
@@ -186,7 +177,7 @@ def test_config_wrong_for_this_node(
         + "\n"
     )
     before = node.state.read_bytes()  # type: ignore[attr-defined]
-    _one_error(node("mig", "apply", "-f", str(path), "-c", "x"), 2, *words)
+    assert_one_error(node("mig", "apply", "-f", str(path), "-c", "x"), 2, *words)
     assert node.state.read_bytes() == before  # type: ignore[attr-defined]
 
 
@@ -199,16 +190,18 @@ def test_parse_errors_exit_2_and_change_nothing(
     path.write_text(
         "version: v1\nmig-configs:\n  x:\n    - devices: all\n      mig-enabled: nope\n"
     )
-    _one_error(node("mig", "apply", "-f", str(path), "-c", "x"), 2, "bad.yaml:5:20", "mig-enabled")
-    _one_error(
+    assert_one_error(
+        node("mig", "apply", "-f", str(path), "-c", "x"), 2, "bad.yaml:5:20", "mig-enabled"
+    )
+    assert_one_error(
         node("mig", "apply", "-f", str(path) + ".missing", "-c", "x"),
         2,
         "cannot read",
         "No such file",
     )
-    _one_error(node("mig", "apply", "-c", "x"), 2, "-f FILE")
-    _one_error(node("mig", "apply", "-f", str(_generated(node, tmp_path))), 2, "-c NAME")
-    _one_error(
+    assert_one_error(node("mig", "apply", "-c", "x"), 2, "-f FILE")
+    assert_one_error(node("mig", "apply", "-f", str(_generated(node, tmp_path))), 2, "-c NAME")
+    assert_one_error(
         node("mig", "apply", "-f", str(tmp_path / "configs.yaml"), "-c", "all-5g"),
         2,
         "no config named 'all-5g'",
@@ -225,7 +218,7 @@ def test_in_use_refusal_exits_3_and_changes_nothing(
     uuid = next(s["mig_uuid"] for s in slices if s["profile"] == "3g.71gb")
     assert node("sim", "attach", "--device", uuid, "--pid", "777").returncode == 0
     before = node.state.read_bytes()  # type: ignore[attr-defined]
-    _one_error(
+    assert_one_error(
         node("mig", "apply", "-f", cfg, "-c", "all-1g.18gb"),
         3,
         "GPU 1",
@@ -241,7 +234,7 @@ def test_nothing_matched_exits_1(node: Callable[..., Result], tmp_path: Path) ->
     path.write_text(
         "version: v1\nmig-configs:\n  x:\n    - devices: all\n      device-filter: '0x20B710DE'\n      mig-enabled: false\n"
     )
-    _one_error(node("mig", "apply", "-f", str(path), "-c", "x"), 1, "matches no GPU")
+    assert_one_error(node("mig", "apply", "-f", str(path), "-c", "x"), 1, "matches no GPU")
 
 
 def test_killed_apply_converges_on_the_next_run(
@@ -287,7 +280,7 @@ def test_ampere_reset_command(node: Callable[..., Result], tmp_path: Path) -> No
         "false",
         spec="a100-40gbx2",
     )
-    _one_error(res, 3, "GPU 0", "pending", "'false' failed")
+    assert_one_error(res, 3, "GPU 0", "pending", "'false' failed")
     reset = f"{sys.executable} -m nodeagent --simulate a100-40gbx2 --sim-state {node.state} sim reset --gpu {{index}}"  # type: ignore[attr-defined]
     res = node(
         "mig",

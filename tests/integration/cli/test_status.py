@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nodeagent.sim.models import load_model
-from tests.conftest import Result
+from tests.conftest import Result, assert_one_error
 
 Cli = Callable[..., Result]
 
@@ -97,30 +97,21 @@ def test_environment_variables_select_the_emulator(cli: Cli, tmp_path: Path) -> 
     assert (tmp_path / "s.json").exists()
 
 
-def _assert_clean_error(res: Result, code: int, *words: str) -> None:
-    assert res.returncode == code, (res.stdout, res.stderr)
-    assert "Traceback" not in res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    for word in words:
-        assert word in lines[0]
-
-
 def test_unknown_spec_is_bad_input(cli: Cli) -> None:
-    _assert_clean_error(cli("--simulate", "v100x2", "status"), 2, "v100x2", "known models")
+    assert_one_error(cli("--simulate", "v100x2", "status"), 2, "v100x2", "known models")
 
 
 def test_corrupt_state_file_is_bad_input_and_untouched(cli: Cli, tmp_path: Path) -> None:
     state = tmp_path / "node.json"
     state.write_text('{"version": 1, "gpus": [')
     before = state.read_bytes()
-    _assert_clean_error(
+    assert_one_error(
         cli("--simulate", "h200", "--sim-state", str(state), "status"), 2, str(state), "corrupt"
     )
     assert state.read_bytes() == before
     state.write_text('{"version": 1, "gpus": [{"index": 0}], "processes": []}')
     before = state.read_bytes()
-    _assert_clean_error(
+    assert_one_error(
         cli("--simulate", "h200", "--sim-state", str(state), "sim", "detach", "--pid", "1"),
         2,
         "corrupt",
@@ -132,7 +123,7 @@ def test_state_file_of_another_node_is_refused(cli: Cli, tmp_path: Path) -> None
     state = str(tmp_path / "node.json")
     assert cli("--simulate", "h200x2", "--sim-state", state, "status").returncode == 0
     before = Path(state).read_bytes()
-    _assert_clean_error(cli("--simulate", "h200x8", "--sim-state", state, "status"), 2, "h200,h200")
+    assert_one_error(cli("--simulate", "h200x8", "--sim-state", state, "status"), 2, "h200,h200")
     assert Path(state).read_bytes() == before
 
 
@@ -153,13 +144,13 @@ def test_bad_device_or_values_are_bad_input(
     state = tmp_path / "node.json"
     assert cli("--simulate", "h200x2", "--sim-state", str(state), "status").returncode == 0
     before = state.read_bytes()
-    _assert_clean_error(cli("--simulate", "h200x2", "--sim-state", str(state), *args), 2, *words)
+    assert_one_error(cli("--simulate", "h200x2", "--sim-state", str(state), *args), 2, *words)
     assert state.read_bytes() == before
 
 
 def test_sim_commands_need_the_emulator_and_a_state_file(cli: Cli) -> None:
-    _assert_clean_error(cli("sim", "detach", "--pid", "1"), 2, "--simulate")
-    _assert_clean_error(cli("--simulate", "h200", "sim", "detach", "--pid", "1"), 2, "--sim-state")
+    assert_one_error(cli("sim", "detach", "--pid", "1"), 2, "--simulate")
+    assert_one_error(cli("--simulate", "h200", "sim", "detach", "--pid", "1"), 2, "--sim-state")
 
 
 def test_attach_to_a_mig_gpu_needs_a_mig_device(cli: Cli, tmp_path: Path) -> None:
@@ -170,7 +161,7 @@ def test_attach_to_a_mig_gpu_needs_a_mig_device(cli: Cli, tmp_path: Path) -> Non
     session = NvmlSession(SimulatedNvml(["h200"], state))
     MigWriter(session).set_mig_mode(0, True)
     session.close()
-    _assert_clean_error(
+    assert_one_error(
         cli(
             "--simulate",
             "h200",
@@ -198,4 +189,4 @@ def test_no_nvml_library_is_a_clear_error(cli: Cli) -> None:
     res = cli("status")
     if res.returncode == 0:
         pytest.skip("a real NVML is present on this machine")
-    _assert_clean_error(res, 3, "nvmlInit")
+    assert_one_error(res, 3, "nvmlInit")
