@@ -9,23 +9,19 @@ one, as mig-parted does), and planning time for the whole node. Run: python benc
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from itertools import product
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from nodeagent.errors import SliceInUse  # noqa: E402
-from nodeagent.logs import configure_logging  # noqa: E402
-from nodeagent.mig import geometry  # noqa: E402
-from nodeagent.mig.apply import execute, reconfigure  # noqa: E402
-from nodeagent.mig.config import dump_config, parse_config  # noqa: E402
-from nodeagent.mig.generate import generate_configs  # noqa: E402
-from nodeagent.mig.plan import mismatches, plan  # noqa: E402
-from nodeagent.mig.select import resolve  # noqa: E402
-from nodeagent.nvml import MigWriter, NvmlSession, read_inventory  # noqa: E402
-from nodeagent.sim import SimulatedNvml, parse_spec  # noqa: E402
+from nodeagent.errors import SliceInUse
+from nodeagent.logs import configure_logging
+from nodeagent.mig import geometry
+from nodeagent.mig.apply import execute, reconfigure
+from nodeagent.mig.config import dump_config, parse_config
+from nodeagent.mig.generate import generate_configs
+from nodeagent.mig.plan import mismatches, plan
+from nodeagent.mig.select import resolve
+from nodeagent.nvml import MigWriter, NvmlSession, read_inventory
+from nodeagent.sim import SimulatedNvml, parse_spec
 
 MIB = 1024 * 1024
 
@@ -143,7 +139,9 @@ def incremental(spec: str, steps: int = 200, seed: int = 7) -> tuple[int, int, i
 def main() -> None:
     configure_logging("warning")
     results = [run(spec, busy) for spec in ("h200x8", "a100-40gbx8") for busy in (False, True)]
-    print("NVML mutations per ordered pair of generated configs (8-GPU node); planning time per node")
+    print(
+        "NVML mutations per ordered pair of generated configs (8-GPU node); planning time per node"
+    )
     print()
     head = (
         f"{'node':<12}{'in use':<8}{'pairs':>6}{'refused':>8}{'nodeagent':>11}{'teardown':>10}"
@@ -156,12 +154,16 @@ def main() -> None:
         saved = 1 - r["ours"] / r["base"] if r["base"] else 0  # type: ignore[operator]
         print(
             f"{r['spec']:<12}{'1/GPU' if r['busy'] else 'none':<8}{r['pairs']:>6}{r['refused']:>8}"
-            f"{r['ours']:>11}{r['base']:>10}{saved:>7.0%}{r['fewer']:>7}{r['equal']:>7}{r['more']:>6}"
+            f"{r['ours']:>11}{r['base']:>10}{saved:>7.0%}"
+            f"{r['fewer']:>7}{r['equal']:>7}{r['more']:>6}"
             f"{r['cold_p50']:>13.2f}{r['cold_max']:>8.2f}{r['warm_p50']:>10.2f}{r['warm_max']:>8.2f}"
         )
     print()
     print("incremental changes (one GPU gains or loses one slice; random walk from all-balanced)")
-    print(f"{'node':<12}{'changes':>8}{'nodeagent':>11}{'teardown':>10}{'saved':>7}{'infeasible tried':>18}")
+    print(
+        f"{'node':<12}{'changes':>8}{'nodeagent':>11}{'teardown':>10}{'saved':>7}"
+        f"{'infeasible tried':>18}"
+    )
     for spec in ("h200x8", "a100-40gbx8"):
         n, ours, base, skipped = incremental(spec)
         print(f"{spec:<12}{n:>8}{ours:>11}{base:>10}{1 - ours / base:>7.0%}{skipped:>18}")
