@@ -5,17 +5,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
+from prometheus_client import generate_latest
 
 from nodeagent import __version__
+from nodeagent.agent import Agent, AgentConfig
 from nodeagent.errors import AgentError, ConfigError, NvmlError
 from nodeagent.logs import configure_logging
+from nodeagent.metrics.server import DEFAULT_METRICS_ADDRESS
 from nodeagent.mig.apply import (
     DEFAULT_RESET_COMMAND,
     Reset,
@@ -148,7 +154,7 @@ def _config_name(ctx: Context) -> str:
 
 
 def _reset(ctx: Context) -> Reset:
-    template: str | None = ctx.args.reset_command
+    template: str | None = getattr(ctx.args, "reset_command", None)
     if template:
         try:
             return command_reset(template)
@@ -258,6 +264,86 @@ def _mig_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_mig_generate)
 
 
+def _agent(ctx: Context) -> Agent:
+    a = ctx.args
+    config = AgentConfig(
+        metrics_address=getattr(a, "metrics_address", DEFAULT_METRICS_ADDRESS),
+        refresh_interval_seconds=getattr(a, "refresh_interval", 5.0),
+        gpm_interval_seconds=getattr(a, "gpm_interval", 1.0),
+        reconcile_interval_seconds=getattr(a, "reconcile_interval", 30.0),
+        mig_config_file=getattr(a, "file", None),
+        mig_config=getattr(a, "config", None),
+    )
+    return Agent(ctx.session, config, _reset(ctx))
+
+
+def cmd_metrics(ctx: Context) -> int:
+    """One exposition to stdout: the GPUs read, GPM sampled twice 100+ ms apart."""
+    agent = _agent(ctx)
+    agent.refresh()
+    agent.gpm.tick()
+    time.sleep(0.12)
+    agent.gpm.tick()
+    agent.gpm.close()
+    sys.stdout.write(generate_latest(agent.registry).decode())
+    return 0
+
+
+def cmd_run(ctx: Context) -> int:
+    """The daemon: metrics endpoint, samplers and (with -f/-c) the MIG reconcile loop."""
+    agent = _agent(ctx)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("agent.stopping", signal=signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    agent.start()
+    assert agent.server is not None
+    print(
+        f"nodeagent running: metrics on port {agent.server.port}"
+        " (/metrics, /healthz, /readyz); Ctrl-C stops",
+        file=sys.stderr,
+        flush=True,
+    )
+    stop.wait()
+    agent.stop()
+    return 0
+
+
+def _run_parser(sub: Any) -> None:
+    p = sub.add_parser("run", help="the agent: metrics endpoint, samplers, MIG reconcile loop")
+    p.add_argument(
+        "--metrics-address",
+        default=os.environ.get("NODEAGENT_METRICS_ADDRESS") or DEFAULT_METRICS_ADDRESS,
+        help=f"HOST:PORT to serve /metrics (default {DEFAULT_METRICS_ADDRESS};"
+        " env NODEAGENT_METRICS_ADDRESS)",
+    )
+    p.add_argument("--refresh-interval", type=float, default=5.0, help="seconds between GPU reads")
+    p.add_argument("--gpm-interval", type=float, default=1.0, help="seconds between GPM samples")
+    p.add_argument(
+        "--reconcile-interval", type=float, default=30.0, help="seconds between reconciles"
+    )
+    p.add_argument(
+        "-f",
+        "--file",
+        default=os.environ.get("NODEAGENT_MIG_CONFIG_FILE") or None,
+        help="MIG config file to keep applied (env NODEAGENT_MIG_CONFIG_FILE)",
+    )
+    p.add_argument(
+        "-c",
+        "--config",
+        default=os.environ.get("NODEAGENT_MIG_CONFIG") or None,
+        help="name of the MIG config to keep applied (env NODEAGENT_MIG_CONFIG)",
+    )
+    p.add_argument("--reset-command", default=os.environ.get("NODEAGENT_MIG_RESET_COMMAND") or None)
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("metrics", help="print one Prometheus exposition to stdout")
+    p.set_defaults(func=cmd_metrics)
+
+
 def _output_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", "-o", choices=("text", "json"), default="text")
 
@@ -293,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
 
     _mig_parser(sub)
+    _run_parser(sub)
 
     sim = sub.add_parser("sim", help="drive the emulator as a user would (needs --simulate)")
     simsub = sim.add_subparsers(dest="sim_command", metavar="SIMCOMMAND")

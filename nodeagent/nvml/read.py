@@ -6,7 +6,6 @@ import ctypes
 from dataclasses import replace
 from typing import Any
 
-from nodeagent.errors import NvmlError
 from nodeagent.nvml.inventory import (
     ARCHITECTURES,
     Engines,
@@ -23,6 +22,8 @@ MIB = 1024 * 1024
 PROFILE_CONSTANT_COUNT = 18  # NVML_GPU_INSTANCE_PROFILE_COUNT
 CI_PROFILE_CONSTANT_COUNT = 9  # NVML_COMPUTE_INSTANCE_PROFILE_COUNT
 _ARRAY_SIZE = 32  # more than any profile's placements or instances
+# A profile constant the GPU does not offer answers one of these (seen on the real H200).
+_PROBE_ABSENT = (NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND)
 
 
 def _text(value: Any) -> str:
@@ -44,13 +45,10 @@ def read_profiles(session: NvmlSession, dev: Any, index: int) -> tuple[GiProfile
     lib = session.lib
     profiles: dict[int, GiProfile] = {}
     for constant in range(PROFILE_CONSTANT_COUNT):
-        try:
-            info = session.call("nvmlDeviceGetGpuInstanceProfileInfo", dev, constant)
-        except NvmlError as err:
-            if err.code in (NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND):
-                continue
-            raise
-        if info.instanceCount == 0 or info.id in profiles:
+        info = session.call(
+            "nvmlDeviceGetGpuInstanceProfileInfo", dev, constant, absent=_PROBE_ABSENT
+        )
+        if info is None or info.instanceCount == 0 or info.id in profiles:
             continue
         placements = (lib.c_nvmlGpuInstancePlacement_t * _ARRAY_SIZE)()
         count = ctypes.c_uint(_ARRAY_SIZE)
@@ -109,18 +107,14 @@ def _compute_instances(session: NvmlSession, gi: Any) -> list[Any]:
     found: list[Any] = []
     seen: set[int] = set()
     for constant in range(CI_PROFILE_CONSTANT_COUNT):
-        try:
-            info = session.call(
-                "nvmlGpuInstanceGetComputeInstanceProfileInfo",
-                gi,
-                constant,
-                lib.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
-            )
-        except NvmlError as err:
-            if err.code in (NOT_SUPPORTED, INVALID_ARGUMENT, NOT_FOUND):
-                continue
-            raise
-        if info.id in seen:
+        info = session.call(
+            "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+            gi,
+            constant,
+            lib.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+            absent=_PROBE_ABSENT,
+        )
+        if info is None or info.id in seen:
             continue
         seen.add(int(info.id))
         arr = (lib.c_nvmlComputeInstance_t * _ARRAY_SIZE)()
@@ -134,12 +128,9 @@ def _mig_devices(session: NvmlSession, dev: Any) -> dict[tuple[int, int], Any]:
     """MIG device handles by (gi_id, ci_id). Empty indices answer NOT_FOUND."""
     devices = {}
     for i in range(int(session.call("nvmlDeviceGetMaxMigDeviceCount", dev))):
-        try:
-            mig = session.call("nvmlDeviceGetMigDeviceHandleByIndex", dev, i)
-        except NvmlError as err:
-            if err.code == NOT_FOUND:
-                continue
-            raise
+        mig = session.call("nvmlDeviceGetMigDeviceHandleByIndex", dev, i, absent=(NOT_FOUND,))
+        if mig is None:
+            continue
         if not bool(session.call("nvmlDeviceIsMigDeviceHandle", mig)):
             continue
         gi_id = int(session.call("nvmlDeviceGetGpuInstanceId", mig))

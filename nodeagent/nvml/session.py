@@ -58,24 +58,27 @@ class NvmlSession:
         self.call("nvmlInit")
         atexit.register(self.close)
 
-    def call(self, function: str, *args: Any, context: str = "") -> Any:
-        """Call `lib.<function>(*args)`; raise NvmlError(code) from any NVMLError."""
+    def call(
+        self, function: str, *args: Any, context: str = "", absent: tuple[int, ...] = ()
+    ) -> Any:
+        """Call `lib.<function>(*args)`; raise NvmlError(code) from any NVMLError.
+
+        Codes in `absent` are answers, not failures (a probe for a profile the GPU lacks, an
+        empty MIG device index): they return None and are not counted as errors.
+        """
         fn = getattr(self.lib, function)
         try:
             return fn(*args)
         except self.lib.NVMLError as err:
             code = int(getattr(err, "value", 999))
+            if code in absent:
+                return None
             self.errors_by_function[function] += 1
             raise NvmlError(code, function, message_for(code), context) from err
 
     def read(self, function: str, *args: Any, context: str = "") -> Any:
         """Like call(), but a NOT_SUPPORTED answer becomes None (reads only, never writes)."""
-        try:
-            return self.call(function, *args, context=context)
-        except NvmlError as err:
-            if err.code == NOT_SUPPORTED:
-                return None
-            raise
+        return self.call(function, *args, context=context, absent=(NOT_SUPPORTED,))
 
     def close(self) -> None:
         if self._closed:

@@ -13,6 +13,7 @@ import ctypes
 import fcntl
 import functools
 import os
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +23,7 @@ import pynvml
 
 from nodeagent.errors import SimError
 from nodeagent.sim.faults import FaultPlan, SimulatedCrash
+from nodeagent.sim.gpm import GpmSamples, gi_activity, gpu_activity
 from nodeagent.sim.models import (
     INVALID_ARGUMENT_CONSTANTS,
     MIB,
@@ -84,18 +86,20 @@ def nvml_call(mutating: bool = False) -> Callable[[F], F]:
 
         @functools.wraps(fn)
         def inner(self: SimulatedNvml, *args: Any, **kwargs: Any) -> Any:
-            if name not in ("nvmlInit", "nvmlInitWithFlags") and not self._initialized:
-                _fail(pynvml.NVML_ERROR_UNINITIALIZED)
-            fired = self.faults.on_call(name, mutating)
-            for fault in fired:
-                if fault.when == "before":
-                    self._fire(fault)
-            with self._transaction(mutating):
-                result = fn(self, *args, **kwargs)
-            for fault in fired:
-                if fault.when == "after":
-                    self._fire(fault)
-            return result
+            # NVML is thread-safe; so is the emulator (the agent samples from threads).
+            with self._lock:
+                if name not in ("nvmlInit", "nvmlInitWithFlags") and not self._initialized:
+                    _fail(pynvml.NVML_ERROR_UNINITIALIZED)
+                fired = self.faults.on_call(name, mutating)
+                for fault in fired:
+                    if fault.when == "before":
+                        self._fire(fault)
+                with self._transaction(mutating):
+                    result = fn(self, *args, **kwargs)
+                for fault in fired:
+                    if fault.when == "after":
+                        self._fire(fault)
+                return result
 
         return inner  # type: ignore[return-value]
 
@@ -116,6 +120,7 @@ class SimulatedNvml:
                 setattr(self, name, getattr(pynvml, name))
         self.__name__ = "nodeagent.sim"
         self.faults = faults or FaultPlan()
+        self._lock = threading.RLock()
         self._path = state_path
         self._stamp: tuple[int, int, int] | None = None
         self._initialized = 0
@@ -127,6 +132,7 @@ class SimulatedNvml:
                 "use another --sim-state file or delete this one"
             )
         self.state = loaded or fresh_state(models)
+        self._gpm = GpmSamples()
         if state_path and loaded is None:
             save_state(state_path, self.state)
         self._remember_stamp()
@@ -183,7 +189,7 @@ class SimulatedNvml:
     @contextmanager
     def edit(self) -> Iterator[SimState]:
         """Change the state outside NVML (attach a process, reset a GPU), persisted atomically."""
-        with self._transaction(True):
+        with self._lock, self._transaction(True):
             yield self.state
 
     def _gpu(self, handle: Any, allow_mig: bool = False) -> tuple[GpuState, DeviceModel]:
@@ -742,6 +748,47 @@ class SimulatedNvml:
         return attrs
 
     nvmlDeviceGetAttributes_v2 = nvmlDeviceGetAttributes
+
+    # -- GPM --------------------------------------------------------------------------------
+
+    @nvml_call()
+    def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:
+        _, model = self._gpu(device)
+        support = pynvml.c_nvmlGpmSupport_t()
+        support.version = pynvml.NVML_GPM_SUPPORT_VERSION
+        support.isSupportedDevice = int(model.gpm_supported)
+        return support
+
+    @nvml_call()
+    def nvmlGpmSampleAlloc(self) -> Any:
+        return self._gpm.alloc()
+
+    @nvml_call()
+    def nvmlGpmSampleFree(self, gpmSample: Any) -> None:
+        self._gpm.free(gpmSample)
+
+    @nvml_call()
+    def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:
+        gpu, model = self._gpu(device)
+        if not model.gpm_supported:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self._gpm.record(gpmSample, gpu_activity(self.state, gpu))
+        return gpmSample
+
+    @nvml_call()
+    def nvmlGpmMigSampleGet(self, device: Any, gpuInstanceId: int, gpmSample: Any) -> Any:
+        gpu, model = self._gpu(device)
+        if not model.gpm_supported:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self._mig_on(gpu)
+        if gpuInstanceId not in gpu.gis:
+            _fail(pynvml.NVML_ERROR_NOT_FOUND)
+        self._gpm.record(gpmSample, gi_activity(self.state, gpu.index, gpuInstanceId))
+        return gpmSample
+
+    @nvml_call()
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
+        return self._gpm.metrics(metricsGet)
 
     # -- outside NVML: what a user or the hardware does -------------------------------------
 

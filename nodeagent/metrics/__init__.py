@@ -1,0 +1,1 @@
+"""Prometheus metrics: collectors over the latest snapshot, samplers off the scrape path."""

@@ -1,0 +1,103 @@
+"""The agent's own series: build, reconciles, NVML errors, sampler health."""
+
+from __future__ import annotations
+
+import bisect
+import platform
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from nodeagent import __version__
+from nodeagent.metrics.store import Store
+
+BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+@dataclass
+class AgentStats:
+    """Written by the reconcile loop, read by the collector."""
+
+    reconciles: Counter[str] = field(default_factory=Counter)
+    bucket_counts: list[int] = field(default_factory=lambda: [0] * len(BUCKETS))
+    duration_sum: float = 0.0
+    duration_count: int = 0
+    last_success: float | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, result: str, seconds: float, now: float) -> None:
+        with self.lock:
+            self.reconciles[result] += 1
+            i = bisect.bisect_left(BUCKETS, seconds)
+            if i < len(BUCKETS):
+                self.bucket_counts[i] += 1
+            self.duration_sum += seconds
+            self.duration_count += 1
+            if result == "success":
+                self.last_success = now
+
+
+class AgentCollector:
+    name = "agent"
+
+    def __init__(
+        self, stats: AgentStats, store: Store, nvml_errors: Callable[[], Counter[str]]
+    ) -> None:
+        self.stats = stats
+        self.store = store
+        self.nvml_errors = nvml_errors
+
+    def collect(self) -> Iterator[Metric]:
+        build = GaugeMetricFamily(
+            "nodeagent_build_info",
+            "nodeagent build; value 1.",
+            labels=["version", "python_version"],
+        )
+        build.add_metric([__version__, platform.python_version()], 1)
+        yield build
+        with self.stats.lock:
+            reconciles = CounterMetricFamily(
+                "nodeagent_reconciles", "Reconciles by result.", labels=["result"]
+            )
+            for result in ("success", "failure"):
+                reconciles.add_metric([result], self.stats.reconciles.get(result, 0))
+            cumulative, buckets = 0, []
+            for bound, n in zip(BUCKETS, self.stats.bucket_counts, strict=True):
+                cumulative += n
+                buckets.append((repr(bound), cumulative))
+            buckets.append(("+Inf", self.stats.duration_count))
+            histogram = HistogramMetricFamily(
+                "nodeagent_reconcile_duration_seconds",
+                "Time a reconcile took.",
+                buckets=buckets,
+                sum_value=self.stats.duration_sum,
+            )
+            last = self.stats.last_success
+        yield reconciles
+        yield histogram
+        if last is not None:
+            yield GaugeMetricFamily(
+                "nodeagent_last_reconcile_success_timestamp_seconds",
+                "When a reconcile last succeeded (Unix time).",
+                value=last,
+            )
+        errors = CounterMetricFamily(
+            "nodeagent_nvml_errors", "NVML calls that failed, by function.", labels=["function"]
+        )
+        for function, n in sorted(self.nvml_errors().items()):
+            errors.add_metric([function], n)
+        yield errors
+        if self.store.inventory is not None:
+            yield GaugeMetricFamily(
+                "nodeagent_inventory_timestamp_seconds",
+                "When the GPUs were last read (Unix time).",
+                value=self.store.inventory_time,
+            )
