@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 SIM ?= h200x2
 
-.PHONY: run test lint unit gpu bench clean
+.PHONY: run test lint gpu bench system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,7 +14,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/nodeagent --simulate $(SIM) status
+	mkdir -p .run
+	$(BIN)/nodeagent --simulate $(SIM) --sim-state .run/node.json mig generate-config > .run/mig.yaml
+	$(BIN)/nodeagent --simulate $(SIM) --sim-state .run/node.json mig apply -f .run/mig.yaml -c all-balanced
+	$(BIN)/nodeagent --simulate $(SIM) --sim-state .run/node.json status
+	@echo "metrics: http://127.0.0.1:9401/metrics   (nodeagent --simulate $(SIM) --sim-state .run/node.json sim attach ... adds load)"
+	$(BIN)/nodeagent --simulate $(SIM) --sim-state .run/node.json --log-level info run \
+	  --metrics-address 127.0.0.1:9401 -f .run/mig.yaml -c all-balanced
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -22,11 +28,24 @@ lint: $(STAMP)
 	$(BIN)/mypy --strict nodeagent
 	$(BIN)/lint-imports
 
-test: lint
+# The Prometheus tests need the real prometheus and promtool (Debian package `prometheus`).
+system-deps:
+	@if command -v promtool >/dev/null && command -v prometheus >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null; }; \
+	else echo "note: install the Debian package 'prometheus'; the Prometheus tests skip without it"; fi
+
+test: lint system-deps
 	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/reconfig.py
+	$(BIN)/python benchmarks/metrics.py
 
 gpu: $(STAMP)
 	$(BIN)/python -m pytest -m gpu tests/gpu
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .run .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -15,6 +15,7 @@ from prometheus_client.registry import CollectorRegistry
 from nodeagent.errors import AgentError, ConfigError
 from nodeagent.metrics.agent import AgentCollector, AgentStats
 from nodeagent.metrics.collectorset import CollectorSet
+from nodeagent.metrics.exposition import ExpositionCache
 from nodeagent.metrics.gpus import GpuCollector
 from nodeagent.metrics.sampling import GpmSampler, Periodic, refresh_inventory
 from nodeagent.metrics.server import DEFAULT_METRICS_ADDRESS, MetricsServer
@@ -79,6 +80,7 @@ class Agent:
                 ]
             )
         )
+        self.exposition = ExpositionCache(self.registry)
         self.stop_event = threading.Event()
         self.last_error: str | None = None
         self.reconciled = False
@@ -89,6 +91,11 @@ class Agent:
 
     def refresh(self) -> None:
         refresh_inventory(self.session, self.store, self.clock)
+        self.exposition.render()
+
+    def sample_gpm(self) -> None:
+        self.gpm.tick()
+        self.exposition.render()
 
     def reconcile(self) -> str:
         """Observe, then bring MIG to the configured config if there is one. Returns
@@ -121,6 +128,7 @@ class Agent:
             log.error("reconcile.failed", step=step, error=str(err))
         self.stats.record(result, time.monotonic() - start, self.clock())
         self.reconciled = True
+        self.exposition.render()
         return result
 
     # -- health ---------------------------------------------------------------------------
@@ -145,7 +153,7 @@ class Agent:
 
     def start(self) -> None:
         self.server = MetricsServer(
-            self.config.metrics_address, self.registry, self.healthy, self.ready
+            self.config.metrics_address, self.exposition.latest, self.healthy, self.ready
         )
         self.reconcile()
         self.server.start()
@@ -153,7 +161,7 @@ class Agent:
             Periodic(
                 "refresh", self.refresh, self.config.refresh_interval_seconds, self.stop_event
             ),
-            Periodic("gpm", self.gpm.tick, self.config.gpm_interval_seconds, self.stop_event),
+            Periodic("gpm", self.sample_gpm, self.config.gpm_interval_seconds, self.stop_event),
             Periodic(
                 "reconcile",
                 self.reconcile_quiet,

@@ -7,8 +7,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import structlog
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from nodeagent.errors import ConfigError
 
@@ -30,15 +29,18 @@ class MetricsServer:
     """Serves the registry and the health checks from a thread; `port` is the bound port."""
 
     def __init__(
-        self, address: str, registry: CollectorRegistry, healthy: Check, ready: Check
+        self, address: str, exposition: Callable[[], bytes], healthy: Check, ready: Check
     ) -> None:
         host, port = parse_address(address)
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as Prometheus scrapes
+            disable_nagle_algorithm = True  # headers and body leave at once, no delayed ACK
+
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                    self._send(200, exposition(), CONTENT_TYPE_LATEST)
                 elif path in ("/healthz", "/readyz"):
                     ok, text = (healthy if path == "/healthz" else ready)()
                     self._send(200 if ok else 503, (text + "\n").encode(), "text/plain")

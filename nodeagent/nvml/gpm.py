@@ -69,7 +69,7 @@ class GpmReader:
         for i, name in enumerate(GPM_METRICS):
             metric = result.metrics[i]
             if metric.nvmlReturn == 0:
-                out[name] = min(max(float(metric.value) / 100.0, 0.0), 1.0)
+                out[name] = round(min(max(float(metric.value) / 100.0, 0.0), 1.0), 6)
         return out
 
 

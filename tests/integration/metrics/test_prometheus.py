@@ -1,0 +1,161 @@
+"""A real Prometheus (Debian package `prometheus`) scrapes the agent over loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeagent.agent import Agent, AgentConfig
+from nodeagent.mig.apply import reconfigure
+from nodeagent.mig.config import dump_config, parse_config
+from nodeagent.mig.generate import generate_configs
+from nodeagent.nvml import NvmlSession, read_inventory
+from nodeagent.sim import SimulatedNvml, parse_spec
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str, timeout: float = 5) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+@pytest.fixture
+def running_agent() -> Iterator[tuple[Agent, SimulatedNvml]]:
+    lib = SimulatedNvml(parse_spec("h200x2"))
+    session = NvmlSession(lib)
+    cfg = parse_config(dump_config(generate_configs(read_inventory(session))), "generated")
+    reconfigure(session, cfg, "all-balanced", lib.reset)
+    config = AgentConfig(
+        metrics_address="127.0.0.1:0", refresh_interval_seconds=0.2, gpm_interval_seconds=0.2
+    )
+    agent = Agent(session, config, lib.reset)
+    agent.start()
+    yield agent, lib
+    agent.stop()
+
+
+def test_endpoints(running_agent: tuple[Agent, SimulatedNvml]) -> None:
+    agent, _ = running_agent
+    assert agent.server is not None
+    base = f"http://127.0.0.1:{agent.server.port}"
+    status, body = _get(base + "/metrics")
+    assert status == 200 and "nodeagent_slice_info{" in body
+    assert _get(base + "/healthz") == (200, "ok\n")
+    assert _get(base + "/readyz") == (200, "ok\n")
+    assert _get(base + "/nope")[0] == 404
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, running_agent: tuple[Agent, SimulatedNvml]) -> Iterator[str]:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        if os.environ.get("NODEAGENT_REQUIRE_PROMETHEUS"):
+            pytest.fail(
+                "prometheus is not installed (Debian package prometheus); make test installs it"
+            )
+        pytest.skip("prometheus not installed (Debian package prometheus)")
+    agent, _ = running_agent
+    assert agent.server is not None
+    port = _free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+        "scrape_configs:\n  - job_name: nodeagent\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{agent.server.port}']\n"
+    )
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "prometheus.log").open("w"),
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait(lambda: _get(base + "/-/ready")[0] == 200, 60, "Prometheus to be ready")
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _query(base: str, promql: str) -> list[dict[str, Any]]:
+    status, body = _get(base + "/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+    assert status == 200, body
+    data = json.loads(body)
+    assert data["status"] == "success", data
+    result: list[dict[str, Any]] = data["data"]["result"]
+    return result
+
+
+def test_prometheus_sees_every_slice_and_forgets_destroyed_ones(
+    prometheus: str, running_agent: tuple[Agent, SimulatedNvml]
+) -> None:
+    agent, lib = running_agent
+    inv = agent.store.inventory
+    assert inv is not None
+    want = {(str(g.index), str(s.gi_id)) for g in inv.gpus for s in g.slices}
+    assert len(want) == 8
+
+    def memory_series() -> set[tuple[str, str]]:
+        rows = _query(prometheus, "nodeagent_slice_memory_total_bytes")
+        return {(r["metric"]["gpu"], r["metric"]["gi_id"]) for r in rows}
+
+    _wait(lambda: memory_series() == want, 60, "every slice's memory series")
+    joined = _query(
+        prometheus,
+        'nodeagent_slice_memory_total_bytes * on(gpu, gi_id, ci_id) group_left(profile) nodeagent_slice_info{profile="3g.71gb"}',
+    )
+    assert {float(r["value"][1]) for r in joined} == {71424 * 1024 * 1024}
+    cfg = parse_config(dump_config(generate_configs(inv)), "generated")
+    reconfigure(agent.session, cfg, "all-7g.141gb", lib.reset)
+    _wait(
+        lambda: _query(prometheus, 'count(nodeagent_slice_info{profile="7g.141gb"})'),
+        60,
+        "the new slices",
+    )
+    _wait(
+        lambda: not _query(prometheus, 'nodeagent_slice_info{profile!="7g.141gb"}'),
+        60,
+        "the old slices to go",
+    )
+    assert len(_query(prometheus, "nodeagent_slice_memory_total_bytes")) == 2
