@@ -13,18 +13,25 @@ import structlog
 from prometheus_client.registry import CollectorRegistry
 
 from nodeagent.errors import AgentError, ConfigError
+from nodeagent.labels.nfd import write_features
+from nodeagent.labels.render import DEFAULT_PREFIX, SharingState, render_labels
 from nodeagent.metrics.agent import AgentCollector, AgentStats
 from nodeagent.metrics.collectorset import CollectorSet
 from nodeagent.metrics.exposition import ExpositionCache
 from nodeagent.metrics.gpus import GpuCollector
+from nodeagent.metrics.mps import MpsCollector
 from nodeagent.metrics.sampling import GpmSampler, Periodic, refresh_inventory
 from nodeagent.metrics.server import DEFAULT_METRICS_ADDRESS, MetricsServer
 from nodeagent.metrics.slices import SliceCollector
 from nodeagent.metrics.store import Store
 from nodeagent.mig.apply import Reset, reconfigure
 from nodeagent.mig.config import parse_config
+from nodeagent.mps.daemon import MpsDaemon, MpsStatus
+from nodeagent.mps.settings import MpsSettings, validate
+from nodeagent.mps.supervisor import MpsSupervisor
 from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.gpm import GpmReader
+from nodeagent.nvml.write import ComputeModeWriter
 
 log = structlog.get_logger("nodeagent.agent")
 
@@ -37,6 +44,9 @@ class AgentConfig:
     reconcile_interval_seconds: float = 30.0
     mig_config_file: str | None = None
     mig_config: str | None = None
+    mps: MpsSettings | None = None
+    label_prefix: str = DEFAULT_PREFIX
+    nfd_features_file: Path | None = None
 
     def validate(self) -> None:
         for name in (
@@ -77,6 +87,7 @@ class Agent:
                     GpuCollector(self.store),
                     SliceCollector(self.store),
                     AgentCollector(self.stats, self.store, lambda: session.errors_by_function),
+                    MpsCollector(lambda: self.mps_status),
                 ]
             )
         )
@@ -84,8 +95,10 @@ class Agent:
         self.stop_event = threading.Event()
         self.last_error: str | None = None
         self.reconciled = False
-        self._threads: list[Periodic] = []
+        self._threads: list[threading.Thread] = []
         self.server: MetricsServer | None = None
+        self.mps_daemon: MpsDaemon | None = None
+        self.mps_status: MpsStatus | None = None
 
     # -- steps ----------------------------------------------------------------------------
 
@@ -120,8 +133,9 @@ class Agent:
                     log.info(
                         "mig.changed", config=self.config.mig_config, operations=len(outcome.done)
                     )
-                step = "publish"
                 self.refresh()
+            step = "publish"
+            self.publish_labels()
             result, self.last_error = "success", None
         except AgentError as err:
             result, self.last_error = "failure", f"{step}: {err}"
@@ -130,6 +144,42 @@ class Agent:
         self.reconciled = True
         self.exposition.render()
         return result
+
+    def sharing(self) -> SharingState:
+        if self.config.mps is not None and self.mps_daemon is not None:
+            return SharingState("mps", self.config.mps.replicas)
+        return SharingState()
+
+    def labels(self) -> dict[str, str]:
+        inventory = self.store.inventory
+        return (
+            {}
+            if inventory is None
+            else render_labels(inventory, self.sharing(), self.config.label_prefix)
+        )
+
+    def publish_labels(self) -> None:
+        path = self.config.nfd_features_file
+        if path is None or self.store.inventory is None:
+            return
+        if write_features(path, self.labels()):
+            log.info("labels.written", path=str(path))
+
+    def start_mps(self) -> None:
+        """Validate the MPS settings against the GPUs, start the daemon, supervise it."""
+        assert self.config.mps is not None
+        if self.store.inventory is None:
+            self.refresh()
+        assert self.store.inventory is not None
+        limits = validate(self.config.mps, self.store.inventory)
+        self.mps_daemon = MpsDaemon(self.config.mps, limits, ComputeModeWriter(self.session))
+        self.mps_status = self.mps_daemon.start()
+
+        def checked() -> None:
+            assert self.mps_daemon is not None
+            self.mps_status = self.mps_daemon.status()
+
+        self._threads.append(MpsSupervisor(self.mps_daemon, self.stop_event, on_checked=checked))
 
     # -- health ---------------------------------------------------------------------------
 
@@ -155,9 +205,11 @@ class Agent:
         self.server = MetricsServer(
             self.config.metrics_address, self.exposition.latest, self.healthy, self.ready
         )
+        if self.config.mps is not None:
+            self.start_mps()
         self.reconcile()
         self.server.start()
-        self._threads = [
+        self._threads += [
             Periodic(
                 "refresh", self.refresh, self.config.refresh_interval_seconds, self.stop_event
             ),
@@ -181,4 +233,6 @@ class Agent:
             t.join(timeout=10)
         if self.server:
             self.server.stop()
+        if self.mps_daemon is not None:
+            self.mps_daemon.stop()
         self.gpm.close()

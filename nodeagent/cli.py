@@ -20,6 +20,8 @@ from prometheus_client import generate_latest
 from nodeagent import __version__
 from nodeagent.agent import Agent, AgentConfig
 from nodeagent.errors import AgentError, ConfigError, NvmlError
+from nodeagent.labels.nfd import DEFAULT_FEATURES_FILE
+from nodeagent.labels.render import DEFAULT_PREFIX, render_labels, slice_usage
 from nodeagent.logs import configure_logging
 from nodeagent.metrics.server import DEFAULT_METRICS_ADDRESS
 from nodeagent.mig.apply import (
@@ -31,7 +33,17 @@ from nodeagent.mig.apply import (
 )
 from nodeagent.mig.config import MigConfigFile, dump_config, parse_config
 from nodeagent.mig.generate import export_current, generate_configs
+from nodeagent.mps.daemon import MpsDaemon, MpsStatus
+from nodeagent.mps.settings import (
+    DEFAULT_ROOT,
+    Limits,
+    MpsSettings,
+    parse_devices,
+    parse_pinned,
+    validate,
+)
 from nodeagent.nvml import NvmlSession, load_real_library, open_session, read_inventory
+from nodeagent.nvml.write import ComputeModeWriter
 from nodeagent.render import render_inventory
 from nodeagent.sim import SimulatedNvml, open_emulator
 
@@ -264,6 +276,130 @@ def _mig_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_mig_generate)
 
 
+def _mps_flags(p: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    g = p.add_argument_group(
+        "MPS (the same settings for `nodeagent mps` and `nodeagent run --mps`)"
+    )
+    g.add_argument(
+        "--mps-devices",
+        default=env("NODEAGENT_MPS_DEVICES"),
+        help="GPU indices, e.g. 0,1 (default: every GPU without MIG)",
+    )
+    g.add_argument(
+        "--mps-replicas",
+        type=int,
+        default=int(env("NODEAGENT_MPS_REPLICAS", "2")),
+        help="clients sharing each GPU (>= 2; env NODEAGENT_MPS_REPLICAS)",
+    )
+    g.add_argument(
+        "--mps-thread-percentage",
+        type=int,
+        default=None,
+        help="default active thread percentage, 1-100 (default 100 // replicas)",
+    )
+    g.add_argument(
+        "--mps-pinned-memory",
+        default=env("NODEAGENT_MPS_PINNED_MEMORY"),
+        help="per-GPU pinned memory limit: SIZE or INDEX=SIZE,... (default memory / replicas)",
+    )
+    g.add_argument(
+        "--mps-pipe-dir", default=env("CUDA_MPS_PIPE_DIRECTORY", str(DEFAULT_ROOT / "pipe"))
+    )
+    g.add_argument(
+        "--mps-log-dir", default=env("CUDA_MPS_LOG_DIRECTORY", str(DEFAULT_ROOT / "log"))
+    )
+    g.add_argument("--mps-ready-file", default=str(DEFAULT_ROOT / "ready"))
+    g.add_argument(
+        "--mps-control",
+        default=env("NODEAGENT_MPS_CONTROL", "nvidia-cuda-mps-control"),
+        help="the control program (env NODEAGENT_MPS_CONTROL)",
+    )
+    g.add_argument(
+        "--mps-exclusive-process",
+        action="store_true",
+        help="switch the GPUs to EXCLUSIVE_PROCESS while MPS runs",
+    )
+    g.add_argument(
+        "--mps-probe-interval", type=float, default=5.0, help="seconds between health probes"
+    )
+
+
+def _mps_settings(ctx: Context) -> MpsSettings:
+    a = ctx.args
+    if a.mps_devices:
+        devices = parse_devices(a.mps_devices)
+    else:
+        devices = tuple(g.index for g in read_inventory(ctx.session).gpus if not g.mig_current)
+    return MpsSettings(
+        devices=devices,
+        replicas=a.mps_replicas,
+        thread_percentage=a.mps_thread_percentage,
+        pinned_memory=parse_pinned(a.mps_pinned_memory, devices),
+        pipe_dir=Path(a.mps_pipe_dir),
+        log_dir=Path(a.mps_log_dir),
+        ready_file=Path(a.mps_ready_file),
+        control_binary=a.mps_control,
+        exclusive_process=a.mps_exclusive_process,
+        probe_interval_seconds=a.mps_probe_interval,
+    )
+
+
+def _mps_daemon(ctx: Context, check: bool = True) -> MpsDaemon:
+    settings = _mps_settings(ctx)
+    limits = validate(settings, read_inventory(ctx.session)) if check else Limits(0, {}, "")
+    return MpsDaemon(settings, limits, ComputeModeWriter(ctx.session))
+
+
+def _print_mps(ctx: Context, status: MpsStatus) -> None:
+    if ctx.args.output == "json":
+        _print_json(status.to_dict())
+        return
+    if not status.running:
+        print("MPS control daemon: not running")
+        return
+    print(f"MPS control daemon: running, pid {status.pid}")
+    print(f"  default active thread percentage: {status.thread_percentage}")
+    for device, n in sorted(status.pinned_bytes.items()):
+        print(
+            f"  pinned memory limit, device {device}: {'none' if n is None else f'{n >> 20} MiB'}"
+        )
+    clients = sum(len(c) for c in status.clients.values())
+    print(f"  servers: {status.servers or 'none'}; clients: {clients}")
+
+
+def cmd_mps(ctx: Context) -> int:
+    action = ctx.args.mps_command
+    if action == "start":
+        status = _mps_daemon(ctx).start()
+        _print_mps(ctx, status)
+        return 0
+    daemon = _mps_daemon(ctx, check=False)
+    if action == "stop":
+        daemon.stop()
+        print("MPS control daemon stopped")
+        return 0
+    status = daemon.status()
+    _print_mps(ctx, status)
+    return 0 if status.running else 1
+
+
+def cmd_labels(ctx: Context) -> int:
+    inventory = read_inventory(ctx.session)
+    labels = render_labels(inventory, prefix=ctx.args.label_prefix)
+    if ctx.args.output == "json":
+        _print_json(
+            {
+                "labels": labels,
+                "annotations": {ctx.args.label_prefix + "mig.slices": slice_usage(inventory)},
+            }
+        )
+    else:
+        for key, value in labels.items():
+            print(f"{key}={value}")
+    return 0
+
+
 def _agent(ctx: Context) -> Agent:
     a = ctx.args
     config = AgentConfig(
@@ -273,6 +409,11 @@ def _agent(ctx: Context) -> Agent:
         reconcile_interval_seconds=getattr(a, "reconcile_interval", 30.0),
         mig_config_file=getattr(a, "file", None),
         mig_config=getattr(a, "config", None),
+        mps=_mps_settings(ctx) if getattr(a, "mps", False) else None,
+        label_prefix=getattr(a, "label_prefix", DEFAULT_PREFIX),
+        nfd_features_file=Path(a.nfd_features_file)
+        if getattr(a, "nfd_features_file", None)
+        else None,
     )
     return Agent(ctx.session, config, _reset(ctx))
 
@@ -342,9 +483,34 @@ def _run_parser(sub: Any) -> None:
         help="name of the MIG config to keep applied (env NODEAGENT_MIG_CONFIG)",
     )
     p.add_argument("--reset-command", default=os.environ.get("NODEAGENT_MIG_RESET_COMMAND") or None)
+    p.add_argument("--mps", action="store_true", help="start, supervise and publish the MPS daemon")
+    p.add_argument(
+        "--nfd-features-file",
+        default=os.environ.get("NODEAGENT_NFD_FEATURES_FILE") or None,
+        help=f"write labels for NFD's local source here (e.g. {DEFAULT_FEATURES_FILE})",
+    )
+    _label_prefix_flag(p)
+    _mps_flags(p)
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("metrics", help="print one Prometheus exposition to stdout")
     p.set_defaults(func=cmd_metrics)
+    p = sub.add_parser("labels", help="the node labels nodeagent publishes (GFD names)")
+    _output_flag(p)
+    _label_prefix_flag(p)
+    p.set_defaults(func=cmd_labels)
+    mps = sub.add_parser("mps", help="the MPS control daemon: start, stop, status")
+    mps.add_argument("mps_command", choices=("start", "stop", "status"))
+    _output_flag(mps)
+    _mps_flags(mps)
+    mps.set_defaults(func=cmd_mps)
+
+
+def _label_prefix_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--label-prefix",
+        default=os.environ.get("NODEAGENT_LABEL_PREFIX") or DEFAULT_PREFIX,
+        help=f"label prefix (default {DEFAULT_PREFIX}; another one beside GFD)",
+    )
 
 
 def _output_flag(p: argparse.ArgumentParser) -> None:

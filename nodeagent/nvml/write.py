@@ -122,3 +122,27 @@ class MigWriter:
         """
         gi = self._gpu_instance(index, gi_id)
         self.session.call("nvmlGpuInstanceDestroy", gi, context=f"GPU {index} GI {gi_id}")
+
+
+COMPUTEMODE_DEFAULT = 0
+COMPUTEMODE_EXCLUSIVE_PROCESS = 3
+
+
+class ComputeModeWriter:
+    """Compute mode of full GPUs (MPS can ask for EXCLUSIVE_PROCESS)."""
+
+    def __init__(self, session: NvmlSession) -> None:
+        self.session = session
+
+    def compute_mode(self, index: int) -> int:
+        dev = self.session.call("nvmlDeviceGetHandleByIndex", index, context=f"GPU {index}")
+        return int(self.session.call("nvmlDeviceGetComputeMode", dev, context=f"GPU {index}"))
+
+    def set_exclusive_process(self, index: int, exclusive: bool) -> None:
+        """EXCLUSIVE_PROCESS (only the MPS server opens the GPU) or back to DEFAULT.
+
+        nvidia-smi equivalent: `nvidia-smi -i N -c EXCLUSIVE_PROCESS` / `-c DEFAULT`.
+        """
+        dev = self.session.call("nvmlDeviceGetHandleByIndex", index, context=f"GPU {index}")
+        mode = COMPUTEMODE_EXCLUSIVE_PROCESS if exclusive else COMPUTEMODE_DEFAULT
+        self.session.call("nvmlDeviceSetComputeMode", dev, mode, context=f"GPU {index}")

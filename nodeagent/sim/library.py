@@ -401,6 +401,17 @@ class SimulatedNvml:
         rates.gpu, rates.memory = round(load * 100), round(load * 22)
         return rates
 
+    @nvml_call()
+    def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
+        return self._gpu(handle)[0].compute_mode
+
+    @nvml_call(mutating=True)
+    def nvmlDeviceSetComputeMode(self, handle: Any, mode: int) -> None:
+        gpu, _ = self._gpu(handle)
+        if mode not in (0, 2, 3):  # DEFAULT, PROHIBITED, EXCLUSIVE_PROCESS
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.compute_mode = mode
+
     # -- MIG mode ---------------------------------------------------------------------------
 
     @nvml_call()

@@ -71,6 +71,7 @@ class GpuState:
     mig_current: int = 0
     mig_pending: int = 0
     gis: dict[int, GiState] = field(default_factory=dict)
+    compute_mode: int = 0
     uuid_serial: int = 0
 
     def new_mig_uuid(self) -> str:
@@ -131,6 +132,7 @@ def from_json(data: Any, source: str) -> SimState:
                     mig_pending=int(g["mig_pending"]),
                     gis=gis,
                     uuid_serial=int(g["uuid_serial"]),
+                    compute_mode=int(g.get("compute_mode", 0)),
                 )
             )
         processes = [ProcessState(**p) for p in data["processes"]]

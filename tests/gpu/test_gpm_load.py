@@ -60,7 +60,9 @@ def load() -> Iterator[subprocess.Popen[str]]:
     proc.wait()
 
 
-def test_gpm_and_memory_follow_a_cuda_load(session: NvmlSession, load: subprocess.Popen[str]) -> None:
+def test_gpm_and_memory_follow_a_cuda_load(
+    session: NvmlSession, load: subprocess.Popen[str]
+) -> None:
     reader = GpmReader(session)
     gpu = read_inventory(session).gpus[0]
     if gpu.mig_current or not reader.supported(0):

@@ -1,0 +1,40 @@
+"""The Node Feature Discovery local-source sink: a features.d file, written atomically."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from nodeagent.errors import ConfigError
+
+DEFAULT_FEATURES_FILE = Path("/etc/kubernetes/node-feature-discovery/features.d/nodeagent")
+
+
+def render_features(labels: dict[str, str]) -> str:
+    """NFD's local source format: one `name=value` per line."""
+    return "".join(f"{k}={v}\n" for k, v in sorted(labels.items()))
+
+
+def write_features(path: Path, labels: dict[str, str]) -> bool:
+    """Write the file if its content changes; return whether it was written."""
+    text = render_features(labels)
+    try:
+        if path.read_text() == text:
+            return False
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        raise ConfigError(f"cannot read NFD features file {path}: {err.strerror}") from err
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise ConfigError(f"cannot write NFD features file {path}: {err.strerror}") from err
+    return True

@@ -1,0 +1,1 @@
+"""The MPS control daemon: settings, control commands, lifecycle, limits, health."""

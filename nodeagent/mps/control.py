@@ -1,0 +1,91 @@
+"""Talking to nvidia-cuda-mps-control: one command per process, on its stdin, never a shell.
+
+The daemon answers exit code 0 to everything it receives and silently ignores bad values, so
+callers read every setting back.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodeagent.errors import MpsError
+
+NO_DAEMON = "Cannot find MPS control daemon process"
+ALREADY_RUNNING = "An instance of this daemon is already running"
+PID_FILE = "nvidia-cuda-mps-control.pid"
+
+
+@dataclass(frozen=True)
+class MpsControl:
+    binary: str
+    pipe_dir: Path
+    log_dir: Path
+    timeout_seconds: float = 5.0
+
+    def env(self, visible_devices: str | None = None) -> dict[str, str]:
+        env = dict(os.environ)
+        env["CUDA_MPS_PIPE_DIRECTORY"] = str(self.pipe_dir)
+        env["CUDA_MPS_LOG_DIRECTORY"] = str(self.log_dir)
+        if visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices
+        return env
+
+    def command(self, line: str) -> str:
+        """Send one command; return the answer (stripped). Raises MpsError when the daemon is
+        not there, the control program fails, or the round trip exceeds the timeout."""
+        try:
+            proc = subprocess.run(
+                [self.binary],
+                input=line + "\n",
+                capture_output=True,
+                text=True,
+                env=self.env(),
+                timeout=self.timeout_seconds,
+            )
+        except subprocess.TimeoutExpired as err:
+            raise MpsError(
+                f"MPS control daemon did not answer {line!r} within {self.timeout_seconds:g} s"
+            ) from err
+        except OSError as err:
+            raise MpsError(f"cannot run {self.binary}: {err.strerror}") from err
+        answer = proc.stdout.strip()
+        if proc.returncode != 0:
+            raise MpsError(
+                f"MPS control {line!r} failed: {answer or proc.stderr.strip() or proc.returncode}"
+            )
+        return answer
+
+    def start_daemon(self, visible_devices: str) -> None:
+        """`nvidia-cuda-mps-control -d` with the pipe/log directories and CUDA_VISIBLE_DEVICES."""
+        self.pipe_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            proc = subprocess.run(
+                [self.binary, "-d"],
+                capture_output=True,
+                text=True,
+                env=self.env(visible_devices),
+                timeout=max(self.timeout_seconds, 10),
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise MpsError(
+                f"cannot start the MPS control daemon ({self.binary} -d): {err}"
+            ) from err
+        if proc.returncode != 0:
+            text = (proc.stdout + proc.stderr).strip()
+            raise MpsError(f"the MPS control daemon did not start: {text or proc.returncode}")
+
+    def daemon_pid(self) -> int | None:
+        """The daemon's pid from its pid file, if that process is alive."""
+        try:
+            pid = int((self.pipe_dir / PID_FILE).read_text().strip())
+        except (OSError, ValueError):
+            return None
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return None
+        return None if state in ("Z", "X") else pid  # a zombie is an exited daemon

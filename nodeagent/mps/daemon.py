@@ -1,0 +1,230 @@
+"""The MPS control daemon's lifecycle: start, limits set and read back, ready file, stop."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+from nodeagent.errors import AgentError, MpsError
+from nodeagent.mps.control import MpsControl
+from nodeagent.mps.settings import Limits, MpsSettings, mps_size, parse_size
+
+log = structlog.get_logger("nodeagent.mps")
+
+
+class ComputeModes(Protocol):
+    def set_exclusive_process(self, index: int, exclusive: bool) -> None: ...
+
+
+@dataclass
+class MpsStatus:
+    running: bool
+    pid: int | None = None
+    thread_percentage: float | None = None
+    pinned_bytes: dict[int, int | None] = field(default_factory=dict)
+    servers: list[int] = field(default_factory=list)
+    clients: dict[int, list[int]] = field(default_factory=dict)
+    restarts: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "running": self.running,
+            "pid": self.pid,
+            "thread_percentage": self.thread_percentage,
+            "pinned_memory_limit_bytes": {str(k): v for k, v in self.pinned_bytes.items()},
+            "servers": self.servers,
+            "clients": {str(k): v for k, v in self.clients.items()},
+            "restarts": self.restarts,
+        }
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split() if x.isdigit()]
+
+
+class MpsDaemon:
+    """One MPS control daemon for the GPUs in `settings.devices`."""
+
+    def __init__(
+        self, settings: MpsSettings, limits: Limits, compute: ComputeModes | None = None
+    ) -> None:
+        self.settings = settings
+        self.limits = limits
+        self.compute = compute
+        self.control = MpsControl(
+            settings.control_binary,
+            settings.pipe_dir,
+            settings.log_dir,
+            settings.command_timeout_seconds,
+        )
+        self.restarts = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> MpsStatus:
+        """Start (or adopt a running) daemon, apply the limits, read them back, write the ready
+        file. Raises MpsError; a daemon it started is stopped again on failure."""
+        if self.settings.exclusive_process and self.compute is not None:
+            for index in self.settings.devices:
+                self.compute.set_exclusive_process(index, True)
+        started = False
+        if self.control.daemon_pid() is None:
+            self.control.start_daemon(self.limits.visible_devices)
+            started = True
+            log.info(
+                "mps.started", pid=self.control.daemon_pid(), devices=self.limits.visible_devices
+            )
+        else:
+            log.info("mps.adopted", pid=self.control.daemon_pid())
+        try:
+            self.apply_limits()
+            self.verify()
+        except AgentError:
+            if started:
+                self.stop()
+            raise
+        _atomic_write(self.settings.ready_file, json.dumps(self.status().to_dict()) + "\n")
+        return self.status()
+
+    def apply_limits(self) -> None:
+        self.control.command(
+            f"set_default_active_thread_percentage {self.limits.thread_percentage}"
+        )
+        for device, size in sorted(self.limits.pinned_bytes.items()):
+            self.control.command(f"set_default_device_pinned_mem_limit {device} {mps_size(size)}")
+
+    def read_back(self) -> tuple[float | None, dict[int, int | None]]:
+        """The daemon's default thread percentage and pinned limit per MPS device index."""
+        pct_text = self.control.command("get_default_active_thread_percentage")
+        try:
+            pct: float | None = float(pct_text)
+        except ValueError:
+            pct = None
+        pinned: dict[int, int | None] = {}
+        for device in sorted(self.limits.pinned_bytes) or range(len(self.settings.devices)):
+            text = self.control.command(f"get_default_device_pinned_mem_limit {device}")
+            try:
+                pinned[device] = parse_size(text) if text else None
+            except AgentError:
+                pinned[device] = None
+        return pct, pinned
+
+    def verify(self) -> None:
+        """The daemon ignores bad values silently: only a read-back proves a setting holds."""
+        pct, pinned = self.read_back()
+        problems = []
+        if pct != float(self.limits.thread_percentage):
+            problems.append(
+                f"default active thread percentage is {pct}, wanted {self.limits.thread_percentage}"
+            )
+        for device, want in sorted(self.limits.pinned_bytes.items()):
+            if pinned.get(device) != want:
+                got = pinned.get(device)
+                problems.append(
+                    f"pinned memory limit of MPS device {device} is"
+                    f" {'unset' if got is None else mps_size(got)}, wanted {mps_size(want)}"
+                )
+        if problems:
+            raise MpsError("MPS limits did not hold: " + "; ".join(problems))
+
+    def probe(self) -> bool:
+        """A bounded round trip to the daemon."""
+        try:
+            float(self.control.command("get_default_active_thread_percentage"))
+            return True
+        except (AgentError, ValueError):
+            return False
+
+    def restart(self) -> None:
+        """After a failed probe: start a new daemon (a stale pipe directory is reused) and
+        re-apply the limits."""
+        pid = self.control.daemon_pid()
+        if pid is not None:  # alive but not answering: it cannot be trusted
+            os.kill(pid, signal.SIGKILL)
+            self._wait_gone(pid, 5)
+        self.control.start_daemon(self.limits.visible_devices)
+        self.apply_limits()
+        self.verify()
+        self.restarts += 1
+        log.warning("mps.restarted", pid=self.control.daemon_pid(), restarts=self.restarts)
+
+    def stop(self, timeout_seconds: float = 10.0) -> None:
+        """`quit`, wait for the daemon to exit, kill what is left (daemon and servers)."""
+        self.settings.ready_file.unlink(missing_ok=True)
+        pid = self.control.daemon_pid()
+        if pid is None:
+            return
+        servers: list[int] = []
+        try:
+            servers = _ints(self.control.command("get_server_list"))
+            self.control.command("quit")
+        except AgentError as err:
+            log.warning("mps.quit_failed", error=str(err))
+        if not self._wait_gone(pid, timeout_seconds):
+            log.warning("mps.kill", pid=pid)
+            os.kill(pid, signal.SIGKILL)
+            self._wait_gone(pid, 5)
+        for server in servers:
+            if self._wait_gone(server, 2):
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(server, signal.SIGKILL)
+        if self.settings.exclusive_process and self.compute is not None:
+            for index in self.settings.devices:
+                self.compute.set_exclusive_process(index, False)
+        log.info("mps.stopped", pid=pid)
+
+    @staticmethod
+    def _wait_gone(pid: int, timeout_seconds: float) -> bool:
+        """Wait for `pid` to exit; a zombie (exited, not yet reaped by init) counts as gone."""
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:  # our child: reap it
+                    return True
+            except ChildProcessError:
+                pass
+            if not _running(pid):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+    def status(self) -> MpsStatus:
+        pid = self.control.daemon_pid()
+        if pid is None:
+            return MpsStatus(False, restarts=self.restarts)
+        try:
+            pct, pinned = self.read_back()
+            servers = _ints(self.control.command("get_server_list"))
+            clients = {s: _ints(self.control.command(f"get_client_list {s}")) for s in servers}
+        except AgentError:
+            return MpsStatus(False, pid, restarts=self.restarts)
+        return MpsStatus(True, pid, pct, pinned, servers, clients, self.restarts)

@@ -1,0 +1,137 @@
+"""MPS settings and their validation. Pure: everything is checked before anything starts."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nodeagent.errors import ConfigError
+from nodeagent.nvml.inventory import Inventory
+
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+SIZE_RE = re.compile(r"^(\d+)\s*([KMGT]?)(?:I?B)?$", re.IGNORECASE)
+DEFAULT_ROOT = Path("/run/nvidia/mps")
+
+
+def parse_size(text: str, what: str = "size") -> int:
+    """'2G', '2048M', '512MiB', '4GB' -> bytes (binary units, as the MPS daemon reads them)."""
+    match = SIZE_RE.match(text.strip())
+    if not match or int(match.group(1)) == 0:
+        raise ConfigError(f"{what} {text!r} is not a size like 2G, 2048M or 512MiB")
+    return int(match.group(1)) * UNITS[match.group(2).upper()]
+
+
+def mps_size(n: int) -> str:
+    """Bytes -> the daemon's notation, in whole MiB ('2048M')."""
+    return f"{n // (1 << 20)}M"
+
+
+@dataclass(frozen=True)
+class MpsSettings:
+    """What `nodeagent mps start` and the agent use. `devices` are NVML GPU indices."""
+
+    devices: tuple[int, ...] = (0,)
+    replicas: int = 2
+    thread_percentage: int | None = None  # default: 100 // replicas
+    pinned_memory: dict[int, str] = field(
+        default_factory=dict
+    )  # GPU index -> size; default: memory / replicas
+    pipe_dir: Path = DEFAULT_ROOT / "pipe"
+    log_dir: Path = DEFAULT_ROOT / "log"
+    ready_file: Path = DEFAULT_ROOT / "ready"
+    control_binary: str = "nvidia-cuda-mps-control"
+    exclusive_process: bool = False
+    command_timeout_seconds: float = 5.0
+    probe_interval_seconds: float = 5.0
+
+    @property
+    def percentage(self) -> int:
+        return (
+            self.thread_percentage if self.thread_percentage is not None else 100 // self.replicas
+        )
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The values to set and read back: thread percentage, and bytes per MPS device index
+    (the CUDA ordinal under CUDA_VISIBLE_DEVICES, i.e. the position in `devices`)."""
+
+    thread_percentage: int
+    pinned_bytes: dict[int, int]
+    visible_devices: str  # CUDA_VISIBLE_DEVICES for the daemon: the GPUs' UUIDs
+
+
+def validate(settings: MpsSettings, inventory: Inventory) -> Limits:
+    """Check every value against the node; raise ConfigError listing all problems."""
+    problems: list[str] = []
+    if settings.replicas < 2:
+        problems.append(f"replicas must be 2 or more, not {settings.replicas}")
+    if settings.thread_percentage is not None and not 1 <= settings.thread_percentage <= 100:
+        problems.append(f"thread percentage must be 1-100, not {settings.thread_percentage}")
+    if not settings.devices:
+        problems.append("no GPU selected for MPS")
+    if len(set(settings.devices)) != len(settings.devices):
+        problems.append(f"GPU indices listed twice: {list(settings.devices)}")
+    gpus = {g.index: g for g in inventory.gpus}
+    for index in settings.devices:
+        gpu = gpus.get(index)
+        if gpu is None:
+            problems.append(f"GPU {index} does not exist; this node has GPUs {sorted(gpus)}")
+        elif gpu.mig_current or gpu.mig_pending:
+            problems.append(
+                f"GPU {index} has MIG enabled: MPS inside MIG slices is not supported;"
+                " disable MIG on it (a config with mig-enabled: false) or pick another GPU"
+            )
+    for index in settings.pinned_memory:
+        if index not in settings.devices:
+            problems.append(f"pinned memory limit given for GPU {index}, which is not under MPS")
+    pinned: dict[int, int] = {}
+    for position, index in enumerate(settings.devices):
+        gpu = gpus.get(index)
+        if gpu is None:
+            continue
+        text = settings.pinned_memory.get(index)
+        try:
+            size = (
+                parse_size(text, f"pinned memory limit of GPU {index}")
+                if text
+                else gpu.memory_total_bytes // max(settings.replicas, 1)
+            )
+        except ConfigError as err:
+            problems.append(str(err))
+            continue
+        if size > gpu.memory_total_bytes:
+            problems.append(
+                f"pinned memory limit {text} of GPU {index} is more than its"
+                f" {gpu.memory_total_bytes >> 20} MiB"
+            )
+        pinned[position] = size >> 20 << 20  # the daemon takes whole MiB
+    if settings.command_timeout_seconds <= 0 or settings.probe_interval_seconds <= 0:
+        problems.append("timeouts and intervals must be > 0")
+    if problems:
+        raise ConfigError("MPS settings: " + "; ".join(problems))
+    visible = ",".join(gpus[i].uuid for i in settings.devices)
+    return Limits(settings.percentage, pinned, visible)
+
+
+def parse_pinned(text: str | None, devices: tuple[int, ...]) -> dict[int, str]:
+    """'2G' (every GPU) or '0=2G,1=4G' -> {gpu index: size}; sizes are checked by validate()."""
+    if not text:
+        return {}
+    if "=" not in text:
+        return dict.fromkeys(devices, text)
+    out: dict[int, str] = {}
+    for part in text.split(","):
+        index, sep, size = part.partition("=")
+        if not sep or not index.strip().isdigit():
+            raise ConfigError(f"pinned memory limit {part!r} must be SIZE or INDEX=SIZE,...")
+        out[int(index)] = size.strip()
+    return out
+
+
+def parse_devices(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError as err:
+        raise ConfigError(f"--devices {text!r} must be GPU indices like 0,1") from err
