@@ -65,6 +65,14 @@ def _running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def _same_limit(got: int | None, want: int) -> bool:
+    """The daemon prints a limit of 1 GiB or more in whole G, truncated (35942M reads back as
+    35G on a real H200): a read-back equal to the wanted value cut to whole GiB holds."""
+    if got is None:
+        return False
+    return got == want or (want >= 1 << 30 and got == want >> 30 << 30)
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split() if x.isdigit()]
 
@@ -145,7 +153,7 @@ class MpsDaemon:
                 f"default active thread percentage is {pct}, wanted {self.limits.thread_percentage}"
             )
         for device, want in sorted(self.limits.pinned_bytes.items()):
-            if pinned.get(device) != want:
+            if not _same_limit(pinned.get(device), want):
                 got = pinned.get(device)
                 problems.append(
                     f"pinned memory limit of MPS device {device} is"

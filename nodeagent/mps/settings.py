@@ -106,6 +106,10 @@ def validate(settings: MpsSettings, inventory: Inventory) -> Limits:
                 f"pinned memory limit {text} of GPU {index} is more than its"
                 f" {gpu.memory_total_bytes >> 20} MiB"
             )
+        if not text and size >= 1 << 30:
+            # The real daemon prints limits in whole G (35942M reads back as 35G, seen on an
+            # H200): a default in whole GiB reads back exactly.
+            size = size >> 30 << 30
         pinned[position] = size >> 20 << 20  # the daemon takes whole MiB
     if settings.command_timeout_seconds <= 0 or settings.probe_interval_seconds <= 0:
         problems.append("timeouts and intervals must be > 0")

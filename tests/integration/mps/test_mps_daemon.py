@@ -95,7 +95,7 @@ def test_default_pinned_limit_is_memory_over_replicas(
 ) -> None:
     _, inv = node
     limits = validate(settings(replicas=4), inv)
-    assert limits.pinned_bytes == {0: inv.gpus[0].memory_total_bytes // 4 >> 20 << 20}  # whole MiB
+    assert limits.pinned_bytes == {0: inv.gpus[0].memory_total_bytes // 4 >> 30 << 30}  # whole GiB
     assert limits.visible_devices == inv.gpus[0].uuid
 
 
