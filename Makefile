@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 SIM ?= h200x2
 
-.PHONY: run test lint gpu bench system-deps clean
+.PHONY: run test lint gpu bench proto system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ bench: $(STAMP)
 
 gpu: $(STAMP)
 	$(BIN)/python -m pytest -m gpu tests/gpu
+
+# Regenerate the kubelet pod-resources stubs from nodeagent/kube/proto/podresources.proto.
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \
+	  nodeagent/kube/proto/podresources.proto
 
 clean:
 	rm -rf $(VENV) .run .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -6,15 +6,20 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 from prometheus_client.registry import CollectorRegistry
 
 from nodeagent.errors import AgentError, ConfigError
+from nodeagent.kube.api import KubeSettings, NodeApi, make_core_api
+from nodeagent.kube.clients import ClientSettings, GpuClients
+from nodeagent.kube.controller import NodeController, ensure_node
+from nodeagent.kube.nodelabels import ANNOTATION_PREFIX
+from nodeagent.kube.podresources import DEFAULT_SOCKET, allocated_devices
 from nodeagent.labels.nfd import write_features
-from nodeagent.labels.render import DEFAULT_PREFIX, SharingState, render_labels
+from nodeagent.labels.render import DEFAULT_PREFIX, SharingState, render_labels, slice_usage
 from nodeagent.metrics.agent import AgentCollector, AgentStats
 from nodeagent.metrics.collectorset import CollectorSet
 from nodeagent.metrics.exposition import ExpositionCache
@@ -24,8 +29,8 @@ from nodeagent.metrics.sampling import GpmSampler, Periodic, refresh_inventory
 from nodeagent.metrics.server import DEFAULT_METRICS_ADDRESS, MetricsServer
 from nodeagent.metrics.slices import SliceCollector
 from nodeagent.metrics.store import Store
-from nodeagent.mig.apply import Reset, reconfigure
-from nodeagent.mig.config import parse_config
+from nodeagent.mig.apply import Reset, assert_config, reconfigure
+from nodeagent.mig.config import MigConfigFile, parse_config
 from nodeagent.mps.daemon import MpsDaemon, MpsStatus
 from nodeagent.mps.settings import MpsSettings, validate
 from nodeagent.mps.supervisor import MpsSupervisor
@@ -34,6 +39,14 @@ from nodeagent.nvml.gpm import GpmReader
 from nodeagent.nvml.write import ComputeModeWriter
 
 log = structlog.get_logger("nodeagent.agent")
+SLICES_ANNOTATION = ANNOTATION_PREFIX + "mig.slices"
+
+
+@dataclass(frozen=True)
+class KubeConfig:
+    settings: KubeSettings
+    clients: ClientSettings = field(default_factory=ClientSettings)
+    pod_resources_socket: Path | None = DEFAULT_SOCKET
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,7 @@ class AgentConfig:
     mps: MpsSettings | None = None
     label_prefix: str = DEFAULT_PREFIX
     nfd_features_file: Path | None = None
+    kube: KubeConfig | None = None
 
     def validate(self) -> None:
         for name in (
@@ -58,7 +72,13 @@ class AgentConfig:
                 raise ConfigError(f"{name.replace('_', '-')} must be > 0")
         if self.gpm_interval_seconds < 0.1:
             raise ConfigError("gpm interval must be at least 0.1 s (two GPM samples need 100 ms)")
-        if bool(self.mig_config_file) != bool(self.mig_config):
+        if self.kube is not None:
+            if self.mig_config:
+                raise ConfigError(
+                    "with Kubernetes the MIG config name comes from the node label"
+                    " nvidia.com/mig.config; drop -c (keep -f, the file of configs)"
+                )
+        elif bool(self.mig_config_file) != bool(self.mig_config):
             raise ConfigError("a MIG config needs both the file and the name (-f and -c)")
 
 
@@ -99,6 +119,7 @@ class Agent:
         self.server: MetricsServer | None = None
         self.mps_daemon: MpsDaemon | None = None
         self.mps_status: MpsStatus | None = None
+        self.controller: NodeController | None = None
 
     # -- steps ----------------------------------------------------------------------------
 
@@ -144,6 +165,61 @@ class Agent:
         self.reconciled = True
         self.exposition.render()
         return result
+
+    # -- MIG through the node label (the controller's host interface) ----------------------
+
+    def in_use(self) -> dict[str, str]:
+        """MIG/GPU UUIDs pods hold, from the kubelet (none without Kubernetes)."""
+        kube = self.config.kube
+        if kube is None or kube.pod_resources_socket is None:
+            return {}
+        return allocated_devices(kube.pod_resources_socket)
+
+    def _mig_file(self) -> MigConfigFile:
+        path = self.config.mig_config_file
+        if not path:
+            raise ConfigError("no MIG config file: pass -f FILE (NODEAGENT_MIG_CONFIG_FILE)")
+        try:
+            return parse_config(Path(path).read_text(), path)
+        except OSError as err:
+            raise ConfigError(f"cannot read MIG config file {path}: {err.strerror}") from err
+
+    def mig_matches(self, name: str) -> bool:
+        problems, _ = assert_config(self.session, self._mig_file(), name)
+        return not problems
+
+    def plan_mig(self, name: str) -> int:
+        outcome = reconfigure(
+            self.session, self._mig_file(), name, self.reset, in_use=self.in_use(), dry_run=True
+        )
+        return len(outcome.plan.operations)
+
+    def apply_mig(self, name: str) -> int:
+        outcome = reconfigure(
+            self.session, self._mig_file(), name, self.reset, in_use=self.in_use()
+        )
+        return len(outcome.done)
+
+    def node_labels(self) -> dict[str, str]:
+        return self.labels()
+
+    def node_annotations(self) -> dict[str, str | None]:
+        inventory = self.store.inventory
+        if inventory is None:
+            return {}
+        return {SLICES_ANNOTATION: slice_usage(inventory, self.in_use())}
+
+    def start_kube(self) -> None:
+        assert self.config.kube is not None
+        settings = self.config.kube.settings
+        api = NodeApi(make_core_api(settings), settings)
+        ensure_node(api)
+        self.controller = NodeController(
+            api, self, GpuClients(api, self.config.kube.clients), self.stop_event
+        )
+        self._threads.append(
+            threading.Thread(target=self.controller.run, name="kube-watch", daemon=True)
+        )
 
     def sharing(self) -> SharingState:
         if self.config.mps is not None and self.mps_daemon is not None:
@@ -207,6 +283,8 @@ class Agent:
         )
         if self.config.mps is not None:
             self.start_mps()
+        if self.config.kube is not None:
+            self.start_kube()
         self.reconcile()
         self.server.start()
         self._threads += [

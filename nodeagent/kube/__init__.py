@@ -1,0 +1,1 @@
+"""Kubernetes: the own Node (labels, mig.config protocol, events), GPU clients, pods."""

@@ -1,0 +1,209 @@
+"""The Kubernetes API as nodeagent uses it: its own Node, events, pods on this node.
+
+Every call has a timeout and is retried with exponential backoff (tenacity) on conflicts,
+throttling, server errors, timeouts and dropped connections; what still fails is a KubeError.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import structlog
+import urllib3
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
+
+from nodeagent.errors import KubeError
+
+log = structlog.get_logger("nodeagent.kube")
+T = TypeVar("T")
+RETRY_STATUS = {409, 429, 500, 502, 503, 504}
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class WatchExpired(Exception):
+    """The watch's resourceVersion is too old (410 Gone): relist and watch again."""
+
+
+def _retryable(err: BaseException) -> bool:
+    if isinstance(err, ApiException):
+        return err.status in RETRY_STATUS or err.status == 0
+    return isinstance(err, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError))
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, ApiException):
+        try:
+            message = json.loads(err.body or "{}").get("message", "")
+        except ValueError:
+            message = ""
+        return f"HTTP {err.status} {err.reason}" + (f": {message}" if message else "")
+    return f"{type(err).__name__}: {err}"
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    node_name: str
+    host: str | None = None  # tests: the emulator's URL; else in-cluster or kubeconfig
+    kubeconfig: str | None = None
+    request_timeout_seconds: float = 10.0
+    retry_seconds: float = 30.0
+    watch_timeout_seconds: float = 60.0
+    event_namespace: str = "default"
+
+
+def make_core_api(settings: KubeSettings) -> Any:
+    """A CoreV1Api for the cluster: in-cluster service account, a kubeconfig, or a host."""
+    if settings.host:
+        cfg = client.Configuration()
+        cfg.host = settings.host.rstrip("/")
+        return client.CoreV1Api(client.ApiClient(cfg))
+    try:
+        if settings.kubeconfig:
+            config.load_kube_config(config_file=settings.kubeconfig)
+        else:
+            config.load_incluster_config()
+    except config.ConfigException as err:
+        raise KubeError(f"cannot configure the Kubernetes client: {err}") from err
+    return client.CoreV1Api()
+
+
+class NodeApi:
+    """The agent's own Node and what happens on it."""
+
+    def __init__(self, core: Any, settings: KubeSettings) -> None:
+        self.core = core
+        self.settings = settings
+        self.name = settings.node_name
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        retrying = Retrying(
+            retry=retry_if_exception(_retryable),
+            wait=wait_exponential(multiplier=0.1, max=5),
+            stop=stop_after_delay(self.settings.retry_seconds),
+            reraise=True,
+        )
+        try:
+            return retrying(fn)
+        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as err:
+            raise KubeError(f"Kubernetes API: {what} failed: {_describe(err)}") from err
+
+    def _plain(self, obj: Any) -> dict[str, Any]:
+        data: dict[str, Any] = self.core.api_client.sanitize_for_serialization(obj)
+        return data
+
+    def get_node(self) -> dict[str, Any]:
+        timeout = self.settings.request_timeout_seconds
+        return self._plain(
+            self._call(
+                f"read node {self.name}",
+                lambda: self.core.read_node(self.name, _request_timeout=timeout),
+            )
+        )
+
+    def patch_node(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch: keys set to None are removed, other keys are untouched."""
+        timeout = self.settings.request_timeout_seconds
+        return self._plain(
+            self._call(
+                f"patch node {self.name}",
+                lambda: self.core.patch_node(
+                    self.name, body, _content_type=MERGE_PATCH, _request_timeout=timeout
+                ),
+            )
+        )
+
+    def watch_node(self, resource_version: str | None) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Events of this node only (field selector metadata.name). Ends when the server or the
+        read timeout ends the watch; raises WatchExpired on 410 and KubeError on other errors."""
+        w = watch.Watch()
+        timeout = self.settings.watch_timeout_seconds
+        kwargs: dict[str, Any] = {
+            "field_selector": f"metadata.name={self.name}",
+            "timeout_seconds": max(int(timeout), 1),
+            # The server ends the watch at timeout_seconds; this only catches a dead one.
+            "_request_timeout": timeout * 1.5 + 1,
+            "allow_watch_bookmarks": True,
+        }
+        if resource_version:
+            kwargs["resource_version"] = resource_version
+        try:
+            for event in w.stream(self.core.list_node, **kwargs):
+                obj = event["object"]
+                data = obj if isinstance(obj, dict) else self._plain(obj)
+                if data.get("metadata", {}).get("name") == self.name:
+                    yield str(event["type"]), data
+        except ApiException as err:
+            if err.status == 410:
+                raise WatchExpired(str(err)) from err
+            raise KubeError(
+                f"Kubernetes API: watch node {self.name} failed: {_describe(err)}"
+            ) from err
+        except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError) as err:
+            log.debug("watch.ended", reason=type(err).__name__)
+        finally:
+            w.stop()
+
+    def event(self, reason: str, message: str, kind: str = "Normal") -> None:
+        """A Kubernetes Event on this Node (what `kubectl describe node` shows)."""
+        now = datetime.datetime.now(datetime.timezone.utc)
+        stamp = now.strftime("%Y%m%d%H%M%S%f")
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name=f"{self.name}.{reason.lower()}.{stamp}"),
+            involved_object=client.V1ObjectReference(kind="Node", name=self.name, uid=self.name),
+            reason=reason,
+            message=message[:1024],
+            type=kind,
+            source=client.V1EventSource(component="nodeagent", host=self.name),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        ns = self.settings.event_namespace
+        timeout = self.settings.request_timeout_seconds
+        self._call(
+            f"create event {reason}",
+            lambda: self.core.create_namespaced_event(ns, body, _request_timeout=timeout),
+        )
+
+    def pods_on_node(self, selector: dict[str, str]) -> list[tuple[str, str]]:
+        """(namespace, name) of the pods on this node whose labels match `selector`."""
+        timeout = self.settings.request_timeout_seconds
+        label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        # Raw JSON: only names and labels are needed, not the client's full Pod models.
+        result = self._call(
+            "list pods",
+            lambda: self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={self.name}",
+                label_selector=label_selector,
+                _request_timeout=timeout,
+                _preload_content=False,
+            ),
+        )
+        pods = []
+        for pod in json.loads(result.data or b"{}").get("items", []):
+            meta, spec = pod.get("metadata", {}), pod.get("spec", {})
+            labels = meta.get("labels") or {}
+            # Filter here too: the selectors are what matters, whatever the server did.
+            if spec.get("nodeName") == self.name and all(
+                labels.get(k) == v for k, v in selector.items()
+            ):
+                pods.append((meta.get("namespace", ""), meta.get("name", "")))
+        return pods
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        timeout = self.settings.request_timeout_seconds
+
+        def delete() -> None:
+            try:
+                self.core.delete_namespaced_pod(name, namespace, _request_timeout=timeout)
+            except ApiException as err:
+                if err.status != 404:  # already gone is what we wanted
+                    raise
+
+        self._call(f"delete pod {namespace}/{name}", delete)

@@ -1,0 +1,297 @@
+"""The agent against a real HTTP Kubernetes API (kmock): labels, the mig.config protocol,
+GPU clients paused and restored, faults, and a quiet steady state."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from nodeagent.agent import Agent, AgentConfig, KubeConfig
+from nodeagent.kube.api import KubeSettings
+from nodeagent.kube.clients import ClientSettings
+from nodeagent.mig.config import dump_config
+from nodeagent.mig.generate import generate_configs
+from nodeagent.nvml import NvmlSession, read_inventory
+from nodeagent.sim import SimulatedNvml, parse_spec
+from tests.integration.kube.conftest import NODES, Cluster, kmock
+
+NODE = "gpu-node-1"
+STATE = "nvidia.com/mig.config.state"
+CONFIG = "nvidia.com/mig.config"
+REASON = "nodeagent.io/mig.config.reason"
+
+
+@pytest.fixture
+def start_agent(
+    cluster: Cluster, tmp_path: Path
+) -> Iterator[Callable[..., tuple[Agent, SimulatedNvml]]]:
+    agents: list[Agent] = []
+
+    def start(
+        clients: ClientSettings | None = None, labels: dict[str, str] | None = None
+    ) -> tuple[Agent, SimulatedNvml]:
+        cluster.add_node(NODE, {"kubernetes.io/hostname": NODE, "team": "ml", **(labels or {})})
+        lib = SimulatedNvml(parse_spec("h200x2"))
+        session = NvmlSession(lib)
+        mig = tmp_path / "mig.yaml"
+        mig.write_text(dump_config(generate_configs(read_inventory(session))))
+        kube = KubeConfig(
+            KubeSettings(
+                NODE,
+                host=cluster.url,
+                request_timeout_seconds=2,
+                retry_seconds=20,
+                watch_timeout_seconds=1,
+            ),
+            clients or ClientSettings(),
+            pod_resources_socket=None,
+        )
+        config = AgentConfig(
+            metrics_address="127.0.0.1:0",
+            refresh_interval_seconds=0.5,
+            reconcile_interval_seconds=300,
+            mig_config_file=str(mig),
+            kube=kube,
+        )
+        agent = Agent(session, config, lib.reset)
+        agent.start()
+        agents.append(agent)
+        return agent, lib
+
+    yield start
+    for agent in agents:
+        agent.stop()
+
+
+def _slices(lib: SimulatedNvml) -> list[int]:
+    return [len(g.gis) for g in lib.state.gpus]
+
+
+def test_labels_are_published_and_other_keys_untouched(
+    cluster: Cluster, start_agent: Callable[..., tuple[Agent, SimulatedNvml]]
+) -> None:
+    start_agent()
+    labels = cluster.wait(
+        lambda: cluster.labels(NODE).get("nvidia.com/gpu.product") and cluster.labels(NODE),
+        what="labels",
+    )
+    assert (
+        labels["nvidia.com/gpu.product"] == "NVIDIA-H200" and labels["nvidia.com/gpu.count"] == "2"
+    )
+    assert labels["team"] == "ml" and labels["kubernetes.io/hostname"] == NODE
+    owned = json.loads(cluster.annotations(NODE)["nodeagent.io/owned-labels"])
+    assert "nvidia.com/gpu.product" in owned and "team" not in owned
+
+
+def test_mig_config_protocol_to_success(
+    cluster: Cluster, start_agent: Callable[..., tuple[Agent, SimulatedNvml]]
+) -> None:
+    _, lib = start_agent()
+    cluster.wait(lambda: "nvidia.com/gpu.product" in cluster.labels(NODE), what="first publish")
+    cluster.label(NODE, {CONFIG: "all-balanced"})
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="success")
+    assert _slices(lib) == [4, 4]
+    labels = cluster.labels(NODE)
+    assert (
+        labels["nvidia.com/mig-1g.18gb.count"] == "4"
+        and labels["nvidia.com/mig-3g.71gb.count"] == "2"
+    )
+    assert REASON not in cluster.annotations(NODE)
+    usage = json.loads(cluster.annotations(NODE)["nodeagent.io/mig.slices"])
+    assert usage["1g.18gb"] == {"free": 4, "used": 0}
+    reasons = [e["reason"] for e in cluster.events()]
+    assert "MigConfigChanging" in reasons and "MigConfigApplied" in reasons
+    states = [
+        v.get("metadata", {}).get("labels", {}).get(STATE)
+        for v in cluster.km.objects[NODES, None, NODE].history
+        if v
+    ]
+    assert "pending" in states and states.index("pending") < states.index("success")
+    # Stale labels go when the geometry changes.
+    cluster.label(NODE, {CONFIG: "all-7g.141gb"})
+    cluster.wait(
+        lambda: cluster.labels(NODE).get("nvidia.com/mig-7g.141gb.count") == "2", what="7g labels"
+    )
+    assert not any(k.startswith("nvidia.com/mig-1g") for k in cluster.labels(NODE))
+    assert cluster.labels(NODE)["team"] == "ml"
+
+
+def test_unknown_config_fails_with_a_reason_and_changes_nothing(
+    cluster: Cluster, start_agent: Callable[..., tuple[Agent, SimulatedNvml]]
+) -> None:
+    _, lib = start_agent()
+    cluster.label(NODE, {CONFIG: "all-9g.999gb"})
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "failed", what="failed")
+    reason = cluster.annotations(NODE)[REASON]
+    assert "no config named 'all-9g.999gb'" in reason and "all-balanced" in reason
+    assert _slices(lib) == [0, 0] and not any(g.mig_current for g in lib.state.gpus)
+    warning = [e for e in cluster.events() if e["reason"] == "MigConfigFailed"]
+    assert warning and warning[0]["type"] == "Warning" and "all-9g.999gb" in warning[0]["message"]
+    # A new value is tried again.
+    cluster.label(NODE, {CONFIG: "all-3g.71gb"})
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="success after failure")
+    assert REASON not in cluster.annotations(NODE)
+
+
+def test_gpu_clients_are_paused_and_restored(
+    cluster: Cluster, start_agent: Callable[..., tuple[Agent, SimulatedNvml]]
+) -> None:
+    deploy = "nvidia.com/gpu.deploy.device-plugin"
+    cluster.add_pod("gpu-operator", "dp-1", NODE, {"app": "nvidia-device-plugin"})
+    seen_paused = threading.Event()
+    stop = threading.Event()
+
+    def daemonset_controller() -> None:
+        # Like the DaemonSet controller: the pod leaves while its node label is paused.
+        while not stop.is_set():
+            try:
+                if cluster.labels(NODE).get(deploy) == "paused-for-mig-change":
+                    seen_paused.set()
+                    if (
+                        PODS_KEY := (kmock.resource("v1/pods"), "gpu-operator", "dp-1")
+                    ) in cluster.km.objects and not cluster.km.objects[PODS_KEY].deleted:
+                        cluster.api.delete_namespaced_pod("dp-1", "gpu-operator")
+            except Exception:  # noqa: BLE001 - the test's helper keeps polling
+                pass
+            time.sleep(0.05)
+
+    helper = threading.Thread(target=daemonset_controller, daemon=True)
+    helper.start()
+    try:
+        cluster.add_pod("gpu-operator", "exporter-1", NODE, {"app": "dcgm-exporter"})
+        start_agent(
+            ClientSettings(
+                pause={"device-plugin": {"app": "nvidia-device-plugin"}},
+                restart=({"app": "dcgm-exporter"},),
+                wait_seconds=20,
+                poll_seconds=0.1,
+            ),
+            labels={deploy: "true"},
+        )
+        cluster.label(NODE, {CONFIG: "all-balanced"})
+        cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="success")
+    finally:
+        stop.set()
+        helper.join(5)
+    assert seen_paused.is_set()
+    assert cluster.labels(NODE)[deploy] == "true"
+    exporter = cluster.km.objects[kmock.resource("v1/pods"), "gpu-operator", "exporter-1"]
+    assert exporter.deleted  # restarted so that it sees the new slices
+
+
+def test_clients_that_never_leave_fail_the_change_and_are_restored(
+    cluster: Cluster, start_agent: Callable[..., tuple[Agent, SimulatedNvml]]
+) -> None:
+    deploy = "nvidia.com/gpu.deploy.device-plugin"
+    cluster.add_pod("gpu-operator", "dp-1", NODE, {"app": "nvidia-device-plugin"})
+    _, lib = start_agent(
+        ClientSettings(
+            pause={"device-plugin": {"app": "nvidia-device-plugin"}},
+            wait_seconds=1,
+            poll_seconds=0.1,
+        ),
+        labels={deploy: "true"},
+    )
+    cluster.label(NODE, {CONFIG: "all-balanced"})
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "failed", what="failed")
+    assert "did not leave the node" in cluster.annotations(NODE)[REASON]
+    assert cluster.labels(NODE)[deploy] == "true"  # never left paused
+    assert _slices(lib) == [0, 0]
+
+
+def test_faults_are_retried_and_converge(
+    cluster: Cluster, start_agent: Callable[..., tuple[Agent, SimulatedNvml]]
+) -> None:
+    err = kmock.KubernetesError
+    patches = cluster.km["patch", NODES]
+    done = len(list(patches))
+    cluster.on_loop(
+        lambda: (
+            cluster.km["patch", NODES][done : done + 2]
+            << err(status=500, reason="InternalError", message="etcd hiccup")
+        )
+    )
+    cluster.on_loop(
+        lambda: (
+            cluster.km["patch", NODES][done + 2 : done + 3]
+            << err(status=409, reason="Conflict", message="conflict")
+        )
+    )
+    cluster.on_loop(
+        lambda: cluster.km["patch", NODES][done + 3 : done + 4] << (lambda: asyncio.sleep(3))
+    )
+    cluster.on_loop(
+        lambda: cluster.km["get", NODES][1:2] << err(status=503, reason="ServiceUnavailable")
+    )
+    expired = {
+        "type": "ERROR",
+        "object": {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "code": 410,
+            "reason": "Expired",
+            "message": "too old resource version",
+        },
+    }
+    # The first watch answers 410 Gone (one JSON event line, as the API server streams it).
+    cluster.on_loop(
+        lambda: cluster.km[kmock.action.WATCH, NODES][0:1] << (json.dumps(expired).encode() + b"\n")
+    )
+    agent, lib = start_agent(labels={CONFIG: "all-balanced"})  # asked before the agent starts
+    cluster.wait(
+        lambda: cluster.labels(NODE).get(STATE) == "success",
+        timeout=60,
+        what="success despite faults",
+    )
+    assert _slices(lib) == [4, 4]
+    cluster.wait(
+        lambda: cluster.labels(NODE).get("nvidia.com/mig-3g.71gb.count") == "2", what="labels"
+    )
+    assert agent.controller is not None
+    controller = agent.controller
+    cluster.wait(lambda: controller.relists >= 1, what="a relist after 410")
+
+
+def _watches(cluster: Cluster) -> int:
+    return sum(1 for r in list(cluster.km) if "watch=true" in str(r.url).lower())
+
+
+def test_steady_state_writes_nothing(
+    cluster: Cluster, start_agent: Callable[..., tuple[Agent, SimulatedNvml]]
+) -> None:
+    start_agent()
+    cluster.label(NODE, {CONFIG: "all-balanced"})
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="success")
+    time.sleep(1.5)  # let the last watch events settle
+    before = cluster.writes()
+    watches_before = _watches(cluster)
+    time.sleep(6)  # several watch cycles and inventory refreshes
+    assert _watches(cluster) - watches_before >= 2
+    assert cluster.writes() == before
+
+
+def test_restart_with_the_config_already_applied_writes_nothing(
+    cluster: Cluster, start_agent: Callable[..., tuple[Agent, SimulatedNvml]], tmp_path: Path
+) -> None:
+    agent, lib = start_agent()
+    cluster.label(NODE, {CONFIG: "all-balanced"})
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="success")
+    time.sleep(1)
+    agent.stop()
+    before = cluster.writes()
+    kube = agent.config.kube
+    again = Agent(agent.session, agent.config, lib.reset)
+    again.start()
+    try:
+        time.sleep(3)
+        assert cluster.writes() == before
+        assert cluster.labels(NODE)[STATE] == "success"
+    finally:
+        again.stop()
+    assert kube is not None
