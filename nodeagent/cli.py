@@ -18,8 +18,11 @@ import structlog
 from prometheus_client import generate_latest
 
 from nodeagent import __version__
-from nodeagent.agent import Agent, AgentConfig
+from nodeagent.agent import SLICES_ANNOTATION, Agent, AgentConfig, KubeConfig
 from nodeagent.errors import AgentError, ConfigError, NvmlError
+from nodeagent.kube.api import KubeSettings
+from nodeagent.kube.clients import ClientSettings, parse_selector
+from nodeagent.kube.podresources import DEFAULT_SOCKET
 from nodeagent.labels.nfd import DEFAULT_FEATURES_FILE
 from nodeagent.labels.render import DEFAULT_PREFIX, render_labels, slice_usage
 from nodeagent.logs import configure_logging
@@ -388,16 +391,40 @@ def cmd_labels(ctx: Context) -> int:
     inventory = read_inventory(ctx.session)
     labels = render_labels(inventory, prefix=ctx.args.label_prefix)
     if ctx.args.output == "json":
-        _print_json(
-            {
-                "labels": labels,
-                "annotations": {ctx.args.label_prefix + "mig.slices": slice_usage(inventory)},
-            }
-        )
+        _print_json({"labels": labels, "annotations": {SLICES_ANNOTATION: slice_usage(inventory)}})
     else:
         for key, value in labels.items():
             print(f"{key}={value}")
     return 0
+
+
+def _kube_config(ctx: Context) -> KubeConfig | None:
+    a = ctx.args
+    if not getattr(a, "kube", False):
+        return None
+    if not a.node_name:
+        raise ConfigError(
+            "--kube needs the node's name: --node-name or NODE_NAME (the downward API)"
+        )
+    pause: dict[str, dict[str, str]] = {}
+    try:
+        for item in a.pause_component:
+            name, sep, selector = item.partition("=")
+            if not sep or not name:
+                raise ValueError(f"--pause-component {item!r} must be NAME=KEY=VALUE[,KEY=VALUE]")
+            pause[name] = parse_selector(selector)
+        restart = tuple(parse_selector(item) for item in a.restart_pods)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    settings = KubeSettings(
+        node_name=a.node_name,
+        host=a.kube_host,
+        kubeconfig=a.kubeconfig,
+        watch_timeout_seconds=a.watch_timeout,
+    )
+    socket = Path(a.pod_resources_socket) if a.pod_resources_socket else None
+    clients = ClientSettings(pause=pause, restart=restart, wait_seconds=a.clients_wait_seconds)
+    return KubeConfig(settings, clients, socket)
 
 
 def _agent(ctx: Context) -> Agent:
@@ -414,6 +441,7 @@ def _agent(ctx: Context) -> Agent:
         nfd_features_file=Path(a.nfd_features_file)
         if getattr(a, "nfd_features_file", None)
         else None,
+        kube=_kube_config(ctx),
     )
     return Agent(ctx.session, config, _reset(ctx))
 
@@ -491,6 +519,7 @@ def _run_parser(sub: Any) -> None:
     )
     _label_prefix_flag(p)
     _mps_flags(p)
+    _kube_flags(p)
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("metrics", help="print one Prometheus exposition to stdout")
     p.set_defaults(func=cmd_metrics)
@@ -503,6 +532,56 @@ def _run_parser(sub: Any) -> None:
     _output_flag(mps)
     _mps_flags(mps)
     mps.set_defaults(func=cmd_mps)
+
+
+def _kube_flags(p: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    g = p.add_argument_group("Kubernetes (the node label protocol, GPU clients, pod-resources)")
+    g.add_argument(
+        "--kube",
+        action="store_true",
+        default=env("NODEAGENT_KUBE") == "1",
+        help="publish labels to this Node and follow nvidia.com/mig.config (env NODEAGENT_KUBE=1)",
+    )
+    g.add_argument("--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)")
+    g.add_argument(
+        "--kubeconfig", default=env("KUBECONFIG"), help="outside a cluster: the kubeconfig file"
+    )
+    g.add_argument(
+        "--kube-host",
+        default=env("NODEAGENT_KUBE_HOST"),
+        help="API server URL without credentials (tests)",
+    )
+    g.add_argument(
+        "--pause-component",
+        action="append",
+        default=[],
+        metavar="NAME=SELECTOR",
+        help="pause this GPU client around a change: nvidia.com/gpu.deploy.NAME is set to"
+        " paused-for-mig-change until the pods matching SELECTOR left the node (repeatable)",
+    )
+    g.add_argument(
+        "--restart-pods",
+        action="append",
+        default=[],
+        metavar="SELECTOR",
+        help="delete pods on this node matching SELECTOR after a change, so they see the new"
+        " slices (repeatable)",
+    )
+    g.add_argument(
+        "--clients-wait-seconds",
+        type=float,
+        default=300.0,
+        help="how long paused clients may take to leave",
+    )
+    g.add_argument(
+        "--pod-resources-socket",
+        default=env("NODEAGENT_POD_RESOURCES_SOCKET", str(DEFAULT_SOCKET)),
+        help="kubelet pod-resources socket ('' to not ask)",
+    )
+    g.add_argument(
+        "--watch-timeout", type=float, default=60.0, help="seconds before the node watch is renewed"
+    )
 
 
 def _label_prefix_flag(p: argparse.ArgumentParser) -> None:

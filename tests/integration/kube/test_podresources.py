@@ -1,0 +1,120 @@
+"""The kubelet pod-resources API: a real gRPC server on a unix socket serving recorded answers,
+and an allocated slice treated as in use even with no process on it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from nodeagent.errors import KubeError, SliceInUse
+from nodeagent.kube.podresources import allocated_devices
+from nodeagent.kube.proto import podresources_pb2 as pb
+from nodeagent.kube.proto import podresources_pb2_grpc as pb_grpc
+from nodeagent.mig.apply import reconfigure
+from nodeagent.mig.config import dump_config, parse_config
+from nodeagent.mig.generate import generate_configs
+from nodeagent.nvml import NvmlSession, read_inventory
+from nodeagent.sim import SimulatedNvml, parse_spec
+
+GPU = "GPU-1cc80f35-c91b-531f-a6bc-4db77760f20e"
+
+
+def _answer(mig_uuid: str) -> pb.ListPodResourcesResponse:
+    """As a kubelet answers: a MIG slice, a whole GPU shared by replicas, CPUs, no devices."""
+    return pb.ListPodResourcesResponse(
+        pod_resources=[
+            pb.PodResources(
+                name="asr-0",
+                namespace="speech",
+                containers=[
+                    pb.ContainerResources(
+                        name="server",
+                        devices=[
+                            pb.ContainerDevices(
+                                resource_name="nvidia.com/mig-1g.18gb", device_ids=[mig_uuid]
+                            )
+                        ],
+                        cpu_ids=[2, 3],
+                    )
+                ],
+            ),
+            pb.PodResources(
+                name="embed-1",
+                namespace="search",
+                containers=[
+                    pb.ContainerResources(
+                        name="main",
+                        devices=[
+                            pb.ContainerDevices(
+                                resource_name="nvidia.com/gpu",
+                                device_ids=[f"{GPU}::1", f"{GPU}::3"],
+                            ),
+                            pb.ContainerDevices(
+                                resource_name="example.com/nic", device_ids=["eth7"]
+                            ),
+                        ],
+                    )
+                ],
+            ),
+            pb.PodResources(
+                name="web", namespace="default", containers=[pb.ContainerResources(name="nginx")]
+            ),
+        ]
+    )
+
+
+class Kubelet(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+    def __init__(self) -> None:
+        self.answer = pb.ListPodResourcesResponse()
+
+    def List(
+        self, request: pb.ListPodResourcesRequest, context: grpc.ServicerContext
+    ) -> pb.ListPodResourcesResponse:
+        return self.answer
+
+
+@pytest.fixture
+def kubelet(tmp_path: Path) -> Iterator[tuple[Kubelet, Path]]:
+    socket = tmp_path / "kubelet.sock"
+    service = Kubelet()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_PodResourcesListerServicer_to_server(service, server)
+    server.add_insecure_port(f"unix://{socket}")
+    server.start()
+    yield service, socket
+    server.stop(0)
+
+
+def test_allocated_devices(kubelet: tuple[Kubelet, Path]) -> None:
+    service, socket = kubelet
+    service.answer = _answer("MIG-45461d2e-e081-5cfb-abad-bf4fcdc28757")
+    assert allocated_devices(socket) == {
+        "MIG-45461d2e-e081-5cfb-abad-bf4fcdc28757": "pod speech/asr-0",
+        GPU: "pod search/embed-1",
+    }
+
+
+def test_unreachable_kubelet_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(KubeError, match="does not exist"):
+        allocated_devices(tmp_path / "nope.sock")
+    (tmp_path / "dead.sock").touch()
+    with pytest.raises(KubeError, match="List on"):
+        allocated_devices(tmp_path / "dead.sock", timeout_seconds=1)
+
+
+def test_a_slice_held_by_a_pod_is_never_destroyed(kubelet: tuple[Kubelet, Path]) -> None:
+    service, socket = kubelet
+    lib = SimulatedNvml(parse_spec("h200"))
+    session = NvmlSession(lib)
+    cfg = parse_config(dump_config(generate_configs(read_inventory(session))), "g")
+    reconfigure(session, cfg, "all-balanced", lib.reset)
+    held = next(s for s in read_inventory(session).gpus[0].slices if s.profile == "3g.71gb")
+    assert held.mig_uuid and not held.processes  # allocated, no process yet
+    service.answer = _answer(held.mig_uuid)
+    with pytest.raises(SliceInUse, match="in use by pod speech/asr-0"):
+        reconfigure(session, cfg, "all-1g.18gb", lib.reset, in_use=allocated_devices(socket))
+    assert held.mig_uuid in {s.mig_uuid for s in read_inventory(session).gpus[0].slices}
