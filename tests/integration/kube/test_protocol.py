@@ -97,7 +97,11 @@ def test_mig_config_protocol_to_success(
     cluster.label(NODE, {CONFIG: "all-balanced"})
     cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="success")
     assert _slices(lib) == [4, 4]
-    labels = cluster.labels(NODE)
+    # Labels follow the state: published right after it.
+    labels = cluster.wait(
+        lambda: "nvidia.com/mig-1g.18gb.count" in cluster.labels(NODE) and cluster.labels(NODE),
+        what="slice labels",
+    )
     assert (
         labels["nvidia.com/mig-1g.18gb.count"] == "4"
         and labels["nvidia.com/mig-3g.71gb.count"] == "2"

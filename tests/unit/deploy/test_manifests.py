@@ -40,8 +40,11 @@ def test_daemonset_args_parse() -> None:
     container = ds["spec"]["template"]["spec"]["containers"][0]
     args = build_parser().parse_args(container["args"])
     assert args.kube and args.file == "/etc/nodeagent/config.yaml"
-    assert [e["name"] for e in container["env"]][0] == "NODE_NAME"
-    probes = {container["readinessProbe"]["httpGet"]["path"], container["livenessProbe"]["httpGet"]["path"]}
+    assert next(e["name"] for e in container["env"]) == "NODE_NAME"
+    probes = {
+        container["readinessProbe"]["httpGet"]["path"],
+        container["livenessProbe"]["httpGet"]["path"],
+    }
     assert probes == {"/readyz", "/healthz"}
 
 
