@@ -288,8 +288,13 @@ class Agent:
         self.reconcile()
         self.server.start()
         self._threads += [
+            # start() just refreshed and reconciled: the periodic ones wait a period first.
             Periodic(
-                "refresh", self.refresh, self.config.refresh_interval_seconds, self.stop_event
+                "refresh",
+                self.refresh,
+                self.config.refresh_interval_seconds,
+                self.stop_event,
+                wait_first=True,
             ),
             Periodic("gpm", self.sample_gpm, self.config.gpm_interval_seconds, self.stop_event),
             Periodic(
@@ -297,6 +302,7 @@ class Agent:
                 self.reconcile_quiet,
                 self.config.reconcile_interval_seconds,
                 self.stop_event,
+                wait_first=True,
             ),
         ]
         for t in self._threads:
