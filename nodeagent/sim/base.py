@@ -1,0 +1,272 @@
+"""The emulator's base: handles, the call wrapper (init check, state sync, faults, save), state.
+
+The NVML emulator is an object that stands in for the `pynvml` module.
+
+It has pynvml's function names and signatures (the ctypes array + count-by-reference list
+calls included), returns pynvml's ctypes structures and raises pynvml's `NVMLError_*`
+classes, so `nodeagent.nvml` runs on it unchanged. It enforces what the hardware enforces
+(see DESIGN.md, "The emulator"). Handles are ctypes pointers of pynvml's handle types whose
+addresses encode (kind, gpu, gi, ci); they are never dereferenced.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pynvml
+
+from nodeagent.errors import SimError
+from nodeagent.sim.faults import FaultPlan, SimulatedCrash
+from nodeagent.sim.gpm import GpmSamples
+from nodeagent.sim.models import (
+    MIB,
+    DeviceModel,
+    ProfileModel,
+    load_model,
+)
+from nodeagent.sim.state import (
+    CiState,
+    GiState,
+    GpuState,
+    SimState,
+    fresh_state,
+    load_state,
+    save_state,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_KIND_DEVICE, _KIND_MIG, _KIND_GI, _KIND_CI = 1, 2, 3, 4
+# Compute-instance profiles: NVML_COMPUTE_INSTANCE_PROFILE_<N>_SLICE constant -> N.
+_CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}
+NO_ID = 0xFFFFFFFF
+MAX_MIG_DEVICES = 7
+
+
+def _fail(code: int) -> Any:
+    raise pynvml.NVMLError(code)
+
+
+def _handle(kind: int, gpu: int, gi: int = 0, ci: int = 0, ptype: Any = None) -> Any:
+    addr = (kind << 40) | ((gpu + 1) << 24) | ((gi + 1) << 12) | (ci + 1)
+    return ctypes.cast(ctypes.c_void_p(addr), ptype or pynvml.c_nvmlDevice_t)
+
+
+def _decode(handle: Any) -> tuple[int, int, int, int]:
+    try:
+        addr = ctypes.cast(handle, ctypes.c_void_p).value or 0
+    except (ctypes.ArgumentError, TypeError):
+        return _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # type: ignore[no-any-return]
+    return addr >> 40, ((addr >> 24) & 0xFFFF) - 1, ((addr >> 12) & 0xFFF) - 1, (addr & 0xFFF) - 1
+
+
+def _ref_value(ref: Any) -> Any:
+    """The ctypes object behind byref(x) or pointer(x)."""
+    if hasattr(ref, "_obj"):
+        return ref._obj
+    if hasattr(ref, "contents"):
+        return ref.contents
+    return ref
+
+
+def nvml_call(mutating: bool = False) -> Callable[[F], F]:
+    """Wrap an emulated NVML function: init check, state sync, fault injection, save."""
+
+    def wrap(fn: F) -> F:
+        name = fn.__name__
+
+        @functools.wraps(fn)
+        def inner(self: SimBase, *args: Any, **kwargs: Any) -> Any:
+            # NVML is thread-safe; so is the emulator (the agent samples from threads).
+            with self._lock:
+                if name not in ("nvmlInit", "nvmlInitWithFlags") and not self._initialized:
+                    _fail(pynvml.NVML_ERROR_UNINITIALIZED)
+                fired = self.faults.on_call(name, mutating)
+                for fault in fired:
+                    if fault.when == "before":
+                        self._fire(fault)
+                with self._transaction(mutating):
+                    result = fn(self, *args, **kwargs)
+                for fault in fired:
+                    if fault.when == "after":
+                        self._fire(fault)
+                return result
+
+        return inner  # type: ignore[return-value]
+
+    return wrap
+
+
+class SimBase:
+    """State, plumbing and shared helpers of the emulator; the NVML calls are in the mixins."""
+
+    def __init__(
+        self,
+        models: list[str],
+        state_path: Path | None = None,
+        faults: FaultPlan | None = None,
+    ) -> None:
+        for name in dir(pynvml):
+            if name.startswith(("NVML", "c_nvml", "nvmlFriendly", "nvmlStructTo")):
+                setattr(self, name, getattr(pynvml, name))
+        self.__name__ = "nodeagent.sim"
+        self.faults = faults or FaultPlan()
+        self._lock = threading.RLock()
+        self._path = state_path
+        self._stamp: tuple[int, int, int] | None = None
+        self._initialized = 0
+        loaded = load_state(state_path) if state_path else None
+        if loaded is not None and loaded.models != models:
+            raise SimError(
+                f"emulator state file {state_path} holds GPUs {','.join(loaded.models)} "
+                f"but the simulate spec asks for {','.join(models)}; "
+                "use another --sim-state file or delete this one"
+            )
+        self.state = loaded or fresh_state(models)
+        self._gpm = GpmSamples()
+        if state_path and loaded is None:
+            save_state(state_path, self.state)
+        self._remember_stamp()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _fire(self, fault: Any) -> None:
+        if fault.exit_code is not None:
+            if self.faults.in_process:
+                raise SimulatedCrash(f"simulated kill (exit {fault.exit_code})")
+            os._exit(fault.exit_code)
+        _fail(fault.error)
+
+    def _remember_stamp(self) -> None:
+        if self._path is None:
+            return
+        try:
+            st = self._path.stat()
+            self._stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            self._stamp = None
+
+    def _sync(self) -> None:
+        """Reload the state file when another process changed it."""
+        if self._path is None:
+            return
+        try:
+            st = self._path.stat()
+        except FileNotFoundError:
+            return
+        if (st.st_ino, st.st_mtime_ns, st.st_size) != self._stamp:
+            loaded = load_state(self._path)
+            if loaded is not None:
+                self.state = loaded
+            self._remember_stamp()
+
+    @contextmanager
+    def _transaction(self, mutating: bool) -> Iterator[None]:
+        if self._path is None:
+            yield
+            return
+        if not mutating:
+            self._sync()
+            yield
+            return
+        lock_path = self._path.with_name(self._path.name + ".lock")
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self._sync()
+            yield
+            save_state(self._path, self.state)
+            self._remember_stamp()
+
+    @contextmanager
+    def edit(self) -> Iterator[SimState]:
+        """Change the state outside NVML (attach a process, reset a GPU), persisted atomically."""
+        with self._lock, self._transaction(True):
+            yield self.state
+
+    def _gpu(self, handle: Any, allow_mig: bool = False) -> tuple[GpuState, DeviceModel]:
+        kind, gpu, _, _ = _decode(handle)
+        if kind not in (_KIND_DEVICE, _KIND_MIG) or (kind == _KIND_MIG and not allow_mig):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if not 0 <= gpu < len(self.state.gpus):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        state = self.state.gpus[gpu]
+        return state, load_model(state.model)
+
+    def _mig_on(self, gpu: GpuState) -> None:
+        if not gpu.mig_current:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def _gi(self, handle: Any) -> tuple[GpuState, DeviceModel, GiState]:
+        kind, gpu_index, gi_id, _ = _decode(handle)
+        if kind != _KIND_GI or not 0 <= gpu_index < len(self.state.gpus):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self.state.gpus[gpu_index]
+        self._mig_on(gpu)
+        gi = gpu.gis.get(gi_id)
+        if gi is None:
+            _fail(pynvml.NVML_ERROR_NOT_FOUND)
+        assert gi is not None
+        return gpu, load_model(gpu.model), gi
+
+    def _ci(self, handle: Any) -> tuple[GpuState, GiState, CiState]:
+        kind, gpu_index, gi_id, ci_id = _decode(handle)
+        if kind != _KIND_CI or not 0 <= gpu_index < len(self.state.gpus):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self.state.gpus[gpu_index]
+        self._mig_on(gpu)
+        gi = gpu.gis.get(gi_id)
+        ci = gi.cis.get(ci_id) if gi else None
+        if gi is None or ci is None:
+            _fail(pynvml.NVML_ERROR_NOT_FOUND)
+        assert gi is not None and ci is not None
+        return gpu, gi, ci
+
+    def _mig_devices(self, gpu: GpuState) -> list[tuple[GiState, CiState]]:
+        return [(gi, gi.cis[c]) for g, gi in sorted(gpu.gis.items()) for c in sorted(gi.cis)]
+
+    def _mig_target(self, handle: Any) -> tuple[GpuState, DeviceModel, GiState, CiState]:
+        kind, _gpu_index, gi_id, ci_id = _decode(handle)
+        if kind != _KIND_MIG:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu, model = self._gpu(handle, allow_mig=True)
+        gi = gpu.gis.get(gi_id)
+        ci = gi.cis.get(ci_id) if gi else None
+        if gi is None or ci is None:
+            _fail(pynvml.NVML_ERROR_NOT_FOUND)
+        assert gi is not None and ci is not None
+        return gpu, model, gi, ci
+
+    def _processes_on(self, gpu: int, gi: int | None = None, ci: int | None = None) -> list[Any]:
+        return [
+            p
+            for p in self.state.processes
+            if p.gpu == gpu and (gi is None or p.gi_id == gi) and (ci is None or p.ci_id == ci)
+        ]
+
+    def _profile(self, model: DeviceModel, profile_id: int) -> ProfileModel:
+        profile = model.profile_by_id(profile_id)
+        if profile is None:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        assert profile is not None
+        return profile
+
+    def _memory(self, handle: Any) -> tuple[int, int]:
+        """(total, used) bytes of a GPU or MIG device."""
+        if _decode(handle)[0] == _KIND_MIG:
+            gpu, model, gi, ci = self._mig_target(handle)
+            total = self._profile(model, gi.profile_id).memory_size_mb * MIB
+            used = sum(p.memory_bytes for p in self._processes_on(gpu.index, gi.id, ci.id))
+            return total, used
+        gpu, model = self._gpu(handle)
+        used = model.memory_reserved_bytes + sum(
+            p.memory_bytes for p in self._processes_on(gpu.index)
+        )
+        return model.memory_total_bytes, used
