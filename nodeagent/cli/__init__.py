@@ -1,0 +1,88 @@
+"""The `nodeagent` command line: the composition root. Nothing imports this package."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from nodeagent import __version__
+from nodeagent.cli.common import Context, output_flag
+from nodeagent.cli.mig import add_mig_parser
+from nodeagent.cli.run import add_run_parsers
+from nodeagent.cli.status import cmd_sim_attach, cmd_sim_detach, cmd_sim_reset, cmd_status
+from nodeagent.errors import AgentError
+from nodeagent.logs import configure_logging
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nodeagent",
+        description="GPU node agent: MIG geometry, MPS, node labels, Prometheus metrics.",
+    )
+    parser.add_argument("--version", action="version", version=f"nodeagent {__version__}")
+    parser.add_argument(
+        "--simulate",
+        metavar="SPEC",
+        default=os.environ.get("NODEAGENT_SIMULATE") or None,
+        help="use the built-in GPU emulator, e.g. h200, h200x8, a100-40gbx2,h100-80gb "
+        "(env NODEAGENT_SIMULATE)",
+    )
+    parser.add_argument(
+        "--sim-state",
+        metavar="PATH",
+        default=os.environ.get("NODEAGENT_SIM_STATE") or None,
+        help="keep the emulated GPUs' state in this JSON file (env NODEAGENT_SIM_STATE)",
+    )
+    parser.add_argument(
+        "--log-level", default="warning", choices=("debug", "info", "warning", "error")
+    )
+    parser.add_argument("--log-format", default="auto", choices=("auto", "json", "console"))
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("status", help="GPUs, MIG mode, slices, memory and processes")
+    output_flag(p)
+    p.set_defaults(func=cmd_status)
+
+    add_mig_parser(sub)
+    add_run_parsers(sub)
+
+    sim = sub.add_parser("sim", help="drive the emulator as a user would (needs --simulate)")
+    simsub = sim.add_subparsers(dest="sim_command", metavar="SIMCOMMAND")
+    simsub.required = True
+    p = simsub.add_parser("attach", help="start an emulated process on a GPU or MIG device")
+    p.add_argument("--device", required=True, help="GPU index, GPU UUID or MIG UUID")
+    p.add_argument("--pid", required=True, type=int)
+    p.add_argument("--memory-mib", type=int, default=1024)
+    p.add_argument("--load", type=float, default=1.0, help="share of the SMs it keeps busy, 0-1")
+    p.set_defaults(func=cmd_sim_attach)
+    p = simsub.add_parser("detach", help="end an emulated process")
+    p.add_argument("--pid", required=True, type=int)
+    p.set_defaults(func=cmd_sim_detach)
+    p = simsub.add_parser("reset", help="reset one emulated GPU (nvidia-smi -r -i N)")
+    p.add_argument("--gpu", "-i", required=True, type=int)
+    p.set_defaults(func=cmd_sim_reset)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return its exit code (0 ok, 1 false/none, 2 bad input, 3 GPU refused)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed its message (exit 2 on bad flags)
+        return int(exc.code) if isinstance(exc.code, int) else 2
+    configure_logging(args.log_level, args.log_format)
+    func: Callable[[Context], int] = args.func
+    try:
+        return func(Context(args))
+    except AgentError as err:
+        print(f"nodeagent: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `nodeagent status | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

@@ -1,0 +1,142 @@
+"""`nodeagent mig apply|assert|export|generate-config`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from nodeagent.cli.common import (
+    Context,
+    output_flag,
+    print_json,
+    reset_for,
+)
+from nodeagent.errors import ConfigError
+from nodeagent.mig.apply import (
+    DEFAULT_RESET_COMMAND,
+    assert_config,
+    reconfigure,
+)
+from nodeagent.mig.config import MigConfigFile, dump_config, parse_config
+from nodeagent.mig.generate import export_current, generate_configs
+from nodeagent.nvml import read_inventory
+
+
+def _read_config(ctx: Context) -> MigConfigFile:
+    path = ctx.args.file
+    if not path:
+        raise ConfigError("no MIG config file: pass -f FILE or set NODEAGENT_MIG_CONFIG_FILE")
+    if path == "-":
+        return parse_config(sys.stdin.read(), "<stdin>")
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read MIG config file {path}: {err.strerror}") from err
+    return parse_config(text, path)
+
+
+def _config_name(ctx: Context) -> str:
+    name: str | None = ctx.args.config
+    if not name:
+        raise ConfigError("no config name: pass -c NAME or set NODEAGENT_MIG_CONFIG")
+    return name
+
+
+def _describe_op(op: dict[str, Any]) -> str:
+    text = f"GPU {op['gpu']}: {op['op']}"
+    if "enabled" in op:
+        text += " enabled" if op["enabled"] else " disabled"
+    if "profile" in op:
+        text += f" {op['profile']}"
+    if "placement" in op:
+        text += f" at {op['placement']['start']}:{op['placement']['size']}"
+    ids = [
+        f"GI {op['gi_id']}" if "gi_id" in op else "",
+        f"CI {op['ci_id']}" if "ci_id" in op else "",
+    ]
+    ids = [i for i in ids if i]
+    return text + (f" ({', '.join(ids)})" if ids else "")
+
+
+def cmd_mig_apply(ctx: Context) -> int:
+    cfg = _read_config(ctx)
+    name = _config_name(ctx)
+    outcome = reconfigure(ctx.session, cfg, name, reset_for(ctx), dry_run=ctx.args.dry_run)
+    ops = (
+        [op.to_dict() for op in outcome.plan.operations] if ctx.args.dry_run else list(outcome.done)
+    )
+    if ctx.args.output == "json":
+        print_json({"config": name, "dry_run": ctx.args.dry_run, "operations": ops})
+        return 0
+    verb = "would run" if ctx.args.dry_run else "ran"
+    if not ops:
+        print(f"config {name!r}: the GPUs already match; nothing to change")
+        return 0
+    for op in ops:
+        print(_describe_op(op))
+    print(f"config {name!r}: {verb} {len(ops)} NVML operation{'s' if len(ops) != 1 else ''}")
+    return 0
+
+
+def cmd_mig_assert(ctx: Context) -> int:
+    cfg = _read_config(ctx)
+    name = _config_name(ctx)
+    problems, _ = assert_config(ctx.session, cfg, name)
+    for problem in problems:
+        print(problem)
+    if problems:
+        return 1
+    print(f"config {name!r}: the GPUs match")
+    return 0
+
+
+def cmd_mig_export(ctx: Context) -> int:
+    sys.stdout.write(dump_config(export_current(read_inventory(ctx.session))))
+    return 0
+
+
+def cmd_mig_generate(ctx: Context) -> int:
+    sys.stdout.write(dump_config(generate_configs(read_inventory(ctx.session))))
+    return 0
+
+
+def add_mig_parser(sub: Any) -> None:
+    mig = sub.add_parser("mig", help="MIG geometry: apply, assert, export, generate-config")
+    migsub = mig.add_subparsers(dest="mig_command", metavar="MIGCOMMAND")
+    migsub.required = True
+
+    def config_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "-f",
+            "--file",
+            default=os.environ.get("NODEAGENT_MIG_CONFIG_FILE") or None,
+            help="mig-parted v1 config file, - for stdin (env NODEAGENT_MIG_CONFIG_FILE)",
+        )
+        p.add_argument(
+            "-c",
+            "--config",
+            default=os.environ.get("NODEAGENT_MIG_CONFIG") or None,
+            help="name of the config in the file (env NODEAGENT_MIG_CONFIG)",
+        )
+
+    p = migsub.add_parser("apply", help="bring the GPUs to a config, changing only what must")
+    config_flags(p)
+    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    p.add_argument(
+        "--reset-command",
+        default=os.environ.get("NODEAGENT_MIG_RESET_COMMAND") or None,
+        help="run for a GPU whose MIG mode stays pending (Ampere); {index} is the GPU"
+        f" (default '{DEFAULT_RESET_COMMAND}'; env NODEAGENT_MIG_RESET_COMMAND)",
+    )
+    output_flag(p)
+    p.set_defaults(func=cmd_mig_apply)
+    p = migsub.add_parser("assert", help="exit 0 when the GPUs match a config, 1 when not")
+    config_flags(p)
+    p.set_defaults(func=cmd_mig_assert)
+    p = migsub.add_parser("export", help="the current geometry as a v1 config named 'current'")
+    p.set_defaults(func=cmd_mig_export)
+    p = migsub.add_parser("generate-config", help="default configs for the GPUs present")
+    p.set_defaults(func=cmd_mig_generate)
