@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,10 +13,7 @@ from typing import Any
 import structlog
 
 from nodeagent.errors import ConfigError, NvmlError
-from nodeagent.mig.apply import (
-    Reset,
-    command_reset,
-)
+from nodeagent.mig.apply import DEFAULT_RESET_COMMAND, Reset, command_reset
 from nodeagent.nvml import NvmlSession, load_real_library, open_session
 from nodeagent.sim import SimulatedNvml, open_emulator
 
@@ -98,3 +96,29 @@ def reset_for(ctx: Context) -> Reset:
         assert isinstance(emulator, SimulatedNvml)
         return emulator.reset
     return command_reset()
+
+
+def add_mig_config_flags(p: argparse.ArgumentParser, what: str = "") -> None:
+    """-f/--file and -c/--config, with the environment variables that stand in for them."""
+    what = f" {what}" if what else ""
+    p.add_argument(
+        "-f",
+        "--file",
+        default=os.environ.get("NODEAGENT_MIG_CONFIG_FILE") or None,
+        help=f"mig-parted v1 config file{what}, - for stdin (env NODEAGENT_MIG_CONFIG_FILE)",
+    )
+    p.add_argument(
+        "-c",
+        "--config",
+        default=os.environ.get("NODEAGENT_MIG_CONFIG") or None,
+        help=f"name of the config in the file{what} (env NODEAGENT_MIG_CONFIG)",
+    )
+
+
+def add_reset_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--reset-command",
+        default=os.environ.get("NODEAGENT_MIG_RESET_COMMAND") or None,
+        help="run for a GPU whose MIG mode stays pending (Ampere); {index} is the GPU"
+        f" (default '{DEFAULT_RESET_COMMAND}'; env NODEAGENT_MIG_RESET_COMMAND)",
+    )

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from nodeagent.cli.common import (
     Context,
+    add_mig_config_flags,
+    add_reset_flag,
     output_flag,
     print_json,
     reset_for,
 )
 from nodeagent.errors import ConfigError
 from nodeagent.mig.apply import (
-    DEFAULT_RESET_COMMAND,
     assert_config,
     reconfigure,
 )
@@ -108,33 +107,14 @@ def add_mig_parser(sub: Any) -> None:
     migsub = mig.add_subparsers(dest="mig_command", metavar="MIGCOMMAND")
     migsub.required = True
 
-    def config_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "-f",
-            "--file",
-            default=os.environ.get("NODEAGENT_MIG_CONFIG_FILE") or None,
-            help="mig-parted v1 config file, - for stdin (env NODEAGENT_MIG_CONFIG_FILE)",
-        )
-        p.add_argument(
-            "-c",
-            "--config",
-            default=os.environ.get("NODEAGENT_MIG_CONFIG") or None,
-            help="name of the config in the file (env NODEAGENT_MIG_CONFIG)",
-        )
-
     p = migsub.add_parser("apply", help="bring the GPUs to a config, changing only what must")
-    config_flags(p)
+    add_mig_config_flags(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
-    p.add_argument(
-        "--reset-command",
-        default=os.environ.get("NODEAGENT_MIG_RESET_COMMAND") or None,
-        help="run for a GPU whose MIG mode stays pending (Ampere); {index} is the GPU"
-        f" (default '{DEFAULT_RESET_COMMAND}'; env NODEAGENT_MIG_RESET_COMMAND)",
-    )
+    add_reset_flag(p)
     output_flag(p)
     p.set_defaults(func=cmd_mig_apply)
     p = migsub.add_parser("assert", help="exit 0 when the GPUs match a config, 1 when not")
-    config_flags(p)
+    add_mig_config_flags(p)
     p.set_defaults(func=cmd_mig_assert)
     p = migsub.add_parser("export", help="the current geometry as a v1 config named 'current'")
     p.set_defaults(func=cmd_mig_export)

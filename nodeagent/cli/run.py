@@ -16,6 +16,8 @@ from prometheus_client import generate_latest
 from nodeagent.agent import SLICES_ANNOTATION, Agent, AgentConfig, KubeConfig
 from nodeagent.cli.common import (
     Context,
+    add_mig_config_flags,
+    add_reset_flag,
     log,
     output_flag,
     print_json,
@@ -143,19 +145,8 @@ def add_run_parsers(sub: Any) -> None:
     p.add_argument(
         "--reconcile-interval", type=float, default=30.0, help="seconds between reconciles"
     )
-    p.add_argument(
-        "-f",
-        "--file",
-        default=os.environ.get("NODEAGENT_MIG_CONFIG_FILE") or None,
-        help="MIG config file to keep applied (env NODEAGENT_MIG_CONFIG_FILE)",
-    )
-    p.add_argument(
-        "-c",
-        "--config",
-        default=os.environ.get("NODEAGENT_MIG_CONFIG") or None,
-        help="name of the MIG config to keep applied (env NODEAGENT_MIG_CONFIG)",
-    )
-    p.add_argument("--reset-command", default=os.environ.get("NODEAGENT_MIG_RESET_COMMAND") or None)
+    add_mig_config_flags(p, "to keep applied")
+    add_reset_flag(p)
     p.add_argument("--mps", action="store_true", help="start, supervise and publish the MPS daemon")
     p.add_argument(
         "--nfd-features-file",

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from nodeagent.errors import ConfigError
+from nodeagent.files import atomic_write_text
 
 DEFAULT_FEATURES_FILE = Path("/etc/kubernetes/node-feature-discovery/features.d/nodeagent")
 
@@ -27,14 +26,7 @@ def write_features(path: Path, labels: dict[str, str]) -> bool:
     except OSError as err:
         raise ConfigError(f"cannot read NFD features file {path}: {err.strerror}") from err
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        atomic_write_text(path, text, mode=0o644)
     except OSError as err:
         raise ConfigError(f"cannot write NFD features file {path}: {err.strerror}") from err
     return True

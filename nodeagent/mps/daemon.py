@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any, Protocol
 import structlog
 
 from nodeagent.errors import AgentError, MpsError
+from nodeagent.files import atomic_write_text
 from nodeagent.mps.control import MpsControl
 from nodeagent.mps.settings import Limits, MpsSettings, mps_size, parse_size
 
@@ -45,16 +45,6 @@ class MpsStatus:
             "clients": {str(k): v for k, v in self.clients.items()},
             "restarts": self.restarts,
         }
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _running(pid: int) -> bool:
@@ -118,7 +108,7 @@ class MpsDaemon:
             if started:
                 self.stop()
             raise
-        _atomic_write(self.settings.ready_file, json.dumps(self.status().to_dict()) + "\n")
+        atomic_write_text(self.settings.ready_file, json.dumps(self.status().to_dict()) + "\n")
         return self.status()
 
     def apply_limits(self) -> None:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nodeagent.errors import SimError
+from nodeagent.files import atomic_write_text
 from nodeagent.sim.models import load_model
 
 STATE_VERSION = 1
@@ -162,14 +161,4 @@ def load_state(path: Path) -> SimState | None:
 
 def save_state(path: Path, state: SimState) -> None:
     """Write the state file atomically: a temporary file in the same folder, fsync, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(to_json(state), f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, json.dumps(to_json(state), indent=1, sort_keys=True))
