@@ -125,6 +125,11 @@ class Agent:
 
     def refresh(self) -> None:
         refresh_inventory(self.session, self.store, self.clock)
+        if self.config.kube is not None and self.config.kube.pod_resources_socket is not None:
+            try:
+                self.store.allocated = self.in_use()
+            except AgentError as err:  # metrics keep the last answer; changes still fail safe
+                log.warning("podresources.failed", error=str(err))
         self.exposition.render()
 
     def sample_gpm(self) -> None:

@@ -45,10 +45,10 @@ class SliceCollector:
         }
         counts = GaugeMetricFamily(
             "nodeagent_gpu_slices",
-            "Slices per profile: used (a process holds it) or free.",
+            "Slices per profile: used (a process runs on it or a pod was allocated it) or free.",
             labels=["gpu", "profile", "state"],
         )
-        ratios = self.store.gpm.by_gi
+        ratios, allocated = self.store.gpm.by_gi, self.store.allocated
         for gpu in inventory.gpus:
             g = str(gpu.index)
             tally: dict[tuple[str, str], int] = {}
@@ -64,7 +64,8 @@ class SliceCollector:
                 used.add_metric(keys, s.memory_used_bytes)
                 sms.add_metric(keys, s.multiprocessor_count)
                 procs.add_metric(keys, len(s.processes))
-                state = "used" if s.in_use else "free"
+                held = s.mig_uuid is not None and s.mig_uuid in allocated
+                state = "used" if s.in_use or held else "free"
                 tally[(s.profile, state)] = tally.get((s.profile, state), 0) + 1
                 if s.gi_id not in seen_gi:
                     seen_gi.add(s.gi_id)

@@ -31,8 +31,7 @@ class Store:
         self.inventory_time: float = 0.0
         self.telemetry = Telemetry()
         self.gpm = GpmValues()
-        self.refresh_failures = 0
-        self.last_refresh_error: str | None = None
+        self.allocated: dict[str, str] = {}  # device UUID -> the pod holding it (kubelet)
 
     def publish(self, inventory: Inventory, telemetry: Telemetry, when: float) -> None:
         self.telemetry = telemetry

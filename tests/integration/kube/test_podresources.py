@@ -118,3 +118,25 @@ def test_a_slice_held_by_a_pod_is_never_destroyed(kubelet: tuple[Kubelet, Path])
     with pytest.raises(SliceInUse, match="in use by pod speech/asr-0"):
         reconfigure(session, cfg, "all-1g.18gb", lib.reset, in_use=allocated_devices(socket))
     assert held.mig_uuid in {s.mig_uuid for s in read_inventory(session).gpus[0].slices}
+
+
+def test_metrics_count_a_pod_allocated_slice_as_used(kubelet: tuple[Kubelet, Path]) -> None:
+    from prometheus_client import generate_latest
+
+    from nodeagent.agent import Agent, AgentConfig, KubeConfig
+    from nodeagent.kube.api import KubeSettings
+
+    service, socket = kubelet
+    lib = SimulatedNvml(parse_spec("h200"))
+    session = NvmlSession(lib)
+    cfg = parse_config(dump_config(generate_configs(read_inventory(session))), "g")
+    reconfigure(session, cfg, "all-balanced", lib.reset)
+    held = next(s for s in read_inventory(session).gpus[0].slices if s.profile == "3g.71gb")
+    assert held.mig_uuid
+    service.answer = _answer(held.mig_uuid)
+    kube = KubeConfig(KubeSettings("gpu-node-1"), pod_resources_socket=socket)
+    agent = Agent(session, AgentConfig(metrics_address="127.0.0.1:0", kube=kube), lib.reset)
+    agent.refresh()
+    text = generate_latest(agent.registry).decode()
+    assert 'nodeagent_gpu_slices{gpu="0",profile="3g.71gb",state="used"} 1.0' in text
+    assert 'nodeagent_gpu_slices{gpu="0",profile="1g.18gb",state="free"} 2.0' in text
