@@ -166,10 +166,16 @@ class NodeApi:
         )
         ns = self.settings.event_namespace
         timeout = self.settings.request_timeout_seconds
-        self._call(
-            f"create event {reason}",
-            lambda: self.core.create_namespaced_event(ns, body, _request_timeout=timeout),
-        )
+
+        def create() -> None:
+            try:
+                self.core.create_namespaced_event(ns, body, _request_timeout=timeout)
+            except ApiException as err:
+                # 409: an earlier attempt got through before its connection dropped.
+                if err.status != 409:
+                    raise
+
+        self._call(f"create event {reason}", create)
 
     def pods_on_node(self, selector: dict[str, str]) -> list[tuple[str, str]]:
         """(namespace, name) of the pods on this node whose labels match `selector`."""

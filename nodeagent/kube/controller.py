@@ -78,6 +78,14 @@ class NodeController:
             return False
         return True
 
+    def _event(self, reason: str, message: str, kind: str = "Normal") -> None:
+        """Events are for people reading `kubectl describe node`: one that cannot be posted is
+        logged, never a reason to fail or repeat a MIG change."""
+        try:
+            self.api.event(reason, message, kind)
+        except KubeError as err:
+            log.warning("event.failed", reason=reason, error=str(err))
+
     def _set_state(self, state: str, reason: str | None) -> None:
         self.api.patch_node(
             {"metadata": {"labels": {MIG_STATE: state}, "annotations": {REASON: reason}}}
@@ -86,7 +94,7 @@ class NodeController:
     def reconfigure(self, wanted: str) -> None:
         log.info("mig.config.requested", config=wanted)
         self._set_state("pending", None)
-        self.api.event("MigConfigChanging", f"applying MIG config {wanted!r}")
+        self._event("MigConfigChanging", f"applying MIG config {wanted!r}")
         error: AgentError | None = None
         try:
             operations = self.host.plan_mig(wanted)  # validates; nothing changes on failure
@@ -110,12 +118,12 @@ class NodeController:
         if error is not None:
             self.failed = wanted
             self._set_state("failed", str(error)[:4096])
-            self.api.event("MigConfigFailed", f"MIG config {wanted!r} failed: {error}", "Warning")
+            self._event("MigConfigFailed", f"MIG config {wanted!r} failed: {error}", "Warning")
             log.error("mig.config.failed", config=wanted, error=str(error))
         else:
             self._set_state("success", None)
             self.applied, self.failed = wanted, None
-            self.api.event(
+            self._event(
                 "MigConfigApplied", f"MIG config {wanted!r} applied ({operations} NVML operations)"
             )
             log.info("mig.config.applied", config=wanted, operations=operations)

@@ -19,7 +19,7 @@ from nodeagent.mig.config import dump_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.integration.kube.conftest import NODES, Cluster, kmock
+from tests.integration.kube.conftest import EVENTS, NODES, Cluster, kmock
 
 NODE = "gpu-node-1"
 STATE = "nvidia.com/mig.config.state"
@@ -233,6 +233,15 @@ def test_faults_are_retried_and_converge(
     cluster.on_loop(
         lambda: cluster.km["get", NODES][1:2] << err(status=503, reason="ServiceUnavailable")
     )
+
+    def drop(request: object) -> bytes:
+        # A dropped connection: close the socket under the request (kmock keeps the raw
+        # aiohttp request on a private attribute; no public reaction does this).
+        request._raw_request.transport.close()  # type: ignore[attr-defined]
+        return b""
+
+    cluster.on_loop(lambda: cluster.km["patch", NODES][done + 4 : done + 5] << drop)
+    cluster.on_loop(lambda: cluster.km["post", EVENTS][0:1] << drop)
     expired = {
         "type": "ERROR",
         "object": {
@@ -260,6 +269,8 @@ def test_faults_are_retried_and_converge(
     assert agent.controller is not None
     controller = agent.controller
     cluster.wait(lambda: controller.relists >= 1, what="a relist after 410")
+    # The dropped event POST had reached the server: the retry's 409 counts as done, once.
+    assert [e["reason"] for e in cluster.events()].count("MigConfigChanging") == 1
 
 
 def _watches(cluster: Cluster) -> int:
