@@ -29,8 +29,8 @@ from nodeagent.metrics.sampling import GpmSampler, Periodic, refresh_inventory
 from nodeagent.metrics.server import DEFAULT_METRICS_ADDRESS, MetricsServer
 from nodeagent.metrics.slices import SliceCollector
 from nodeagent.metrics.store import Store
-from nodeagent.mig.apply import Reset, assert_config, reconfigure
-from nodeagent.mig.config import MigConfigFile, parse_config
+from nodeagent.mig.apply import Reset, assert_config, load_config, reconfigure
+from nodeagent.mig.config import MigConfigFile
 from nodeagent.mps.daemon import MpsDaemon, MpsStatus
 from nodeagent.mps.settings import MpsSettings, validate
 from nodeagent.mps.supervisor import MpsSupervisor
@@ -145,14 +145,7 @@ class Agent:
             self.refresh()
             if self.config.mig_config_file and self.config.mig_config:
                 step = "read-config"
-                path = self.config.mig_config_file
-                try:
-                    text = Path(path).read_text()
-                except OSError as err:
-                    raise ConfigError(
-                        f"cannot read MIG config file {path}: {err.strerror}"
-                    ) from err
-                cfg = parse_config(text, path)
+                cfg = self._mig_file()
                 step = "apply-mig"
                 outcome = reconfigure(self.session, cfg, self.config.mig_config, self.reset)
                 if outcome.done:
@@ -181,13 +174,7 @@ class Agent:
         return allocated_devices(kube.pod_resources_socket)
 
     def _mig_file(self) -> MigConfigFile:
-        path = self.config.mig_config_file
-        if not path:
-            raise ConfigError("no MIG config file: pass -f FILE (NODEAGENT_MIG_CONFIG_FILE)")
-        try:
-            return parse_config(Path(path).read_text(), path)
-        except OSError as err:
-            raise ConfigError(f"cannot read MIG config file {path}: {err.strerror}") from err
+        return load_config(self.config.mig_config_file)
 
     def mig_matches(self, name: str) -> bool:
         problems, _ = assert_config(self.session, self._mig_file(), name)
@@ -212,7 +199,8 @@ class Agent:
         inventory = self.store.inventory
         if inventory is None:
             return {}
-        return {SLICES_ANNOTATION: slice_usage(inventory, self.in_use())}
+        # The kubelet's answer from the last refresh: one gRPC call per refresh, not per event.
+        return {SLICES_ANNOTATION: slice_usage(inventory, self.store.allocated)}
 
     def start_kube(self) -> None:
         assert self.config.kube is not None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 from nodeagent.cli.common import (
@@ -17,24 +16,16 @@ from nodeagent.cli.common import (
 from nodeagent.errors import ConfigError
 from nodeagent.mig.apply import (
     assert_config,
+    load_config,
     reconfigure,
 )
-from nodeagent.mig.config import MigConfigFile, dump_config, parse_config
+from nodeagent.mig.config import MigConfigFile, dump_config
 from nodeagent.mig.generate import export_current, generate_configs
 from nodeagent.nvml import read_inventory
 
 
 def _read_config(ctx: Context) -> MigConfigFile:
-    path = ctx.args.file
-    if not path:
-        raise ConfigError("no MIG config file: pass -f FILE or set NODEAGENT_MIG_CONFIG_FILE")
-    if path == "-":
-        return parse_config(sys.stdin.read(), "<stdin>")
-    try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise ConfigError(f"cannot read MIG config file {path}: {err.strerror}") from err
-    return parse_config(text, path)
+    return load_config(ctx.args.file)
 
 
 def _config_name(ctx: Context) -> str:

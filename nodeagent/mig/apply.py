@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import structlog
 
-from nodeagent.errors import MigError, ModeChangePending, NvmlError, SliceInUse
-from nodeagent.mig.config import MigConfigFile
+from nodeagent.errors import ConfigError, MigError, ModeChangePending, NvmlError, SliceInUse
+from nodeagent.mig.config import MigConfigFile, parse_config
 from nodeagent.mig.plan import Operation, Plan, mismatches, plan
 from nodeagent.mig.select import Desired, resolve
 from nodeagent.nvml import Inventory, MigWriter, NvmlSession, Placement, read_inventory
@@ -26,6 +28,20 @@ log = structlog.get_logger("nodeagent.mig")
 IN_USE = 19
 DEFAULT_RESET_COMMAND = "nvidia-smi -r -i {index}"
 Reset = Callable[[int], None]
+
+
+def load_config(path: str | None) -> MigConfigFile:
+    """Read and parse a v1 config file (`-` reads stdin). Raises ConfigError (no path, an
+    unreadable file, or every problem in it)."""
+    if not path:
+        raise ConfigError("no MIG config file: pass -f FILE or set NODEAGENT_MIG_CONFIG_FILE")
+    if path == "-":
+        return parse_config(sys.stdin.read(), "<stdin>")
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read MIG config file {path}: {err.strerror}") from err
+    return parse_config(text, path)
 
 
 def command_reset(template: str = DEFAULT_RESET_COMMAND, timeout_seconds: float = 300) -> Reset:

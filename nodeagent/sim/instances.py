@@ -30,6 +30,18 @@ from nodeagent.sim.models import (
 from nodeagent.sim.state import CiState, GiState, GpuState
 
 
+def _fill(array: Any, count_ref: Any, handles: list[Any]) -> int:
+    """NVML's list-call contract: the count by reference always; INSUFFICIENT_SIZE when the
+    caller's array is missing or too small, else the handles in it."""
+    count = _ref_value(count_ref)
+    count.value = len(handles)
+    if array is None or len(array) < len(handles):
+        _fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+    for i, h in enumerate(handles):
+        array[i] = h
+    return int(pynvml.NVML_SUCCESS)
+
+
 class InstanceCalls(SimBase):
     # -- GPU instances ----------------------------------------------------------------------
 
@@ -152,16 +164,10 @@ class InstanceCalls(SimBase):
         self._mig_on(gpu)
         p = self._profile(model, profileId)
         found = [gi for _, gi in sorted(gpu.gis.items()) if gi.profile_id == p.id]
-        count = _ref_value(countRef)
-        if gpuInstancesRef is None or len(gpuInstancesRef) < len(found):
-            count.value = len(found)
-            _fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-        for i, gi in enumerate(found):
-            gpuInstancesRef[i] = _handle(
-                _KIND_GI, gpu.index, gi.id, ptype=pynvml.c_nvmlGpuInstance_t
-            )
-        count.value = len(found)
-        return int(pynvml.NVML_SUCCESS)
+        handles = [
+            _handle(_KIND_GI, gpu.index, gi.id, ptype=pynvml.c_nvmlGpuInstance_t) for gi in found
+        ]
+        return _fill(gpuInstancesRef, countRef, handles)
 
     @nvml_call()
     def nvmlDeviceGetGpuInstanceById(self, handle: Any, gpuInstanceId: int) -> Any:
@@ -255,16 +261,11 @@ class InstanceCalls(SimBase):
     ) -> int:
         gpu, _, gi = self._gi(gpuInstance)
         found = [ci for _, ci in sorted(gi.cis.items()) if ci.profile_id == profileId]
-        count = _ref_value(countRef)
-        if computeInstancesRef is None or len(computeInstancesRef) < len(found):
-            count.value = len(found)
-            _fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-        for i, ci in enumerate(found):
-            computeInstancesRef[i] = _handle(
-                _KIND_CI, gpu.index, gi.id, ci.id, ptype=pynvml.c_nvmlComputeInstance_t
-            )
-        count.value = len(found)
-        return int(pynvml.NVML_SUCCESS)
+        handles = [
+            _handle(_KIND_CI, gpu.index, gi.id, ci.id, ptype=pynvml.c_nvmlComputeInstance_t)
+            for ci in found
+        ]
+        return _fill(computeInstancesRef, countRef, handles)
 
     @nvml_call()
     def nvmlGpuInstanceGetComputeInstanceById(
