@@ -43,13 +43,23 @@ test: lint system-deps
 bench: $(STAMP)
 	$(BIN)/python benchmarks/reconfig.py
 	$(BIN)/python benchmarks/metrics.py
+	$(BIN)/python benchmarks/startup.py
 
 gpu: $(STAMP)
 	$(BIN)/python -m pytest -m gpu tests/gpu
 
 # Regenerate the kubelet pod-resources stubs from nodeagent/kube/proto/podresources.proto.
-proto: $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \
+# With a pinned old grpcio-tools (protoc 25: protobuf 4.25 gencode), in a throwaway venv: its
+# stubs carry no grpcio/protobuf version check, so they load on every grpcio and protobuf that
+# pyproject.toml allows (checked up to grpcio 1.85, protobuf 7.36). Newer grpcio-tools write
+# stubs that refuse any grpcio or protobuf older than the generator's own.
+# grpcio-tools 1.62.3 ships wheels for Python 3.8-3.12: PYTHON=python3.12 where python3 is newer.
+PROTO_TOOLS ?= grpcio-tools==1.62.3
+proto:
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	$(PYTHON) -m venv "$$tmp/venv" && \
+	"$$tmp/venv/bin/python" -m pip install --quiet '$(PROTO_TOOLS)' && \
+	"$$tmp/venv/bin/python" -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \
 	  nodeagent/kube/proto/podresources.proto
 
 clean:

@@ -1,315 +1,308 @@
-"""The reconcile loop: wires NVML, MIG geometry and metrics. Steps have names that appear in
-logs and in failure reasons."""
+"""Wiring only: builds the parts from the settings, runs the supervised workers, answers health.
+
+Workers, each a `Worker` (catches every exception, backs off, keeps a heartbeat):
+
+    refresh     every metrics.refresh-interval: a new Snapshot, a new exposition
+    gpm         every metrics.gpm-interval: GPM samples per GPU and GPU instance
+    reconcile   every reconcile.interval, and at once when woken (node label change, SIGHUP):
+                the pipeline (nodeagent.reconcile)
+    mps-probe   every mps.probe-interval while MPS is managed: probe, restart with backoff
+    kube-watch  with Kubernetes: list and watch this Node
+
+`/healthz` fails when a worker died or went silent, or the GPUs were not read recently;
+`/readyz` fails until the first reconcile succeeded and while the last one failed.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import structlog
 from prometheus_client.registry import CollectorRegistry
 
-from nodeagent.errors import AgentError, ConfigError
-from nodeagent.kube.api import KubeSettings, NodeApi, make_core_api
-from nodeagent.kube.clients import ClientSettings, GpuClients
-from nodeagent.kube.controller import NodeController, ensure_node
-from nodeagent.kube.nodelabels import ANNOTATION_PREFIX
-from nodeagent.kube.podresources import DEFAULT_SOCKET, allocated_devices
+from nodeagent.errors import AgentError, KubeError
 from nodeagent.labels.nfd import write_features
-from nodeagent.labels.render import DEFAULT_PREFIX, SharingState, render_labels, slice_usage
+from nodeagent.lock import mig_writer_lock
 from nodeagent.metrics.agent import AgentCollector, AgentStats
 from nodeagent.metrics.collectorset import CollectorSet
 from nodeagent.metrics.exposition import ExpositionCache
 from nodeagent.metrics.gpus import GpuCollector
 from nodeagent.metrics.mps import MpsCollector
-from nodeagent.metrics.sampling import GpmSampler, Periodic, refresh_inventory
-from nodeagent.metrics.server import DEFAULT_METRICS_ADDRESS, MetricsServer
+from nodeagent.metrics.sampling import GpmSampler
+from nodeagent.metrics.server import MetricsServer
 from nodeagent.metrics.slices import SliceCollector
-from nodeagent.metrics.store import Store
-from nodeagent.mig.apply import Reset, assert_config, load_config, reconfigure
-from nodeagent.mig.config import MigConfigFile
-from nodeagent.mps.daemon import MpsDaemon, MpsStatus
-from nodeagent.mps.settings import MpsSettings, validate
+from nodeagent.mig.apply import Reset
+from nodeagent.mps.manager import MpsManager
 from nodeagent.mps.supervisor import MpsSupervisor
 from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.gpm import GpmReader
 from nodeagent.nvml.write import ComputeModeWriter
+from nodeagent.reconcile import Pipeline, SettingsDesire
+from nodeagent.settings import Settings, merge_reload
+from nodeagent.snapshot import Snapshot, Store
+from nodeagent.workers import Worker
 
 log = structlog.get_logger("nodeagent.agent")
-SLICES_ANNOTATION = ANNOTATION_PREFIX + "mig.slices"
+STOP_SECONDS = 4.0  # how long stop() waits for idle workers (SIGTERM exits within 5 s)
 
 
-@dataclass(frozen=True)
-class KubeConfig:
-    settings: KubeSettings
-    clients: ClientSettings = field(default_factory=ClientSettings)
-    pod_resources_socket: Path | None = DEFAULT_SOCKET
+class NfdSink:
+    """Node Feature Discovery's local source: a features.d file, written when it changes."""
 
+    name = "nfd"
 
-@dataclass(frozen=True)
-class AgentConfig:
-    metrics_address: str = DEFAULT_METRICS_ADDRESS
-    refresh_interval_seconds: float = 5.0
-    gpm_interval_seconds: float = 1.0
-    reconcile_interval_seconds: float = 30.0
-    mig_config_file: str | None = None
-    mig_config: str | None = None
-    mps: MpsSettings | None = None
-    label_prefix: str = DEFAULT_PREFIX
-    nfd_features_file: Path | None = None
-    kube: KubeConfig | None = None
+    def __init__(self, settings: Callable[[], Settings]) -> None:
+        self.settings = settings
 
-    def validate(self) -> None:
-        for name in (
-            "refresh_interval_seconds",
-            "gpm_interval_seconds",
-            "reconcile_interval_seconds",
-        ):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name.replace('_', '-')} must be > 0")
-        if self.gpm_interval_seconds < 0.1:
-            raise ConfigError("gpm interval must be at least 0.1 s (two GPM samples need 100 ms)")
-        if self.kube is not None:
-            if self.mig_config:
-                raise ConfigError(
-                    "with Kubernetes the MIG config name comes from the node label"
-                    " nvidia.com/mig.config; drop -c (keep -f, the file of configs)"
-                )
-        elif bool(self.mig_config_file) != bool(self.mig_config):
-            raise ConfigError("a MIG config needs both the file and the name (-f and -c)")
+    def publish(self, labels: Mapping[str, str], snapshot: Snapshot) -> None:
+        path = self.settings().labels.nfd_features_file
+        if path is not None and write_features(path, dict(labels)):
+            log.info("labels.written", path=str(path))
 
 
 class Agent:
-    """One node's agent. Build it, then `start()` (threads + HTTP) or drive it step by step."""
+    """One node's agent. Build it, then `start()` (workers + HTTP), `reload()`, `stop()`."""
 
     def __init__(
         self,
         session: NvmlSession,
-        config: AgentConfig,
-        reset: Reset,
+        settings: Settings,
+        reset: Callable[[Settings], Reset],
+        lock_path: Any = None,
         clock: Callable[[], float] = time.time,
+        allocations: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
-        config.validate()
         self.session = session
-        self.config = config
-        self.reset = reset
+        self.settings = settings
         self.clock = clock
-        self.store = Store()
+        self.stop_event = threading.Event()
+        self.store = Store(session, clock)
         self.stats = AgentStats()
         self.gpm = GpmSampler(GpmReader(session), self.store, time.monotonic)
+        self.mps = MpsManager(ComputeModeWriter(session))
+        self.supervisor = MpsSupervisor(self.stop_event)
+        self.workers: dict[str, Worker] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(
             CollectorSet(
                 [
                     GpuCollector(self.store),
                     SliceCollector(self.store),
-                    AgentCollector(self.stats, self.store, lambda: session.errors_by_function),
-                    MpsCollector(lambda: self.mps_status),
+                    AgentCollector(
+                        self.stats,
+                        self.store,
+                        session.error_counts,
+                        lambda: {n: w.errors for n, w in self.workers.items()},
+                    ),
+                    MpsCollector(lambda: self.mps.status),
                 ]
             )
         )
         self.exposition = ExpositionCache(self.registry)
-        self.stop_event = threading.Event()
-        self.last_error: str | None = None
-        self.reconciled = False
-        self._threads: list[threading.Thread] = []
         self.server: MetricsServer | None = None
-        self.mps_daemon: MpsDaemon | None = None
-        self.mps_status: MpsStatus | None = None
-        self.controller: NodeController | None = None
+        self.watcher: Any = None  # kube.controller.NodeWatcher with Kubernetes
 
-    # -- steps ----------------------------------------------------------------------------
+        def writer_lock(s: Settings) -> Any:
+            return mig_writer_lock(lock_path, s.mig.lock_timeout_seconds)
+
+        self.pipeline = Pipeline(
+            store=self.store,
+            settings=lambda: self.settings,
+            desire=SettingsDesire(),
+            reset=reset,
+            mps=self.mps,
+            stats=self.stats,
+            writer_lock=writer_lock,
+            sinks=[NfdSink(lambda: self.settings)],
+            allocations=allocations,
+        )
+
+    # -- work ---------------------------------------------------------------------------------
 
     def refresh(self) -> None:
-        refresh_inventory(self.session, self.store, self.clock)
-        if self.config.kube is not None and self.config.kube.pod_resources_socket is not None:
-            try:
-                self.store.allocated = self.in_use()
-            except AgentError as err:  # metrics keep the last answer; changes still fail safe
-                log.warning("podresources.failed", error=str(err))
+        self.store.observe(self.pipeline.allocations)
         self.exposition.render()
 
     def sample_gpm(self) -> None:
         self.gpm.tick()
         self.exposition.render()
 
-    def reconcile(self) -> str:
-        """Observe, then bring MIG to the configured config if there is one. Returns
-        'success' or 'failure'; the reason of a failure is in `last_error`."""
-        start = time.monotonic()
-        step = "observe"
-        try:
-            self.refresh()
-            if self.config.mig_config_file and self.config.mig_config:
-                step = "read-config"
-                cfg = self._mig_file()
-                step = "apply-mig"
-                outcome = reconfigure(self.session, cfg, self.config.mig_config, self.reset)
-                if outcome.done:
-                    log.info(
-                        "mig.changed", config=self.config.mig_config, operations=len(outcome.done)
-                    )
-                self.refresh()
-            step = "publish"
-            self.publish_labels()
-            result, self.last_error = "success", None
-        except AgentError as err:
-            result, self.last_error = "failure", f"{step}: {err}"
-            log.error("reconcile.failed", step=step, error=str(err))
-        self.stats.record(result, time.monotonic() - start, self.clock())
-        self.reconciled = True
+    def reconcile(self) -> None:
+        self.pipeline.run_once()
         self.exposition.render()
-        return result
 
-    # -- MIG through the node label (the controller's host interface) ----------------------
-
-    def in_use(self) -> dict[str, str]:
-        """MIG/GPU UUIDs pods hold, from the kubelet (none without Kubernetes)."""
-        kube = self.config.kube
-        if kube is None or kube.pod_resources_socket is None:
-            return {}
-        return allocated_devices(kube.pod_resources_socket)
-
-    def _mig_file(self) -> MigConfigFile:
-        return load_config(self.config.mig_config_file)
-
-    def mig_matches(self, name: str) -> bool:
-        problems, _ = assert_config(self.session, self._mig_file(), name)
-        return not problems
-
-    def plan_mig(self, name: str) -> int:
-        outcome = reconfigure(
-            self.session, self._mig_file(), name, self.reset, in_use=self.in_use(), dry_run=True
-        )
-        return len(outcome.plan.operations)
-
-    def apply_mig(self, name: str) -> int:
-        outcome = reconfigure(
-            self.session, self._mig_file(), name, self.reset, in_use=self.in_use()
-        )
-        return len(outcome.done)
-
-    def node_labels(self) -> dict[str, str]:
-        return self.labels()
-
-    def node_annotations(self) -> dict[str, str | None]:
-        inventory = self.store.inventory
-        if inventory is None:
-            return {}
-        # The kubelet's answer from the last refresh: one gRPC call per refresh, not per event.
-        return {SLICES_ANNOTATION: slice_usage(inventory, self.store.allocated)}
-
-    def start_kube(self) -> None:
-        assert self.config.kube is not None
-        settings = self.config.kube.settings
-        api = NodeApi(make_core_api(settings), settings)
-        ensure_node(api)
-        self.controller = NodeController(
-            api, self, GpuClients(api, self.config.kube.clients), self.stop_event
-        )
-        self._threads.append(
-            threading.Thread(target=self.controller.run, name="kube-watch", daemon=True)
-        )
-
-    def sharing(self) -> SharingState:
-        if self.config.mps is not None and self.mps_daemon is not None:
-            return SharingState("mps", self.config.mps.replicas)
-        return SharingState()
-
-    def labels(self) -> dict[str, str]:
-        inventory = self.store.inventory
-        return (
-            {}
-            if inventory is None
-            else render_labels(inventory, self.sharing(), self.config.label_prefix)
-        )
-
-    def publish_labels(self) -> None:
-        path = self.config.nfd_features_file
-        if path is None or self.store.inventory is None:
+    def probe_mps(self) -> None:
+        daemon = self.mps.daemon
+        if daemon is None:
             return
-        if write_features(path, self.labels()):
-            log.info("labels.written", path=str(path))
+        self.supervisor.check_once(daemon)
+        self.mps.refresh_status()
+        self.exposition.render()
 
-    def start_mps(self) -> None:
-        """Validate the MPS settings against the GPUs, start the daemon, supervise it."""
-        assert self.config.mps is not None
-        if self.store.inventory is None:
-            self.refresh()
-        assert self.store.inventory is not None
-        limits = validate(self.config.mps, self.store.inventory)
-        self.mps_daemon = MpsDaemon(self.config.mps, limits, ComputeModeWriter(self.session))
-        self.mps_status = self.mps_daemon.start()
+    # -- Kubernetes (imported only when asked for) ---------------------------------------------
 
-        def checked() -> None:
-            assert self.mps_daemon is not None
-            self.mps_status = self.mps_daemon.status()
+    def _setup_kube(self) -> None:
+        from nodeagent.kube.api import KubeSettings, NodeApi, make_core_api
+        from nodeagent.kube.clients import ClientSettings, GpuClients
+        from nodeagent.kube.controller import (
+            KubeReporter,
+            NodeLabelDesire,
+            NodeLabelSink,
+            NodeView,
+            NodeWatcher,
+            ensure_node,
+        )
+        from nodeagent.kube.podresources import allocated_devices
 
-        self._threads.append(MpsSupervisor(self.mps_daemon, self.stop_event, on_checked=checked))
+        k = self.settings.kube
+        assert k.node_name is not None
+        kube_settings = KubeSettings(
+            node_name=k.node_name,
+            host=k.host,
+            kubeconfig=k.kubeconfig,
+            watch_timeout_seconds=k.watch_timeout_seconds,
+        )
+        api = NodeApi(make_core_api(kube_settings), kube_settings, self.stop_event)
+        view = NodeView()
+        view.update(ensure_node(api))
+        desire = NodeLabelDesire(view)
 
-    # -- health ---------------------------------------------------------------------------
+        def interruptible_sleep(seconds: float) -> None:
+            if self.stop_event.wait(seconds):
+                raise KubeError("the agent is stopping")
+
+        def clients(s: Settings) -> GpuClients:
+            cs = ClientSettings(
+                pause={n: dict(sel) for n, sel in s.kube.pause_components.items()},
+                restart=tuple(dict(sel) for sel in s.kube.restart_pods),
+                wait_seconds=s.kube.clients_wait_seconds,
+                poll_seconds=min(1.0, s.kube.clients_wait_seconds / 10),
+            )
+            return GpuClients(api, cs, sleep=interruptible_sleep)
+
+        socket = k.pod_resources_socket
+        if socket is not None and self.pipeline.allocations is None:
+            self.pipeline.allocations = lambda: allocated_devices(socket)
+        self.pipeline.desire = desire
+        self.pipeline.reporter = KubeReporter(api, view, desire)
+        self.pipeline.sinks.append(NodeLabelSink(api, view))
+        self.pipeline.clients = clients
+        self.watcher = NodeWatcher(api, view, self._wake_reconcile, self.stop_event)
+
+    def _wake_reconcile(self) -> None:
+        worker = self.workers.get("reconcile")
+        if worker is not None:
+            worker.wake()
+
+    # -- health -------------------------------------------------------------------------------
 
     def healthy(self) -> tuple[bool, str]:
-        age = self.clock() - self.store.inventory_time
-        limit = 3 * self.config.refresh_interval_seconds + 5
-        if self.store.inventory is None:
+        snap = self.store.snapshot
+        if snap is None:
             return False, "no GPU inventory read yet"
+        age = self.clock() - snap.taken_at
+        limit = 3 * self.settings.metrics.refresh_interval_seconds + 30
         if age > limit:
             return False, f"GPU inventory is {age:.0f} s old (limit {limit:.0f} s)"
-        return True, "ok"
+        bad = [h.reason for h in (w.health() for w in self.workers.values()) if not h.ok]
+        return (False, "; ".join(bad)) if bad else (True, "ok")
 
     def ready(self) -> tuple[bool, str]:
-        if not self.reconciled or self.store.inventory is None:
+        report = self.pipeline.last_report
+        if report is None:
             return False, "first reconcile not done"
-        if self.last_error:
-            return False, self.last_error
+        if report.result != "success":
+            return False, report.reason or "the last reconcile failed"
         return True, "ok"
 
-    # -- lifecycle ------------------------------------------------------------------------
+    # -- lifecycle ----------------------------------------------------------------------------
 
-    def start(self) -> None:
-        self.server = MetricsServer(
-            self.config.metrics_address, self.exposition.latest, self.healthy, self.ready
-        )
-        if self.config.mps is not None:
-            self.start_mps()
-        if self.config.kube is not None:
-            self.start_kube()
-        self.reconcile()
-        self.server.start()
-        self._threads += [
-            # start() just refreshed and reconciled: the periodic ones wait a period first.
-            Periodic(
-                "refresh",
-                self.refresh,
-                self.config.refresh_interval_seconds,
-                self.stop_event,
-                wait_first=True,
-            ),
-            Periodic("gpm", self.sample_gpm, self.config.gpm_interval_seconds, self.stop_event),
-            Periodic(
-                "reconcile",
-                self.reconcile_quiet,
-                self.config.reconcile_interval_seconds,
-                self.stop_event,
-                wait_first=True,
-            ),
-        ]
-        for t in self._threads:
-            t.start()
+    def start(self, serve: bool = True) -> None:
+        """Listen, reconcile once, start the workers. On any failure, undo what was started
+        (an MPS daemon this call started is stopped again) and raise."""
+        try:
+            if serve:
+                self.server = MetricsServer(
+                    self.settings.metrics.address, self.exposition.latest, self.healthy, self.ready
+                )
+            if self.settings.kube.enabled:
+                self._setup_kube()
+            self.reconcile()
+            if self.server is not None:
+                self.server.start()
+            self._start_workers()
+        except BaseException:
+            self._shutdown(stop_mps=self.mps.started_by_us, wait_seconds=STOP_SECONDS)
+            raise
 
-    def reconcile_quiet(self) -> None:
-        self.reconcile()
+    def _start_workers(self) -> None:
+        # Intervals are read at every wait: a reload takes effect without a restart.
+        kube = self.settings.kube
+        workers = [
+            # start() just refreshed and reconciled: those wait one period first.
+            Worker("refresh", self.refresh, lambda: self.settings.metrics.refresh_interval_seconds,
+                   self.stop_event, wait_first=True),
+            Worker("gpm", self.sample_gpm, lambda: self.settings.metrics.gpm_interval_seconds,
+                   self.stop_event),
+            Worker("reconcile", self.reconcile, lambda: self.settings.reconcile.interval_seconds,
+                   self.stop_event, wait_first=True,
+                   busy_allowance_seconds=kube.clients_wait_seconds
+                   + self.settings.mig.lock_timeout_seconds + 600),
+            Worker("mps-probe", self.probe_mps, lambda: self.settings.mps.probe_interval_seconds,
+                   self.stop_event, wait_first=True),
+        ]  # fmt: skip
+        if self.watcher is not None:
+            workers.append(
+                Worker(
+                    "kube-watch",
+                    self.watcher.cycle,
+                    lambda: 0.0,
+                    self.stop_event,
+                    busy_allowance_seconds=kube.watch_timeout_seconds * 1.5 + 120,
+                    max_backoff_seconds=30,
+                )
+            )
+        for worker in workers:
+            self.workers[worker.name] = worker
+            worker.start()
+
+    def reload(self, new: Settings) -> list[str]:
+        """Take the hot settings of `new` (restart-only ones keep their old value); wake the
+        reconcile worker so that they apply now. Returns the refused (restart-only) keys."""
+        merged, refused = merge_reload(self.settings, new)
+        for key in refused:
+            log.warning("settings.reload.needs_restart", key=key)
+        self.settings = merged
+        self.stats.reload_success = 1.0
+        log.info("settings.reloaded", file=new.file, refused=refused)
+        self._wake_reconcile()
+        return refused
+
+    def reload_failed(self, err: AgentError) -> None:
+        self.stats.reload_success = 0.0
+        log.error("settings.reload.failed", error=str(err))
+        self.exposition.render()
 
     def stop(self) -> None:
+        self._shutdown(stop_mps=self.settings.mps.stop_on_exit, wait_seconds=STOP_SECONDS)
+
+    def _shutdown(self, stop_mps: bool, wait_seconds: float) -> None:
         self.stop_event.set()
-        for t in self._threads:
-            t.join(timeout=10)
-        if self.server:
+        for worker in self.workers.values():
+            worker.wake()  # out of its wait at once
+        deadline = time.monotonic() + wait_seconds
+        for worker in self.workers.values():
+            # The watch only reads, and blocks in the API call until its timeout: not waited.
+            if worker.is_alive() and worker.name != "kube-watch":
+                # A reconcile in the middle of a MIG change finishes it (it is short and safe
+                # to interrupt only between NVML calls); idle workers are only waited briefly.
+                busy_apply = worker.name == "reconcile" and worker.busy
+                worker.join(60 if busy_apply else max(deadline - time.monotonic(), 0.05))
+        if self.server is not None:
             self.server.stop()
-        if self.mps_daemon is not None:
-            self.mps_daemon.stop()
-        self.gpm.close()
+        self.mps.shutdown(stop_daemon=stop_mps)
+        with self.session.lock:
+            self.gpm.close()

@@ -63,3 +63,9 @@ class NothingMatched(AgentError):
     """A selection matched nothing (e.g. a config covers no GPU of this node)."""
 
     exit_code = 1
+
+
+class LockHeld(AgentError):
+    """Another MIG writer (an agent or a `mig apply`) holds the node's writer lock."""
+
+    exit_code = 3

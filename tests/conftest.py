@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import io
 import os
 import subprocess
 import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import pytest
+import structlog
 
 from nodeagent.nvml import NvmlSession
+from nodeagent.nvml.session import _sessions as session_registry
 from nodeagent.sim import SimulatedNvml, parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,6 +30,22 @@ def shared_fixtures() -> Path:
     if not SHARED_FIXTURES.is_dir():
         pytest.skip("../shared/fixtures is not beside this checkout")
     return SHARED_FIXTURES
+
+
+@pytest.fixture(scope="session")
+def fake_mps_control(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """tests/fake_mps/nvidia-cuda-mps-control, started by this interpreter without site-packages.
+
+    MPS tests run the control program for every command (over a hundred times); through
+    `/usr/bin/env python3` (a pyenv shim, a site-packages scan) each run took ~0.15 s, with
+    `python -I -S` ~0.04 s. The fake uses the standard library only.
+    """
+    text = (REPO / "tests" / "fake_mps" / "nvidia-cuda-mps-control").read_text()
+    _, body = text.split("\n", 1)
+    path = tmp_path_factory.mktemp("fake_mps") / "nvidia-cuda-mps-control"
+    path.write_text(f"#!{sys.executable} -IS\n{body}")
+    path.chmod(0o755)
+    return str(path)
 
 
 @pytest.fixture
@@ -50,18 +73,81 @@ class Result:
     stderr: str
 
 
+def _clean_env(env: dict[str, str] | None) -> dict[str, str]:
+    """The caller's environment without any NODEAGENT_* variable, then `env` on top."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
+    full_env.update(env or {})
+    return full_env
+
+
 @pytest.fixture
 def cli(tmp_path: Path) -> Callable[..., Result]:
-    """Run `nodeagent ARGS` in a subprocess, as a user would; returns code and output."""
+    """Run `nodeagent ARGS` as a user would, but in this process; returns code and output.
+
+    The call gets what a fresh process would: `env` as the whole NODEAGENT_* environment,
+    `stdin` as its standard input, tmp_path as its working directory, its own stdout and stderr
+    (logs included), and the NVML sessions it opened shut down when it returns. Commands that
+    must end the interpreter (fault rules with "exit"), take signals or run until stopped
+    belong to `cli_process`.
+    """
+
+    from nodeagent.cli import main  # here, so a broken CLI fails only the tests that run it
 
     def run(*args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> Result:
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
-        full_env.update(env or {})
+        out, err = io.StringIO(), io.StringIO()
+        sessions_before = set(session_registry)
+        logging_before = structlog.get_config()
+        cwd = os.getcwd()
+        try:
+            with (
+                mock.patch.dict(os.environ, _clean_env(env), clear=True),
+                mock.patch.object(sys, "stdin", io.StringIO(stdin or "")),
+                contextlib.redirect_stdout(out),
+                contextlib.redirect_stderr(err),
+            ):
+                os.chdir(tmp_path)
+                try:
+                    returncode = main(list(args))
+                except SystemExit as exc:
+                    returncode = _exit_status(exc.code)
+                except Exception:  # an uncaught error: a traceback and exit 1, as from a process
+                    traceback.print_exc()
+                    returncode = 1
+        finally:
+            os.chdir(cwd)
+            structlog.configure(**logging_before)  # main() points the logs at `err`
+            _shut_down_sessions_since(sessions_before)
+        return Result(returncode, out.getvalue(), err.getvalue())
+
+    return run
+
+
+def _exit_status(code: object) -> int:
+    """The status a process ends with on SystemExit(code), printing a message as it would."""
+    if code is None or isinstance(code, int):
+        return code or 0
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _shut_down_sessions_since(before: set[int]) -> None:
+    """What the end of a process does to the NVML sessions a command opened (atexit)."""
+    for key in set(session_registry) - before:
+        session = session_registry.pop(key)
+        atexit.unregister(session.close)
+        session.close()
+
+
+@pytest.fixture
+def cli_process(tmp_path: Path) -> Callable[..., Result]:
+    """Run `nodeagent ARGS` in a subprocess, for what only a process shows (exit, signals)."""
+
+    def run(*args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> Result:
         proc = subprocess.run(
             [sys.executable, "-m", "nodeagent", *args],
             capture_output=True,
             text=True,
-            env=full_env,
+            env=_clean_env(env),
             input=stdin,
             timeout=60,
             cwd=tmp_path,

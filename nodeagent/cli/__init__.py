@@ -1,4 +1,8 @@
-"""The `nodeagent` command line: the composition root. Nothing imports this package."""
+"""The `nodeagent` command line: the composition root. Nothing imports this package.
+
+Commands import what they use when they run: the Kubernetes client and gRPC load only for
+`run --kube`, Prometheus only for `run` and `metrics`, so `nodeagent status` starts fast.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,14 @@ import sys
 from collections.abc import Callable, Sequence
 
 from nodeagent import __version__
-from nodeagent.cli.common import Context, output_flag
+from nodeagent.cli.common import Context, add_setting_flags, output_flag
 from nodeagent.cli.mig import add_mig_parser
 from nodeagent.cli.run import add_run_parsers
 from nodeagent.cli.status import cmd_sim_attach, cmd_sim_detach, cmd_sim_reset, cmd_status
 from nodeagent.errors import AgentError
 from nodeagent.logs import configure_logging
+
+INTERNAL_ERROR = 4
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,28 +29,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"nodeagent {__version__}")
     parser.add_argument(
-        "--simulate",
-        metavar="SPEC",
-        default=os.environ.get("NODEAGENT_SIMULATE") or None,
-        help="use the built-in GPU emulator, e.g. h200, h200x8, a100-40gbx2,h100-80gb "
-        "(env NODEAGENT_SIMULATE)",
+        "--debug", action="store_true", help="show the traceback of an internal error"
     )
-    parser.add_argument(
-        "--sim-state",
-        metavar="PATH",
-        default=os.environ.get("NODEAGENT_SIM_STATE") or None,
-        help="keep the emulated GPUs' state in this JSON file (env NODEAGENT_SIM_STATE)",
-    )
-    parser.add_argument(
-        "--log-level", default="warning", choices=("debug", "info", "warning", "error")
-    )
-    parser.add_argument("--log-format", default="auto", choices=("auto", "json", "console"))
+    add_setting_flags(parser, ["node"])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
     p = sub.add_parser("status", help="GPUs, MIG mode, slices, memory and processes")
     output_flag(p)
-    p.set_defaults(func=cmd_status)
+    p.set_defaults(func=cmd_status, groups=("node",))
 
     add_mig_parser(sub)
     add_run_parsers(sub)
@@ -68,16 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; return its exit code (0 ok, 1 false/none, 2 bad input, 3 GPU refused)."""
+    """Run one command; return its exit code (0 ok, 1 false/none, 2 bad input, 3 the GPU or
+    the system refused, 4 an internal error)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed its message (exit 2 on bad flags)
         return int(exc.code) if isinstance(exc.code, int) else 2
-    configure_logging(args.log_level, args.log_format)
     func: Callable[[Context], int] = args.func
+    ctx = Context(args, dict(os.environ))
     try:
-        return func(Context(args))
+        settings = ctx.load_settings()
+        configure_logging(settings.node.log_level, settings.node.log_format)
+        return func(ctx)
     except AgentError as err:
         print(f"nodeagent: {err}", file=sys.stderr)
         return err.exit_code
@@ -86,3 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `nodeagent status | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as err:  # a bug: one line, the traceback only with --debug
+        if args.debug:
+            raise
+        print(
+            f"nodeagent: internal error: {type(err).__name__}: {err} (--debug shows where)",
+            file=sys.stderr,
+        )
+        return INTERNAL_ERROR

@@ -1,21 +1,18 @@
-"""Shared by the commands: the parsed flags, the NVML session, output helpers."""
+"""Shared by the commands: the parsed flags, the settings, the NVML session, output helpers."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import structlog
 
 from nodeagent.errors import ConfigError, NvmlError
-from nodeagent.mig.apply import DEFAULT_RESET_COMMAND, Reset, command_reset
-from nodeagent.nvml import NvmlSession, load_real_library, open_session
-from nodeagent.sim import SimulatedNvml, open_emulator
+from nodeagent.settings import GROUPS, SPECS, Settings, Source, load
 
 MIB = 1024 * 1024
 NVML_DRIVER_NOT_LOADED = 9
@@ -25,29 +22,63 @@ log = structlog.get_logger("nodeagent")
 
 @dataclass
 class Context:
-    """What every command gets: the parsed flags and a lazily opened NVML session."""
+    """What every command gets: the parsed flags, its settings (loaded once, from the groups
+    the command declared) and a lazily opened NVML session."""
 
     args: argparse.Namespace
+    environ: dict[str, str]
+    _settings: Settings | None = None
+    _sources: dict[str, Source] | None = None
     _lib: Any = None
-    _session: NvmlSession | None = None
+    _session: Any = None
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        groups: tuple[str, ...] = getattr(self.args, "groups", ("node",))
+        return groups
+
+    def load_settings(self) -> Settings:
+        """Flags -> environment -> settings file -> defaults, for this command's groups."""
+        settings, sources = load(
+            vars(self.args), self.environ, getattr(self.args, "settings_file", None), self.groups
+        )
+        self._settings, self._sources = settings, sources
+        return settings
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings if self._settings is not None else self.load_settings()
+
+    @property
+    def sources(self) -> dict[str, Source]:
+        if self._sources is None:
+            self.load_settings()
+        assert self._sources is not None
+        return self._sources
 
     @property
     def simulate(self) -> str | None:
-        spec: str | None = self.args.simulate
-        return spec
+        return self.settings.node.simulate
 
     @property
     def lib(self) -> Any:
         if self._lib is None:
-            if self.simulate:
-                state = Path(self.args.sim_state) if self.args.sim_state else None
-                self._lib = open_emulator(self.simulate, state)
+            node = self.settings.node
+            if node.simulate:
+                from nodeagent.sim import open_emulator
+
+                self._lib = open_emulator(node.simulate, node.sim_state)
             else:
+                from nodeagent.nvml import load_real_library
+
                 self._lib = load_real_library()
         return self._lib
 
     @property
-    def session(self) -> NvmlSession:
+    def session(self) -> Any:
+        """The process's NvmlSession over the real library or the emulator."""
+        from nodeagent.nvml import open_session
+
         if self._session is None:
             try:
                 self._session = open_session(self.lib)
@@ -62,10 +93,12 @@ class Context:
                 raise
         return self._session
 
-    def emulator(self, command: str) -> SimulatedNvml:
+    def emulator(self, command: str) -> Any:
+        from nodeagent.sim import SimulatedNvml
+
         if not self.simulate:
             raise ConfigError(f"'nodeagent sim {command}' needs --simulate SPEC (the emulator)")
-        if not self.args.sim_state:
+        if not self.settings.node.sim_state:
             raise ConfigError(
                 f"'nodeagent sim {command}' needs --sim-state PATH, or the change is lost"
                 " when the command exits"
@@ -80,45 +113,57 @@ def print_json(data: Any) -> None:
     sys.stdout.write("\n")
 
 
-def output_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--output", "-o", choices=("text", "json"), default="text")
+def output_flag(p: argparse.ArgumentParser, *choices: str) -> None:
+    p.add_argument(
+        "--output",
+        "-o",
+        choices=choices or ("text", "json"),
+        default=choices[0] if choices else "text",
+    )
 
 
-def reset_for(ctx: Context) -> Reset:
-    template: str | None = getattr(ctx.args, "reset_command", None)
+def reset_for(settings: Settings, lib: Any) -> Any:
+    """The function that resets one GPU whose MIG mode stays pending (Ampere): the configured
+    command, else the emulator's reset under --simulate, else `nvidia-smi -r -i {index}`."""
+    from nodeagent.mig.apply import command_reset
+
+    template = settings.mig.reset_command
     if template:
         try:
             return command_reset(template)
         except ValueError as err:
-            raise ConfigError(f"--reset-command: {err}") from err
-    if ctx.simulate:
-        emulator = ctx.lib
-        assert isinstance(emulator, SimulatedNvml)
-        return emulator.reset
+            raise ConfigError(f"mig.reset-command {template!r}: {err}") from err
+    if settings.node.simulate and hasattr(lib, "reset"):
+        return lib.reset
     return command_reset()
 
 
-def add_mig_config_flags(p: argparse.ArgumentParser, what: str = "") -> None:
-    """-f/--file and -c/--config, with the environment variables that stand in for them."""
-    what = f" {what}" if what else ""
-    p.add_argument(
-        "-f",
-        "--file",
-        default=os.environ.get("NODEAGENT_MIG_CONFIG_FILE") or None,
-        help=f"mig-parted v1 config file{what}, - for stdin (env NODEAGENT_MIG_CONFIG_FILE)",
-    )
-    p.add_argument(
-        "-c",
-        "--config",
-        default=os.environ.get("NODEAGENT_MIG_CONFIG") or None,
-        help=f"name of the config in the file{what} (env NODEAGENT_MIG_CONFIG)",
-    )
-
-
-def add_reset_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--reset-command",
-        default=os.environ.get("NODEAGENT_MIG_RESET_COMMAND") or None,
-        help="run for a GPU whose MIG mode stays pending (Ampere); {index} is the GPU"
-        f" (default '{DEFAULT_RESET_COMMAND}'; env NODEAGENT_MIG_RESET_COMMAND)",
-    )
+def add_setting_flags(
+    p: argparse.ArgumentParser,
+    groups: Iterable[str],
+    names: Mapping[str, Sequence[str]] | None = None,
+    skip: Iterable[str] = (),
+) -> None:
+    """One flag per setting of `groups` (from settings.SPECS); `names` overrides a setting's
+    flag names. No default is set here: the loader knows them, and reads the environment."""
+    names, skipped = names or {}, set(skip)
+    wanted = set(groups)
+    for group in GROUPS:
+        specs = [s for s in SPECS if s.group == group and s.group in wanted]
+        specs = [s for s in specs if s.flag and s.dotted not in skipped]
+        if not specs:
+            continue
+        target = p.add_argument_group(f"{group} settings") if group != "node" else p
+        for spec in specs:
+            assert spec.flag is not None
+            flags = list(names.get(spec.dotted) or ([spec.short] if spec.short else []))
+            flags += [] if spec.dotted in names else [spec.flag]
+            help_text = f"{spec.help} ({'; '.join(spec.env)}; {spec.dotted})"
+            kw: dict[str, Any] = {"dest": spec.dest, "default": None, "help": help_text}
+            if spec.switch:
+                kw.update(action="store_const", const="true")
+            elif spec.repeat:
+                kw.update(action="append", metavar="VALUE")
+            else:
+                kw.update(metavar=spec.key.split("-")[-1].upper())
+            target.add_argument(*flags, **kw)

@@ -7,13 +7,13 @@ from typing import Any
 
 from nodeagent.cli.common import (
     Context,
-    add_mig_config_flags,
-    add_reset_flag,
+    add_setting_flags,
     output_flag,
     print_json,
     reset_for,
 )
 from nodeagent.errors import ConfigError
+from nodeagent.lock import lock_path, mig_writer_lock
 from nodeagent.mig.apply import (
     assert_config,
     load_config,
@@ -23,13 +23,19 @@ from nodeagent.mig.config import MigConfigFile, dump_config
 from nodeagent.mig.generate import export_current, generate_configs
 from nodeagent.nvml import read_inventory
 
+# mig-parted's own flag names work too: -f/--config-file and -c/--selected-config.
+MIG_FLAG_NAMES = {
+    "mig.config-file": ("-f", "--file", "--config-file"),
+    "mig.config": ("-c", "--config", "--selected-config"),
+}
+
 
 def _read_config(ctx: Context) -> MigConfigFile:
-    return load_config(ctx.args.file)
+    return load_config(ctx.settings.mig.config_file)
 
 
 def _config_name(ctx: Context) -> str:
-    name: str | None = ctx.args.config
+    name: str | None = ctx.settings.mig.config
     if not name:
         raise ConfigError("no config name: pass -c NAME or set NODEAGENT_MIG_CONFIG")
     return name
@@ -54,7 +60,16 @@ def _describe_op(op: dict[str, Any]) -> str:
 def cmd_mig_apply(ctx: Context) -> int:
     cfg = _read_config(ctx)
     name = _config_name(ctx)
-    outcome = reconfigure(ctx.session, cfg, name, reset_for(ctx), dry_run=ctx.args.dry_run)
+    settings = ctx.settings
+    node = settings.node
+    reset = reset_for(settings, ctx.lib)
+    if ctx.args.dry_run:
+        outcome = reconfigure(ctx.session, cfg, name, reset, dry_run=True)
+    else:
+        # One MIG writer per node: this waits for (or fails naming) an agent or another apply.
+        path = lock_path(node.run_dir, node.sim_state, bool(node.simulate))
+        with mig_writer_lock(path, settings.mig.lock_timeout_seconds):
+            outcome = reconfigure(ctx.session, cfg, name, reset)
     ops = (
         [op.to_dict() for op in outcome.plan.operations] if ctx.args.dry_run else list(outcome.done)
     )
@@ -99,15 +114,14 @@ def add_mig_parser(sub: Any) -> None:
     migsub.required = True
 
     p = migsub.add_parser("apply", help="bring the GPUs to a config, changing only what must")
-    add_mig_config_flags(p)
+    add_setting_flags(p, ["mig"], MIG_FLAG_NAMES)
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
-    add_reset_flag(p)
     output_flag(p)
-    p.set_defaults(func=cmd_mig_apply)
+    p.set_defaults(func=cmd_mig_apply, groups=("node", "mig"))
     p = migsub.add_parser("assert", help="exit 0 when the GPUs match a config, 1 when not")
-    add_mig_config_flags(p)
-    p.set_defaults(func=cmd_mig_assert)
+    add_setting_flags(p, ["mig"], MIG_FLAG_NAMES, skip=["mig.reset-command", "mig.lock-timeout"])
+    p.set_defaults(func=cmd_mig_assert, groups=("node", "mig"))
     p = migsub.add_parser("export", help="the current geometry as a v1 config named 'current'")
-    p.set_defaults(func=cmd_mig_export)
+    p.set_defaults(func=cmd_mig_export, groups=("node",))
     p = migsub.add_parser("generate-config", help="default configs for the GPUs present")
-    p.set_defaults(func=cmd_mig_generate)
+    p.set_defaults(func=cmd_mig_generate, groups=("node",))

@@ -1,95 +1,23 @@
-"""`nodeagent mps start|stop|status` and the MPS flags shared with `run --mps`."""
+"""`nodeagent mps start|stop|status`: the MPS control daemon by hand (the agent's `mps`
+settings, without the agent)."""
 
 from __future__ import annotations
 
-import argparse
-import os
-from pathlib import Path
-
-from nodeagent.cli.common import (
-    Context,
-    print_json,
-)
+from nodeagent.cli.common import Context, print_json
 from nodeagent.mps.daemon import MpsDaemon, MpsStatus
-from nodeagent.mps.settings import (
-    DEFAULT_ROOT,
-    Limits,
-    MpsSettings,
-    parse_devices,
-    parse_pinned,
-    validate,
-)
+from nodeagent.mps.settings import Limits, MpsSettings, validate
 from nodeagent.nvml import read_inventory
 from nodeagent.nvml.write import ComputeModeWriter
-
-
-def add_mps_flags(p: argparse.ArgumentParser) -> None:
-    env = os.environ.get
-    g = p.add_argument_group(
-        "MPS (the same settings for `nodeagent mps` and `nodeagent run --mps`)"
-    )
-    g.add_argument(
-        "--mps-devices",
-        default=env("NODEAGENT_MPS_DEVICES"),
-        help="GPU indices, e.g. 0,1 (default: every GPU without MIG)",
-    )
-    g.add_argument(
-        "--mps-replicas",
-        type=int,
-        default=int(env("NODEAGENT_MPS_REPLICAS", "2")),
-        help="clients sharing each GPU (>= 2; env NODEAGENT_MPS_REPLICAS)",
-    )
-    g.add_argument(
-        "--mps-thread-percentage",
-        type=int,
-        default=None,
-        help="default active thread percentage, 1-100 (default 100 // replicas)",
-    )
-    g.add_argument(
-        "--mps-pinned-memory",
-        default=env("NODEAGENT_MPS_PINNED_MEMORY"),
-        help="per-GPU pinned memory limit: SIZE or INDEX=SIZE,... (default memory / replicas)",
-    )
-    g.add_argument(
-        "--mps-pipe-dir", default=env("CUDA_MPS_PIPE_DIRECTORY", str(DEFAULT_ROOT / "pipe"))
-    )
-    g.add_argument(
-        "--mps-log-dir", default=env("CUDA_MPS_LOG_DIRECTORY", str(DEFAULT_ROOT / "log"))
-    )
-    g.add_argument("--mps-ready-file", default=str(DEFAULT_ROOT / "ready"))
-    g.add_argument(
-        "--mps-control",
-        default=env("NODEAGENT_MPS_CONTROL", "nvidia-cuda-mps-control"),
-        help="the control program (env NODEAGENT_MPS_CONTROL)",
-    )
-    g.add_argument(
-        "--mps-exclusive-process",
-        action="store_true",
-        help="switch the GPUs to EXCLUSIVE_PROCESS while MPS runs",
-    )
-    g.add_argument(
-        "--mps-probe-interval", type=float, default=5.0, help="seconds between health probes"
-    )
+from nodeagent.settings import mps_daemon_settings
 
 
 def mps_settings(ctx: Context) -> MpsSettings:
-    a = ctx.args
-    if a.mps_devices:
-        devices = parse_devices(a.mps_devices)
+    mps = ctx.settings.mps
+    if mps.devices:
+        devices = mps.devices
     else:
         devices = tuple(g.index for g in read_inventory(ctx.session).gpus if not g.mig_current)
-    return MpsSettings(
-        devices=devices,
-        replicas=a.mps_replicas,
-        thread_percentage=a.mps_thread_percentage,
-        pinned_memory=parse_pinned(a.mps_pinned_memory, devices),
-        pipe_dir=Path(a.mps_pipe_dir),
-        log_dir=Path(a.mps_log_dir),
-        ready_file=Path(a.mps_ready_file),
-        control_binary=a.mps_control,
-        exclusive_process=a.mps_exclusive_process,
-        probe_interval_seconds=a.mps_probe_interval,
-    )
+    return mps_daemon_settings(mps, devices)
 
 
 def _mps_daemon(ctx: Context, check: bool = True) -> MpsDaemon:

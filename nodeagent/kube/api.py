@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -16,7 +17,13 @@ import structlog
 import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
-from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    stop_after_delay,
+    stop_when_event_set,
+    wait_exponential,
+)
 
 from nodeagent.errors import KubeError
 
@@ -76,16 +83,25 @@ def make_core_api(settings: KubeSettings) -> Any:
 class NodeApi:
     """The agent's own Node and what happens on it."""
 
-    def __init__(self, core: Any, settings: KubeSettings) -> None:
+    def __init__(
+        self, core: Any, settings: KubeSettings, stop: threading.Event | None = None
+    ) -> None:
         self.core = core
         self.settings = settings
         self.name = settings.node_name
+        # Retries end when the agent stops: SIGTERM during an API outage exits at once.
+        self.stop_event = stop or threading.Event()
+
+    def _sleep(self, seconds: float) -> None:
+        self.stop_event.wait(seconds)
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         retrying = Retrying(
             retry=retry_if_exception(_retryable),
             wait=wait_exponential(multiplier=0.1, max=5),
-            stop=stop_after_delay(self.settings.retry_seconds),
+            stop=stop_after_delay(self.settings.retry_seconds)
+            | stop_when_event_set(self.stop_event),
+            sleep=self._sleep,
             reraise=True,
         )
         try:

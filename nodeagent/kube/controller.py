@@ -1,82 +1,97 @@
-"""The own-node watch and mig-manager's reconfiguration protocol.
+"""The agent's own Node: watched, read for the wanted MIG config, written with labels and state.
 
-The desired MIG config name is the node label `nvidia.com/mig.config`; the state is
-`nvidia.com/mig.config.state` = pending | success | failed, and the reason of a failure is the
-annotation `nodeagent.io/mig.config.reason` (and a Warning Event on the Node). Steps: set
-pending, validate and plan, pause GPU clients, apply, restore clients (always), publish labels,
-set success or failed. With nothing changing, nothing is written.
+Kubernetes does not reconcile anything here; it hands the wanted config to the pipeline and
+writes what the pipeline reports:
+
+- `NodeWatcher` lists and watches this Node only; every change of its labels or annotations
+  wakes the reconcile worker. It keeps the latest Node in a `NodeView`.
+- `NodeLabelDesire` is the pipeline's desire source on Kubernetes: the label
+  `nvidia.com/mig.config` (mig-manager's protocol). A value that failed is not tried again
+  until the label changes or a user removes the state label.
+- `KubeReporter` writes `nvidia.com/mig.config.state` = pending | success | failed, the reason
+  of a failure (annotation `nodeagent.io/mig.config.reason`) and Events.
+- `NodeLabelSink` merge-patches the labels nodeagent owns (and only those) onto the Node.
+
+With nothing changing, nothing is written.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import structlog
 
-from nodeagent.errors import AgentError, KubeError
+from nodeagent.errors import KubeError
 from nodeagent.kube.api import NodeApi, WatchExpired
-from nodeagent.kube.clients import GpuClients
 from nodeagent.kube.nodelabels import ANNOTATION_PREFIX, label_patch
+from nodeagent.labels.render import slice_usage
+from nodeagent.reconcile import Report, Wanted
+from nodeagent.settings import Settings
+from nodeagent.snapshot import Snapshot
 
 log = structlog.get_logger("nodeagent.kube")
 MIG_CONFIG = "nvidia.com/mig.config"
 MIG_STATE = "nvidia.com/mig.config.state"
 REASON = ANNOTATION_PREFIX + "mig.config.reason"
+SLICES_ANNOTATION = ANNOTATION_PREFIX + "mig.slices"
 
 
-class MigHost(Protocol):
-    """What the controller needs from the agent."""
-
-    def refresh(self) -> None: ...
-    def mig_matches(self, name: str) -> bool: ...
-    def plan_mig(self, name: str) -> int: ...
-    def apply_mig(self, name: str) -> int: ...
-    def node_labels(self) -> dict[str, str]: ...
-    def node_annotations(self) -> dict[str, str | None]: ...
+def _meta(node: Mapping[str, Any] | None, key: str) -> dict[str, str]:
+    if not node:
+        return {}
+    value: dict[str, str] = node.get("metadata", {}).get(key) or {}
+    return value
 
 
-def _labels(node: dict[str, Any]) -> dict[str, str]:
-    labels: dict[str, str] = node.get("metadata", {}).get("labels") or {}
-    return labels
+class NodeView:
+    """The latest Node object seen: from the watch, or the answer to our own patch."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.node: dict[str, Any] | None = None
+
+    def update(self, node: dict[str, Any]) -> bool:
+        """Keep `node`; return whether its labels or annotations changed."""
+        with self._lock:
+            before = (_meta(self.node, "labels"), _meta(self.node, "annotations"))
+            self.node = node
+            return before != (_meta(node, "labels"), _meta(node, "annotations"))
+
+    def labels(self) -> dict[str, str]:
+        return dict(_meta(self.node, "labels"))
+
+    def annotations(self) -> dict[str, str]:
+        return dict(_meta(self.node, "annotations"))
 
 
-class NodeController:
-    def __init__(
-        self, api: NodeApi, host: MigHost, clients: GpuClients, stop: threading.Event
-    ) -> None:
-        self.api = api
-        self.host = host
-        self.clients = clients
-        self.stop_event = stop
-        self.applied: str | None = None
+class NodeLabelDesire:
+    """The wanted MIG config is the node label; remembers the value that failed."""
+
+    def __init__(self, view: NodeView) -> None:
+        self.view = view
         self.failed: str | None = None
-        self.relists = 0
 
-    # -- one node state -------------------------------------------------------------------
-
-    def handle(self, node: dict[str, Any]) -> None:
-        """React to the node as it is now: reconfigure if asked, then publish labels."""
-        labels = _labels(node)
-        wanted, state = labels.get(MIG_CONFIG), labels.get(MIG_STATE)
-        if wanted and self._needs(wanted, state):
-            self.reconfigure(wanted)
-            node = self.api.get_node()
-        self.publish(node)
-
-    def _needs(self, wanted: str, state: str | None) -> bool:
+    def wanted(self, settings: Settings) -> Wanted:
+        labels = self.view.labels()
+        name, state = labels.get(MIG_CONFIG), labels.get(MIG_STATE)
+        if not name:
+            return Wanted("node-label", None)
         if state is None:  # no state yet, or a user cleared it to ask again
             self.failed = None
-        if wanted == self.failed:
-            return False  # failed already; waits for a new value (or a cleared state)
-        if wanted == self.applied:
-            # Done. Watch events may still show our own earlier writes (pending): only a
-            # cleared state (a user asking again) re-runs it.
-            return state is None
-        if state == "success" and self.host.mig_matches(wanted):
-            self.applied = wanted  # e.g. the agent restarted: nothing to do, nothing to write
-            return False
-        return True
+        if name == self.failed:
+            return Wanted("node-label", None)  # waits for a new value (or a cleared state)
+        return Wanted("node-label", name, tracked=True)
+
+
+class KubeReporter:
+    """mig-manager's state label, plus the reason and Events it never gave."""
+
+    def __init__(self, api: NodeApi, view: NodeView, desire: NodeLabelDesire) -> None:
+        self.api = api
+        self.view = view
+        self.desire = desire
 
     def _event(self, reason: str, message: str, kind: str = "Normal") -> None:
         """Events are for people reading `kubectl describe node`: one that cannot be posted is
@@ -87,85 +102,102 @@ class NodeController:
             log.warning("event.failed", reason=reason, error=str(err))
 
     def _set_state(self, state: str, reason: str | None) -> None:
-        self.api.patch_node(
+        if self.view.labels().get(MIG_STATE) == state and (
+            self.view.annotations().get(REASON) == reason
+        ):
+            return
+        node = self.api.patch_node(
             {"metadata": {"labels": {MIG_STATE: state}, "annotations": {REASON: reason}}}
         )
+        self.view.update(node)
 
-    def reconfigure(self, wanted: str) -> None:
-        log.info("mig.config.requested", config=wanted)
+    def changing(self, wanted: Wanted, operations: int) -> None:
+        if not wanted.tracked:
+            return
+        log.info("mig.config.requested", config=wanted.mig_config, operations=operations)
         self._set_state("pending", None)
-        self._event("MigConfigChanging", f"applying MIG config {wanted!r}")
-        error: AgentError | None = None
-        try:
-            operations = self.host.plan_mig(wanted)  # validates; nothing changes on failure
-        except AgentError as err:
-            operations, error = 0, err
-        if operations and error is None:
-            try:
-                self.clients.pause()
-                self.host.apply_mig(wanted)
-            except AgentError as err:
-                error = err
-            finally:  # never leave the node paused, whatever failed
-                try:
-                    self.clients.restore()
-                except AgentError as err:
-                    error = error or err
-        try:
-            self.host.refresh()
-        except AgentError as err:
-            error = error or err
-        if error is not None:
-            self.failed = wanted
-            self._set_state("failed", str(error)[:4096])
-            self._event("MigConfigFailed", f"MIG config {wanted!r} failed: {error}", "Warning")
-            log.error("mig.config.failed", config=wanted, error=str(error))
-        else:
-            self._set_state("success", None)
-            self.applied, self.failed = wanted, None
-            self._event(
-                "MigConfigApplied", f"MIG config {wanted!r} applied ({operations} NVML operations)"
-            )
-            log.info("mig.config.applied", config=wanted, operations=operations)
+        self._event("MigConfigChanging", f"applying MIG config {wanted.mig_config!r}")
 
-    def publish(self, node: dict[str, Any] | None = None) -> None:
-        node = node if node is not None else self.api.get_node()
-        patch = label_patch(node, self.host.node_labels(), self.host.node_annotations())
+    def finished(self, report: Report) -> None:
+        wanted = report.wanted
+        if not wanted.tracked or report.step == "observe":
+            return
+        if report.result == "failure" and report.config_failed:
+            self.desire.failed = wanted.mig_config
+            self._set_state("failed", (report.reason or "")[:4096])
+            self._event(
+                "MigConfigFailed",
+                f"MIG config {wanted.mig_config!r} failed: {report.reason}",
+                "Warning",
+            )
+            log.error("mig.config.failed", config=wanted.mig_config, error=report.reason)
+            return
+        self._set_state("success", None)
+        if report.operations:
+            self._event(
+                "MigConfigApplied",
+                f"MIG config {wanted.mig_config!r} applied ({report.operations} NVML operations)",
+            )
+            log.info("mig.config.applied", config=wanted.mig_config, operations=report.operations)
+
+
+class NodeLabelSink:
+    """The smallest merge patch that makes the Node carry exactly nodeagent's labels."""
+
+    name = "node"
+
+    def __init__(self, api: NodeApi, view: NodeView) -> None:
+        self.api = api
+        self.view = view
+
+    def publish(self, labels: Mapping[str, str], snapshot: Snapshot) -> None:
+        node = self.view.node if self.view.node is not None else self.api.get_node()
+        # Free and used slices change with every pod: one annotation, not labels.
+        annotations: dict[str, str | None] = {
+            SLICES_ANNOTATION: slice_usage(snapshot.inventory, dict(snapshot.allocated))
+        }
+        patch = label_patch(node, dict(labels), annotations)
         if patch is not None:
-            self.api.patch_node(patch)
+            self.view.update(self.api.patch_node(patch))
             log.info("labels.published", changes=sorted(patch["metadata"].get("labels", {})))
 
-    # -- the watch ------------------------------------------------------------------------
 
-    def run(self) -> None:
-        """List the node, handle it, watch it; relist on expiry (410) or when the watch ends;
-        back off on API errors. Until stopped."""
-        backoff = 1.0
-        while not self.stop_event.is_set():
-            try:
-                node = self.api.get_node()
-                self.handle(node)
-                version = node.get("metadata", {}).get("resourceVersion")
-                for kind, obj in self.api.watch_node(version):
-                    if self.stop_event.is_set():
-                        return
-                    if kind == "BOOKMARK":
-                        continue
-                    if kind != "DELETED":
-                        self.handle(obj)
-                backoff = 1.0
-            except WatchExpired:
-                self.relists += 1
-                log.info("watch.expired", relists=self.relists)
-            except AgentError as err:
-                log.warning("watch.failed", error=str(err), retry_in=backoff)
-                self.stop_event.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+class NodeWatcher:
+    """One list-and-watch cycle per call (the kube-watch worker runs it in a loop)."""
+
+    def __init__(
+        self, api: NodeApi, view: NodeView, on_change: Callable[[], None], stop: threading.Event
+    ) -> None:
+        self.api = api
+        self.view = view
+        self.on_change = on_change
+        self.stop_event = stop
+        self.relists = 0
+
+    def handle(self, node: dict[str, Any]) -> None:
+        if self.view.update(node):
+            self.on_change()
+
+    def cycle(self) -> None:
+        """List the node, then watch it until the watch ends; relist on 410. Raises KubeError
+        (the worker backs off)."""
+        node = self.api.get_node()
+        self.handle(node)
+        version = node.get("metadata", {}).get("resourceVersion")
+        try:
+            for kind, obj in self.api.watch_node(version):
+                if self.stop_event.is_set():
+                    return
+                if kind not in ("BOOKMARK", "DELETED"):
+                    self.handle(obj)
+        except WatchExpired:
+            self.relists += 1
+            log.info("watch.expired", relists=self.relists)
 
 
-def ensure_node(api: NodeApi) -> None:
+def ensure_node(api: NodeApi) -> dict[str, Any]:
     """Fail early with a clear message when the node cannot be read (RBAC, wrong NODE_NAME)."""
     try:
-        api.get_node()
+        return api.get_node()
     except KubeError as err:
         raise KubeError(f"cannot read this agent's Node {api.name!r} (NODE_NAME): {err}") from err

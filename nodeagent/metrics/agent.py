@@ -17,9 +17,10 @@ from prometheus_client.core import (
 )
 
 from nodeagent import __version__
-from nodeagent.metrics.store import Store
+from nodeagent.snapshot import Store
 
 BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+STEP_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0)
 
 
 @dataclass
@@ -31,7 +32,18 @@ class AgentStats:
     duration_sum: float = 0.0
     duration_count: int = 0
     last_success: float | None = None
+    steps: dict[str, list[float]] = field(default_factory=dict)  # step -> [buckets..., sum, n]
+    reload_success: float | None = None  # None until the first reload
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record_step(self, step: str, seconds: float) -> None:
+        with self.lock:
+            row = self.steps.setdefault(step, [0.0] * (len(STEP_BUCKETS) + 2))
+            i = bisect.bisect_left(STEP_BUCKETS, seconds)
+            if i < len(STEP_BUCKETS):
+                row[i] += 1
+            row[-2] += seconds
+            row[-1] += 1
 
     def record(self, result: str, seconds: float, now: float) -> None:
         with self.lock:
@@ -49,11 +61,16 @@ class AgentCollector:
     name = "agent"
 
     def __init__(
-        self, stats: AgentStats, store: Store, nvml_errors: Callable[[], Counter[str]]
+        self,
+        stats: AgentStats,
+        store: Store,
+        nvml_errors: Callable[[], Counter[str]],
+        worker_errors: Callable[[], dict[str, int]] = dict,
     ) -> None:
         self.stats = stats
         self.store = store
         self.nvml_errors = nvml_errors
+        self.worker_errors = worker_errors
 
     def collect(self) -> Iterator[Metric]:
         build = GaugeMetricFamily(
@@ -81,8 +98,37 @@ class AgentCollector:
                 sum_value=self.stats.duration_sum,
             )
             last = self.stats.last_success
+            steps = HistogramMetricFamily(
+                "nodeagent_reconcile_step_duration_seconds",
+                "Time each named step of the reconcile pipeline took.",
+                labels=["step"],
+            )
+            for step, row in sorted(self.stats.steps.items()):
+                seen = 0.0
+                step_buckets: list[tuple[str, float]] = []
+                for step_bound, count in zip(STEP_BUCKETS, row, strict=False):
+                    seen += count
+                    step_buckets.append((repr(step_bound), seen))
+                step_buckets.append(("+Inf", row[-1]))
+                steps.add_metric([step], step_buckets, sum_value=row[-2])
+            reload = self.stats.reload_success
         yield reconciles
         yield histogram
+        yield steps
+        if reload is not None:
+            yield GaugeMetricFamily(
+                "nodeagent_config_reload_success",
+                "1 if the last settings reload (SIGHUP) was taken, 0 if it was refused.",
+                value=reload,
+            )
+        workers = CounterMetricFamily(
+            "nodeagent_worker_errors",
+            "Exceptions a worker caught and recovered from, by worker.",
+            labels=["worker"],
+        )
+        for worker, n in sorted(self.worker_errors().items()):
+            workers.add_metric([worker], n)
+        yield workers
         if last is not None:
             yield GaugeMetricFamily(
                 "nodeagent_last_reconcile_success_timestamp_seconds",
@@ -95,9 +141,10 @@ class AgentCollector:
         for function, n in sorted(self.nvml_errors().items()):
             errors.add_metric([function], n)
         yield errors
-        if self.store.inventory is not None:
+        snap = self.store.snapshot
+        if snap is not None:
             yield GaugeMetricFamily(
                 "nodeagent_inventory_timestamp_seconds",
                 "When the GPUs were last read (Unix time).",
-                value=self.store.inventory_time,
+                value=snap.taken_at,
             )

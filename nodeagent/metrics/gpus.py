@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from nodeagent.metrics.store import Store
+from nodeagent.snapshot import Store
 
 GPM_HELP = {
     "sm_active": "Share of SM time busy (GPM SM_UTIL).",
@@ -23,9 +23,10 @@ class GpuCollector:
         self.store = store
 
     def collect(self) -> Iterator[Metric]:
-        inventory = self.store.inventory
-        if inventory is None:
+        snap = self.store.snapshot
+        if snap is None:
             return
+        inventory = snap.inventory
         info = GaugeMetricFamily(
             "nodeagent_gpu_info",
             "GPU identity; value 1.",
@@ -52,7 +53,7 @@ class GpuCollector:
             k: GaugeMetricFamily(f"nodeagent_gpu_{k}_ratio", h, labels=["gpu"])
             for k, h in GPM_HELP.items()
         }
-        telemetry, ratios = self.store.telemetry, self.store.gpm.by_gpu
+        telemetry, ratios = snap.telemetry, self.store.gpm.by_gpu
         for gpu in inventory.gpus:
             g = str(gpu.index)
             info.add_metric([g, gpu.uuid, gpu.name, inventory.driver_version, gpu.pci_bus_id], 1)

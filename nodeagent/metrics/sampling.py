@@ -1,31 +1,15 @@
-"""Sampling off the scrape path: the inventory refresher and the GPM sampler."""
+"""GPM sampling off the scrape path."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
-import structlog
+from nodeagent.nvml.gpm import GpmReader
+from nodeagent.snapshot import GpmValues, Store
 
-from nodeagent.errors import AgentError
-from nodeagent.metrics.store import GpmValues, Store, Telemetry
-from nodeagent.nvml import NvmlSession, read_inventory
-from nodeagent.nvml.gpm import GpmReader, read_utilization
-
-log = structlog.get_logger("nodeagent.metrics")
 Clock = Callable[[], float]
 MIN_GPM_WINDOW_SECONDS = 0.1
-
-
-def refresh_inventory(session: NvmlSession, store: Store, clock: Clock) -> None:
-    """Read the inventory (and utilization where NVML gives it) into the store."""
-    inventory = read_inventory(session)
-    util = {
-        g.index: None if g.mig_current else read_utilization(session, g.index)
-        for g in inventory.gpus
-    }
-    store.publish(inventory, Telemetry(util), clock())
 
 
 class GpmSampler:
@@ -45,10 +29,11 @@ class GpmSampler:
         self._supported: dict[int, bool] = {}
 
     def _keys(self) -> list[tuple[Any, ...]]:
-        inventory = self.store.inventory
+        snap = self.store.snapshot
         keys: list[tuple[Any, ...]] = []
-        if inventory is None:
+        if snap is None:
             return keys
+        inventory = snap.inventory
         for gpu in inventory.gpus:
             if gpu.index not in self._supported:
                 self._supported[gpu.index] = self.reader.supported(gpu.index)
@@ -66,59 +51,32 @@ class GpmSampler:
 
     def tick(self) -> None:
         """Sample every GPU and GI once; publish new ratios. Raises NvmlError on a GPU fault."""
-        keys = self._keys()
-        for gone in set(self._samples) - set(keys):
-            self.reader.free(self._samples.pop(gone)[1])
-            self._values.pop(gone, None)
-        for key in keys:
-            now = self.clock()
-            sample = self.reader.sample(key[1], None if key[0] == "gpu" else key[2])
-            previous = self._samples.get(key)
-            if previous is not None and now - previous[0] < MIN_GPM_WINDOW_SECONDS:
-                self.reader.free(sample)
-                continue
-            if previous is not None:
-                self._values[key] = self.reader.ratios(previous[1], sample)
-                self.reader.free(previous[1])
-            self._samples[key] = (now, sample)
+        # Under the NVML lock: a MIG change never destroys a GI between listing and sampling it.
+        with self.store.session.lock:
+            keys = self._keys()
+            for gone in set(self._samples) - set(keys):
+                self.reader.free(self._samples.pop(gone)[1])
+                self._values.pop(gone, None)
+            for key in keys:
+                self._sample(key)
         self.store.gpm = GpmValues(
             by_gpu={k[1]: v for k, v in self._values.items() if k[0] == "gpu"},
             by_gi={(k[1], k[2]): v for k, v in self._values.items() if k[0] == "gi"},
         )
 
+    def _sample(self, key: tuple[Any, ...]) -> None:
+        now = self.clock()
+        sample = self.reader.sample(key[1], None if key[0] == "gpu" else key[2])
+        previous = self._samples.get(key)
+        if previous is not None and now - previous[0] < MIN_GPM_WINDOW_SECONDS:
+            self.reader.free(sample)
+            return
+        if previous is not None:
+            self._values[key] = self.reader.ratios(previous[1], sample)
+            self.reader.free(previous[1])
+        self._samples[key] = (now, sample)
+
     def close(self) -> None:
         for _, sample in self._samples.values():
             self.reader.free(sample)
         self._samples.clear()
-
-
-class Periodic(threading.Thread):
-    """Runs `work` every `interval_seconds` until stopped; logs and counts failures."""
-
-    def __init__(
-        self,
-        name: str,
-        work: Callable[[], None],
-        interval_seconds: float,
-        stop: threading.Event,
-        wait_first: bool = False,
-    ) -> None:
-        super().__init__(name=name, daemon=True)
-        self.wait_first = wait_first
-        self.work = work
-        self.interval = interval_seconds
-        self.stop_event = stop
-        self.failures = 0
-        self.last_ok: float | None = None
-
-    def run(self) -> None:
-        if self.wait_first:
-            self.stop_event.wait(self.interval)
-        while not self.stop_event.is_set():
-            try:
-                self.work()
-                self.failures = 0
-            except AgentError as err:
-                self.failures += 1
-                log.warning("sampler.failed", sampler=self.name, error=str(err))
-            self.stop_event.wait(self.interval)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from nodeagent.metrics.gpus import GPM_HELP
-from nodeagent.metrics.store import Store
+from nodeagent.snapshot import Store
 
 KEYS = ["gpu", "gi_id", "ci_id"]
 
@@ -19,9 +19,10 @@ class SliceCollector:
         self.store = store
 
     def collect(self) -> Iterator[Metric]:
-        inventory = self.store.inventory
-        if inventory is None:
+        snap = self.store.snapshot
+        if snap is None:
             return
+        inventory = snap.inventory
         info = GaugeMetricFamily(
             "nodeagent_slice_info",
             "MIG slice identity; value 1. Join value series on gpu, gi_id, ci_id.",
@@ -48,7 +49,7 @@ class SliceCollector:
             "Slices per profile: used (a process runs on it or a pod was allocated it) or free.",
             labels=["gpu", "profile", "state"],
         )
-        ratios, allocated = self.store.gpm.by_gi, self.store.allocated
+        ratios, allocated = self.store.gpm.by_gi, snap.allocated
         for gpu in inventory.gpus:
             g = str(gpu.index)
             tally: dict[tuple[str, str], int] = {}

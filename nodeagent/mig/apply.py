@@ -8,6 +8,7 @@ NVML reports, including GIs left without their CI.
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -38,10 +39,42 @@ def load_config(path: str | None) -> MigConfigFile:
     if path == "-":
         return parse_config(sys.stdin.read(), "<stdin>")
     try:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
     except OSError as err:
         raise ConfigError(f"cannot read MIG config file {path}: {err.strerror}") from err
-    return parse_config(text, path)
+    return parse_config(_decode(data, path), path)
+
+
+def _decode(data: bytes, path: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"MIG config file {path} is not UTF-8 text (bad byte at offset {err.start})"
+        ) from err
+
+
+class ConfigCache:
+    """The agent's MIG config file, parsed again only when it changed (path, size, mtime)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[str, int, int] | None = None
+        self._config: MigConfigFile | None = None
+
+    def load(self, path: str | None) -> MigConfigFile:
+        """Like load_config(); a file that did not change is not read again."""
+        if not path or path == "-":
+            return load_config(path)
+        try:
+            st = os.stat(path)
+        except OSError as err:
+            raise ConfigError(f"cannot read MIG config file {path}: {err.strerror}") from err
+        key = (path, st.st_size, st.st_mtime_ns)
+        if key != self._key or self._config is None:
+            self._config, self._key = None, None
+            self._config = load_config(path)
+            self._key = key
+        return self._config
 
 
 def command_reset(template: str = DEFAULT_RESET_COMMAND, timeout_seconds: float = 300) -> Reset:
@@ -194,4 +227,4 @@ def assert_config(
     return mismatches(inventory, desired), desired
 
 
-__all__ = ["Outcome", "assert_config", "command_reset", "execute", "reconfigure"]
+__all__ = ["ConfigCache", "Outcome", "assert_config", "command_reset", "execute", "reconfigure"]

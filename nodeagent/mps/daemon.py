@@ -89,27 +89,34 @@ class MpsDaemon:
     def start(self) -> MpsStatus:
         """Start (or adopt a running) daemon, apply the limits, read them back, write the ready
         file. Raises MpsError; a daemon it started is stopped again on failure."""
-        if self.settings.exclusive_process and self.compute is not None:
-            for index in self.settings.devices:
-                self.compute.set_exclusive_process(index, True)
         started = False
-        if self.control.daemon_pid() is None:
-            self.control.start_daemon(self.limits.visible_devices)
-            started = True
-            log.info(
-                "mps.started", pid=self.control.daemon_pid(), devices=self.limits.visible_devices
-            )
-        else:
-            log.info("mps.adopted", pid=self.control.daemon_pid())
         try:
+            self._set_exclusive(True)
+            if self.control.daemon_pid() is None:
+                self.control.start_daemon(self.limits.visible_devices)
+                started = True
+                log.info(
+                    "mps.started",
+                    pid=self.control.daemon_pid(),
+                    devices=self.limits.visible_devices,
+                )
+            else:
+                log.info("mps.adopted", pid=self.control.daemon_pid())
             self.apply_limits()
             self.verify()
         except AgentError:
+            # Undo what this call did, and only that: an adopted daemon keeps running.
             if started:
                 self.stop()
+            elif self.control.daemon_pid() is None:
+                self._set_exclusive(False)
             raise
-        atomic_write_text(self.settings.ready_file, json.dumps(self.status().to_dict()) + "\n")
+        self.write_ready()
         return self.status()
+
+    def write_ready(self) -> None:
+        """The ready file: written (atomically) only once the limits were read back."""
+        atomic_write_text(self.settings.ready_file, json.dumps(self.status().to_dict()) + "\n")
 
     def apply_limits(self) -> None:
         self.control.command(
@@ -178,6 +185,7 @@ class MpsDaemon:
         self.settings.ready_file.unlink(missing_ok=True)
         pid = self.control.daemon_pid()
         if pid is None:
+            self._set_exclusive(False)
             return
         servers: list[int] = []
         try:
@@ -194,10 +202,13 @@ class MpsDaemon:
                 continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(server, signal.SIGKILL)
+        self._set_exclusive(False)
+        log.info("mps.stopped", pid=pid)
+
+    def _set_exclusive(self, exclusive: bool) -> None:
         if self.settings.exclusive_process and self.compute is not None:
             for index in self.settings.devices:
-                self.compute.set_exclusive_process(index, False)
-        log.info("mps.stopped", pid=pid)
+                self.compute.set_exclusive_process(index, exclusive)
 
     @staticmethod
     def _wait_gone(pid: int, timeout_seconds: float) -> bool:

@@ -132,10 +132,3 @@ def parse_pinned(text: str | None, devices: tuple[int, ...]) -> dict[int, str]:
             raise ConfigError(f"pinned memory limit {part!r} must be SIZE or INDEX=SIZE,...")
         out[int(index)] = size.strip()
     return out
-
-
-def parse_devices(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(p) for p in text.split(",") if p.strip())
-    except ValueError as err:
-        raise ConfigError(f"--devices {text!r} must be GPU indices like 0,1") from err

@@ -1,10 +1,10 @@
-"""Health: probe the daemon every few seconds; on failure restart it with backoff (tenacity)
-and re-apply its limits; count the restarts."""
+"""Health: probe the daemon; on failure restart it with backoff (tenacity) and re-apply its
+limits; count the restarts. The agent's mps-probe worker calls `check_once()` every
+`probe-interval` seconds."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 import structlog
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
@@ -15,19 +15,10 @@ from nodeagent.mps.daemon import MpsDaemon
 log = structlog.get_logger("nodeagent.mps")
 
 
-class MpsSupervisor(threading.Thread):
-    def __init__(
-        self,
-        daemon: MpsDaemon,
-        stop: threading.Event,
-        max_backoff_seconds: float = 30.0,
-        on_checked: Callable[[], None] | None = None,
-    ) -> None:
-        super().__init__(name="mps-health", daemon=True)
-        self.mps = daemon
+class MpsSupervisor:
+    def __init__(self, stop: threading.Event, max_backoff_seconds: float = 30.0) -> None:
         self.stop_event = stop
         self.max_backoff = max_backoff_seconds
-        self.on_checked = on_checked
         self.failed_probes = 0
 
     def _log_retry(self, state: RetryCallState) -> None:
@@ -40,9 +31,10 @@ class MpsSupervisor(threading.Thread):
     def _sleep(self, seconds: float) -> None:
         self.stop_event.wait(seconds)
 
-    def check_once(self) -> None:
-        """Probe; if the daemon does not answer, restart it until it does (or we stop)."""
-        if self.mps.probe():
+    def check_once(self, daemon: MpsDaemon) -> None:
+        """Probe; if the daemon does not answer, restart it until it does (or we stop).
+        Raises AgentError only when stopping mid-restart."""
+        if daemon.probe():
             return
         self.failed_probes += 1
         log.warning("mps.probe_failed", failed_probes=self.failed_probes)
@@ -54,14 +46,4 @@ class MpsSupervisor(threading.Thread):
             before_sleep=self._log_retry,
             reraise=True,
         )
-        retrying(self.mps.restart)
-
-    def run(self) -> None:
-        interval = self.mps.settings.probe_interval_seconds
-        while not self.stop_event.wait(interval):
-            try:
-                self.check_once()
-            except AgentError as err:  # only when stopping mid-restart
-                log.warning("mps.supervisor_stopped", error=str(err))
-            if self.on_checked is not None:
-                self.on_checked()
+        retrying(daemon.restart)

@@ -54,6 +54,11 @@ class NvmlSession:
     def __init__(self, lib: Any) -> None:
         self.lib = lib
         self.errors_by_function: Counter[str] = Counter()
+        # NVML calls are serialised: a reader that holds the lock across a whole inventory
+        # read (or a writer across a MIG change) sees and leaves one consistent state. The
+        # error counter has a lock of its own.
+        self.lock = threading.RLock()
+        self._errors_lock = threading.Lock()
         self._closed = False
         self.call("nvmlInit")
         atexit.register(self.close)
@@ -67,14 +72,21 @@ class NvmlSession:
         empty MIG device index): they return None and are not counted as errors.
         """
         fn = getattr(self.lib, function)
-        try:
-            return fn(*args)
-        except self.lib.NVMLError as err:
-            code = int(getattr(err, "value", 999))
-            if code in absent:
-                return None
-            self.errors_by_function[function] += 1
-            raise NvmlError(code, function, message_for(code), context) from err
+        with self.lock:
+            try:
+                return fn(*args)
+            except self.lib.NVMLError as err:
+                code = int(getattr(err, "value", 999))
+                if code in absent:
+                    return None
+                with self._errors_lock:
+                    self.errors_by_function[function] += 1
+                raise NvmlError(code, function, message_for(code), context) from err
+
+    def error_counts(self) -> Counter[str]:
+        """A copy of the failed calls by function (safe to read from any thread)."""
+        with self._errors_lock:
+            return Counter(self.errors_by_function)
 
     def read(self, function: str, *args: Any, context: str = "") -> Any:
         """Like call(), but a NOT_SUPPORTED answer becomes None (reads only, never writes)."""

@@ -160,5 +160,6 @@ def load_state(path: Path) -> SimState | None:
 
 
 def save_state(path: Path, state: SimState) -> None:
-    """Write the state file atomically: a temporary file in the same folder, fsync, rename."""
-    atomic_write_text(path, json.dumps(to_json(state), indent=1, sort_keys=True))
+    """Write the state file atomically: a temporary file in the same folder, then rename."""
+    # Emulated state is test/demo data: atomicity matters to readers, durability does not.
+    atomic_write_text(path, json.dumps(to_json(state), indent=1, sort_keys=True), durable=False)

@@ -24,6 +24,7 @@ from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.settings import MpsSettings, validate
 from nodeagent.mps.supervisor import MpsSupervisor
 from nodeagent.nvml import load_real_library, open_session, read_inventory
+from nodeagent.workers import Worker
 
 pytestmark = pytest.mark.gpu
 GIB = 1 << 30
@@ -123,8 +124,14 @@ def test_killed_real_daemon_is_restarted(mps: tuple[MpsDaemon, MpsSettings]) -> 
     old = daemon.start().pid
     assert old
     stop = threading.Event()
-    supervisor = MpsSupervisor(daemon, stop, max_backoff_seconds=1)
-    supervisor.start()
+    supervisor = MpsSupervisor(stop, max_backoff_seconds=1)
+    worker = Worker(
+        "mps-probe",
+        lambda: supervisor.check_once(daemon),
+        lambda: settings.probe_interval_seconds,
+        stop,
+    )
+    worker.start()
     try:
         os.kill(old, signal.SIGKILL)
         t0 = time.monotonic()
@@ -139,4 +146,5 @@ def test_killed_real_daemon_is_restarted(mps: tuple[MpsDaemon, MpsSettings]) -> 
         assert result["sms"] == 32
     finally:
         stop.set()
-        supervisor.join(5)
+        worker.wake()
+        worker.join(5)

@@ -16,12 +16,14 @@ Cli = Callable[..., Result]
 
 
 @pytest.fixture
-def node(tmp_path: Path, cli: Cli) -> Callable[..., Result]:
-    """Run nodeagent on one emulated node (h200x2 unless NODE is given), state in tmp_path."""
+def node(tmp_path: Path, cli: Cli, cli_process: Cli) -> Callable[..., Result]:
+    """Run nodeagent on one emulated node (h200x2 unless spec is given), state in tmp_path;
+    in this process, or with process=True in a subprocess of its own."""
     state = tmp_path / "node.json"
 
-    def run(*args: str, spec: str = "h200x2", **kw: object) -> Result:
-        return cli("--simulate", spec, "--sim-state", str(state), *args, **kw)  # type: ignore[arg-type]
+    def run(*args: str, spec: str = "h200x2", process: bool = False, **kw: object) -> Result:
+        runner = cli_process if process else cli
+        return runner("--simulate", spec, "--sim-state", str(state), *args, **kw)  # type: ignore[arg-type]
 
     run.state = state  # type: ignore[attr-defined]
     return run
@@ -244,8 +246,16 @@ def test_killed_apply_converges_on_the_next_run(
     faults = json.dumps(
         [{"mutation": 4, "exit": 137, "when": "after"}]
     )  # after GPU 0's 3rd create-gi
+    # A process of its own: the fault ends it with os._exit, as a kill would.
     res = node(
-        "mig", "apply", "-f", cfg, "-c", "all-balanced", env={"NODEAGENT_SIM_FAULTS": faults}
+        "mig",
+        "apply",
+        "-f",
+        cfg,
+        "-c",
+        "all-balanced",
+        env={"NODEAGENT_SIM_FAULTS": faults},
+        process=True,
     )
     assert res.returncode == 137
     status = json.loads(node("status", "-o", "json").stdout)

@@ -1,4 +1,4 @@
-"""`nodeagent status` and the emulator commands, run as a user runs them (subprocess)."""
+"""`nodeagent status` and the emulator commands, run as a user runs them."""
 
 from __future__ import annotations
 

@@ -123,8 +123,8 @@ def test_a_slice_held_by_a_pod_is_never_destroyed(kubelet: tuple[Kubelet, Path])
 def test_metrics_count_a_pod_allocated_slice_as_used(kubelet: tuple[Kubelet, Path]) -> None:
     from prometheus_client import generate_latest
 
-    from nodeagent.agent import Agent, AgentConfig, KubeConfig
-    from nodeagent.kube.api import KubeSettings
+    from nodeagent.kube.podresources import allocated_devices
+    from tests.agent_support import make_agent
 
     service, socket = kubelet
     lib = SimulatedNvml(parse_spec("h200"))
@@ -134,8 +134,7 @@ def test_metrics_count_a_pod_allocated_slice_as_used(kubelet: tuple[Kubelet, Pat
     held = next(s for s in read_inventory(session).gpus[0].slices if s.profile == "3g.71gb")
     assert held.mig_uuid
     service.answer = _answer(held.mig_uuid)
-    kube = KubeConfig(KubeSettings("gpu-node-1"), pod_resources_socket=socket)
-    agent = Agent(session, AgentConfig(metrics_address="127.0.0.1:0", kube=kube), lib.reset)
+    agent = make_agent(session, lib.reset, allocations=lambda: allocated_devices(socket))
     agent.refresh()
     text = generate_latest(agent.registry).decode()
     assert 'nodeagent_gpu_slices{gpu="0",profile="3g.71gb",state="used"} 1.0' in text

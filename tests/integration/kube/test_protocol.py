@@ -9,16 +9,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from nodeagent.agent import Agent, AgentConfig, KubeConfig
-from nodeagent.kube.api import KubeSettings
-from nodeagent.kube.clients import ClientSettings
+from nodeagent.agent import Agent
 from nodeagent.mig.config import dump_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
+from tests.agent_support import make_agent
 from tests.integration.kube.conftest import EVENTS, NODES, Cluster, kmock
 
 NODE = "gpu-node-1"
@@ -34,32 +34,29 @@ def start_agent(
     agents: list[Agent] = []
 
     def start(
-        clients: ClientSettings | None = None, labels: dict[str, str] | None = None
+        clients: dict[str, Any] | None = None, labels: dict[str, str] | None = None
     ) -> tuple[Agent, SimulatedNvml]:
         cluster.add_node(NODE, {"kubernetes.io/hostname": NODE, "team": "ml", **(labels or {})})
         lib = SimulatedNvml(parse_spec("h200x2"))
         session = NvmlSession(lib)
         mig = tmp_path / "mig.yaml"
         mig.write_text(dump_config(generate_configs(read_inventory(session))))
-        kube = KubeConfig(
-            KubeSettings(
-                NODE,
-                host=cluster.url,
-                request_timeout_seconds=2,
-                retry_seconds=20,
-                watch_timeout_seconds=1,
-            ),
-            clients or ClientSettings(),
-            pod_resources_socket=None,
-        )
-        config = AgentConfig(
-            metrics_address="127.0.0.1:0",
-            refresh_interval_seconds=0.5,
-            reconcile_interval_seconds=300,
-            mig_config_file=str(mig),
+        kube = {
+            "enabled": True,
+            "node_name": NODE,
+            "host": cluster.url,
+            "watch_timeout_seconds": 1,
+            "pod_resources_socket": None,
+            **(clients or {}),
+        }
+        agent = make_agent(
+            session,
+            lib.reset,
+            metrics={"refresh_interval_seconds": 0.5},
+            reconcile={"interval_seconds": 300},
+            mig={"config_file": str(mig)},
             kube=kube,
         )
-        agent = Agent(session, config, lib.reset)
         agent.start()
         agents.append(agent)
         return agent, lib
@@ -170,12 +167,11 @@ def test_gpu_clients_are_paused_and_restored(
     try:
         cluster.add_pod("gpu-operator", "exporter-1", NODE, {"app": "dcgm-exporter"})
         start_agent(
-            ClientSettings(
-                pause={"device-plugin": {"app": "nvidia-device-plugin"}},
-                restart=({"app": "dcgm-exporter"},),
-                wait_seconds=20,
-                poll_seconds=0.1,
-            ),
+            {
+                "pause_components": {"device-plugin": {"app": "nvidia-device-plugin"}},
+                "restart_pods": ({"app": "dcgm-exporter"},),
+                "clients_wait_seconds": 20,
+            },
             labels={deploy: "true"},
         )
         cluster.label(NODE, {CONFIG: "all-balanced"})
@@ -195,11 +191,10 @@ def test_clients_that_never_leave_fail_the_change_and_are_restored(
     deploy = "nvidia.com/gpu.deploy.device-plugin"
     cluster.add_pod("gpu-operator", "dp-1", NODE, {"app": "nvidia-device-plugin"})
     _, lib = start_agent(
-        ClientSettings(
-            pause={"device-plugin": {"app": "nvidia-device-plugin"}},
-            wait_seconds=1,
-            poll_seconds=0.1,
-        ),
+        {
+            "pause_components": {"device-plugin": {"app": "nvidia-device-plugin"}},
+            "clients_wait_seconds": 1,
+        },
         labels={deploy: "true"},
     )
     cluster.label(NODE, {CONFIG: "all-balanced"})
@@ -266,9 +261,9 @@ def test_faults_are_retried_and_converge(
     cluster.wait(
         lambda: cluster.labels(NODE).get("nvidia.com/mig-3g.71gb.count") == "2", what="labels"
     )
-    assert agent.controller is not None
-    controller = agent.controller
-    cluster.wait(lambda: controller.relists >= 1, what="a relist after 410")
+    watcher = agent.watcher
+    assert watcher is not None
+    cluster.wait(lambda: watcher.relists >= 1, what="a relist after 410")
     # The dropped event POST had reached the server: the retry's 409 counts as done, once.
     assert [e["reason"] for e in cluster.events()].count("MigConfigChanging") == 1
 
@@ -300,8 +295,7 @@ def test_restart_with_the_config_already_applied_writes_nothing(
     time.sleep(1)
     agent.stop()
     before = cluster.writes()
-    kube = agent.config.kube
-    again = Agent(agent.session, agent.config, lib.reset)
+    again = Agent(agent.session, agent.settings, lambda _s: lib.reset)
     again.start()
     try:
         time.sleep(3)
@@ -309,4 +303,3 @@ def test_restart_with_the_config_already_applied_writes_nothing(
         assert cluster.labels(NODE)[STATE] == "success"
     finally:
         again.stop()
-    assert kube is not None

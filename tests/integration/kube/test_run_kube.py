@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -61,6 +62,34 @@ def test_run_kube_applies_the_node_label(
             proc.kill()
     status = cli(*base, "mig", "assert", "-f", str(mig), "-c", "all-2g.35gb")
     assert status.returncode == 0
+
+
+def test_sigterm_during_an_api_outage_exits_within_5_s(
+    cluster: Cluster, tmp_path: Path, cli: Callable[..., Result]
+) -> None:
+    """The API server goes away; the agent's calls are retrying with backoff. SIGTERM still
+    ends it at once (retries stop when the agent stops), exit 0."""
+    base = ["--simulate", "h200", "--sim-state", str(tmp_path / "s.json")]
+    cluster.add_node("worker-8", {})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
+    env["NODE_NAME"] = "worker-8"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nodeagent", *base, "run", "--kube", "--kube-host", cluster.url,
+         "--metrics-address", "127.0.0.1:0", "--pod-resources-socket", "",
+         "--watch-timeout", "1"],
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        cluster.wait(lambda: "nvidia.com/gpu.product" in cluster.labels("worker-8"), what="labels")
+        cluster.close()  # the outage: connections refused from now on
+        time.sleep(2)  # the watch has ended and its relist is retrying
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_run_kube_needs_a_node_name(cli: Callable[..., Result]) -> None:

@@ -7,12 +7,13 @@ from collections.abc import Callable
 
 import pytest
 
-from nodeagent.agent import Agent, AgentConfig
+from nodeagent.agent import Agent
 from nodeagent.mig.apply import reconfigure
 from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
+from tests.agent_support import make_agent
 
 GIB = 1024**3
 
@@ -35,7 +36,7 @@ def build_agent(
         else:
             device = str(gpu)
         lib.attach(device or "", 500 + n, (n + 1) * GIB, load)
-    agent = Agent(session, AgentConfig(metrics_address="127.0.0.1:0"), lib.reset)
+    agent = make_agent(session, lib.reset)
     sample(agent)
     return agent, lib
 

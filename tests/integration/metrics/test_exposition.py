@@ -94,7 +94,9 @@ def test_promtool_check_metrics_is_clean(
 def test_gpm_follows_the_load(agent_factory: Callable[..., tuple[Agent, SimulatedNvml]]) -> None:
     agent, lib = agent_factory("h200", "all-balanced", [(0, "3g.71gb", 0.8)])
     text = exposition(agent)
-    gi = next(s.gi_id for s in agent.store.inventory.gpus[0].slices if s.profile == "3g.71gb")  # type: ignore[union-attr]
+    gi = next(
+        s.gi_id for s in agent.store.snapshot.inventory.gpus[0].slices if s.profile == "3g.71gb"
+    )  # type: ignore[union-attr]
     assert f'nodeagent_slice_sm_active_ratio{{gi_id="{gi}",gpu="0"}} 0.772' in text
     lib.detach(500)
     sample(agent)  # a window that spans the detach: about half
@@ -166,14 +168,17 @@ def test_reconcile_and_error_series(
     agent_factory: Callable[..., tuple[Agent, SimulatedNvml]], tmp_path: Path
 ) -> None:
     agent, lib = agent_factory("h200", None, [])
-    assert agent.reconcile() == "success"
+    agent.reconcile()
     text = exposition(agent)
     assert 'nodeagent_reconciles_total{result="success"} 1.0' in text
     assert "nodeagent_last_reconcile_success_timestamp_seconds" in text
     assert "nodeagent_reconcile_duration_seconds_count 1.0" in text
     lib.faults.faults.append(Fault(function="nvmlDeviceGetMemoryInfo", error=IN_USE))
-    assert agent.reconcile() == "failure"
+    agent.reconcile()
     text = exposition(agent)
     assert 'nodeagent_reconciles_total{result="failure"} 1.0' in text
     assert 'nodeagent_nvml_errors_total{function="nvmlDeviceGetMemoryInfo"} 1.0' in text
-    assert agent.ready() == (False, agent.last_error) and "observe" in (agent.last_error or "")
+    ok, reason = agent.ready()
+    assert not ok and reason.startswith("observe: NVML nvmlDeviceGetMemoryInfo failed")
+    assert 'nodeagent_reconcile_step_duration_seconds_count{step="observe"} 2.0' in text
+    assert 'step="resolve"} 1.0' in text  # the failed run stopped at observe

@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
-from nodeagent.agent import Agent, AgentConfig
+from nodeagent.agent import Agent
 from nodeagent.mig.apply import reconfigure
 from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
+from tests.agent_support import make_agent
 
 
 def _free_port() -> int:
@@ -58,10 +59,11 @@ def running_agent() -> Iterator[tuple[Agent, SimulatedNvml]]:
     session = NvmlSession(lib)
     cfg = parse_config(dump_config(generate_configs(read_inventory(session))), "generated")
     reconfigure(session, cfg, "all-balanced", lib.reset)
-    config = AgentConfig(
-        metrics_address="127.0.0.1:0", refresh_interval_seconds=0.2, gpm_interval_seconds=0.2
+    agent = make_agent(
+        session,
+        lib.reset,
+        metrics={"refresh_interval_seconds": 0.2, "gpm_interval_seconds": 0.2},
     )
-    agent = Agent(session, config, lib.reset)
     agent.start()
     yield agent, lib
     agent.stop()
@@ -131,8 +133,8 @@ def test_prometheus_sees_every_slice_and_forgets_destroyed_ones(
     prometheus: str, running_agent: tuple[Agent, SimulatedNvml]
 ) -> None:
     agent, lib = running_agent
-    inv = agent.store.inventory
-    assert inv is not None
+    assert agent.store.snapshot is not None
+    inv = agent.store.snapshot.inventory
     want = {(str(g.index), str(s.gi_id)) for g in inv.gpus for s in g.slices}
     assert len(want) == 8
 

@@ -20,8 +20,8 @@ from nodeagent.mps.supervisor import MpsSupervisor
 from nodeagent.nvml import Inventory, MigWriter, NvmlSession, read_inventory
 from nodeagent.nvml.write import ComputeModeWriter
 from nodeagent.sim import SimulatedNvml, parse_spec
+from nodeagent.workers import Worker
 
-FAKE = str(Path(__file__).resolve().parents[2] / "fake_mps" / "nvidia-cuda-mps-control")
 GIB = 1 << 30
 
 
@@ -32,7 +32,7 @@ def node() -> tuple[NvmlSession, Inventory]:
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> Callable[..., MpsSettings]:
+def settings(tmp_path: Path, fake_mps_control: str) -> Callable[..., MpsSettings]:
     def make(**kw: object) -> MpsSettings:
         base: dict[str, object] = {
             "devices": (0,),
@@ -40,7 +40,7 @@ def settings(tmp_path: Path) -> Callable[..., MpsSettings]:
             "pipe_dir": tmp_path / "pipe",
             "log_dir": tmp_path / "log",
             "ready_file": tmp_path / "ready",
-            "control_binary": FAKE,
+            "control_binary": fake_mps_control,
             "command_timeout_seconds": 2.0,
             "probe_interval_seconds": 0.3,
         }
@@ -191,8 +191,11 @@ def test_killed_daemon_is_restarted_with_its_limits(
     old = daemon.start().pid
     assert old
     stop = threading.Event()
-    supervisor = MpsSupervisor(daemon, stop, max_backoff_seconds=1)
-    supervisor.start()
+    supervisor = MpsSupervisor(stop, max_backoff_seconds=1)
+    worker = Worker(
+        "mps-probe", lambda: supervisor.check_once(daemon), lambda: s.probe_interval_seconds, stop
+    )
+    worker.start()
     try:
         os.kill(old, signal.SIGKILL)
         killed = time.monotonic()
@@ -207,7 +210,8 @@ def test_killed_daemon_is_restarted_with_its_limits(
         print(f"restarted after {time.monotonic() - killed:.2f} s")
     finally:
         stop.set()
-        supervisor.join(5)
+        worker.wake()
+        worker.join(5)
 
 
 def test_a_hung_daemon_fails_its_probe_within_the_timeout(
@@ -250,9 +254,11 @@ def test_exclusive_process_is_an_option_restored_on_stop(
     plain.stop()
 
 
-def test_control_answers_as_the_real_daemon(settings: Callable[..., MpsSettings]) -> None:
+def test_control_answers_as_the_real_daemon(
+    settings: Callable[..., MpsSettings], fake_mps_control: str
+) -> None:
     s = settings()
-    control = MpsControl(FAKE, s.pipe_dir, s.log_dir, 2)
+    control = MpsControl(fake_mps_control, s.pipe_dir, s.log_dir, 2)
     with pytest.raises(MpsError, match="Cannot find MPS control daemon process"):
         control.command("get_server_list")
     control.start_daemon("0")

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from nodeagent.cli import build_parser
+from nodeagent.settings import load
 
 DEPLOY = Path(__file__).resolve().parents[3] / "daemonset"
 
@@ -39,7 +40,11 @@ def test_daemonset_args_parse() -> None:
     (ds,) = [d for d in _docs() if d["kind"] == "DaemonSet"]
     container = ds["spec"]["template"]["spec"]["containers"][0]
     args = build_parser().parse_args(container["args"])
-    assert args.kube and args.file == "/etc/nodeagent/config.yaml"
+    settings, _ = load(vars(args), {"NODE_NAME": "node-1"}, None, args.groups)
+    assert settings.kube.enabled and settings.mig.config_file == "/etc/nodeagent/mig.yaml"
+    assert settings.kube.node_name == "node-1"
+    # One label sink per deployment: the Node itself, not also an NFD file.
+    assert settings.labels.nfd_features_file is None
     assert next(e["name"] for e in container["env"]) == "NODE_NAME"
     probes = {
         container["readinessProbe"]["httpGet"]["path"],

@@ -1,0 +1,88 @@
+"""The node-wide MIG writer lock: one `flock` on a file, held by `nodeagent mig apply` and by
+the agent's apply step, so two writers never interleave their NVML operations.
+
+The holder writes its pid into the file, so a waiter that gives up can say who holds it. The
+kernel drops an flock when its holder dies, so a killed writer never leaves the node locked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import structlog
+
+from nodeagent.errors import ConfigError, LockHeld
+
+log = structlog.get_logger("nodeagent.lock")
+LOCK_NAME = "mig-writer.lock"
+
+
+def lock_path(run_dir: Path, sim_state: Path | None, simulate: bool) -> Path | None:
+    """Where the lock lives: beside the emulator's state file under --simulate (the state is
+    what two writers would share), else in the run directory. An emulator without a state
+    file lives in one process only: no lock."""
+    if simulate:
+        return None if sim_state is None else sim_state.with_name(f".{sim_state.name}.lock")
+    return run_dir / LOCK_NAME
+
+
+def _holder(fd: int) -> str:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        text = os.read(fd, 64).decode(errors="replace").strip()
+    except OSError:
+        return "unknown"
+    return text or "unknown"
+
+
+@contextlib.contextmanager
+def mig_writer_lock(
+    path: Path | None,
+    timeout_seconds: float,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[None]:
+    """Hold the lock for the body; wait up to `timeout_seconds` for another holder. Raises
+    LockHeld naming the holder's pid, or ConfigError when the lock file cannot be made."""
+    if path is None:
+        yield
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise ConfigError(f"cannot open the MIG writer lock {path}: {err.strerror}") from err
+    try:
+        deadline = clock() + timeout_seconds
+        waited = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as err:
+                if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise ConfigError(f"cannot lock {path}: {err.strerror}") from err
+            if not waited:
+                log.info("mig.lock.waiting", path=str(path), holder=_holder(fd))
+                waited = True
+            if clock() >= deadline:
+                raise LockHeld(
+                    f"another MIG writer holds {path} (pid {_holder(fd)}); gave up after"
+                    f" {timeout_seconds:g} s"
+                )
+            sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

@@ -1,0 +1,383 @@
+"""The reconcile pipeline: one straight list of named steps, run on one worker.
+
+    observe  read every GPU into a new Snapshot (and which devices pods hold)
+    desire   what is wanted: the MIG config name (settings, or the node label
+             nvidia.com/mig.config) and its file (parsed again only when it changed), MPS
+    resolve  per GPU: the MIG state the config asks for, and the MPS daemon (GPUs, limits);
+             MIG on a GPU under MPS (and MPS on a GPU that will have MIG) is refused here
+    plan     the fewest NVML operations (pure), and the one MPS change
+    pause    only when a MIG operation is planned: report "pending", pause the GPU clients
+    apply    under the node-wide MIG writer lock and the NVML lock: read again, plan again,
+             execute; then converge the MPS daemon
+    verify   read again; the GPUs must match the config, the MPS limits must read back
+    restore  GPU clients back (always, whatever failed after they were paused)
+    publish  labels to every sink, all from the one snapshot the run ends with
+    report   state label, reason annotation and Events (node label protocol), metrics,
+             readiness
+
+Nothing changes before resolve and plan succeeded for the whole node. Every failure is
+reported as `<step>: <reason>` (`resolve: mig.yaml: no config named 'x'`), and each step's
+duration is a sample of `nodeagent_reconcile_step_duration_seconds{step}`. Collaborators come
+in as arguments, so the whole pipeline runs in a unit test on the emulator with fakes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from nodeagent.errors import AgentError, ConfigError, MigError
+from nodeagent.labels.render import SharingState, render_labels
+from nodeagent.metrics.agent import AgentStats
+from nodeagent.mig.apply import ConfigCache, Reset, execute
+from nodeagent.mig.plan import Plan, mismatches, plan
+from nodeagent.mig.select import Desired, resolve
+from nodeagent.mps.manager import MpsChange, MpsIntent, MpsManager
+from nodeagent.mps.settings import validate
+from nodeagent.nvml import Inventory, MigWriter
+from nodeagent.settings import Settings, mps_daemon_settings
+from nodeagent.snapshot import Allocations, Snapshot, Store
+
+log = structlog.get_logger("nodeagent.reconcile")
+STEPS = (
+    "observe",
+    "desire",
+    "resolve",
+    "plan",
+    "pause",
+    "apply",
+    "verify",
+    "restore",
+    "publish",
+    "report",
+)
+# A failure in these steps is the wanted config's failure (state label "failed"); one in
+# observe is the node's (retried, nothing reported against the config).
+CONFIG_STEPS = frozenset({"desire", "resolve", "plan", "pause", "apply", "verify", "restore"})
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What a source asks for. `tracked`: the source expects a state report (node label)."""
+
+    origin: str  # "settings" | "node-label"
+    mig_config: str | None
+    tracked: bool = False
+
+
+class DesireSource(Protocol):
+    def wanted(self, settings: Settings) -> Wanted: ...
+
+
+class SettingsDesire:
+    """Bare metal: the MIG config name of the settings (flags, environment, file)."""
+
+    def wanted(self, settings: Settings) -> Wanted:
+        return Wanted("settings", settings.mig.config)
+
+
+class Clients(Protocol):
+    def pause(self) -> None: ...
+    def restore(self) -> None: ...
+
+
+class LabelSink(Protocol):
+    name: str
+
+    def publish(self, labels: Mapping[str, str], snapshot: Snapshot) -> None: ...
+
+
+@dataclass(frozen=True)
+class Report:
+    result: str  # success | failure
+    wanted: Wanted
+    step: str | None = None  # the step that failed
+    reason: str | None = None  # "<step>: <error>"
+    operations: int = 0  # NVML operations done
+    mps_change: str = "none"
+    generation: int = 0
+
+    @property
+    def config_failed(self) -> bool:
+        return self.step in CONFIG_STEPS
+
+
+class Reporter(Protocol):
+    def changing(self, wanted: Wanted, operations: int) -> None: ...
+    def finished(self, report: Report) -> None: ...
+
+
+@dataclass
+class Run:
+    """One pass through the pipeline: what each step found, for the next."""
+
+    settings: Settings
+    snapshot: Snapshot | None = None
+    wanted: Wanted = field(default_factory=lambda: Wanted("settings", None))
+    desired: dict[int, Desired] | None = None
+    mps_intent: MpsIntent | None = None
+    mig_plan: Plan = field(default_factory=Plan)
+    mps_change: MpsChange = field(default_factory=lambda: MpsChange("none"))
+    clients: Clients | None = None
+    paused: bool = False
+    done: list[dict[str, Any]] = field(default_factory=list)
+    step: str = ""
+
+
+@dataclass
+class Pipeline:
+    """The reconcile pipeline. `settings` is read at the start of each run (reload)."""
+
+    store: Store
+    settings: Callable[[], Settings]
+    desire: DesireSource
+    reset: Callable[[Settings], Reset]
+    mps: MpsManager
+    stats: AgentStats
+    writer_lock: Callable[[Settings], AbstractContextManager[None]]
+    sinks: list[LabelSink] = field(default_factory=list)
+    allocations: Allocations | None = None
+    clients: Callable[[Settings], Clients | None] = lambda _s: None
+    reporter: Reporter | None = None
+    on_published: Callable[[], None] = lambda: None
+    configs: ConfigCache = field(default_factory=ConfigCache)
+    clock: Callable[[], float] = time.monotonic
+    last_report: Report | None = None
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def run_once(self) -> Report:
+        """Run every step once; returns the report (also kept in `last_report`). Never raises
+        for a failing step: the failure is the report."""
+        run = Run(self.settings())
+        start = self.clock()
+        failure: tuple[str, BaseException] | None = None
+        steps: list[tuple[str, Callable[[Run], None]]] = [
+            ("observe", self.observe),
+            ("desire", self.desire_step),
+            ("resolve", self.resolve_step),
+            ("plan", self.plan_step),
+            ("pause", self.pause),
+            ("apply", self.apply),
+            ("verify", self.verify),
+        ]
+        try:
+            for name, step in steps:
+                self._step(run, name, step)
+        except Exception as err:  # every failure becomes the report, named by its step
+            failure = (run.step, err)
+        if run.paused:
+            try:
+                self._step(run, "restore", self.restore)
+            except Exception as err:
+                failure = failure or (run.step, err)
+        if failure is None or failure[0] not in ("observe",):
+            try:
+                self._step(run, "publish", self.publish)
+            except Exception as err:
+                failure = failure or (run.step, err)
+        report = self._report(run, failure)
+        self._step(run, "report", lambda r: self._send_report(report))
+        self.stats.record(report.result, self.clock() - start, time.time())
+        self.last_report = report
+        return report
+
+    def _step(self, run: Run, name: str, step: Callable[[Run], None]) -> None:
+        run.step = name
+        began = self.clock()
+        log.debug("reconcile.step", step=name)
+        try:
+            step(run)
+        finally:
+            self.stats.record_step(name, self.clock() - began)
+
+    def _report(self, run: Run, failure: tuple[str, BaseException] | None) -> Report:
+        generation = run.snapshot.generation if run.snapshot else 0
+        ops = len(run.done)
+        if failure is None:
+            if ops or run.mps_change.action != "none":
+                log.info(
+                    "reconcile.changed",
+                    origin=run.wanted.origin,
+                    mig_config=run.wanted.mig_config,
+                    operations=ops,
+                    mps=run.mps_change.action,
+                )
+            return Report("success", run.wanted, None, None, ops, run.mps_change.action, generation)
+        step, err = failure
+        text = str(err) if isinstance(err, AgentError) else f"internal error: {err!r}"
+        log.error(
+            "reconcile.failed",
+            step=step,
+            error=text,
+            origin=run.wanted.origin,
+            mig_config=run.wanted.mig_config,
+            exc_info=not isinstance(err, AgentError),
+        )
+        return Report(
+            "failure", run.wanted, step, f"{step}: {text}", ops, run.mps_change.action, generation
+        )
+
+    def _send_report(self, report: Report) -> None:
+        if self.reporter is not None:
+            try:
+                self.reporter.finished(report)
+            except AgentError as err:  # the change itself is done (or failed) either way
+                log.warning("report.failed", error=str(err))
+
+    # -- the steps ----------------------------------------------------------------------------
+
+    def observe(self, run: Run) -> None:
+        run.snapshot = self.store.observe(self.allocations)
+
+    def desire_step(self, run: Run) -> None:
+        run.wanted = self.desire.wanted(run.settings)
+        if run.wanted.mig_config is not None and not run.settings.mig.config_file:
+            raise ConfigError(
+                f"MIG config {run.wanted.mig_config!r} is wanted but no MIG config file is set"
+                " (mig.config-file, -f, NODEAGENT_MIG_CONFIG_FILE)"
+            )
+
+    def resolve_step(self, run: Run) -> None:
+        assert run.snapshot is not None
+        inventory = run.snapshot.inventory
+        name = run.wanted.mig_config
+        if name is not None:
+            cfg = self.configs.load(run.settings.mig.config_file)
+            run.desired = resolve(cfg, name, inventory)
+        run.mps_intent = mps_intent(run.settings, inventory, run.desired, name, self.mps.serving)
+
+    def plan_step(self, run: Run) -> None:
+        assert run.snapshot is not None
+        if run.desired is not None:
+            run.mig_plan = plan(run.snapshot.inventory, run.desired, run.snapshot.allocated)
+        run.mps_change = self.mps.plan(run.mps_intent)
+
+    def pause(self, run: Run) -> None:
+        if not run.mig_plan.operations:
+            return
+        if self.reporter is not None:
+            self.reporter.changing(run.wanted, len(run.mig_plan.operations))
+        run.clients = self.clients(run.settings)
+        if run.clients is not None:
+            run.paused = True  # before the call: a half-done pause is restored too
+            run.clients.pause()
+
+    def apply(self, run: Run) -> None:
+        if run.mig_plan.operations and run.desired is not None:
+            with self.writer_lock(run.settings), self.store.session.lock:
+                # Another writer may have acted between plan and lock: plan again from what
+                # NVML says now (cheap), under the lock, and execute that.
+                snap = self.store.observe(self.allocations)
+                current = plan(snap.inventory, run.desired, snap.allocated)
+                run.done = execute(current, MigWriter(self.store.session), self.reset(run.settings))
+        if run.mps_change.action != "none":
+            if run.done:  # MPS is validated against the GPUs as they are now
+                snap = self.store.observe(self.allocations)
+                assert run.mps_intent is not None
+                validate(run.mps_intent.settings, snap.inventory)
+            self.mps.apply(run.mps_change)
+
+    def verify(self, run: Run) -> None:
+        if run.done:
+            run.snapshot = self.store.observe(self.allocations)
+        assert run.snapshot is not None
+        if run.desired is not None:
+            problems = mismatches(run.snapshot.inventory, run.desired)
+            if problems:
+                raise MigError("the GPUs do not match the config: " + "; ".join(problems))
+        if run.mps_intent is not None:
+            self.mps.verify()
+
+    def restore(self, run: Run) -> None:
+        assert run.clients is not None
+        run.paused = False
+        run.clients.restore()
+
+    def publish(self, run: Run) -> None:
+        snap = self.store.snapshot
+        if snap is None:
+            return
+        labels = render_labels(snap.inventory, self.sharing(), run.settings.labels.prefix)
+        errors = []
+        for sink in self.sinks:
+            try:
+                sink.publish(labels, snap)
+            except AgentError as err:  # one sink failing does not keep the others stale
+                errors.append(f"{sink.name}: {err}")
+        self.on_published()
+        if errors:
+            raise AgentError("; ".join(errors))
+
+    def sharing(self) -> SharingState:
+        status = self.mps.status
+        if status is not None and status.running and self.mps.daemon is not None:
+            return SharingState("mps", self.mps.daemon.settings.replicas)
+        return SharingState()
+
+
+# -- MPS intent (pure) ------------------------------------------------------------------
+
+
+def _final_mig(inventory: Inventory, desired: Mapping[int, Desired] | None) -> dict[int, bool]:
+    """Per GPU: will MIG be enabled once the wanted config is applied?"""
+    out = {}
+    for gpu in inventory.gpus:
+        wanted = desired.get(gpu.index) if desired else None
+        out[gpu.index] = wanted.mig_enabled if wanted else gpu.mig_current or gpu.mig_pending
+    return out
+
+
+def mps_intent(
+    settings: Settings,
+    inventory: Inventory,
+    desired: Mapping[int, Desired] | None,
+    mig_config: str | None,
+    serving: tuple[int, ...] = (),
+) -> MpsIntent | None:
+    """The MPS daemon the node should run, validated against the GPUs as the MIG config will
+    leave them. Raises ConfigError when MIG and MPS would meet on a GPU."""
+    final = _final_mig(inventory, desired)
+    what = f"MIG config {mig_config!r}" if mig_config else "MIG"
+    problems = [
+        f"{what} enables MIG on GPU {i}, which the running MPS daemon serves; stop MPS on it"
+        " first (mps.devices) or pick a config that leaves it whole"
+        for i in serving
+        if desired and i in desired and desired[i].mig_enabled
+    ]
+    mps = settings.mps
+    if not mps.enabled:
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return None
+    devices = mps.devices or tuple(i for i, mig in sorted(final.items()) if not mig)
+    problems += [
+        f"{what} enables MIG on GPU {i}, which mps.devices puts under MPS"
+        for i in devices
+        if final.get(i) and i not in serving and desired and i in desired
+    ]
+    if not devices and not problems:
+        problems.append("MPS is enabled but every GPU has MIG enabled; no GPU is left for MPS")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    as_planned = dataclasses.replace(
+        inventory,
+        gpus=tuple(
+            dataclasses.replace(g, mig_current=final[g.index], mig_pending=final[g.index])
+            for g in inventory.gpus
+        ),
+    )
+    daemon = mps_daemon_settings(mps, devices)
+    return MpsIntent(daemon, validate(daemon, as_planned))
+
+
+@contextlib.contextmanager
+def no_lock(_settings: Settings) -> Iterator[None]:
+    yield

@@ -1,0 +1,34 @@
+"""systemd's notify protocol (sd_notify(3)) without libsystemd: READY=1 once serving,
+WATCHDOG=1 while healthy, RELOADING=1/READY=1 around a reload, STOPPING=1 at the end.
+
+Only under a unit with `Type=notify` (NOTIFY_SOCKET set); a no-op everywhere else.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+
+
+class Notifier:
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        address = environ.get("NOTIFY_SOCKET", "")
+        if address.startswith("@"):  # an abstract socket
+            address = "\0" + address[1:]
+        self.address = address or None
+        usec = environ.get("WATCHDOG_USEC", "")
+        pid = environ.get("WATCHDOG_PID", "")
+        mine = not pid or pid == str(os.getpid())
+        self.watchdog_seconds = int(usec) / 1e6 if usec.isdigit() and mine else None
+
+    def send(self, *fields: str) -> bool:
+        if self.address is None:
+            return False
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+                sock.connect(self.address)
+                sock.sendall("\n".join(fields).encode())
+        except OSError:
+            return False
+        return True

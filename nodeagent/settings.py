@@ -1,0 +1,689 @@
+"""Every setting of nodeagent, in one place: grouped frozen dataclasses and one loader.
+
+Precedence, lowest first: the defaults below -> the settings file (`--config FILE`,
+`NODEAGENT_CONFIG`) -> the environment (`NODEAGENT_*`) -> command-line flags. Every setting has
+exactly one row in `SPECS`: its file key, its environment variable(s), its flag, its parser and
+whether a reload (SIGHUP) may change it while the agent runs ("hot") or only a restart may.
+
+Values are parsed and checked inside `load()`, never while the argument parser is built, so a
+bad `NODEAGENT_MPS_REPLICAS` fails only the commands that use it, with one sentence naming the
+variable. Every error of every source is collected and raised together as one ConfigError.
+
+    version: nodeagent/v1
+    metrics: {address: "0.0.0.0:9401", refresh-interval: 5, gpm-interval: 1}
+    reconcile: {interval: 30}
+    mig: {config-file: /etc/nodeagent/mig.yaml, config: all-balanced}
+    mps: {enabled: true, replicas: 4}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from nodeagent.errors import ConfigError
+
+if TYPE_CHECKING:
+    from nodeagent.mps.settings import MpsSettings
+
+VERSION = "nodeagent/v1"
+DEFAULT_METRICS_ADDRESS = "0.0.0.0:9401"  # dcgm-exporter keeps 9400: both can run on a node
+DEFAULT_LABEL_PREFIX = "nvidia.com/"
+DEFAULT_MPS_ROOT = Path("/run/nvidia/mps")
+DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+DEFAULT_RUN_DIR = Path("/run/nodeagent")
+MAX_ERRORS = 20
+
+
+@dataclass(frozen=True)
+class Node:
+    """Where nodeagent runs: the emulator instead of NVML, its run directory, logging."""
+
+    simulate: str | None = None
+    sim_state: Path | None = None
+    run_dir: Path = DEFAULT_RUN_DIR
+    log_level: str = "warning"
+    log_format: str = "auto"
+
+
+@dataclass(frozen=True)
+class Metrics:
+    address: str = DEFAULT_METRICS_ADDRESS
+    refresh_interval_seconds: float = 5.0
+    gpm_interval_seconds: float = 1.0
+
+
+@dataclass(frozen=True)
+class Reconcile:
+    interval_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class Mig:
+    config_file: str | None = None
+    config: str | None = None
+    reset_command: str | None = None  # None: `nvidia-smi -r -i {index}` (the emulator's reset)
+    lock_timeout_seconds: float = 60.0
+
+
+@dataclass(frozen=True)
+class Labels:
+    prefix: str = DEFAULT_LABEL_PREFIX
+    nfd_features_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class Mps:
+    enabled: bool = False
+    devices: tuple[int, ...] | None = None  # None: every GPU left without MIG
+    replicas: int = 2
+    thread_percentage: int | None = None  # None: 100 // replicas
+    pinned_memory: str | None = None  # SIZE or INDEX=SIZE,...; None: memory / replicas
+    pipe_dir: Path = DEFAULT_MPS_ROOT / "pipe"
+    log_dir: Path = DEFAULT_MPS_ROOT / "log"
+    ready_file: Path = DEFAULT_MPS_ROOT / "ready"
+    control: str = "nvidia-cuda-mps-control"
+    exclusive_process: bool = False
+    probe_interval_seconds: float = 5.0
+    stop_on_exit: bool = False
+
+
+@dataclass(frozen=True)
+class Kube:
+    enabled: bool = False
+    node_name: str | None = None
+    kubeconfig: str | None = None
+    host: str | None = None
+    pause_components: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    restart_pods: tuple[Mapping[str, str], ...] = ()
+    clients_wait_seconds: float = 300.0
+    pod_resources_socket: Path | None = DEFAULT_POD_RESOURCES_SOCKET
+    watch_timeout_seconds: float = 60.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    node: Node = field(default_factory=Node)
+    metrics: Metrics = field(default_factory=Metrics)
+    reconcile: Reconcile = field(default_factory=Reconcile)
+    mig: Mig = field(default_factory=Mig)
+    labels: Labels = field(default_factory=Labels)
+    mps: Mps = field(default_factory=Mps)
+    kube: Kube = field(default_factory=Kube)
+    file: str | None = None  # the settings file read, if any
+
+
+GROUPS: dict[str, type] = {
+    "node": Node,
+    "metrics": Metrics,
+    "reconcile": Reconcile,
+    "mig": Mig,
+    "labels": Labels,
+    "mps": Mps,
+    "kube": Kube,
+}
+
+# -- parsers: raw value (YAML scalar or the text of a variable/flag) -> typed value ----------
+
+
+class Invalid(ValueError):
+    """A value a parser refuses; the message completes 'WHERE: ' (e.g. 'must be > 0')."""
+
+
+Parser = Callable[[Any], Any]
+
+
+def _text(raw: Any) -> str:
+    if isinstance(raw, (dict, list)) or raw is None or isinstance(raw, bool):
+        raise Invalid(f"must be a string, not {_show(raw)}")
+    return str(raw)
+
+
+def _show(raw: Any) -> str:
+    if isinstance(raw, dict):
+        return "a mapping"
+    if isinstance(raw, list):
+        return "a list"
+    if raw is None:
+        return "empty"
+    return repr(raw) if isinstance(raw, str) else str(raw)
+
+
+def seconds(minimum: float = 0.0, inclusive: bool = False) -> Parser:
+    """A finite number of seconds above `minimum` (at or above it when `inclusive`)."""
+
+    def parse(raw: Any) -> float:
+        if isinstance(raw, bool):
+            raise Invalid(f"must be a number of seconds, not {raw}")
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            raise Invalid(f"must be a number of seconds, not {_show(raw)}") from None
+        bound = f"at least {minimum:g}" if inclusive else f"> {minimum:g}"
+        if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+            raise Invalid(f"must be a finite number of seconds {bound}, not {_show(raw)}")
+        return value
+
+    return parse
+
+
+def integer(minimum: int, maximum: int | None = None) -> Parser:
+    def parse(raw: Any) -> int:
+        if isinstance(raw, (bool, float)):
+            raise Invalid(f"must be a whole number, not {_show(raw)}")
+        try:
+            value = int(str(raw).strip())
+        except ValueError:
+            raise Invalid(f"must be a whole number, not {_show(raw)}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            span = f"{minimum}-{maximum}" if maximum is not None else f">= {minimum}"
+            raise Invalid(f"must be {span}, not {value}")
+        return value
+
+    return parse
+
+
+def optional(parse: Parser) -> Parser:
+    """'' (or an empty YAML value) means unset."""
+
+    def parse_optional(raw: Any) -> Any:
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            return None
+        return parse(raw)
+
+    return parse_optional
+
+
+def boolean(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise Invalid(f"must be true or false, not {_show(raw)}")
+
+
+def text(raw: Any) -> str:
+    value = _text(raw).strip()
+    if not value:
+        raise Invalid("must not be empty")
+    return value
+
+
+def path(raw: Any) -> Path:
+    return Path(text(raw))
+
+
+def choice(*options: str) -> Parser:
+    def parse(raw: Any) -> str:
+        value = _text(raw).strip().lower()
+        if value not in options:
+            raise Invalid(f"must be one of {', '.join(options)}, not {_show(raw)}")
+        return value
+
+    return parse
+
+
+def address(raw: Any) -> str:
+    value = text(raw)
+    _host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise Invalid(f"must be HOST:PORT, e.g. {DEFAULT_METRICS_ADDRESS}, not {value!r}")
+    return value
+
+
+def devices(raw: Any) -> tuple[int, ...]:
+    items = raw if isinstance(raw, list) else _text(raw).split(",")
+    out: list[int] = []
+    for item in items:
+        if isinstance(item, str) and not item.strip():
+            continue
+        if isinstance(item, bool) or not str(item).strip().isdigit():
+            raise Invalid(f"must be GPU indices like 0,1, not {_show(raw)}")
+        out.append(int(str(item).strip()))
+    if not out:
+        raise Invalid("must name at least one GPU index")
+    if len(set(out)) != len(out):
+        raise Invalid(f"lists a GPU twice: {out}")
+    return tuple(out)
+
+
+def pinned_memory(raw: Any) -> str:
+    """'2G' or '0=2G,1=4G' (a YAML mapping {0: 2G} too); sizes are checked against the GPUs
+    when MPS is resolved."""
+    if isinstance(raw, dict):
+        parts = []
+        for key, value in raw.items():
+            if isinstance(key, bool) or not str(key).isdigit():
+                raise Invalid(f"keys must be GPU indices, not {_show(key)}")
+            parts.append(f"{key}={_text(value).strip()}")
+        raw = ",".join(parts)
+    value = text(raw)
+    from nodeagent.mps.settings import parse_size  # the MPS daemon's size notation
+
+    for part in value.split(","):
+        index, sep, size = part.rpartition("=")
+        if sep and not index.strip().isdigit():
+            raise Invalid(f"must be SIZE or INDEX=SIZE,..., not {value!r}")
+        try:
+            parse_size(size)
+        except ConfigError:
+            raise Invalid(f"{size.strip()!r} is not a size like 2G, 2048M or 512MiB") from None
+    return value
+
+
+def selector(raw: Any) -> dict[str, str]:
+    """'app=x,tier=y' (or a YAML mapping) -> {'app': 'x', 'tier': 'y'}."""
+    if isinstance(raw, dict):
+        if not raw:
+            raise Invalid("selector must not be empty")
+        return {text(k): _text(v).strip() for k, v in raw.items()}
+    out = {}
+    for part in _text(raw).split(","):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise Invalid(f"selector {_show(raw)} must be key=value[,key=value]")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _items(raw: Any) -> list[Any]:
+    """A YAML list, or a text of items separated by ';' (a variable) or given one per flag."""
+    if isinstance(raw, list):
+        return raw
+    return [p for p in _text(raw).split(";") if p.strip()]
+
+
+def components(raw: Any) -> dict[str, dict[str, str]]:
+    """NAME=SELECTOR items (';'-separated in a variable, a mapping in a file)."""
+    if isinstance(raw, dict):
+        return {text(name): selector(sel) for name, sel in raw.items()}
+    out: dict[str, dict[str, str]] = {}
+    for item in _items(raw):
+        name, sep, sel = _text(item).partition("=")
+        if not sep or not name.strip():
+            raise Invalid(f"{_show(item)} must be NAME=KEY=VALUE[,KEY=VALUE]")
+        out[name.strip()] = selector(sel)
+    return out
+
+
+def selectors(raw: Any) -> tuple[dict[str, str], ...]:
+    return tuple(selector(item) for item in _items(raw))
+
+
+def socket(raw: Any) -> Path | None:
+    """A socket path; '' means do not ask the kubelet."""
+    return None if raw is None or not _text(raw).strip() else Path(_text(raw).strip())
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One setting: `group.key` in the file, its variables, its flag, its parser."""
+
+    group: str
+    key: str
+    field: str
+    env: tuple[str, ...]
+    flag: str | None
+    parse: Parser
+    help: str
+    hot: bool = False
+    short: str | None = None
+    repeat: bool = False  # the flag may be given several times (items joined with ';')
+    switch: bool = False  # the flag takes no value (sets true)
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.group}.{self.key}"
+
+    @property
+    def dest(self) -> str:
+        return f"setting.{self.group}.{self.field}"
+
+
+def _spec(
+    group: str, key: str, env: str | tuple[str, ...], flag: str | None, parse: Parser, help: str,
+    **kw: Any,
+) -> Spec:  # fmt: skip
+    field_name = kw.pop("field", key.replace("-", "_"))
+    return Spec(group, key, field_name, (env,) if isinstance(env, str) else env, flag, parse,
+                help, **kw)  # fmt: skip
+
+
+SPECS: tuple[Spec, ...] = (
+    _spec("node", "simulate", "NODEAGENT_SIMULATE", "--simulate", optional(text),
+          "use the built-in GPU emulator, e.g. h200, h200x8, a100-40gbx2,h100-80gb"),
+    _spec("node", "sim-state", "NODEAGENT_SIM_STATE", "--sim-state", optional(path),
+          "keep the emulated GPUs' state in this JSON file"),
+    _spec("node", "run-dir", "NODEAGENT_RUN_DIR", "--run-dir", path,
+          "directory of the node-wide MIG writer lock", field="run_dir"),
+    _spec("node", "log-level", "NODEAGENT_LOG_LEVEL", "--log-level",
+          choice("debug", "info", "warning", "error"), "log level", hot=True),
+    _spec("node", "log-format", "NODEAGENT_LOG_FORMAT", "--log-format",
+          choice("auto", "json", "console"),
+          "log format (auto: JSON unless stderr is a terminal)"),
+    _spec("metrics", "address", "NODEAGENT_METRICS_ADDRESS", "--metrics-address", address,
+          "HOST:PORT of /metrics, /healthz, /readyz"),
+    _spec("metrics", "refresh-interval", "NODEAGENT_REFRESH_INTERVAL", "--refresh-interval",
+          seconds(), "seconds between GPU reads", field="refresh_interval_seconds", hot=True),
+    _spec("metrics", "gpm-interval", "NODEAGENT_GPM_INTERVAL", "--gpm-interval",
+          seconds(0.1, inclusive=True), "seconds between GPM samples (two need 100 ms)",
+          field="gpm_interval_seconds", hot=True),
+    _spec("reconcile", "interval", "NODEAGENT_RECONCILE_INTERVAL", "--reconcile-interval",
+          seconds(), "seconds between reconciles", field="interval_seconds", hot=True),
+    _spec("mig", "config-file", "NODEAGENT_MIG_CONFIG_FILE", "--mig-config-file",
+          optional(text), "mig-parted v1 file of MIG configs", short="-f", hot=True),
+    _spec("mig", "config", "NODEAGENT_MIG_CONFIG", "--mig-config", optional(text),
+          "name of the MIG config to keep applied", short="-c", hot=True),
+    _spec("mig", "reset-command", "NODEAGENT_MIG_RESET_COMMAND", "--reset-command",
+          optional(text), "command for a GPU whose MIG mode stays pending; {index} is the GPU",
+          hot=True),
+    _spec("mig", "lock-timeout", "NODEAGENT_MIG_LOCK_TIMEOUT", "--lock-timeout",
+          seconds(0, inclusive=True), "seconds to wait for another MIG writer on this node",
+          field="lock_timeout_seconds", hot=True),
+    _spec("labels", "prefix", "NODEAGENT_LABEL_PREFIX", "--label-prefix", text,
+          "label prefix (another one beside GFD)", hot=True),
+    _spec("labels", "nfd-features-file", "NODEAGENT_NFD_FEATURES_FILE", "--nfd-features-file",
+          optional(path), "write labels for NFD's local source here", hot=True),
+    _spec("mps", "enabled", "NODEAGENT_MPS", "--mps", boolean,
+          "run, supervise and publish the MPS control daemon", switch=True, hot=True),
+    _spec("mps", "devices", "NODEAGENT_MPS_DEVICES", "--mps-devices", optional(devices),
+          "GPU indices under MPS (default: every GPU without MIG)", hot=True),
+    _spec("mps", "replicas", "NODEAGENT_MPS_REPLICAS", "--mps-replicas", integer(2),
+          "clients sharing each GPU", hot=True),
+    _spec("mps", "thread-percentage", "NODEAGENT_MPS_THREAD_PERCENTAGE",
+          "--mps-thread-percentage", optional(integer(1, 100)),
+          "default active thread percentage (default 100 // replicas)", hot=True),
+    _spec("mps", "pinned-memory", "NODEAGENT_MPS_PINNED_MEMORY", "--mps-pinned-memory",
+          optional(pinned_memory), "pinned memory limit: SIZE or INDEX=SIZE,...", hot=True),
+    _spec("mps", "pipe-dir", ("NODEAGENT_MPS_PIPE_DIR", "CUDA_MPS_PIPE_DIRECTORY"),
+          "--mps-pipe-dir", path, "CUDA_MPS_PIPE_DIRECTORY of the daemon"),
+    _spec("mps", "log-dir", ("NODEAGENT_MPS_LOG_DIR", "CUDA_MPS_LOG_DIRECTORY"), "--mps-log-dir",
+          path, "CUDA_MPS_LOG_DIRECTORY of the daemon"),
+    _spec("mps", "ready-file", "NODEAGENT_MPS_READY_FILE", "--mps-ready-file", path,
+          "written once the limits are read back"),
+    _spec("mps", "control", "NODEAGENT_MPS_CONTROL", "--mps-control", text,
+          "the control program"),
+    _spec("mps", "exclusive-process", "NODEAGENT_MPS_EXCLUSIVE_PROCESS",
+          "--mps-exclusive-process", boolean, "EXCLUSIVE_PROCESS compute mode while MPS runs",
+          switch=True),
+    _spec("mps", "probe-interval", "NODEAGENT_MPS_PROBE_INTERVAL", "--mps-probe-interval",
+          seconds(), "seconds between health probes", field="probe_interval_seconds", hot=True),
+    _spec("mps", "stop-on-exit", "NODEAGENT_MPS_STOP_ON_EXIT", "--mps-stop-on-exit", boolean,
+          "quit the daemon when the agent exits (default: leave it to its clients)",
+          switch=True, hot=True),
+    _spec("kube", "enabled", "NODEAGENT_KUBE", "--kube", boolean,
+          "publish labels to this Node and follow nvidia.com/mig.config", switch=True),
+    _spec("kube", "node-name", ("NODEAGENT_NODE_NAME", "NODE_NAME"), "--node-name",
+          optional(text), "this node's name (the downward API's NODE_NAME)"),
+    _spec("kube", "kubeconfig", ("NODEAGENT_KUBECONFIG", "KUBECONFIG"), "--kubeconfig",
+          optional(text), "outside a cluster: the kubeconfig file"),
+    _spec("kube", "host", "NODEAGENT_KUBE_HOST", "--kube-host", optional(text),
+          "API server URL without credentials (tests)"),
+    _spec("kube", "pause-components", "NODEAGENT_PAUSE_COMPONENTS", "--pause-component",
+          components, "NAME=SELECTOR: pause this GPU client around a change", repeat=True,
+          hot=True),
+    _spec("kube", "restart-pods", "NODEAGENT_RESTART_PODS", "--restart-pods", selectors,
+          "SELECTOR: delete these pods on this node after a change", repeat=True, hot=True),
+    _spec("kube", "clients-wait", "NODEAGENT_CLIENTS_WAIT", "--clients-wait-seconds",
+          seconds(), "seconds paused clients may take to leave", field="clients_wait_seconds",
+          hot=True),
+    _spec("kube", "pod-resources-socket", "NODEAGENT_POD_RESOURCES_SOCKET",
+          "--pod-resources-socket", socket, "kubelet pod-resources socket ('' to not ask)"),
+    _spec("kube", "watch-timeout", "NODEAGENT_WATCH_TIMEOUT", "--watch-timeout", seconds(),
+          "seconds before the node watch is renewed", field="watch_timeout_seconds"),
+)  # fmt: skip
+BY_KEY = {s.dotted: s for s in SPECS}
+SETTINGS_FILE_ENV = "NODEAGENT_CONFIG"
+
+
+# -- the settings file ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FileValue:
+    raw: Any
+    where: str  # file:line:col
+
+
+def _read_file(file: str, errors: list[str]) -> dict[str, FileValue]:
+    """Every `group.key` of the file with its raw value and position."""
+    try:
+        data = Path(file).read_bytes()
+    except OSError as err:
+        errors.append(f"cannot read settings file {file}: {err.strerror}")
+        return {}
+    try:
+        source = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        errors.append(f"{file}: not UTF-8 text (byte {err.start})")
+        return {}
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        root = yaml.compose(source, Loader=loader)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else file
+        errors.append(f"{where}: not valid YAML: {err.problem}")
+        return {}
+    except (yaml.YAMLError, RecursionError) as err:
+        errors.append(f"{file}: not valid YAML: {type(err).__name__}")
+        return {}
+
+    def at(node: yaml.Node) -> str:
+        return f"{file}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+
+    if not isinstance(root, yaml.MappingNode):
+        errors.append(f"{file}: must be a mapping with version: {VERSION}")
+        return {}
+    out: dict[str, FileValue] = {}
+    version = None
+    for key, value in root.value:
+        name = key.value if isinstance(key, yaml.ScalarNode) else None
+        if name == "version":
+            version = value.value if isinstance(value, yaml.ScalarNode) else None
+            if version != VERSION:
+                errors.append(f"{at(value)}: version must be {VERSION!r}, not {version!r}")
+            continue
+        if name not in GROUPS:
+            known = ", ".join(["version", *GROUPS])
+            errors.append(f"{at(key)}: unknown key {name!r} (known: {known})")
+            continue
+        if not isinstance(value, yaml.MappingNode):
+            errors.append(f"{at(value)}: {name} must be a mapping")
+            continue
+        for sub, node in value.value:
+            dotted = f"{name}.{sub.value}" if isinstance(sub, yaml.ScalarNode) else name
+            if dotted not in BY_KEY:
+                known = ", ".join(s.key for s in SPECS if s.group == name)
+                errors.append(f"{at(sub)}: unknown key {dotted!r} (known in {name}: {known})")
+                continue
+            if dotted in out:
+                errors.append(f"{at(sub)}: {dotted} given twice")
+                continue
+            try:
+                raw = yaml.constructor.SafeConstructor().construct_object(node, deep=True)
+            except (yaml.YAMLError, ValueError, TypeError, RecursionError) as err:
+                errors.append(f"{at(node)}: {dotted}: cannot read the value: {err}")
+                continue
+            out[dotted] = FileValue(raw, at(node))
+    if version is None and root.value:
+        errors.append(f"{file}: the first key must be version: {VERSION}")
+    return out
+
+
+# -- the loader --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a setting's value came from: default, file:line:col, VARIABLE or --flag."""
+
+    kind: str
+    where: str
+
+
+def load(
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    file: str | None = None,
+    groups: Iterable[str] = GROUPS,
+) -> tuple[Settings, dict[str, Source]]:
+    """The effective settings of `groups` (other groups keep their defaults) and the source of
+    every value. `flags` maps Spec.dest to a flag's value (None: not given). Raises ConfigError
+    with every problem of every source."""
+    flags = flags or {}
+    environ = environ if environ is not None else {}
+    wanted = set(groups)
+    errors: list[str] = []
+    file = file or environ.get(SETTINGS_FILE_ENV) or None
+    from_file = _read_file(file, errors) if file else {}
+    values: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
+    sources: dict[str, Source] = {}
+    for spec in SPECS:
+        if spec.group not in wanted:
+            continue
+        candidates: list[tuple[Source, Any]] = []
+        if spec.dotted in from_file:
+            fv = from_file[spec.dotted]
+            candidates.append((Source("file", fv.where), fv.raw))
+        for var in reversed(spec.env):  # the first variable listed wins
+            if var in environ:
+                candidates.append((Source("env", var), environ[var]))
+        given = flags.get(spec.dest)
+        if given is not None:
+            raw = ";".join(given) if spec.repeat and isinstance(given, list) else given
+            if not (spec.repeat and isinstance(given, list) and not given):
+                candidates.append((Source("flag", spec.flag or spec.dotted), raw))
+        if not candidates:
+            continue
+        source, raw = candidates[-1]
+        try:
+            values[spec.group][spec.field] = spec.parse(raw)
+            sources[spec.dotted] = source
+        except Invalid as err:
+            errors.append(f"{_where(source, spec)}: {err}")
+    built = {name: cls(**values[name]) for name, cls in GROUPS.items()}
+    settings = Settings(**built, file=file)
+    if not errors:
+        errors += _cross_checks(settings, wanted)
+    if errors:
+        raise _error(errors)
+    return settings, sources
+
+
+def _where(source: Source, spec: Spec) -> str:
+    if source.kind == "file":
+        return f"{source.where}: {spec.dotted}"
+    if source.kind == "env":
+        return f"environment variable {source.where}"
+    return source.where
+
+
+def _cross_checks(s: Settings, groups: set[str]) -> list[str]:
+    problems = []
+    if "kube" in groups and s.kube.enabled:
+        if not s.kube.node_name:
+            problems.append(
+                "--kube needs the node's name: --node-name or NODE_NAME (the downward API)"
+            )
+        if s.mig.config:
+            problems.append(
+                "with Kubernetes the MIG config name comes from the node label"
+                " nvidia.com/mig.config; drop -c (keep -f, the file of configs)"
+            )
+    elif "reconcile" in groups and s.mig.config and not s.mig.config_file:
+        problems.append("a MIG config needs both the file and the name (-f and -c)")
+    if "mps" in groups and s.mps.enabled and s.mps.pinned_memory and s.mps.devices:
+        for part in s.mps.pinned_memory.split(","):
+            index, sep, _ = part.rpartition("=")
+            if sep and int(index) not in s.mps.devices:
+                problems.append(
+                    f"pinned memory limit given for GPU {index}, which is not in mps.devices"
+                )
+    return problems
+
+
+def _error(errors: list[str]) -> ConfigError:
+    if len(errors) == 1:
+        return ConfigError(errors[0])
+    shown = errors[:MAX_ERRORS]
+    more = f"\n  ... and {len(errors) - MAX_ERRORS} more" if len(errors) > MAX_ERRORS else ""
+    return ConfigError(f"{len(errors)} settings errors:\n  " + "\n  ".join(shown) + more)
+
+
+def mps_daemon_settings(mps: Mps, devices: tuple[int, ...]) -> MpsSettings:
+    """What the MPS daemon is started with, once its GPUs are known."""
+    from nodeagent.mps.settings import MpsSettings, parse_pinned
+
+    return MpsSettings(
+        devices=devices,
+        replicas=mps.replicas,
+        thread_percentage=mps.thread_percentage,
+        pinned_memory=parse_pinned(mps.pinned_memory, devices),
+        pipe_dir=mps.pipe_dir,
+        log_dir=mps.log_dir,
+        ready_file=mps.ready_file,
+        control_binary=mps.control,
+        exclusive_process=mps.exclusive_process,
+        probe_interval_seconds=mps.probe_interval_seconds,
+    )
+
+
+# -- reload --------------------------------------------------------------------------------
+
+
+def merge_reload(old: Settings, new: Settings) -> tuple[Settings, list[str]]:
+    """The settings a reload may take: `new` for hot settings, `old` for the restart-only ones;
+    and the dotted keys whose change needs a restart (refused, the old value stays)."""
+    refused: list[str] = []
+    groups: dict[str, Any] = {}
+    for name in GROUPS:
+        old_group, new_group = getattr(old, name), getattr(new, name)
+        changes = {}
+        for spec in (s for s in SPECS if s.group == name):
+            before, after = getattr(old_group, spec.field), getattr(new_group, spec.field)
+            if before == after:
+                continue
+            if spec.hot:
+                changes[spec.field] = after
+            else:
+                refused.append(spec.dotted)
+        groups[name] = dataclasses.replace(old_group, **changes)
+    return Settings(**groups, file=new.file), refused
+
+
+# -- showing ------------------------------------------------------------------------------
+
+
+def as_document(settings: Settings) -> dict[str, Any]:
+    """The effective settings in the file's own form (what `nodeagent config check` prints)."""
+    doc: dict[str, Any] = {"version": VERSION}
+    for name in GROUPS:
+        group = getattr(settings, name)
+        doc[name] = {s.key: _plain(getattr(group, s.field)) for s in SPECS if s.group == name}
+    return doc
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+assert all(_ENV_NAME.match(v) for s in SPECS for v in s.env)
+assert len(BY_KEY) == len(SPECS)

@@ -1,0 +1,121 @@
+"""Supervised workers: every loop survives every exception, backs off, and keeps a heartbeat.
+
+A worker that raises is logged with its name, counted (`nodeagent_worker_errors_total`), and
+run again after a backoff that doubles per consecutive failure (capped). `/healthz` asks each
+worker `health()`: a thread that died, or one whose heartbeat is older than its allowance, is
+unhealthy. Intervals are callables so that a settings reload changes them without a restart.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+log = structlog.get_logger("nodeagent.workers")
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Health:
+    ok: bool
+    reason: str
+
+
+class Worker(threading.Thread):
+    """Runs `work()` every `interval()` seconds (or at once when woken) until `stop` is set.
+
+    `busy_allowance_seconds` is how long one `work()` may take before the worker counts as
+    stale (a reconcile waiting for paused clients may legitimately take minutes).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        work: Callable[[], None],
+        interval: Callable[[], float],
+        stop: threading.Event,
+        busy_allowance_seconds: float = 60.0,
+        max_backoff_seconds: float = 60.0,
+        wait_first: bool = False,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self.work = work
+        self.interval = interval
+        self.stop_event = stop
+        self.busy_allowance_seconds = busy_allowance_seconds
+        self.max_backoff_seconds = max_backoff_seconds
+        self.wait_first = wait_first
+        self.clock = clock
+        self.wake_event = threading.Event()
+        self.errors = 0  # every failure since start
+        self.failures = 0  # consecutive failures
+        self.heartbeat = clock()
+        self.busy = False
+
+    def wake(self) -> None:
+        """Run the work now instead of at the end of the current wait."""
+        self.wake_event.set()
+
+    def _wait(self, seconds: float) -> None:
+        deadline = self.clock() + seconds
+        while not self.stop_event.is_set():
+            self.heartbeat = self.clock()
+            left = deadline - self.heartbeat
+            if left <= 0 or self.wake_event.is_set():
+                break
+            # Short slices keep the heartbeat fresh and a stop prompt.
+            self.wake_event.wait(min(left, 1.0))
+        self.wake_event.clear()
+
+    def delay(self) -> float:
+        base = float(max(self.interval(), 0.0))
+        if not self.failures:
+            return base
+        return min(max(base, 1.0) * 2.0 ** (self.failures - 1), self.max_backoff_seconds)
+
+    def run(self) -> None:
+        if self.wait_first:
+            self._wait(self.interval())
+        while not self.stop_event.is_set():
+            self.busy, self.heartbeat = True, self.clock()
+            try:
+                self.work()
+                self.failures = 0
+            except Exception as err:  # a worker never dies: log, count, back off, go on
+                self.errors += 1
+                self.failures += 1
+                log.error(
+                    "worker.failed",
+                    worker=self.name,
+                    error=str(err) or type(err).__name__,
+                    error_type=type(err).__name__,
+                    failures=self.failures,
+                    exc_info=not _expected(err),
+                )
+            finally:
+                self.busy, self.heartbeat = False, self.clock()
+            self._wait(self.delay())
+
+    def health(self) -> Health:
+        if not self.is_alive():
+            if self.stop_event.is_set():
+                return Health(True, "stopped")
+            return Health(False, f"worker {self.name} is not running")
+        age = self.clock() - self.heartbeat
+        allowance = self.busy_allowance_seconds if self.busy else 30.0
+        if age > allowance:
+            state = "busy in one run" if self.busy else "silent"
+            return Health(False, f"worker {self.name} {state} for {age:.0f} s")
+        return Health(True, "ok")
+
+
+def _expected(err: Exception) -> bool:
+    """nodeagent's own errors are one sentence; anything else is a bug: log its traceback."""
+    from nodeagent.errors import AgentError
+
+    return isinstance(err, AgentError)

@@ -1,0 +1,32 @@
+"""Agents for tests: Settings built from defaults with a few groups changed."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from nodeagent.agent import Agent
+from nodeagent.nvml import NvmlSession
+from nodeagent.settings import Settings
+
+
+def make_settings(base: Settings | None = None, **groups: Mapping[str, Any]) -> Settings:
+    """`make_settings(metrics={"address": "127.0.0.1:0"}, mps={"enabled": True})`."""
+    s = base or Settings()
+    for name, values in groups.items():
+        s = dataclasses.replace(s, **{name: dataclasses.replace(getattr(s, name), **values)})
+    return s
+
+
+def make_agent(
+    session: NvmlSession,
+    reset: Callable[[int], None],
+    lock_path: Path | None = None,
+    allocations: Callable[[], Mapping[str, str]] | None = None,
+    **groups: Mapping[str, Any],
+) -> Agent:
+    metrics = {"address": "127.0.0.1:0", **groups.pop("metrics", {})}
+    settings = make_settings(metrics=metrics, **groups)
+    return Agent(session, settings, lambda _s: reset, lock_path, allocations=allocations)
