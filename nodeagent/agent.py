@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import structlog
 from prometheus_client.registry import CollectorRegistry
 
 from nodeagent.errors import AgentError, KubeError
 from nodeagent.labels.nfd import write_features
 from nodeagent.lock import mig_writer_lock
+from nodeagent.logs import get_logger
 from nodeagent.metrics.agent import AgentCollector, AgentStats
 from nodeagent.metrics.collectorset import CollectorSet
 from nodeagent.metrics.exposition import ExpositionCache
@@ -45,7 +45,7 @@ from nodeagent.settings import Settings, merge_reload
 from nodeagent.snapshot import Snapshot, Store
 from nodeagent.workers import Worker
 
-log = structlog.get_logger("nodeagent.agent")
+log = get_logger("nodeagent.agent")
 STOP_SECONDS = 4.0  # how long stop() waits for idle workers (SIGTERM exits within 5 s)
 
 

@@ -15,11 +15,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import structlog
-
 from nodeagent.errors import ConfigError, LockHeld
+from nodeagent.logs import get_logger
 
-log = structlog.get_logger("nodeagent.lock")
+log = get_logger("nodeagent.lock")
 LOCK_NAME = "mig-writer.lock"
 
 

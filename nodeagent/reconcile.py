@@ -31,10 +31,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import structlog
-
 from nodeagent.errors import AgentError, ConfigError, MigError
 from nodeagent.labels.render import SharingState, render_labels
+from nodeagent.logs import get_logger
 from nodeagent.metrics.agent import AgentStats
 from nodeagent.mig.apply import ConfigCache, Reset, execute
 from nodeagent.mig.plan import Plan, mismatches, plan
@@ -45,7 +44,7 @@ from nodeagent.nvml import Inventory, MigWriter
 from nodeagent.settings import Settings, mps_daemon_settings
 from nodeagent.snapshot import Allocations, Snapshot, Store
 
-log = structlog.get_logger("nodeagent.reconcile")
+log = get_logger("nodeagent.reconcile")
 STEPS = (
     "observe",
     "desire",

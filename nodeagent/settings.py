@@ -24,9 +24,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import yaml
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nodeagent.errors import ConfigError
 
@@ -325,8 +323,7 @@ def socket(raw: Any) -> Path | None:
     return None if raw is None or not _text(raw).strip() else Path(_text(raw).strip())
 
 
-@dataclass(frozen=True)
-class Spec:
+class Spec(NamedTuple):
     """One setting: `group.key` in the file, its variables, its flag, its parser."""
 
     group: str
@@ -444,19 +441,21 @@ SPECS: tuple[Spec, ...] = (
 )  # fmt: skip
 BY_KEY = {s.dotted: s for s in SPECS}
 SETTINGS_FILE_ENV = "NODEAGENT_CONFIG"
+_STANDARD = "tag:yaml.org,2002:"
 
 
 # -- the settings file ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class FileValue:
+class FileValue(NamedTuple):
     raw: Any
     where: str  # file:line:col
 
 
 def _read_file(file: str, errors: list[str]) -> dict[str, FileValue]:
     """Every `group.key` of the file with its raw value and position."""
+    import yaml  # only when there is a file: the import costs 10 ms of every command
+
     try:
         data = Path(file).read_bytes()
     except OSError as err:
@@ -482,13 +481,21 @@ def _read_file(file: str, errors: list[str]) -> dict[str, FileValue]:
     def at(node: yaml.Node) -> str:
         return f"{file}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
 
-    if not isinstance(root, yaml.MappingNode):
+    if not isinstance(root, yaml.MappingNode) or not root.tag.startswith(_STANDARD):
         errors.append(f"{file}: must be a mapping with version: {VERSION}")
         return {}
     out: dict[str, FileValue] = {}
     version = None
+    seen: set[str] = set()
     for key, value in root.value:
         name = key.value if isinstance(key, yaml.ScalarNode) else None
+        if name in seen:
+            errors.append(f"{at(key)}: {name} given twice")
+            continue
+        seen.add(name or "")
+        if not value.tag.startswith(_STANDARD):  # `!custom` on a group or on version
+            errors.append(f"{at(value)}: {name}: tag {value.tag!r} is not allowed here")
+            continue
         if name == "version":
             version = value.value if isinstance(value, yaml.ScalarNode) else None
             if version != VERSION:
@@ -524,8 +531,7 @@ def _read_file(file: str, errors: list[str]) -> dict[str, FileValue]:
 # -- the loader --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Source:
+class Source(NamedTuple):
     """Where a setting's value came from: default, file:line:col, VARIABLE or --flag."""
 
     kind: str
@@ -564,14 +570,14 @@ def load(
             raw = ";".join(given) if spec.repeat and isinstance(given, list) else given
             if not (spec.repeat and isinstance(given, list) and not given):
                 candidates.append((Source("flag", spec.flag or spec.dotted), raw))
-        if not candidates:
-            continue
-        source, raw = candidates[-1]
-        try:
-            values[spec.group][spec.field] = spec.parse(raw)
-            sources[spec.dotted] = source
-        except Invalid as err:
-            errors.append(f"{_where(source, spec)}: {err}")
+        # Every source is checked, not only the one that wins: a bad value in the file is an
+        # error even while a flag overrides it (it would fail once the flag is dropped).
+        for source, raw in candidates:
+            try:
+                values[spec.group][spec.field] = spec.parse(raw)
+                sources[spec.dotted] = source
+            except Invalid as err:
+                errors.append(f"{_where(source, spec)}: {err}")
     built = {name: cls(**values[name]) for name, cls in GROUPS.items()}
     settings = Settings(**built, file=file)
     if not errors:

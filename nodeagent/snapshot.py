@@ -13,13 +13,12 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-import structlog
-
 from nodeagent.errors import AgentError
+from nodeagent.logs import get_logger
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.nvml.gpm import read_utilization
 
-log = structlog.get_logger("nodeagent.snapshot")
+log = get_logger("nodeagent.snapshot")
 Clock = Callable[[], float]
 Allocations = Callable[[], Mapping[str, str]]
 

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import structlog
+from nodeagent.logs import get_logger
 
-log = structlog.get_logger("nodeagent.workers")
+log = get_logger("nodeagent.workers")
 Clock = Callable[[], float]
 
 
@@ -73,10 +73,15 @@ class Worker(threading.Thread):
         self.wake_event.clear()
 
     def delay(self) -> float:
-        base = float(max(self.interval(), 0.0))
+        try:
+            base = float(max(self.interval(), 0.0))
+        except Exception:  # an interval that cannot be read must not end the worker
+            base = 1.0
         if not self.failures:
             return base
-        return min(max(base, 1.0) * 2.0 ** (self.failures - 1), self.max_backoff_seconds)
+        # The exponent is capped before the power: a streak of failures never overflows.
+        doubling = 2.0 ** min(self.failures - 1, 32)
+        return min(max(base, 1.0) * doubling, self.max_backoff_seconds)
 
     def run(self) -> None:
         if self.wait_first:

@@ -9,15 +9,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
-
 from nodeagent.errors import ConfigError, NvmlError
+from nodeagent.logs import get_logger
 from nodeagent.settings import GROUPS, SPECS, Settings, Source, load
 
 MIB = 1024 * 1024
 NVML_DRIVER_NOT_LOADED = 9
 NVML_LIBRARY_NOT_FOUND = 12
-log = structlog.get_logger("nodeagent")
+log = get_logger("nodeagent")
 
 
 @dataclass

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodeagent.cli.common import (
     Context,
@@ -14,14 +14,10 @@ from nodeagent.cli.common import (
 )
 from nodeagent.errors import ConfigError
 from nodeagent.lock import lock_path, mig_writer_lock
-from nodeagent.mig.apply import (
-    assert_config,
-    load_config,
-    reconfigure,
-)
-from nodeagent.mig.config import MigConfigFile, dump_config
-from nodeagent.mig.generate import export_current, generate_configs
 from nodeagent.nvml import read_inventory
+
+if TYPE_CHECKING:
+    from nodeagent.mig.config import MigConfigFile
 
 # mig-parted's own flag names work too: -f/--config-file and -c/--selected-config.
 MIG_FLAG_NAMES = {
@@ -31,6 +27,8 @@ MIG_FLAG_NAMES = {
 
 
 def _read_config(ctx: Context) -> MigConfigFile:
+    from nodeagent.mig.apply import load_config
+
     return load_config(ctx.settings.mig.config_file)
 
 
@@ -60,6 +58,8 @@ def _describe_op(op: dict[str, Any]) -> str:
 def cmd_mig_apply(ctx: Context) -> int:
     cfg = _read_config(ctx)
     name = _config_name(ctx)
+    from nodeagent.mig.apply import reconfigure
+
     settings = ctx.settings
     node = settings.node
     reset = reset_for(settings, ctx.lib)
@@ -89,6 +89,8 @@ def cmd_mig_apply(ctx: Context) -> int:
 def cmd_mig_assert(ctx: Context) -> int:
     cfg = _read_config(ctx)
     name = _config_name(ctx)
+    from nodeagent.mig.apply import assert_config
+
     problems, _ = assert_config(ctx.session, cfg, name)
     for problem in problems:
         print(problem)
@@ -99,11 +101,17 @@ def cmd_mig_assert(ctx: Context) -> int:
 
 
 def cmd_mig_export(ctx: Context) -> int:
+    from nodeagent.mig.config import dump_config
+    from nodeagent.mig.generate import export_current
+
     sys.stdout.write(dump_config(export_current(read_inventory(ctx.session))))
     return 0
 
 
 def cmd_mig_generate(ctx: Context) -> int:
+    from nodeagent.mig.config import dump_config
+    from nodeagent.mig.generate import generate_configs
+
     sys.stdout.write(dump_config(generate_configs(read_inventory(ctx.session))))
     return 0
 

@@ -3,12 +3,15 @@ settings, without the agent)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from nodeagent.cli.common import Context, print_json
-from nodeagent.mps.daemon import MpsDaemon, MpsStatus
-from nodeagent.mps.settings import Limits, MpsSettings, validate
 from nodeagent.nvml import read_inventory
-from nodeagent.nvml.write import ComputeModeWriter
 from nodeagent.settings import mps_daemon_settings
+
+if TYPE_CHECKING:
+    from nodeagent.mps.daemon import MpsDaemon, MpsStatus
+    from nodeagent.mps.settings import MpsSettings
 
 
 def mps_settings(ctx: Context) -> MpsSettings:
@@ -21,6 +24,10 @@ def mps_settings(ctx: Context) -> MpsSettings:
 
 
 def _mps_daemon(ctx: Context, check: bool = True) -> MpsDaemon:
+    from nodeagent.mps.daemon import MpsDaemon
+    from nodeagent.mps.settings import Limits, validate
+    from nodeagent.nvml.write import ComputeModeWriter
+
     settings = mps_settings(ctx)
     limits = validate(settings, read_inventory(ctx.session)) if check else Limits(0, {}, "")
     return MpsDaemon(settings, limits, ComputeModeWriter(ctx.session))

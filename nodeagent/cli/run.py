@@ -11,9 +11,7 @@ import threading
 import time
 from typing import Any
 
-import yaml
-
-from nodeagent.cli.common import Context, add_setting_flags, output_flag, print_json, reset_for
+from nodeagent.cli.common import Context, add_setting_flags, log, output_flag, print_json, reset_for
 from nodeagent.cli.mps import cmd_mps
 from nodeagent.errors import AgentError
 from nodeagent.labels.render import render_labels, slice_usage
@@ -69,6 +67,8 @@ def cmd_metrics(ctx: Context) -> int:
 
 def cmd_config_check(ctx: Context) -> int:
     """Validate the settings (file, environment, flags) and print the effective ones."""
+    import yaml
+
     doc = as_document(ctx.settings)
     if ctx.args.output == "json":
         sources = {k: f"{s.kind} {s.where}" for k, s in sorted(ctx.sources.items())}
@@ -143,9 +143,7 @@ def cmd_run(ctx: Context) -> int:
         if beat is not None and agent.healthy()[0]:
             notify.send("WATCHDOG=1")  # a wedged or unhealthy agent is restarted by systemd
     notify.send("STOPPING=1")
-    from structlog import get_logger
-
-    get_logger("nodeagent").info("agent.stopping")
+    log.info("agent.stopping")
     agent.stop()
     return 0
 

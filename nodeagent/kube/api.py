@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import structlog
 import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
@@ -26,8 +25,9 @@ from tenacity import (
 )
 
 from nodeagent.errors import KubeError
+from nodeagent.logs import get_logger
 
-log = structlog.get_logger("nodeagent.kube")
+log = get_logger("nodeagent.kube")
 T = TypeVar("T")
 RETRY_STATUS = {409, 429, 500, 502, 503, 504}
 MERGE_PATCH = "application/merge-patch+json"

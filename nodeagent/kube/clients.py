@@ -8,12 +8,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import structlog
-
 from nodeagent.errors import AgentError, KubeError
 from nodeagent.kube.api import NodeApi
+from nodeagent.logs import get_logger
 
-log = structlog.get_logger("nodeagent.kube")
+log = get_logger("nodeagent.kube")
 DEPLOY_LABEL = "nvidia.com/gpu.deploy."
 PAUSED = "paused-for-mig-change"
 

@@ -21,17 +21,16 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import structlog
-
 from nodeagent.errors import KubeError
 from nodeagent.kube.api import NodeApi, WatchExpired
 from nodeagent.kube.nodelabels import ANNOTATION_PREFIX, label_patch
 from nodeagent.labels.render import slice_usage
+from nodeagent.logs import get_logger
 from nodeagent.reconcile import Report, Wanted
 from nodeagent.settings import Settings
 from nodeagent.snapshot import Snapshot
 
-log = structlog.get_logger("nodeagent.kube")
+log = get_logger("nodeagent.kube")
 MIG_CONFIG = "nvidia.com/mig.config"
 MIG_STATE = "nvidia.com/mig.config.state"
 REASON = ANNOTATION_PREFIX + "mig.config.reason"

@@ -7,11 +7,12 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
-import structlog
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-log = structlog.get_logger("nodeagent.metrics")
+from nodeagent.logs import get_logger
+
+log = get_logger("nodeagent.metrics")
 
 
 class NamedCollector(Protocol):

@@ -6,12 +6,12 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import structlog
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from nodeagent.errors import ConfigError
+from nodeagent.logs import get_logger
 
-log = structlog.get_logger("nodeagent.metrics")
+log = get_logger("nodeagent.metrics")
 # dcgm-exporter uses 9400; nodeagent takes the next port so both can run on one node.
 DEFAULT_METRICS_ADDRESS = "0.0.0.0:9401"
 Check = Callable[[], tuple[bool, str]]

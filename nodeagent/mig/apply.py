@@ -17,15 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from nodeagent.errors import ConfigError, MigError, ModeChangePending, NvmlError, SliceInUse
+from nodeagent.logs import get_logger
 from nodeagent.mig.config import MigConfigFile, parse_config
 from nodeagent.mig.plan import Operation, Plan, mismatches, plan
 from nodeagent.mig.select import Desired, resolve
 from nodeagent.nvml import Inventory, MigWriter, NvmlSession, Placement, read_inventory
 
-log = structlog.get_logger("nodeagent.mig")
+log = get_logger("nodeagent.mig")
 IN_USE = 19
 DEFAULT_RESET_COMMAND = "nvidia-smi -r -i {index}"
 Reset = Callable[[int], None]

@@ -11,14 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import structlog
-
 from nodeagent.errors import AgentError, MpsError
 from nodeagent.files import atomic_write_text
+from nodeagent.logs import get_logger
 from nodeagent.mps.control import MpsControl
 from nodeagent.mps.settings import Limits, MpsSettings, mps_size, parse_size
 
-log = structlog.get_logger("nodeagent.mps")
+log = get_logger("nodeagent.mps")
 
 
 class ComputeModes(Protocol):

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import structlog
-
 from nodeagent.errors import MpsError
+from nodeagent.logs import get_logger
 from nodeagent.mps.daemon import ComputeModes, MpsDaemon, MpsStatus
 from nodeagent.mps.settings import Limits, MpsSettings
 
-log = structlog.get_logger("nodeagent.mps")
+log = get_logger("nodeagent.mps")
 
 
 @dataclass(frozen=True)

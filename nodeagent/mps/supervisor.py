@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import threading
 
-import structlog
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
 
 from nodeagent.errors import AgentError
+from nodeagent.logs import get_logger
 from nodeagent.mps.daemon import MpsDaemon
 
-log = structlog.get_logger("nodeagent.mps")
+log = get_logger("nodeagent.mps")
 
 
 class MpsSupervisor:

@@ -106,8 +106,11 @@ def test_real_daemon_limits_clients(mps: tuple[MpsDaemon, MpsSettings]) -> None:
     )
     assert json.loads(settings.ready_file.read_text())["running"] is True
     clients = [_client(settings), _client(settings)]
-    time.sleep(4)
+    deadline = time.monotonic() + 60  # a cold torch import can take several seconds
     during = daemon.status()
+    while not during.servers and time.monotonic() < deadline:
+        time.sleep(0.2)
+        during = daemon.status()
     print(f"with clients: servers {during.servers} clients {during.clients}")
     results = [_result(c) for c in clients]
     print(f"clients saw: {results}")
@@ -148,3 +151,73 @@ def test_killed_real_daemon_is_restarted(mps: tuple[MpsDaemon, MpsSettings]) -> 
         stop.set()
         worker.wake()
         worker.join(5)
+
+
+HOLD = """
+import json, sys, time, torch
+props = torch.cuda.get_device_properties(0)
+x = torch.ones(1024, 1024, device="cuda")
+deadline = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < deadline:
+    (x @ x).sum().item()
+    time.sleep(0.05)
+print(json.dumps({"sms": props.multi_processor_count}), flush=True)
+"""
+
+
+def test_agent_restart_keeps_the_real_daemon_and_its_client(
+    mps: tuple[MpsDaemon, MpsSettings],
+) -> None:
+    """The agent runs MPS, a CUDA client works under it; the agent stops (a rollout) and a new
+    one starts: the same daemon is adopted and the client never notices."""
+    from tests.agent_support import make_agent
+
+    _, settings = mps
+    session = open_session(load_real_library())
+    mps_settings = {
+        "enabled": True,
+        "devices": (0,),
+        "replicas": 4,
+        "pinned_memory": "0=2G",
+        "pipe_dir": settings.pipe_dir,
+        "log_dir": settings.log_dir,
+        "ready_file": settings.ready_file,
+        "control": settings.control_binary,
+    }
+
+    def start() -> object:
+        agent = make_agent(session, lambda _i: None, mps=mps_settings)
+        agent.start()
+        report = agent.pipeline.last_report
+        assert report is not None and report.result == "success", report
+        return agent
+
+    first = start()
+    assert first.mps.status is not None  # type: ignore[attr-defined]
+    daemon_pid = first.mps.status.pid  # type: ignore[attr-defined]
+    client = subprocess.Popen(
+        [sys.executable, "-c", HOLD, "20"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(
+            os.environ,
+            CUDA_MPS_PIPE_DIRECTORY=str(settings.pipe_dir),
+            CUDA_MPS_LOG_DIRECTORY=str(settings.log_dir),
+        ),
+    )
+    deadline = time.monotonic() + 60
+    while not (first.mps.refresh_status() or first.mps.status).servers:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline and client.poll() is None, "no MPS server appeared"
+        time.sleep(0.2)
+    servers = first.mps.status.servers  # type: ignore[attr-defined]
+    first.stop()  # type: ignore[attr-defined]
+    assert client.poll() is None, "the client died with the agent"
+    second = start()
+    status = second.mps.status  # type: ignore[attr-defined]
+    print(f"daemon {daemon_pid} -> {status.pid}; servers {servers} -> {status.servers}")
+    assert status.pid == daemon_pid and status.servers == servers
+    assert not second.mps.started_by_us  # type: ignore[attr-defined]
+    result = _result(client)
+    assert result["sms"] == 32  # 25 % of 132 SMs, through the adopted daemon
+    second.stop()  # type: ignore[attr-defined]

@@ -278,11 +278,12 @@ def test_steady_state_writes_nothing(
     start_agent()
     cluster.label(NODE, {CONFIG: "all-balanced"})
     cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="success")
-    time.sleep(1.5)  # let the last watch events settle
+    # Settled: the labels that follow the state are there.
+    cluster.wait(lambda: "nvidia.com/mig-3g.71gb.count" in cluster.labels(NODE), what="labels")
     before = cluster.writes()
     watches_before = _watches(cluster)
-    time.sleep(6)  # several watch cycles and inventory refreshes
-    assert _watches(cluster) - watches_before >= 2
+    # Several watch cycles (1 s each) and inventory refreshes (0.5 s) later: still no write.
+    cluster.wait(lambda: _watches(cluster) - watches_before >= 3, what="three more watches")
     assert cluster.writes() == before
 
 
