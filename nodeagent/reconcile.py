@@ -128,6 +128,7 @@ class Run:
     paused: bool = False
     done: list[dict[str, Any]] = field(default_factory=list)
     step: str = ""
+    took_ms: dict[str, float] = field(default_factory=dict)  # step -> milliseconds
 
 
 @dataclass
@@ -195,7 +196,9 @@ class Pipeline:
         try:
             step(run)
         finally:
-            self.stats.record_step(name, self.clock() - began)
+            seconds = self.clock() - began
+            run.took_ms[name] = round(seconds * 1000, 1)
+            self.stats.record_step(name, seconds)
 
     def _report(self, run: Run, failure: tuple[str, BaseException] | None) -> Report:
         generation = run.snapshot.generation if run.snapshot else 0
@@ -208,6 +211,7 @@ class Pipeline:
                     mig_config=run.wanted.mig_config,
                     operations=ops,
                     mps=run.mps_change.action,
+                    steps=run.took_ms,
                 )
             return Report("success", run.wanted, None, None, ops, run.mps_change.action, generation)
         step, err = failure
@@ -218,6 +222,7 @@ class Pipeline:
             error=text,
             origin=run.wanted.origin,
             mig_config=run.wanted.mig_config,
+            steps=run.took_ms,
             exc_info=not isinstance(err, AgentError),
         )
         return Report(

@@ -175,10 +175,11 @@ def test_reconcile_and_error_series(
     assert "nodeagent_reconcile_duration_seconds_count 1.0" in text
     lib.faults.faults.append(Fault(function="nvmlDeviceGetMemoryInfo", error=IN_USE))
     agent.reconcile()
-    text = exposition(agent)
-    assert 'nodeagent_reconciles_total{result="failure"} 1.0' in text
-    assert 'nodeagent_nvml_errors_total{function="nvmlDeviceGetMemoryInfo"} 1.0' in text
+    value = agent.registry.get_sample_value
+    assert value("nodeagent_reconciles_total", {"result": "failure"}) == 1.0
+    assert value("nodeagent_nvml_errors_total", {"function": "nvmlDeviceGetMemoryInfo"}) == 1.0
     ok, reason = agent.ready()
     assert not ok and reason.startswith("observe: NVML nvmlDeviceGetMemoryInfo failed")
-    assert 'nodeagent_reconcile_step_duration_seconds_count{step="observe"} 2.0' in text
-    assert 'step="resolve"} 1.0' in text  # the failed run stopped at observe
+    steps = "nodeagent_reconcile_step_duration_seconds_count"
+    assert value(steps, {"step": "observe"}) == 2.0
+    assert value(steps, {"step": "resolve"}) == 1.0  # the failed run stopped at observe

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import generate_latest
 
 from nodeagent.agent import Agent
 from nodeagent.mig.config import dump_config
@@ -78,10 +77,10 @@ def test_agent_runs_and_publishes_mps(mps_node: Callable[..., Agent], tmp_path: 
     assert agent.pipeline.last_report is not None
     assert agent.pipeline.last_report.result == "success"
     assert agent.mps.daemon is not None and agent.mps.serving == (0, 1)
-    text = generate_latest(agent.registry).decode()
-    assert "nodeagent_mps_daemon_up 1.0" in text
-    assert "nodeagent_mps_active_thread_ratio 0.25" in text
-    assert 'nodeagent_mps_pinned_memory_limit_bytes{device="1"} 3.758096384e+10' in text
+    value = agent.registry.get_sample_value
+    assert value("nodeagent_mps_daemon_up") == 1.0
+    assert value("nodeagent_mps_active_thread_ratio") == 0.25
+    assert value("nodeagent_mps_pinned_memory_limit_bytes", {"device": "1"}) == 35 << 30
     lines = (tmp_path / "features").read_text().splitlines()
     assert "nvidia.com/gpu.sharing-strategy=mps" in lines
     assert "nvidia.com/gpu.replicas=4" in lines
