@@ -47,6 +47,7 @@ from nodeagent.workers import Worker
 
 log = get_logger("nodeagent.agent")
 STOP_SECONDS = 4.0  # how long stop() waits for idle workers (SIGTERM exits within 5 s)
+NVML_READERS = ("refresh", "gpm", "mps-probe")  # wait for the NVML lock during a MIG change
 
 
 class NfdSink:
@@ -83,7 +84,7 @@ class Agent:
         self.stats = AgentStats()
         self.gpm = GpmSampler(GpmReader(session), self.store, time.monotonic)
         self.mps = MpsManager(ComputeModeWriter(session))
-        self.supervisor = MpsSupervisor(self.stop_event)
+        self.supervisor = MpsSupervisor()
         self.workers: dict[str, Worker] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(
@@ -104,6 +105,7 @@ class Agent:
         self.exposition = ExpositionCache(self.registry)
         self.server: MetricsServer | None = None
         self.watcher: Any = None  # kube.controller.NodeWatcher with Kubernetes
+        self.held_failure: Callable[[], str | None] = lambda: None
 
         def writer_lock(s: Settings) -> Any:
             return mig_writer_lock(lock_path, s.mig.lock_timeout_seconds)
@@ -135,11 +137,9 @@ class Agent:
         self.exposition.render()
 
     def probe_mps(self) -> None:
-        daemon = self.mps.daemon
-        if daemon is None:
+        if self.mps.daemon is None:
             return
-        self.supervisor.check_once(daemon)
-        self.mps.refresh_status()
+        self.mps.probe(self.supervisor.check_once)
         self.exposition.render()
 
     # -- Kubernetes (imported only when asked for) ---------------------------------------------
@@ -187,6 +187,7 @@ class Agent:
         if socket is not None and self.pipeline.allocations is None:
             self.pipeline.allocations = lambda: allocated_devices(socket)
         self.pipeline.desire = desire
+        self.held_failure = desire.failure
         self.pipeline.reporter = KubeReporter(api, view, desire)
         self.pipeline.sinks.append(NodeLabelSink(api, view))
         self.pipeline.clients = clients
@@ -200,14 +201,23 @@ class Agent:
     # -- health -------------------------------------------------------------------------------
 
     def healthy(self) -> tuple[bool, str]:
+        """While a MIG change runs (a mode change, a GPU reset: minutes), the readers wait for
+        the NVML lock by design: their silence is not a fault, the reconcile worker's own
+        allowance bounds the change."""
         snap = self.store.snapshot
         if snap is None:
             return False, "no GPU inventory read yet"
+        applying = self.pipeline.applying
         age = self.clock() - snap.taken_at
         limit = 3 * self.settings.metrics.refresh_interval_seconds + 30
-        if age > limit:
+        if age > limit and not applying:
             return False, f"GPU inventory is {age:.0f} s old (limit {limit:.0f} s)"
-        bad = [h.reason for h in (w.health() for w in self.workers.values()) if not h.ok]
+        waiting = NVML_READERS if applying else ()
+        bad = [
+            h.reason
+            for name, h in ((n, w.health()) for n, w in self.workers.items())
+            if not h.ok and name not in waiting
+        ]
         return (False, "; ".join(bad)) if bad else (True, "ok")
 
     def ready(self) -> tuple[bool, str]:
@@ -216,6 +226,9 @@ class Agent:
             return False, "first reconcile not done"
         if report.result != "success":
             return False, report.reason or "the last reconcile failed"
+        held = self.held_failure()
+        if held is not None:  # a node-label config that failed stays failed until changed
+            return False, held
         return True, "ok"
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -249,7 +262,7 @@ class Agent:
                    self.stop_event),
             Worker("reconcile", self.reconcile, lambda: self.settings.reconcile.interval_seconds,
                    self.stop_event, wait_first=True,
-                   busy_allowance_seconds=kube.clients_wait_seconds
+                   busy_allowance_seconds=lambda: self.settings.kube.clients_wait_seconds
                    + self.settings.mig.lock_timeout_seconds + 600),
             Worker("mps-probe", self.probe_mps, lambda: self.settings.mps.probe_interval_seconds,
                    self.stop_event, wait_first=True),
@@ -278,7 +291,8 @@ class Agent:
         self.settings = merged
         self.stats.reload_success = 1.0
         log.info("settings.reloaded", file=new.file, refused=refused)
-        self._wake_reconcile()
+        for worker in self.workers.values():
+            worker.wake()  # new intervals count from now; the reconcile applies at once
         return refused
 
     def reload_failed(self, err: AgentError) -> None:
@@ -289,18 +303,24 @@ class Agent:
     def stop(self) -> None:
         self._shutdown(stop_mps=self.settings.mps.stop_on_exit, wait_seconds=STOP_SECONDS)
 
+    def stopped_cleanly(self) -> bool:
+        """Whether every worker thread ended (a thread blocked in a C call at interpreter exit
+        can abort the process: the caller then ends it without finalisation)."""
+        return not any(w.is_alive() for w in self.workers.values())
+
     def _shutdown(self, stop_mps: bool, wait_seconds: float) -> None:
         self.stop_event.set()
         for worker in self.workers.values():
             worker.wake()  # out of its wait at once
+        if self.watcher is not None:
+            self.watcher.api.interrupt()  # out of its blocking read
         deadline = time.monotonic() + wait_seconds
         for worker in self.workers.values():
-            # The watch only reads, and blocks in the API call until its timeout: not waited.
-            if worker.is_alive() and worker.name != "kube-watch":
+            if worker.is_alive():
                 # A reconcile in the middle of a MIG change finishes it (it is short and safe
                 # to interrupt only between NVML calls); idle workers are only waited briefly.
-                busy_apply = worker.name == "reconcile" and worker.busy
-                worker.join(60 if busy_apply else max(deadline - time.monotonic(), 0.05))
+                busy_apply = worker.name == "reconcile" and self.pipeline.applying
+                worker.join(20 if busy_apply else max(deadline - time.monotonic(), 0.05))
         if self.server is not None:
             self.server.stop()
         self.mps.shutdown(stop_daemon=stop_mps)

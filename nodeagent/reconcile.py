@@ -150,6 +150,7 @@ class Pipeline:
     configs: ConfigCache = field(default_factory=ConfigCache)
     clock: Callable[[], float] = time.monotonic
     last_report: Report | None = None
+    applying: bool = False  # a MIG change holds the NVML lock: readers wait, by design
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -276,7 +277,7 @@ class Pipeline:
 
     def apply(self, run: Run) -> None:
         if run.mig_plan.operations and run.desired is not None:
-            with self.writer_lock(run.settings), self.store.session.lock:
+            with self.writer_lock(run.settings), self.store.session.lock, self._applying():
                 # Another writer may have acted between plan and lock: plan again from what
                 # NVML says now (cheap), under the lock, and execute that.
                 snap = self.store.observe(self.allocations)
@@ -288,6 +289,14 @@ class Pipeline:
                 assert run.mps_intent is not None
                 validate(run.mps_intent.settings, snap.inventory)
             self.mps.apply(run.mps_change)
+
+    @contextlib.contextmanager
+    def _applying(self) -> Iterator[None]:
+        self.applying = True
+        try:
+            yield
+        finally:
+            self.applying = False
 
     def verify(self, run: Run) -> None:
         if run.done:

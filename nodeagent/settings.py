@@ -19,6 +19,7 @@ variable. Every error of every source is collected and raised together as one Co
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -154,8 +155,18 @@ def _show(raw: Any) -> str:
     return repr(raw) if isinstance(raw, str) else str(raw)
 
 
+FLOOR_SECONDS = 0.01  # shorter would spin a core (and hold the NVML lock) for nothing
+CEILING_SECONDS = 7 * 86400.0  # longer overflows socket timeouts and is surely a typo
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also accepts '²', which int() refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def seconds(minimum: float = 0.0, inclusive: bool = False) -> Parser:
-    """A finite number of seconds above `minimum` (at or above it when `inclusive`)."""
+    """A finite number of seconds above `minimum` (at or above it when `inclusive`), at least
+    FLOOR_SECONDS when not 0 and at most CEILING_SECONDS."""
 
     def parse(raw: Any) -> float:
         if isinstance(raw, bool):
@@ -167,6 +178,10 @@ def seconds(minimum: float = 0.0, inclusive: bool = False) -> Parser:
         bound = f"at least {minimum:g}" if inclusive else f"> {minimum:g}"
         if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
             raise Invalid(f"must be a finite number of seconds {bound}, not {_show(raw)}")
+        if 0 < value < FLOOR_SECONDS:
+            raise Invalid(f"must be at least {FLOOR_SECONDS:g} s, not {_show(raw)}")
+        if value > CEILING_SECONDS:
+            raise Invalid(f"must be at most {CEILING_SECONDS:g} s (7 days), not {_show(raw)}")
         return value
 
     return parse
@@ -176,8 +191,11 @@ def integer(minimum: int, maximum: int | None = None) -> Parser:
     def parse(raw: Any) -> int:
         if isinstance(raw, (bool, float)):
             raise Invalid(f"must be a whole number, not {_show(raw)}")
+        digits = str(raw).strip()
         try:
-            value = int(str(raw).strip())
+            if not _digits(digits.lstrip("+-")) or len(digits) > 18:
+                raise ValueError(digits)
+            value = int(digits)
         except ValueError:
             raise Invalid(f"must be a whole number, not {_show(raw)}") from None
         if value < minimum or (maximum is not None and value > maximum):
@@ -231,12 +249,52 @@ def choice(*options: str) -> Parser:
     return parse
 
 
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_LABEL_PREFIX = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*/$")
+
+
+def label_prefix(raw: Any) -> str:
+    """A Kubernetes label-key prefix: a DNS subdomain (lowercase, at most 253 characters)
+    and a '/', e.g. nvidia.com/ or gpu.example.com/."""
+    value = text(raw)
+    if not _LABEL_PREFIX.match(value) or len(value) > 254:
+        raise Invalid(
+            f"must be a DNS subdomain followed by '/', e.g. nvidia.com/ or gpu.example.com/,"
+            f" not {value!r}"
+        )
+    return value
+
+
 def address(raw: Any) -> str:
     value = text(raw)
-    _host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise Invalid(f"must be HOST:PORT, e.g. {DEFAULT_METRICS_ADDRESS}, not {value!r}")
+    try:
+        parse_address(value)
+    except ConfigError as err:
+        raise Invalid(str(err)) from None
     return value
+
+
+def parse_address(value: str) -> tuple[str, int]:
+    """'HOST:PORT', '[IPV6]:PORT' or ':PORT' (all IPv4 interfaces) -> (host, port). HOST may be
+    a name, resolved when the server binds. Raises ConfigError naming the value."""
+    host, sep, port = value.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    host = host[1:-1] if bracketed else host
+    host_ok = _is_ipv6(host) if bracketed else not any(c in host for c in ":[] \t")
+    if not (sep and host_ok and _digits(port) and int(port) <= 65535):
+        raise ConfigError(
+            f"metrics address {value!r} must be HOST:PORT, [IPV6]:PORT or :PORT,"
+            f" e.g. {DEFAULT_METRICS_ADDRESS}"
+        )
+    return host or "0.0.0.0", int(port)
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def devices(raw: Any) -> tuple[int, ...]:
@@ -245,7 +303,7 @@ def devices(raw: Any) -> tuple[int, ...]:
     for item in items:
         if isinstance(item, str) and not item.strip():
             continue
-        if isinstance(item, bool) or not str(item).strip().isdigit():
+        if isinstance(item, bool) or not _digits(str(item).strip()):
             raise Invalid(f"must be GPU indices like 0,1, not {_show(raw)}")
         out.append(int(str(item).strip()))
     if not out:
@@ -261,19 +319,25 @@ def pinned_memory(raw: Any) -> str:
     if isinstance(raw, dict):
         parts = []
         for key, value in raw.items():
-            if isinstance(key, bool) or not str(key).isdigit():
+            if isinstance(key, bool) or not _digits(str(key)):
                 raise Invalid(f"keys must be GPU indices, not {_show(key)}")
             parts.append(f"{key}={_text(value).strip()}")
         raw = ",".join(parts)
     value = text(raw)
     from nodeagent.mps.settings import parse_size  # the MPS daemon's size notation
 
-    for part in value.split(","):
+    seen: set[int] = set()
+    parts = value.split(",")
+    for part in parts:
         index, sep, size = part.rpartition("=")
-        if sep and not index.strip().isdigit():
+        if (sep and not _digits(index.strip())) or (not sep and len(parts) > 1):
             raise Invalid(f"must be SIZE or INDEX=SIZE,..., not {value!r}")
+        if sep and int(index) in seen:
+            raise Invalid(f"gives GPU {int(index)} twice: {value!r}")
+        seen.add(int(index) if sep else -1)
         try:
-            parse_size(size)
+            if parse_size(size) < 1 << 20:
+                raise Invalid(f"{size.strip()!r} is under 1 MiB (the daemon takes whole MiB)")
         except ConfigError:
             raise Invalid(f"{size.strip()!r} is not a size like 2G, 2048M or 512MiB") from None
     return value
@@ -387,7 +451,7 @@ SPECS: tuple[Spec, ...] = (
     _spec("mig", "lock-timeout", "NODEAGENT_MIG_LOCK_TIMEOUT", "--lock-timeout",
           seconds(0, inclusive=True), "seconds to wait for another MIG writer on this node",
           field="lock_timeout_seconds", hot=True),
-    _spec("labels", "prefix", "NODEAGENT_LABEL_PREFIX", "--label-prefix", text,
+    _spec("labels", "prefix", "NODEAGENT_LABEL_PREFIX", "--label-prefix", label_prefix,
           "label prefix (another one beside GFD)", hot=True),
     _spec("labels", "nfd-features-file", "NODEAGENT_NFD_FEATURES_FILE", "--nfd-features-file",
           optional(path), "write labels for NFD's local source here", hot=True),

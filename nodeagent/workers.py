@@ -38,7 +38,7 @@ class Worker(threading.Thread):
         work: Callable[[], None],
         interval: Callable[[], float],
         stop: threading.Event,
-        busy_allowance_seconds: float = 60.0,
+        busy_allowance_seconds: float | Callable[[], float] = 60.0,
         max_backoff_seconds: float = 60.0,
         wait_first: bool = False,
         clock: Clock = time.monotonic,
@@ -112,7 +112,8 @@ class Worker(threading.Thread):
                 return Health(True, "stopped")
             return Health(False, f"worker {self.name} is not running")
         age = self.clock() - self.heartbeat
-        allowance = self.busy_allowance_seconds if self.busy else 30.0
+        busy = self.busy_allowance_seconds
+        allowance = (busy() if callable(busy) else busy) if self.busy else 30.0
         if age > allowance:
             state = "busy in one run" if self.busy else "silent"
             return Health(False, f"worker {self.name} {state} for {age:.0f} s")

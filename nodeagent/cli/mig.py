@@ -55,6 +55,10 @@ def _describe_op(op: dict[str, Any]) -> str:
     return text + (f" ({', '.join(ids)})" if ids else "")
 
 
+def _print_progress(op: dict[str, Any]) -> None:
+    print(_describe_op(op), flush=True)
+
+
 def cmd_mig_apply(ctx: Context) -> int:
     cfg = _read_config(ctx)
     name = _config_name(ctx)
@@ -69,7 +73,10 @@ def cmd_mig_apply(ctx: Context) -> int:
         # One MIG writer per node: this waits for (or fails naming) an agent or another apply.
         path = lock_path(node.run_dir, node.sim_state, bool(node.simulate))
         with mig_writer_lock(path, settings.mig.lock_timeout_seconds):
-            outcome = reconfigure(ctx.session, cfg, name, reset)
+            # Text output shows each operation as it completes: a slow mode change or reset
+            # shows where it is, and a killed apply shows how far it got.
+            progress = None if ctx.args.output == "json" else _print_progress
+            outcome = reconfigure(ctx.session, cfg, name, reset, on_done=progress)
     ops = (
         [op.to_dict() for op in outcome.plan.operations] if ctx.args.dry_run else list(outcome.done)
     )
@@ -80,8 +87,9 @@ def cmd_mig_apply(ctx: Context) -> int:
     if not ops:
         print(f"config {name!r}: the GPUs already match; nothing to change")
         return 0
-    for op in ops:
-        print(_describe_op(op))
+    if ctx.args.dry_run:
+        for op in ops:
+            print(_describe_op(op))
     print(f"config {name!r}: {verb} {len(ops)} NVML operation{'s' if len(ops) != 1 else ''}")
     return 0
 

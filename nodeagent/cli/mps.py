@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from nodeagent.cli.common import Context, print_json
+from nodeagent.errors import NothingMatched
 from nodeagent.nvml import read_inventory
 from nodeagent.settings import mps_daemon_settings
 
@@ -58,8 +59,14 @@ def cmd_mps(ctx: Context) -> int:
         return 0
     daemon = _mps_daemon(ctx, check=False)
     if action == "stop":
-        daemon.stop()
-        print("MPS control daemon stopped")
+        pid = daemon.control.daemon_pid()
+        daemon.stop()  # also removes a stale ready file
+        if pid is None:
+            raise NothingMatched(
+                f"no MPS control daemon runs with pipe directory {daemon.settings.pipe_dir};"
+                " nothing to stop"
+            )
+        print(f"MPS control daemon stopped (pid {pid})")
         return 0
     status = daemon.status()
     _print_mps(ctx, status)

@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from nodeagent.cli.common import Context, add_setting_flags, log, output_flag, print_json, reset_for
@@ -83,7 +84,8 @@ def cmd_config_check(ctx: Context) -> int:
 class _Signals:
     """SIGTERM/SIGINT stop the agent, SIGHUP reloads its settings; the main thread waits."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_stop: Callable[[], None]) -> None:
+        self.on_stop = on_stop
         self.wake = threading.Event()
         self.stop = False
         self.reload = False
@@ -93,6 +95,7 @@ class _Signals:
 
     def _on_stop(self, signum: int, _frame: object) -> None:
         self.stop = True
+        self.on_stop()  # also while start() runs: retries and waits end at once
         self.wake.set()
 
     def _on_reload(self, signum: int, _frame: object) -> None:
@@ -120,12 +123,15 @@ def cmd_run(ctx: Context) -> int:
     """The daemon: metrics endpoint, samplers, the reconcile pipeline; SIGHUP reloads."""
     agent = _agent(ctx)
     notify = Notifier(ctx.environ)
-    signals = _Signals()
+    signals = _Signals(agent.stop_event.set)
     # Samplers and renders are Python work on other threads; a short GIL switch interval
     # keeps a scrape from queueing behind them (5 ms by default).
     sys.setswitchinterval(0.0005)
     agent.start()
     assert agent.server is not None
+    if signals.stop:  # asked to stop while starting
+        agent.stop()
+        return 0
     print(
         f"nodeagent running: metrics on port {agent.server.port}"
         " (/metrics, /healthz, /readyz); Ctrl-C stops, SIGHUP reloads the settings",
@@ -145,6 +151,13 @@ def cmd_run(ctx: Context) -> int:
     notify.send("STOPPING=1")
     log.info("agent.stopping")
     agent.stop()
+    if not agent.stopped_cleanly():
+        # A worker still blocked in a socket read would abort the interpreter's finalisation
+        # (SIGABRT): everything of ours is done, so end here with the documented status.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        ctx.session.close()
+        os._exit(0)
     return 0
 
 

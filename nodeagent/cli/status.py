@@ -23,9 +23,16 @@ def cmd_status(ctx: Context) -> int:
     return 0
 
 
+def _check_pid(pid: int) -> None:
+    """Before the emulator opens (and creates its state file): bad input changes nothing."""
+    from nodeagent.sim.rules import MAX_PID
+
+    if not 1 <= pid <= MAX_PID:
+        raise ConfigError(f"--pid must be a process id from 1 to {MAX_PID}, not {pid}")
+
+
 def cmd_sim_attach(ctx: Context) -> int:
-    if ctx.args.pid <= 0:
-        raise ConfigError(f"--pid must be a positive process id, not {ctx.args.pid}")
+    _check_pid(ctx.args.pid)
     if ctx.args.memory_mib < 0:
         raise ConfigError(f"--memory-mib must be 0 or more, not {ctx.args.memory_mib}")
     if not 0.0 <= ctx.args.load <= 1.0:
@@ -38,12 +45,15 @@ def cmd_sim_attach(ctx: Context) -> int:
 
 
 def cmd_sim_detach(ctx: Context) -> int:
+    """Exit 1 (nothing matched) when no emulated process has that pid."""
+    _check_pid(ctx.args.pid)
     ctx.emulator("detach").detach(ctx.args.pid)
     print(f"pid {ctx.args.pid} detached")
     return 0
 
 
 def cmd_sim_reset(ctx: Context) -> int:
+    """Exit 3 (the GPU refused) when processes run on the GPU, as `nvidia-smi -r` would."""
     ctx.emulator("reset").reset(ctx.args.gpu)
     print(f"GPU {ctx.args.gpu} reset")
     return 0

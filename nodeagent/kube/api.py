@@ -6,17 +6,21 @@ throttling, server errors, timeouts and dropped connections; what still fails is
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import urllib3
+import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 from tenacity import (
+    RetryCallState,
     Retrying,
     retry_if_exception,
     stop_after_delay,
@@ -24,7 +28,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from nodeagent.errors import KubeError
+from nodeagent.errors import ConfigError, KubeError
 from nodeagent.logs import get_logger
 
 log = get_logger("nodeagent.kube")
@@ -53,6 +57,17 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
+def _log_retry(what: str, state: RetryCallState) -> None:
+    """Every retry is logged: an unreachable API server is never silent."""
+    err = state.outcome.exception() if state.outcome else None
+    log.warning(
+        "kube.retry",
+        call=what,
+        attempt=state.attempt_number,
+        error=_describe(err) if err is not None else "",
+    )
+
+
 @dataclass(frozen=True)
 class KubeSettings:
     node_name: str
@@ -70,13 +85,29 @@ def make_core_api(settings: KubeSettings) -> Any:
         cfg = client.Configuration()
         cfg.host = settings.host.rstrip("/")
         return client.CoreV1Api(client.ApiClient(cfg))
+    path = settings.kubeconfig
+    if path:
+        # Read it ourselves first: the client's own errors for a missing, binary or malformed
+        # file are tracebacks or sentences without the path.
+        try:
+            text = Path(path).read_bytes().decode("utf-8")
+            document = yaml.safe_load(text)
+        except OSError as err:
+            raise ConfigError(f"cannot read kubeconfig {path}: {err.strerror}") from err
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"kubeconfig {path} is not UTF-8 text") from err
+        except (yaml.YAMLError, RecursionError) as err:
+            raise ConfigError(f"kubeconfig {path} is not valid YAML") from err
+        if not isinstance(document, dict):
+            raise ConfigError(f"kubeconfig {path} must be a mapping (apiVersion: v1, kind: Config)")
     try:
-        if settings.kubeconfig:
-            config.load_kube_config(config_file=settings.kubeconfig)
+        if path:
+            config.load_kube_config(config_file=path)
         else:
             config.load_incluster_config()
-    except config.ConfigException as err:
-        raise KubeError(f"cannot configure the Kubernetes client: {err}") from err
+    except (config.ConfigException, ValueError, TypeError, KeyError, AttributeError) as err:
+        where = f"kubeconfig {path}" if path else "the in-cluster service account"
+        raise ConfigError(f"cannot configure the Kubernetes client from {where}: {err}") from err
     return client.CoreV1Api()
 
 
@@ -91,6 +122,16 @@ class NodeApi:
         self.name = settings.node_name
         # Retries end when the agent stops: SIGTERM during an API outage exits at once.
         self.stop_event = stop or threading.Event()
+        self._watch: watch.Watch | None = None
+
+    def interrupt(self) -> None:
+        """End a watch blocked in its read (from another thread, when the agent stops): shut
+        the response's socket down (urllib3 >= 2.3); the watch then ends as a dropped one."""
+        resp = getattr(self._watch, "_resp", None)
+        shutdown = getattr(resp, "shutdown", None)
+        if callable(shutdown):
+            with contextlib.suppress(Exception):
+                shutdown()
 
     def _sleep(self, seconds: float) -> None:
         self.stop_event.wait(seconds)
@@ -102,6 +143,7 @@ class NodeApi:
             stop=stop_after_delay(self.settings.retry_seconds)
             | stop_when_event_set(self.stop_event),
             sleep=self._sleep,
+            before_sleep=lambda state: _log_retry(what, state),
             reraise=True,
         )
         try:
@@ -138,6 +180,7 @@ class NodeApi:
         """Events of this node only (field selector metadata.name). Ends when the server or the
         read timeout ends the watch; raises WatchExpired on 410 and KubeError on other errors."""
         w = watch.Watch()
+        self._watch = w
         timeout = self.settings.watch_timeout_seconds
         kwargs: dict[str, Any] = {
             "field_selector": f"metadata.name={self.name}",
@@ -164,6 +207,7 @@ class NodeApi:
             log.debug("watch.ended", reason=type(err).__name__)
         finally:
             w.stop()
+            self._watch = None
 
     def event(self, reason: str, message: str, kind: str = "Normal") -> None:
         """A Kubernetes Event on this Node (what `kubectl describe node` shows)."""

@@ -58,7 +58,11 @@ class GpuClients:
         if not self.settings.pause:
             return
         labels = self.api.get_node().get("metadata", {}).get("labels") or {}
-        previous = {DEPLOY_LABEL + c: labels.get(DEPLOY_LABEL + c) for c in self.settings.pause}
+        # A label still paused by an interrupted change is not the value to restore.
+        previous = {
+            key: None if labels.get(key) == PAUSED else labels.get(key)
+            for key in (DEPLOY_LABEL + c for c in self.settings.pause)
+        }
         self.paused = previous  # before the write: a failed write is restored too
         self.api.patch_node({"metadata": {"labels": dict.fromkeys(previous, PAUSED)}})
         log.info("clients.paused", components=sorted(self.settings.pause))

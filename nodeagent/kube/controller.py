@@ -66,11 +66,23 @@ class NodeView:
 
 
 class NodeLabelDesire:
-    """The wanted MIG config is the node label; remembers the value that failed."""
+    """The wanted MIG config is the node label; remembers the value that failed (also across
+    an agent restart: the state label says so), until the label changes or a user removes the
+    state label to ask again."""
 
     def __init__(self, view: NodeView) -> None:
         self.view = view
-        self.failed: str | None = None
+        labels = view.labels()
+        failed = labels.get(MIG_STATE) == "failed" and labels.get(MIG_CONFIG)
+        self.failed: str | None = failed or None
+
+    def failure(self) -> str | None:
+        """Why the wanted config is not applied, while it stays failed (for /readyz)."""
+        labels = self.view.labels()
+        if self.failed and labels.get(MIG_CONFIG) == self.failed:
+            reason = self.view.annotations().get(REASON) or "see the node's events"
+            return f"MIG config {self.failed!r} failed: {reason}"
+        return None
 
     def wanted(self, settings: Settings) -> Wanted:
         labels = self.view.labels()
@@ -122,8 +134,9 @@ class KubeReporter:
         if not wanted.tracked or report.step == "observe":
             return
         if report.result == "failure" and report.config_failed:
-            self.desire.failed = wanted.mig_config
             self._set_state("failed", (report.reason or "")[:4096])
+            # Only once the state says so: a lost write is reported again by the next run.
+            self.desire.failed = wanted.mig_config
             self._event(
                 "MigConfigFailed",
                 f"MIG config {wanted.mig_config!r} failed: {report.reason}",

@@ -67,7 +67,9 @@ def render_labels(
     counts: dict[str, int] = {}
     details: dict[str, dict[str, str]] = {}
     for gpu in inventory.gpus:
-        gis = {s.gi_id: s for s in gpu.slices}
+        # A GI left without its compute instance (an interrupted apply) is not usable: never
+        # advertised; the next apply completes it.
+        gis = {s.gi_id: s for s in gpu.slices if s.ci_id is not None}
         for s in gis.values():
             counts[s.profile] = counts.get(s.profile, 0) + 1
             p = gpu.profile_by_id(s.profile_id)
@@ -100,5 +102,6 @@ def slice_usage(inventory: Inventory, in_use: dict[str, str] | None = None) -> s
         for s in gpu.slices:
             used = s.in_use or (s.mig_uuid is not None and s.mig_uuid in in_use)
             entry = usage.setdefault(s.profile, {"free": 0, "used": 0})
-            entry["used" if used else "free"] += 1
+            state = "incomplete" if s.ci_id is None else "used" if used else "free"
+            entry[state] = entry.get(state, 0) + 1
     return json.dumps(dict(sorted(usage.items())), separators=(",", ":"))

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from nodeagent.errors import NvmlError
 from nodeagent.nvml.gpm import GpmReader
 from nodeagent.snapshot import GpmValues, Store
 
 Clock = Callable[[], float]
 MIN_GPM_WINDOW_SECONDS = 0.1
+NOT_FOUND = 6  # NVML_ERROR_NOT_FOUND
 
 
 class GpmSampler:
@@ -66,7 +68,18 @@ class GpmSampler:
 
     def _sample(self, key: tuple[Any, ...]) -> None:
         now = self.clock()
-        sample = self.reader.sample(key[1], None if key[0] == "gpu" else key[2])
+        try:
+            sample = self.reader.sample(key[1], None if key[0] == "gpu" else key[2])
+        except NvmlError as err:
+            if key[0] == "gi" and err.code == NOT_FOUND:
+                # Destroyed since the snapshot was taken (an apply, or `mig apply` by hand):
+                # not an error; the next snapshot no longer lists it.
+                old = self._samples.pop(key, None)
+                if old is not None:
+                    self.reader.free(old[1])
+                self._values.pop(key, None)
+                return
+            raise
         previous = self._samples.get(key)
         if previous is not None and now - previous[0] < MIN_GPM_WINDOW_SECONDS:
             self.reader.free(sample)

@@ -1,76 +1,443 @@
-"""The HTTP endpoint: /metrics, /healthz, /readyz."""
+"""The HTTP endpoint: /metrics, /healthz, /readyz.
+
+One thread accepts connections and keeps the idle ones in a selector, so a connection that sends
+nothing costs a file descriptor, not a thread. A connection with bytes to read gets a handler
+thread, at most `max_connections` at once (beyond that it is answered 503 at once, without a
+thread), which reads one request under a deadline, answers, and gives the connection back to the
+selector to wait for the next keep-alive request. A connection idle for `idle_timeout_seconds`,
+or whose request line and headers take longer than that to arrive (slowloris), is closed.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
+import math
+import selectors
+import socket
+import sys
 import threading
+import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from nodeagent.errors import ConfigError
 from nodeagent.logs import get_logger
+from nodeagent.settings import parse_address
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 log = get_logger("nodeagent.metrics")
 # dcgm-exporter uses 9400; nodeagent takes the next port so both can run on one node.
-DEFAULT_METRICS_ADDRESS = "0.0.0.0:9401"
+IDLE_TIMEOUT_SECONDS = 5.0  # between keep-alive requests, and for one request line + headers
+MAX_CONNECTIONS = 64  # handler threads at once
+MAX_IDLE_CONNECTIONS = 512  # waiting in the selector; beyond this the oldest is closed
+LISTEN_BACKLOG = 128  # the socketserver default of 5 stalls 16 parallel scrapers
+WRITE_TIMEOUT_SECONDS = 30.0  # one response to a client that stopped reading
+LINGER_SECONDS = 1.0  # draining a refused request before closing, see _drain
+LINGER_BYTES = 1 << 20
+ACCEPT_PAUSE_SECONDS = 0.1  # after accept() fails (EMFILE), or the loop would spin
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\n\r\nbusy\n"
+)
 Check = Callable[[], tuple[bool, str]]
 
 
-def parse_address(value: str) -> tuple[str, int]:
-    """'HOST:PORT' (or ':PORT') -> (host, port); raises ConfigError."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"metrics address {value!r} must be HOST:PORT, e.g. 0.0.0.0:9401")
-    return host.strip("[]") or "0.0.0.0", int(port)
+@dataclass(frozen=True)
+class _Endpoints:
+    exposition: Callable[[], bytes]
+    healthy: Check
+    ready: Check
 
 
 class MetricsServer:
     """Serves the registry and the health checks from a thread; `port` is the bound port."""
 
     def __init__(
-        self, address: str, exposition: Callable[[], bytes], healthy: Check, ready: Check
+        self,
+        address: str,
+        exposition: Callable[[], bytes],
+        healthy: Check,
+        ready: Check,
+        *,
+        idle_timeout_seconds: float = IDLE_TIMEOUT_SECONDS,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
-        host, port = parse_address(address)
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive, as Prometheus scrapes
-            disable_nagle_algorithm = True  # headers and body leave at once, no delayed ACK
-
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    self._send(200, exposition(), CONTENT_TYPE_LATEST)
-                elif path in ("/healthz", "/readyz"):
-                    ok, text = (healthy if path == "/healthz" else ready)()
-                    self._send(200 if ok else 503, (text + "\n").encode(), "text/plain")
-                else:
-                    self._send(404, b"not found: try /metrics, /healthz, /readyz\n", "text/plain")
-
-            def _send(self, code: int, body: bytes, ctype: str) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                log.debug("http.request", line=format % args)
-
-        try:
-            self.httpd = ThreadingHTTPServer((host, port), Handler)
-        except OSError as err:
-            raise ConfigError(f"cannot listen on {address}: {err.strerror}") from err
-        self.httpd.daemon_threads = True
+        """Binds `address` now (see parse_address). Raises ConfigError, naming the address, when
+        it is malformed, does not resolve, or cannot be bound (e.g. the port is in use)."""
+        self.address = address
+        endpoints = _Endpoints(exposition, healthy, ready)
+        self.httpd = _listen(address, endpoints, idle_timeout_seconds, max_connections)
         self.port = int(self.httpd.server_address[1])
-        self._thread = threading.Thread(
-            target=self.httpd.serve_forever, name="metrics-http", daemon=True
-        )
+        self._thread = threading.Thread(target=self.httpd.serve, name="metrics-http", daemon=True)
+
+    @property
+    def active_connections(self) -> int:
+        """Connections being served by a handler thread now (at most max_connections)."""
+        return self.httpd.active_connections
 
     def start(self) -> None:
         self._thread.start()
-        log.info("metrics.listening", port=self.port)
+        log.info("metrics.listening", address=self.address, port=self.port)
 
     def stop(self) -> None:
-        self.httpd.shutdown()
+        """Stop accepting, close the idle connections and the listening socket. Requests being
+        answered finish on their own (daemon threads)."""
+        self.httpd.close()
+        if self._thread.ident is not None:
+            self._thread.join()
         self.httpd.server_close()
+
+
+def _listen(
+    address: str, endpoints: _Endpoints, idle_timeout_seconds: float, max_connections: int
+) -> _Server:
+    """A bound, listening _Server on the first of `address`'s resolved addresses that binds."""
+    host, port = parse_address(address)
+    try:
+        candidates = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except (OSError, ValueError) as err:  # ValueError: the idna codec refuses the name
+        reason = (err.strerror if isinstance(err, OSError) else None) or str(err)
+        raise ConfigError(
+            f"cannot listen on {address}: cannot resolve {host!r} ({reason})"
+        ) from err
+    first: OSError | None = None
+    for family, _type, _proto, _name, sockaddr in candidates:
+        try:
+            return _Server(family, sockaddr, endpoints, idle_timeout_seconds, max_connections)
+        except OSError as err:
+            first = first or err
+            # Only an address this host cannot have moves on to the next one: a port in use
+            # on 127.0.0.1 must not quietly become a listener on ::1 alone.
+            if err.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                break
+    reason = (first.strerror or str(first)) if first else "no address to bind"
+    raise ConfigError(f"cannot listen on {address}: {reason}") from first
+
+
+class _Server(HTTPServer):
+    """The listening socket, the selector of idle connections and the handler-thread cap."""
+
+    request_queue_size = LISTEN_BACKLOG
+
+    def __init__(
+        self,
+        family: socket.AddressFamily,
+        sockaddr: Any,
+        endpoints: _Endpoints,
+        idle_timeout_seconds: float,
+        max_connections: int,
+    ) -> None:
+        self.address_family = family
+        self.endpoints = endpoints
+        self.idle_timeout_seconds = idle_timeout_seconds
+        self.active_connections = 0
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._lock = threading.Lock()  # guards _stopping, _returned, active_connections
+        self._stopping = False
+        self._returned: list[tuple[socket.socket, Any]] = []  # back from keep-alive handlers
+        self._idle: dict[socket.socket, float] = {}  # -> deadline; insertion is deadline order
+        self._accept_paused_until = 0.0
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        super().__init__(sockaddr, _Handler)  # binds and listens; on failure calls server_close
+        self.socket.setblocking(False)
+        self._selector.register(self.socket, selectors.EVENT_READ)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind also calls getfqdn(host): a reverse DNS lookup nothing uses.
+        if self.address_family == socket.AF_INET6 and self.server_address[0] == "::":
+            with contextlib.suppress(OSError, AttributeError):  # dual-stack where the OS allows
+                self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super(HTTPServer, self).server_bind()
+        self.server_name = str(self.server_address[0])
+        self.server_port = int(self.server_address[1])
+
+    def serve(self) -> None:
+        """Accept, wait on idle connections, hand readable ones to threads; until close()."""
+        try:
+            while not self._stopping:
+                for key, _events in self._selector.select(self._wait_seconds()):
+                    if key.fileobj is self.socket:
+                        self._accept()
+                    elif key.fileobj is self._wake_r:
+                        self._take_returned()
+                    else:
+                        self._dispatch(*key.data)
+                self._expire()
+        finally:
+            for sock in list(self._idle):
+                self._drop(sock)
+
+    def close(self) -> None:
+        """Make serve() return; connections handed back after this are closed."""
+        with self._lock:
+            self._stopping = True
+            returned, self._returned = self._returned, []
+        for sock, _addr in returned:
+            self.shutdown_request(sock)
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        err = sys.exc_info()[1]
+        if isinstance(err, OSError):  # the client went away or stopped reading
+            log.debug("http.connection_lost", client=str(client_address), error=str(err))
+        else:
+            log.warning("http.handler_failed", error=f"{type(err).__name__}: {err}")
+
+    # -- the selector thread ----------------------------------------------------------------
+
+    def _wait_seconds(self) -> float | None:
+        deadlines = [next(iter(self._idle.values()))] if self._idle else []
+        if self._accept_paused_until:
+            deadlines.append(self._accept_paused_until)
+        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+
+    def _accept(self) -> None:
+        for _ in range(LISTEN_BACKLOG):
+            try:
+                sock, addr = self.socket.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as err:  # EMFILE and kin: the socket stays readable, so pause
+                log.warning("http.accept_failed", error=err.strerror or str(err))
+                self._selector.unregister(self.socket)
+                self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE_SECONDS
+                return
+            self._park(sock, addr)
+
+    def _park(self, sock: socket.socket, addr: Any) -> None:
+        if len(self._idle) >= MAX_IDLE_CONNECTIONS:
+            self._drop(next(iter(self._idle)))
+        self._idle[sock] = time.monotonic() + self.idle_timeout_seconds
+        self._selector.register(sock, selectors.EVENT_READ, (sock, addr))
+
+    def _drop(self, sock: socket.socket) -> None:
+        self._selector.unregister(sock)
+        del self._idle[sock]
+        self.shutdown_request(sock)
+
+    def _take_returned(self) -> None:
+        with contextlib.suppress(OSError):
+            while self._wake_r.recv(4096):
+                pass
+        with self._lock:
+            returned, self._returned = self._returned, []
+        for sock, addr in returned:
+            self._park(sock, addr)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._idle and next(iter(self._idle.values())) <= now:
+            self._drop(next(iter(self._idle)))
+        if self._accept_paused_until and now >= self._accept_paused_until:
+            self._accept_paused_until = 0.0
+            self._selector.register(self.socket, selectors.EVENT_READ)
+
+    def _dispatch(self, sock: socket.socket, addr: Any) -> None:
+        self._selector.unregister(sock)
+        del self._idle[sock]
+        if not self._slots.acquire(blocking=False):
+            log.debug("http.busy", client=str(addr))
+            _refuse(sock)
+            return
+        with self._lock:
+            self.active_connections += 1
+        name = f"metrics-http-{self.server_port}-conn"
+        thread = threading.Thread(target=self._serve, args=(sock, addr), name=name, daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # can't start new thread
+            self._release()
+            _refuse(sock)
+
+    # -- a handler thread --------------------------------------------------------------------
+
+    def _serve(self, sock: socket.socket, addr: Any) -> None:
+        keep_alive = linger = False
+        try:
+            handler = _Handler(sock, addr, self)
+            keep_alive, linger = handler.keep_alive, handler.linger
+        except Exception:  # logged without a traceback; the thread must end quietly
+            self.handle_error(sock, addr)
+        try:
+            if linger:
+                _drain(sock)
+            if not keep_alive:
+                self.shutdown_request(sock)
+        finally:
+            self._release()  # before the give-back: its next request may want this slot
+        if keep_alive and not self._give_back(sock, addr):
+            self.shutdown_request(sock)
+
+    def _give_back(self, sock: socket.socket, addr: Any) -> bool:
+        with self._lock:
+            if self._stopping:
+                return False
+            self._returned.append((sock, addr))
+        with contextlib.suppress(OSError):  # a full wake pipe already wakes the selector
+            self._wake_w.send(b"\0")
+        return True
+
+    def _release(self) -> None:
+        with self._lock:
+            self.active_connections -= 1
+        self._slots.release()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as Prometheus scrapes
+    # Until a request line parses, http.server takes it for HTTP/0.9 and answers errors with a
+    # bare HTML body, no status line: garbage would get no 400 a client can read.
+    default_request_version = "HTTP/1.0"
+    disable_nagle_algorithm = True  # headers and body leave at once, no delayed ACK
+    timeout = WRITE_TIMEOUT_SECONDS  # for writes; reads have the request's deadline
+    server: _Server
+    keep_alive = False  # give the connection back to the selector for the next request
+    linger = False  # answered before the whole request was read: drain it before closing
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the socket's own reader: replaced by one with a deadline
+        self._reader = _HeadReader(self.connection, WRITE_TIMEOUT_SECONDS)
+        self._head = io.BufferedReader(self._reader)
+        self.rfile = self._head
+
+    def handle(self) -> None:
+        self.close_connection = True
+        self.handle_one_request()
+        while not self.close_connection:
+            if not self._reader.peek_nowait(self._head):  # no pipelined request waiting
+                self.keep_alive = True
+                return
+            self.handle_one_request()
+
+    def handle_one_request(self) -> None:
+        self._reader.deadline = time.monotonic() + self.server.idle_timeout_seconds
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        if self.command in ("GET", "HEAD"):
+            return True
+        body = b"method not allowed: use GET or HEAD\n"
+        self._send(405, body, "text/plain", ("Allow", "GET, HEAD"), ("Connection", "close"))
+        self.linger = True
+        return False
+
+    def handle_expect_100(self) -> bool:
+        return True  # no request body is ever read: don't invite one
+
+    def do_GET(self) -> None:
+        self._send(*self._route())
+
+    def do_HEAD(self) -> None:
+        self._send(*self._route())  # _send leaves the body out
+
+    def _route(self) -> tuple[int, bytes, str]:
+        path = self.path.split("?", 1)[0]
+        endpoints = self.server.endpoints
+        if path == "/metrics":
+            return 200, endpoints.exposition(), CONTENT_TYPE_LATEST
+        if path in ("/healthz", "/readyz"):
+            ok, text = (endpoints.healthy if path == "/healthz" else endpoints.ready)()
+            return 200 if ok else 503, (text + "\n").encode(), "text/plain"
+        return 404, b"not found: try /metrics, /healthz, /readyz\n", "text/plain"
+
+    def _send(self, code: int, body: bytes, ctype: str, *headers: tuple[str, str]) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in headers:
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        self.linger = True  # the rest of the refused request may still be arriving
+        # The reason phrase may quote a 64 KiB request line; a status line needs none of it.
+        super().send_error(code, message[:80] if message else None, explain)
+
+    def log_message(self, format: str, *args: object) -> None:
+        log.debug("http.request", client=str(self.client_address[0]), line=format % args)
+
+
+class _HeadReader(io.RawIOBase):
+    """Reads a socket under one deadline for a whole request line and headers, so a client
+    sending a byte at a time cannot hold a thread longer than that; writes keep their timeout."""
+
+    def __init__(self, sock: socket.socket, write_timeout_seconds: float) -> None:
+        super().__init__()
+        self.sock = sock
+        self.write_timeout_seconds = write_timeout_seconds
+        self.deadline = math.inf
+        self.nowait = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int | None:
+        timeout = 0.0 if self.nowait else self.deadline - time.monotonic()
+        if timeout <= 0 and not self.nowait:
+            raise TimeoutError("the request line and headers took too long")
+        self.sock.settimeout(timeout)
+        try:
+            return self.sock.recv_into(buffer)
+        except BlockingIOError:
+            return None  # nowait, nothing arrived: BufferedReader.peek returns b""
+        finally:
+            self.sock.settimeout(self.write_timeout_seconds)
+
+    def peek_nowait(self, rfile: io.BufferedReader[_HeadReader]) -> bytes:
+        """What `rfile` holds or the socket has received, without waiting (b"" for none)."""
+        self.nowait = True
+        try:
+            return rfile.peek(1)
+        finally:
+            self.nowait = False
+
+
+def _drain(sock: socket.socket) -> None:
+    """Read and drop what the client still sends, for a moment: closing a socket with unread
+    data sends a reset, which can destroy the error response before the client reads it."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + LINGER_SECONDS
+        received = 0
+        while received < LINGER_BYTES and (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            chunk = sock.recv(65536)
+            if not chunk:
+                return
+            received += len(chunk)
+
+
+def _refuse(sock: socket.socket) -> None:
+    """Answer 503 without a thread (all are busy) and close."""
+    with contextlib.suppress(OSError):
+        sock.setblocking(False)
+        sock.recv(65536)  # the request that made it readable; unread, closing would reset
+        sock.send(_BUSY)
+        sock.shutdown(socket.SHUT_WR)
+    sock.close()

@@ -46,7 +46,8 @@ class SliceCollector:
         }
         counts = GaugeMetricFamily(
             "nodeagent_gpu_slices",
-            "Slices per profile: used (a process runs on it or a pod was allocated it) or free.",
+            "Slices per profile: used (a process runs on it or a pod was allocated it), free, or"
+            " incomplete (a GPU instance without its compute instance: not usable).",
             labels=["gpu", "profile", "state"],
         )
         ratios, allocated = self.store.gpm.by_gi, snap.allocated
@@ -66,7 +67,7 @@ class SliceCollector:
                 sms.add_metric(keys, s.multiprocessor_count)
                 procs.add_metric(keys, len(s.processes))
                 held = s.mig_uuid is not None and s.mig_uuid in allocated
-                state = "used" if s.in_use or held else "free"
+                state = "incomplete" if s.ci_id is None else "used" if s.in_use or held else "free"
                 tally[(s.profile, state)] = tally.get((s.profile, state), 0) + 1
                 if s.gi_id not in seen_gi:
                     seen_gi.add(s.gi_id)
@@ -75,4 +76,6 @@ class SliceCollector:
             for profile in sorted({s.profile for s in gpu.slices}):
                 for state in ("free", "used"):
                     counts.add_metric([g, profile, state], tally.get((profile, state), 0))
+                if (profile, "incomplete") in tally:
+                    counts.add_metric([g, profile, "incomplete"], tally[(profile, "incomplete")])
         yield from (info, total, used, sms, procs, *gpm.values(), counts)

@@ -36,7 +36,9 @@ def load_config(path: str | None) -> MigConfigFile:
     if not path:
         raise ConfigError("no MIG config file: pass -f FILE or set NODEAGENT_MIG_CONFIG_FILE")
     if path == "-":
-        return parse_config(sys.stdin.read(), "<stdin>")
+        stream = getattr(sys.stdin, "buffer", None)  # bytes: a bad byte is one sentence
+        data = stream.read() if stream is not None else sys.stdin.read().encode()
+        return parse_config(_decode(data, "<stdin>"), "<stdin>")
     try:
         data = Path(path).read_bytes()
     except OSError as err:
@@ -174,10 +176,21 @@ class _Executor:
         return {**op.to_dict(), "gi_id": gi_id, "ci_id": ci_id}
 
 
-def execute(the_plan: Plan, writer: MigWriter, reset: Reset) -> list[dict[str, Any]]:
-    """Run every operation in order; returns what was done (each op with the ids it got)."""
+def execute(
+    the_plan: Plan,
+    writer: MigWriter,
+    reset: Reset,
+    on_done: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run every operation in order; returns what was done (each op with the ids it got).
+    `on_done` hears of each operation as soon as it is done (progress for a user watching)."""
     executor = _Executor(writer, reset)
-    return [executor.run(op) for op in the_plan.operations]
+    done = []
+    for op in the_plan.operations:
+        done.append(executor.run(op))
+        if on_done is not None:
+            on_done(done[-1])
+    return done
 
 
 def reconfigure(
@@ -188,6 +201,7 @@ def reconfigure(
     in_use: Mapping[str, str] | None = None,
     dry_run: bool = False,
     on_step: Callable[[str], None] | None = None,
+    on_done: Callable[[dict[str, Any]], None] | None = None,
 ) -> Outcome:
     """Bring the node to config `name` of `cfg`. Raises ConfigError, NothingMatched,
     SliceInUse, GeometryInvalid, ModeChangePending, NvmlError, or MigError when the GPUs
@@ -207,7 +221,7 @@ def reconfigure(
     if dry_run:
         return Outcome(the_plan, (), inventory, desired)
     step("apply")
-    done = execute(the_plan, MigWriter(session), reset)
+    done = execute(the_plan, MigWriter(session), reset, on_done)
     step("verify")
     after = read_inventory(session)
     problems = mismatches(after, desired)

@@ -84,10 +84,15 @@ class _Errors:
             raise config_error(self.source, self.items)
 
 
+MAX_ERRORS = 20  # a file of 200,000 configs aliasing one bad entry must not print 19 MB
+
+
 def config_error(source: str, items: list[str]) -> ConfigError:
     if len(items) == 1:
         return ConfigError(items[0])
-    return ConfigError(f"{source} has {len(items)} errors:\n  " + "\n  ".join(items))
+    shown = "\n  ".join(items[:MAX_ERRORS])
+    more = f"\n  ... and {len(items) - MAX_ERRORS} more" if len(items) > MAX_ERRORS else ""
+    return ConfigError(f"{source} has {len(items)} errors:\n  {shown}{more}")
 
 
 def _mapping(node: yaml.Node, errors: _Errors, what: str) -> list[tuple[yaml.Node, yaml.Node]]:
@@ -121,26 +126,67 @@ def _kind(node: yaml.Node) -> str:
 
 
 def _scalar(node: yaml.Node) -> Any:
-    """The plain YAML value of a scalar node (int, bool, str, None...); None for others."""
+    """The plain YAML value of a scalar node (int, bool, str, None...); None for others. A value
+    its tag cannot build (`!!int abc`) is its text: `_check_tags` has reported it."""
     if not isinstance(node, yaml.ScalarNode):
         return None
-    return yaml.constructor.SafeConstructor().construct_object(node)
+    try:
+        return yaml.constructor.SafeConstructor().construct_object(node)
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError):
+        return node.value
+
+
+STANDARD_TAG = "tag:yaml.org,2002:"
+
+
+def _check_tags(root: yaml.Node, errors: _Errors) -> None:
+    """Every node once (aliases share nodes), without recursion: a tag other than YAML's own
+    (`!custom`) and a scalar its tag cannot build (`!!int abc`, `!!timestamp 2001-99-99`) are
+    errors at their position."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if not node.tag.startswith(STANDARD_TAG):
+            errors.add(node, f"tag {node.tag!r} is not allowed in a MIG config")
+        elif isinstance(node, yaml.ScalarNode):
+            try:
+                yaml.constructor.SafeConstructor().construct_object(node)
+            except (yaml.YAMLError, ValueError, TypeError, OverflowError) as err:
+                problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+                errors.add(
+                    node,
+                    f"{node.value!r} is not a valid {node.tag[len(STANDARD_TAG) :]}: {problem}",
+                )
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                stack += (value, key)
+        elif isinstance(node, yaml.SequenceNode):
+            stack += reversed(node.value)
 
 
 def parse_config(text: str, source: str) -> MigConfigFile:
     """Parse a v1 MIG config file; raise ConfigError listing every problem with its position."""
     errors = _Errors(source)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        # libyaml when present: ~20x faster than the pure-Python reader, marks kept.
+        root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        problem = getattr(err, "problem", None) or str(err)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(f"{where}: not valid YAML: {problem}") from err
+    except RecursionError as err:
+        raise ConfigError(f"{source}: not valid YAML: nested too deeply") from err
     if root is None:
         raise ConfigError(f"{source}: the file is empty; expected 'version: v1' and 'mig-configs'")
+    _check_tags(root, errors)
     if not isinstance(root, yaml.MappingNode):
-        raise ConfigError(f"{errors.mark(root)}: the file must be a mapping, not {_kind(root)}")
+        errors.add(root, f"the file must be a mapping, not {_kind(root)}")
+        errors.raise_if_any()
     top = dict((k.value, (k, v)) for k, v in _mapping(root, errors, "the file"))
     for key, (knode, _) in top.items():
         if key not in ("version", "mig-configs"):

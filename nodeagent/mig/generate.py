@@ -59,13 +59,15 @@ def generate_configs(inventory: Inventory) -> dict[str, list[dict[str, Any]]]:
 
 
 def export_current(inventory: Inventory) -> dict[str, list[dict[str, Any]]]:
-    """The node's geometry as one config named `current`, which `mig apply` accepts."""
+    """The node's geometry as one config named `current`, which `mig apply` accepts. A GPU
+    instance without its compute instance (an interrupted apply) is not part of it."""
     groups: dict[tuple[bool, tuple[tuple[str, int], ...]], list[int]] = {}
     for gpu in inventory.gpus:
         counts: dict[str, int] = {}
         if gpu.mig_current:
             for gi in existing_instances(gpu):
-                counts[gi.profile] = counts.get(gi.profile, 0) + 1
+                if gi.ci_ids:
+                    counts[gi.profile] = counts.get(gi.profile, 0) + 1
         key = (gpu.mig_current, tuple(sorted(counts.items())))
         groups.setdefault(key, []).append(gpu.index)
     entries: list[dict[str, Any]] = []

@@ -60,8 +60,11 @@ class MpsControl:
 
     def start_daemon(self, visible_devices: str) -> None:
         """`nvidia-cuda-mps-control -d` with the pipe/log directories and CUDA_VISIBLE_DEVICES."""
-        self.pipe_dir.mkdir(parents=True, exist_ok=True)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for folder in (self.pipe_dir, self.log_dir):
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise MpsError(f"cannot make MPS directory {folder}: {err.strerror}") from err
         try:
             proc = subprocess.run(
                 [self.binary, "-d"],
@@ -77,6 +80,18 @@ class MpsControl:
         if proc.returncode != 0:
             text = (proc.stdout + proc.stderr).strip()
             raise MpsError(f"the MPS control daemon did not start: {text or proc.returncode}")
+
+    def daemon_devices(self, pid: int) -> list[str] | None:
+        """The CUDA_VISIBLE_DEVICES the daemon `pid` was started with (None: unknown)."""
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return None
+        for item in environ:
+            if item.startswith(b"CUDA_VISIBLE_DEVICES="):
+                value = item.split(b"=", 1)[1].decode(errors="replace")
+                return [d for d in value.split(",") if d]
+        return None
 
     def daemon_pid(self) -> int | None:
         """The daemon's pid from its pid file, if that process is alive."""

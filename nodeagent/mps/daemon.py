@@ -103,6 +103,7 @@ class MpsDaemon:
                 log.info("mps.adopted", pid=self.control.daemon_pid())
             self.apply_limits()
             self.verify()
+            self.write_ready()
         except AgentError:
             # Undo what this call did, and only that: an adopted daemon keeps running.
             if started:
@@ -110,12 +111,16 @@ class MpsDaemon:
             elif self.control.daemon_pid() is None:
                 self._set_exclusive(False)
             raise
-        self.write_ready()
         return self.status()
 
     def write_ready(self) -> None:
-        """The ready file: written (atomically) only once the limits were read back."""
-        atomic_write_text(self.settings.ready_file, json.dumps(self.status().to_dict()) + "\n")
+        """The ready file: written (atomically) only once the limits were read back. Raises
+        MpsError when it cannot be written."""
+        path = self.settings.ready_file
+        try:
+            atomic_write_text(path, json.dumps(self.status().to_dict()) + "\n")
+        except OSError as err:
+            raise MpsError(f"cannot write the MPS ready file {path}: {err.strerror}") from err
 
     def apply_limits(self) -> None:
         self.control.command(
@@ -132,13 +137,19 @@ class MpsDaemon:
         except ValueError:
             pct = None
         pinned: dict[int, int | None] = {}
-        for device in sorted(self.limits.pinned_bytes) or range(len(self.settings.devices)):
+        for device in sorted(self.limits.pinned_bytes) or range(self._device_count()):
             text = self.control.command(f"get_default_device_pinned_mem_limit {device}")
             try:
                 pinned[device] = parse_size(text) if text else None
             except AgentError:
                 pinned[device] = None
         return pct, pinned
+
+    def _device_count(self) -> int:
+        """How many devices the running daemon has (its CUDA_VISIBLE_DEVICES), else ours."""
+        pid = self.control.daemon_pid()
+        devices = self.control.daemon_devices(pid) if pid is not None else None
+        return len(devices) if devices is not None else len(self.settings.devices)
 
     def verify(self) -> None:
         """The daemon ignores bad values silently: only a read-back proves a setting holds."""
@@ -181,7 +192,8 @@ class MpsDaemon:
 
     def stop(self, timeout_seconds: float = 10.0) -> None:
         """`quit`, wait for the daemon to exit, kill what is left (daemon and servers)."""
-        self.settings.ready_file.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a ready file that cannot be there is not there
+            self.settings.ready_file.unlink(missing_ok=True)
         pid = self.control.daemon_pid()
         if pid is None:
             self._set_exclusive(False)

@@ -9,6 +9,8 @@ rollout) unless `stop_on_exit` is asked for.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nodeagent.errors import MpsError
@@ -35,78 +37,126 @@ class MpsChange:
 
 
 class MpsManager:
+    """The agent's MPS daemon. Every change and every probe holds `lock`: the health probe
+    never restarts a daemon the pipeline is stopping or replacing."""
+
     def __init__(self, compute: ComputeModes | None = None) -> None:
         self.compute = compute
         self.daemon: MpsDaemon | None = None
         self.started_by_us = False
         self.status: MpsStatus | None = None
+        self.lock = threading.RLock()
 
     @property
     def serving(self) -> tuple[int, ...]:
         """GPU indices the managed daemon serves (none when MPS is not managed)."""
         return self.daemon.settings.devices if self.daemon is not None else ()
 
+    def _clients(self) -> int:
+        status = self.status
+        return sum(len(c) for c in status.clients.values()) if status else 0
+
     def plan(self, intent: MpsIntent | None) -> MpsChange:
-        """Pure apart from asking the daemon for its clients when a restart would end them."""
-        if intent is None:
-            return MpsChange("stop", reason="MPS disabled") if self.daemon else MpsChange("none")
-        if self.daemon is None:
-            return MpsChange("start", intent)
-        current = self.daemon
-        if current.limits.visible_devices != intent.limits.visible_devices:
-            clients = self.status.clients if self.status else {}
-            if any(clients.values()):
-                raise MpsError(
-                    f"moving MPS from GPUs {list(current.settings.devices)} to"
-                    f" {list(intent.settings.devices)} needs a daemon restart, which would end"
-                    f" its {sum(len(c) for c in clients.values())} clients; it waits until they"
-                    " leave"
-                )
-            return MpsChange("restart", intent, "other GPUs")
-        if current.limits != intent.limits or current.settings != intent.settings:
-            return MpsChange("limits", intent)
-        return MpsChange("none", intent)
+        """The one change from the daemon as it is to `intent`. Raises MpsError when the
+        change would end running clients (a stop or a move to other GPUs waits for them)."""
+        with self.lock:
+            if intent is None:
+                if self.daemon is None:
+                    return MpsChange("none")
+                if self._clients():
+                    raise MpsError(
+                        f"MPS is disabled but the daemon serves {self._clients()} clients;"
+                        " it stops once they leave"
+                    )
+                return MpsChange("stop", reason="MPS disabled")
+            if self.daemon is None:
+                return MpsChange("start", intent)
+            current = self.daemon
+            if current.limits.visible_devices != intent.limits.visible_devices:
+                if self._clients():
+                    raise MpsError(
+                        f"moving MPS from GPUs {list(current.settings.devices)} to"
+                        f" {list(intent.settings.devices)} needs a daemon restart, which would"
+                        f" end its {self._clients()} clients; it waits until they leave"
+                    )
+                return MpsChange("restart", intent, "other GPUs")
+            if current.limits != intent.limits or current.settings != intent.settings:
+                return MpsChange("limits", intent)
+            return MpsChange("none", intent)
 
     def apply(self, change: MpsChange) -> None:
         """Do `change`; raises MpsError (a daemon this call started is stopped again)."""
         if change.action == "none":
             return
-        if change.action in ("stop", "restart") and self.daemon is not None:
-            self.daemon.stop()
-            log.info("mps.stopped_for_change", reason=change.reason or change.action)
-            self.daemon, self.status, self.started_by_us = None, None, False
-        if change.action == "stop":
-            return
-        assert change.intent is not None
-        if change.action == "limits" and self.daemon is not None:
-            self.daemon.settings = change.intent.settings
-            self.daemon.limits = change.intent.limits
-            self.daemon.apply_limits()
-            self.daemon.verify()
-            self.daemon.write_ready()
-            log.info("mps.limits", percentage=change.intent.limits.thread_percentage)
-        else:
-            daemon = MpsDaemon(change.intent.settings, change.intent.limits, self.compute)
-            adopted = daemon.control.daemon_pid() is not None
-            self.status = daemon.start()
-            self.daemon, self.started_by_us = daemon, not adopted
-        self.refresh_status()
+        with self.lock:
+            if change.action in ("stop", "restart") and self.daemon is not None:
+                self.daemon.stop()
+                log.info("mps.stopped_for_change", reason=change.reason or change.action)
+                self.daemon, self.status, self.started_by_us = None, None, False
+            if change.action == "stop":
+                return
+            assert change.intent is not None
+            if change.action == "limits" and self.daemon is not None:
+                self.daemon.settings = change.intent.settings
+                self.daemon.limits = change.intent.limits
+                self.daemon.apply_limits()
+                self.daemon.verify()
+                self.daemon.write_ready()
+                log.info("mps.limits", percentage=change.intent.limits.thread_percentage)
+            else:
+                daemon = MpsDaemon(change.intent.settings, change.intent.limits, self.compute)
+                adopted = self._adoptable(daemon)
+                self.status = daemon.start()
+                self.daemon, self.started_by_us = daemon, not adopted
+            self.refresh_status()
+
+    def _adoptable(self, daemon: MpsDaemon) -> bool:
+        """Whether a daemon already runs in the pipe directory for exactly these GPUs (then it
+        is adopted). One on other GPUs is replaced when idle, refused when it has clients."""
+        pid = daemon.control.daemon_pid()
+        if pid is None:
+            return False
+        running = daemon.control.daemon_devices(pid)
+        wanted = daemon.limits.visible_devices
+        if running is None or ",".join(running) == wanted:
+            return True
+        found = daemon.status()
+        clients = sum(len(c) for c in found.clients.values())
+        if clients:
+            raise MpsError(
+                f"an MPS daemon (pid {pid}) already runs in {daemon.settings.pipe_dir} for"
+                f" other GPUs ({','.join(running)}) with {clients} clients; it is not replaced"
+                " while they run"
+            )
+        log.warning("mps.replacing", pid=pid, had=",".join(running), wanted=wanted)
+        daemon.stop()
+        return False
 
     def verify(self) -> None:
         """Read the limits back (the daemon ignores bad values silently)."""
-        if self.daemon is not None:
-            self.daemon.verify()
+        with self.lock:
+            if self.daemon is not None:
+                self.daemon.verify()
 
     def refresh_status(self) -> MpsStatus | None:
-        self.status = self.daemon.status() if self.daemon is not None else None
-        return self.status
+        with self.lock:
+            self.status = self.daemon.status() if self.daemon is not None else None
+            return self.status
+
+    def probe(self, check: Callable[[MpsDaemon], None]) -> None:
+        """Run the health check on the managed daemon, if any, under the lock."""
+        with self.lock:
+            if self.daemon is not None:
+                check(self.daemon)
+                self.refresh_status()
 
     def shutdown(self, stop_daemon: bool) -> None:
         """At exit: quit the daemon only when asked; else leave it to its clients."""
-        if self.daemon is None:
-            return
-        if stop_daemon:
-            self.daemon.stop()
-        else:
-            log.info("mps.left_running", pid=self.daemon.control.daemon_pid())
-        self.daemon = None
+        with self.lock:
+            if self.daemon is None:
+                return
+            if stop_daemon:
+                self.daemon.stop()
+            else:
+                log.info("mps.left_running", pid=self.daemon.control.daemon_pid())
+            self.daemon = None

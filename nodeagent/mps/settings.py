@@ -69,6 +69,11 @@ def validate(settings: MpsSettings, inventory: Inventory) -> Limits:
         problems.append(f"replicas must be 2 or more, not {settings.replicas}")
     if settings.thread_percentage is not None and not 1 <= settings.thread_percentage <= 100:
         problems.append(f"thread percentage must be 1-100, not {settings.thread_percentage}")
+    if settings.thread_percentage is None and settings.replicas > 100:
+        problems.append(
+            f"{settings.replicas} replicas leave each client 0 % of the SMs (100 // replicas);"
+            " use at most 100 replicas or set the thread percentage"
+        )
     if not settings.devices:
         problems.append("no GPU selected for MPS")
     if len(set(settings.devices)) != len(settings.devices):
@@ -101,6 +106,11 @@ def validate(settings: MpsSettings, inventory: Inventory) -> Limits:
         except ConfigError as err:
             problems.append(str(err))
             continue
+        if size < 1 << 20:
+            problems.append(
+                f"pinned memory limit {text} of GPU {index} is under 1 MiB; the daemon takes"
+                " whole MiB (a limit of 0 would be no limit)"
+            )
         if size > gpu.memory_total_bytes:
             problems.append(
                 f"pinned memory limit {text} of GPU {index} is more than its"
@@ -128,7 +138,9 @@ def parse_pinned(text: str | None, devices: tuple[int, ...]) -> dict[int, str]:
     out: dict[int, str] = {}
     for part in text.split(","):
         index, sep, size = part.partition("=")
-        if not sep or not index.strip().isdigit():
+        if not sep or not (index.strip().isascii() and index.strip().isdigit()):
             raise ConfigError(f"pinned memory limit {part!r} must be SIZE or INDEX=SIZE,...")
+        if int(index) in out:
+            raise ConfigError(f"pinned memory limit {text!r} gives GPU {int(index)} twice")
         out[int(index)] = size.strip()
     return out

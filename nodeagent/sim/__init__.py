@@ -10,7 +10,8 @@ from nodeagent.sim.models import MODEL_NAMES, load_model, parse_spec
 def open_emulator(spec: str, state_path: Path | None = None) -> SimulatedNvml:
     """The emulator for a simulate SPEC, with state kept in `state_path` when given.
 
-    Faults from NODEAGENT_SIM_FAULTS apply. Raises SimError for a bad spec or state file.
+    Faults from NODEAGENT_SIM_FAULTS apply. Raises SimError for a bad spec, fault rule or
+    state file.
     """
     return SimulatedNvml(parse_spec(spec), state_path, FaultPlan.from_env())
 

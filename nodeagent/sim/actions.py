@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from nodeagent.errors import SimError
+import pynvml
+
+from nodeagent.errors import NothingMatched, NvmlError, SimError
 from nodeagent.sim.base import (
     _KIND_DEVICE,
     _KIND_MIG,
@@ -12,6 +14,7 @@ from nodeagent.sim.base import (
 from nodeagent.sim.models import (
     MIB,
 )
+from nodeagent.sim.rules import MAX_PID
 from nodeagent.sim.state import CiState, GiState, GpuState, ProcessState
 
 
@@ -21,9 +24,15 @@ class UserActions(SimBase):
     def attach(self, device: str, pid: int, memory_bytes: int, load: float = 1.0) -> str:
         """Start an emulated process on a GPU (index or UUID) or MIG device (MIG UUID).
 
-        Returns a description of where it runs. Raises SimError for an unknown device, a pid
-        already attached, a full GPU with MIG enabled, or memory over what is free.
+        Returns a description of where it runs. Raises SimError for a pid out of range or
+        already attached, an unknown device, a full GPU with MIG enabled, or memory over what
+        is free.
         """
+        _check_pid(pid)
+        if memory_bytes < 0:
+            raise SimError(f"memory must be 0 bytes or more, not {memory_bytes}")
+        if not 0.0 <= load <= 1.0:
+            raise SimError(f"load must be between 0 and 1, not {load}")
         with self.edit() as state:
             if any(p.pid == pid for p in state.processes):
                 raise SimError(f"pid {pid} is already attached; detach it first")
@@ -59,30 +68,39 @@ class UserActions(SimBase):
         return where
 
     def detach(self, pid: int) -> None:
-        """End an emulated process; raises SimError if no such pid is attached."""
+        """End an emulated process. Raises SimError for a pid out of range, NothingMatched
+        when no process with that pid is attached (the state file is then left as it is)."""
+        _check_pid(pid)
         with self.edit() as state:
             before = len(state.processes)
             state.processes = [p for p in state.processes if p.pid != pid]
             if len(state.processes) == before:
-                raise SimError(f"no emulated process with pid {pid} is attached")
+                raise NothingMatched(f"no emulated process with pid {pid} is attached")
 
     def reset(self, index: int) -> None:
         """`nvidia-smi -r -i INDEX`: apply a pending MIG mode; instances do not survive.
 
-        Raises SimError for an unknown GPU or one with processes on it.
+        Raises SimError for an unknown GPU, NvmlError IN_USE (what the driver answers) for one
+        with processes on it.
         """
         with self.edit() as state:
             if not 0 <= index < len(state.gpus):
                 raise SimError(f"GPU {index} does not exist (this node has {len(state.gpus)})")
-            if any(p.gpu == index for p in state.processes):
-                raise SimError(f"GPU {index} cannot be reset: processes are running on it")
+            pids = [str(p.pid) for p in state.processes if p.gpu == index]
+            if pids:
+                raise NvmlError(
+                    pynvml.NVML_ERROR_IN_USE,
+                    "GPU reset",
+                    f"processes {', '.join(pids)} run on it",
+                    context=f"GPU {index}",
+                )
             gpu = state.gpus[index]
             gpu.gis.clear()
             gpu.mig_current = gpu.mig_pending
 
     def _find_device(self, device: str) -> tuple[GpuState, GiState | None, CiState | None]:
         gpus = self.state.gpus
-        if device.isdigit():
+        if device.isascii() and device.isdigit():
             if int(device) >= len(gpus):
                 raise SimError(f"GPU {device} does not exist (this node has {len(gpus)} GPUs)")
             return gpus[int(device)], None, None
@@ -93,3 +111,8 @@ class UserActions(SimBase):
                 if ci.uuid == device:
                     return gpu, gi, ci
         raise SimError(f"no GPU or MIG device {device!r} on this node (see 'nodeagent status')")
+
+
+def _check_pid(pid: int) -> None:
+    if not 1 <= pid <= MAX_PID:
+        raise SimError(f"pid {pid} is not a process id (1 to {MAX_PID})")

@@ -27,26 +27,23 @@ from nodeagent.errors import SimError
 from nodeagent.sim.faults import FaultPlan, SimulatedCrash
 from nodeagent.sim.gpm import GpmSamples
 from nodeagent.sim.models import (
-    MIB,
     DeviceModel,
     ProfileModel,
     load_model,
 )
+from nodeagent.sim.rules import device_memory
 from nodeagent.sim.state import (
     CiState,
     GiState,
     GpuState,
     SimState,
     fresh_state,
-    load_state,
-    save_state,
 )
+from nodeagent.sim.statefile import load_state, real_path, save_state
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _KIND_DEVICE, _KIND_MIG, _KIND_GI, _KIND_CI = 1, 2, 3, 4
-# Compute-instance profiles: NVML_COMPUTE_INSTANCE_PROFILE_<N>_SLICE constant -> N.
-_CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}
 NO_ID = 0xFFFFFFFF
 MAX_MIG_DEVICES = 7
 
@@ -177,13 +174,28 @@ class SimBase:
             self._sync()
             yield
             return
-        lock_path = self._path.with_name(self._path.name + ".lock")
-        with open(lock_path, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with self._file_lock():
             self._sync()
             yield
             save_state(self._path, self.state)
             self._remember_stamp()
+
+    @contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        """Hold the lock beside the state file (beside the file a link points to, so a link
+        and its target share one lock)."""
+        assert self._path is not None
+        target = real_path(self._path)
+        lock_path = target.with_name(target.name + ".lock")
+        try:
+            lock = open(lock_path, "a")  # noqa: SIM115 (closed below; the open is what may fail)
+        except OSError as err:
+            raise SimError(
+                f"cannot lock emulator state file {self._path}: {err.strerror} ({lock_path})"
+            ) from err
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
 
     @contextmanager
     def edit(self) -> Iterator[SimState]:
@@ -262,11 +274,10 @@ class SimBase:
         """(total, used) bytes of a GPU or MIG device."""
         if _decode(handle)[0] == _KIND_MIG:
             gpu, model, gi, ci = self._mig_target(handle)
-            total = self._profile(model, gi.profile_id).memory_size_mb * MIB
-            used = sum(p.memory_bytes for p in self._processes_on(gpu.index, gi.id, ci.id))
-            return total, used
-        gpu, model = self._gpu(handle)
-        used = model.memory_reserved_bytes + sum(
-            p.memory_bytes for p in self._processes_on(gpu.index)
-        )
-        return model.memory_total_bytes, used
+            total, reserved = device_memory(model, self._profile(model, gi.profile_id))
+            procs = self._processes_on(gpu.index, gi.id, ci.id)
+        else:
+            gpu, model = self._gpu(handle)
+            total, reserved = device_memory(model, None)
+            procs = self._processes_on(gpu.index)
+        return total, reserved + sum(p.memory_bytes for p in procs)

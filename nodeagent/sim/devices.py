@@ -19,6 +19,7 @@ from nodeagent.sim.base import (
 from nodeagent.sim.models import (
     load_model,
 )
+from nodeagent.sim.rules import COMPUTE_MODES
 
 
 class DeviceCalls(SimBase):
@@ -158,7 +159,7 @@ class DeviceCalls(SimBase):
     @nvml_call(mutating=True)
     def nvmlDeviceSetComputeMode(self, handle: Any, mode: int) -> None:
         gpu, _ = self._gpu(handle)
-        if mode not in (0, 2, 3):  # DEFAULT, PROHIBITED, EXCLUSIVE_PROCESS
+        if mode not in COMPUTE_MODES:
             _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         gpu.compute_mode = mode
 

@@ -35,44 +35,115 @@ class Fault:
     when: str = "before"
 
 
-def _error_code(value: Any) -> int:
+_RULE_KEYS = ("function", "call", "mutation", "error", "exit", "when")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _error_codes() -> dict[str, int]:
+    """NVML's error names (IN_USE) and their codes, as pynvml defines them."""
+    return {
+        name.removeprefix("NVML_ERROR_"): value
+        for name, value in vars(pynvml).items()
+        if name.startswith("NVML_ERROR_") and isinstance(value, int)
+    }
+
+
+def emulated_functions() -> dict[str, str]:
+    """The NVML functions a fault can hit: each name the emulator answers to (aliases such as
+    `..._v3` included) -> the name its calls are counted under."""
+    from nodeagent.sim.library import SimulatedNvml  # the emulator imports this module
+
+    names = {}
+    for name in dir(SimulatedNvml):
+        fn = getattr(SimulatedNvml, name)
+        if name.startswith("nvml") and callable(fn) and hasattr(fn, "__wrapped__"):
+            names[name] = fn.__name__
+    return names
+
+
+def _error_code(value: Any, where: str) -> int:
+    codes = _error_codes()
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise SimError(f"{where}: 'error' must be an NVML error name or code, not {_shown(value)}")
     if isinstance(value, int):
+        if value not in codes.values():
+            raise SimError(f"{where}: 'error' {value} is no NVML error code (e.g. 19, IN_USE)")
         return value
-    name = str(value).upper().removeprefix("NVML_ERROR_")
-    code = getattr(pynvml, f"NVML_ERROR_{name}", None)
-    if not isinstance(code, int):
-        raise SimError(f"fault names unknown NVML error {value!r} (e.g. IN_USE, NOT_FOUND)")
+    code = codes.get(value.upper().removeprefix("NVML_ERROR_"))
+    if code is None:
+        raise SimError(f"{where}: 'error' names unknown NVML error {_shown(value)} (e.g. IN_USE)")
     return code
 
 
+def _count(rule: dict[str, Any], key: str, where: str) -> int | None:
+    value = rule.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SimError(f"{where}: {key!r} must be a whole number from 1 up, not {_shown(value)}")
+    return value
+
+
+def _function(rule: dict[str, Any], where: str) -> str | None:
+    value = rule.get("function")
+    if value is None:
+        return None
+    functions = emulated_functions()
+    if not isinstance(value, str) or value not in functions:
+        raise SimError(
+            f"{where}: 'function' {_shown(value)} is no NVML function of the emulator's"
+            " (pynvml's names, e.g. nvmlDeviceCreateGpuInstanceWithPlacement)"
+        )
+    return functions[value]
+
+
+def _rule(rule: Any, where: str) -> Fault:
+    if not isinstance(rule, dict):
+        raise SimError(f"{where} must be an object (a rule), not {_shown(rule)}")
+    unknown = sorted(set(rule) - set(_RULE_KEYS))
+    if unknown:
+        raise SimError(
+            f"{where} is a bad rule: unknown key {_shown(unknown[0])};"
+            f" keys: {', '.join(_RULE_KEYS)}"
+        )
+    if ("error" in rule) == ("exit" in rule):
+        raise SimError(f"{where} needs exactly one of 'error' or 'exit'")
+    exit_code = rule.get("exit")
+    if "exit" in rule and (
+        isinstance(exit_code, bool) or not isinstance(exit_code, int) or not 0 <= exit_code <= 255
+    ):
+        raise SimError(
+            f"{where}: 'exit' must be a process exit status 0 to 255, not {_shown(exit_code)}"
+        )
+    when = rule.get("when", "before")
+    if when not in ("before", "after"):
+        raise SimError(f"{where}: 'when' is 'before' or 'after', not {_shown(when)}")
+    return Fault(
+        function=_function(rule, where),
+        call=_count(rule, "call", where),
+        mutation=_count(rule, "mutation", where),
+        error=_error_code(rule["error"], where) if "error" in rule else None,
+        exit_code=exit_code,
+        when=when,
+    )
+
+
 def parse_faults(text: str) -> list[Fault]:
-    """Parse the NODEAGENT_SIM_FAULTS JSON list; raises SimError on a malformed rule."""
+    """Parse the NODEAGENT_SIM_FAULTS JSON list; raises SimError naming the variable and the
+    index of the first bad rule."""
     try:
         rules = json.loads(text)
     except json.JSONDecodeError as err:
-        raise SimError(f"{FAULTS_ENV} is not JSON: {err.msg}") from err
+        raise SimError(f"{FAULTS_ENV} is not JSON: {err.msg} (column {err.colno})") from err
+    except (ValueError, RecursionError) as err:
+        raise SimError(f"{FAULTS_ENV} is not JSON the emulator can read") from err
     if not isinstance(rules, list):
         raise SimError(f"{FAULTS_ENV} must be a JSON list of fault rules")
-    faults = []
-    allowed = {"function", "call", "mutation", "error", "exit", "when"}
-    for rule in rules:
-        if not isinstance(rule, dict) or set(rule) - allowed:
-            raise SimError(f"{FAULTS_ENV}: bad rule {rule!r}; keys: {', '.join(sorted(allowed))}")
-        if ("error" in rule) == ("exit" in rule):
-            raise SimError(f"{FAULTS_ENV}: rule {rule!r} needs exactly one of 'error' or 'exit'")
-        if rule.get("when", "before") not in ("before", "after"):
-            raise SimError(f"{FAULTS_ENV}: rule {rule!r}: 'when' is 'before' or 'after'")
-        faults.append(
-            Fault(
-                function=rule.get("function"),
-                call=rule.get("call"),
-                mutation=rule.get("mutation"),
-                error=_error_code(rule["error"]) if "error" in rule else None,
-                exit_code=int(rule["exit"]) if "exit" in rule else None,
-                when=rule.get("when", "before"),
-            )
-        )
-    return faults
+    return [_rule(rule, f"{FAULTS_ENV}[{i}]") for i, rule in enumerate(rules)]
 
 
 class SimulatedCrash(BaseException):

@@ -8,7 +8,6 @@ from typing import Any
 import pynvml
 
 from nodeagent.sim.base import (
-    _CI_SLICES,
     _KIND_CI,
     _KIND_DEVICE,
     _KIND_GI,
@@ -27,6 +26,7 @@ from nodeagent.sim.models import (
     DeviceModel,
     ProfileModel,
 )
+from nodeagent.sim.rules import CI_IDS, CI_SLICES, GI_IDS, ci_slices_used, gi_conflict
 from nodeagent.sim.state import CiState, GiState, GpuState
 
 
@@ -81,18 +81,7 @@ class InstanceCalls(SimBase):
 
     def _conflict(self, gpu: GpuState, model: DeviceModel, p: ProfileModel, start: int) -> bool:
         """Would a GI of profile p at `start` break a hardware rule on this GPU?"""
-        size = next(n for s, n in p.placements if s == start)
-        taken = {s for gi in gpu.gis.values() for s in range(gi.start, gi.start + gi.size)}
-        if taken & set(range(start, start + size)):
-            return True
-        same = [gi for gi in gpu.gis.values() if gi.profile_id == p.id]
-        if len(same) >= p.instance_count:
-            return True
-        profiles = [self._profile(model, gi.profile_id) for gi in gpu.gis.values()]
-        if p.name.endswith("+me") and any(q.name.endswith("+me") for q in profiles):
-            return True
-        used = sum(q.slice_count for q in profiles)
-        return used + p.slice_count > model.compute_slices
+        return gi_conflict(gpu.gis.values(), model, p, start) is not None
 
     @nvml_call()
     def nvmlDeviceGetGpuInstanceRemainingCapacity(self, handle: Any, profileId: int) -> int:
@@ -127,7 +116,7 @@ class InstanceCalls(SimBase):
 
     def _create_gi(self, gpu: GpuState, model: DeviceModel, p: ProfileModel, start: int) -> Any:
         size = next(n for s, n in p.placements if s == start)
-        gi_id = next(i for i in range(1, 64) if i not in gpu.gis)
+        gi_id = next(i for i in GI_IDS if i not in gpu.gis)
         gpu.gis[gi_id] = GiState(gi_id, p.id, start, size)
         return _handle(_KIND_GI, gpu.index, gi_id, ptype=pynvml.c_nvmlGpuInstance_t)
 
@@ -202,7 +191,7 @@ class InstanceCalls(SimBase):
     ) -> Any:
         _, model, gi = self._gi(gpuInstance)
         gi_profile = self._profile(model, gi.profile_id)
-        slices = _CI_SLICES.get(profile)
+        slices = CI_SLICES.get(profile)
         if engProfile != pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
             _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
         if slices is None or slices > gi_profile.slice_count:
@@ -226,32 +215,29 @@ class InstanceCalls(SimBase):
 
     nvmlGpuInstanceGetComputeInstanceProfileInfoV = nvmlGpuInstanceGetComputeInstanceProfileInfo
 
-    def _ci_slices_used(self, model: DeviceModel, gi: GiState) -> int:
-        return sum(_CI_SLICES[ci.profile_id] for ci in gi.cis.values())
-
     @nvml_call()
     def nvmlGpuInstanceGetComputeInstanceRemainingCapacity(
         self, gpuInstance: Any, profileId: int
     ) -> int:
         _, model, gi = self._gi(gpuInstance)
         total = self._profile(model, gi.profile_id).slice_count
-        slices = _CI_SLICES.get(profileId)
+        slices = CI_SLICES.get(profileId)
         if slices is None or slices > total:
             _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
         assert slices is not None
-        return (total - self._ci_slices_used(model, gi)) // slices
+        return (total - ci_slices_used(gi)) // slices
 
     @nvml_call(mutating=True)
     def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance: Any, profileId: int) -> Any:
         gpu, model, gi = self._gi(gpuInstance)
         total = self._profile(model, gi.profile_id).slice_count
-        slices = _CI_SLICES.get(profileId)
+        slices = CI_SLICES.get(profileId)
         if slices is None or slices > total:
             _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
         assert slices is not None
-        if self._ci_slices_used(model, gi) + slices > total:
+        if ci_slices_used(gi) + slices > total:
             _fail(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
-        ci_id = next(i for i in range(0, 16) if i not in gi.cis)
+        ci_id = next(i for i in CI_IDS if i not in gi.cis)
         gi.cis[ci_id] = CiState(ci_id, profileId, gpu.new_mig_uuid())
         return _handle(_KIND_CI, gpu.index, gi.id, ci_id, ptype=pynvml.c_nvmlComputeInstance_t)
 
@@ -285,7 +271,7 @@ class InstanceCalls(SimBase):
         info.device = _handle(_KIND_DEVICE, gpu.index)
         info.gpuInstance = _handle(_KIND_GI, gpu.index, gi.id, ptype=pynvml.c_nvmlGpuInstance_t)
         info.id, info.profileId = ci.id, ci.profile_id
-        info.placement.start, info.placement.size = 0, _CI_SLICES[ci.profile_id]
+        info.placement.start, info.placement.size = 0, CI_SLICES[ci.profile_id]
         return info
 
     nvmlComputeInstanceGetInfo_v2 = nvmlComputeInstanceGetInfo
@@ -342,7 +328,7 @@ class InstanceCalls(SimBase):
             _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
         _, model, gi, ci = self._mig_target(handle)
         p = self._profile(model, gi.profile_id)
-        slices = _CI_SLICES[ci.profile_id]
+        slices = CI_SLICES[ci.profile_id]
         attrs = pynvml.c_nvmlDeviceAttributes()
         attrs.multiprocessorCount = p.multiprocessor_count * slices // p.slice_count
         attrs.sharedCopyEngineCount, attrs.sharedDecoderCount = p.copy_engine_count, p.decoder_count

@@ -198,26 +198,30 @@ def load_model(key: str) -> DeviceModel:
     raise SimError(f"unknown GPU model {key!r}; known models: {', '.join(MODEL_NAMES)}")
 
 
+MAX_GPUS = 16  # a DGX-style board; the emulator's PCI bus numbers are for 16 GPUs
+
+
 def parse_spec(spec: str) -> list[str]:
     """Turn a simulate SPEC (`h200`, `h200x8`, `a100-40gbx2,h100-80gb`) into model keys.
 
-    Raises SimError naming the bad part.
+    Raises SimError naming the bad part: an empty one, an unknown model, a count that is not
+    1 to MAX_GPUS, or more than MAX_GPUS GPUs in all.
     """
     keys: list[str] = []
     parts = [p.strip() for p in spec.split(",")]
     if not spec.strip() or any(not p for p in parts):
         raise SimError(f"simulate spec {spec!r} is empty or has an empty part; try 'h200x2'")
     for part in parts:
-        match = re.fullmatch(r"([a-z0-9-]+?)(?:x(\d+))?", part.lower())
+        match = re.fullmatch(r"(.+?)(?:x(-?[0-9]+))?", part.lower())
         if not match or match.group(1) not in MODEL_NAMES:
             raise SimError(
                 f"simulate spec part {part!r} names no known GPU model; "
                 f"known models: {', '.join(MODEL_NAMES)} (optionally xN, e.g. h200x8)"
             )
         count = int(match.group(2)) if match.group(2) else 1
-        if not 1 <= count <= 16:
-            raise SimError(f"simulate spec part {part!r}: count must be 1..16")
+        if not 1 <= count <= MAX_GPUS:
+            raise SimError(f"simulate spec part {part!r}: count must be 1..{MAX_GPUS} GPUs")
         keys.extend([match.group(1)] * count)
-    if len(keys) > 16:
-        raise SimError(f"simulate spec {spec!r} asks for {len(keys)} GPUs; at most 16")
+    if len(keys) > MAX_GPUS:
+        raise SimError(f"simulate spec {spec!r} asks for {len(keys)} GPUs; at most {MAX_GPUS}")
     return keys

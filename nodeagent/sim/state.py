@@ -1,15 +1,11 @@
-"""The emulated GPUs' mutable state, and its JSON file (written atomically)."""
+"""The emulated GPUs' mutable state (its file is read, checked and written by statefile.py)."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from nodeagent.errors import SimError
-from nodeagent.files import atomic_write_text
 from nodeagent.sim.models import load_model
 
 STATE_VERSION = 1
@@ -101,65 +97,3 @@ def fresh_state(models: list[str]) -> SimState:
 
 def to_json(state: SimState) -> dict[str, Any]:
     return {"version": STATE_VERSION, **asdict(state)}
-
-
-def from_json(data: Any, source: str) -> SimState:
-    """Rebuild a SimState from its JSON form; raises SimError naming `source` if malformed."""
-    try:
-        if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
-            raise ValueError(f"expected an object with version {STATE_VERSION}")
-        gpus = []
-        for g in data["gpus"]:
-            gis = {}
-            for gi in g["gis"].values():
-                cis = {int(c["id"]): CiState(**c) for c in gi["cis"].values()}
-                gis[int(gi["id"])] = GiState(
-                    id=int(gi["id"]),
-                    profile_id=int(gi["profile_id"]),
-                    start=int(gi["start"]),
-                    size=int(gi["size"]),
-                    cis=cis,
-                )
-            load_model(g["model"])
-            gpus.append(
-                GpuState(
-                    index=int(g["index"]),
-                    model=str(g["model"]),
-                    uuid=str(g["uuid"]),
-                    pci_bus_id=str(g["pci_bus_id"]),
-                    mig_current=int(g["mig_current"]),
-                    mig_pending=int(g["mig_pending"]),
-                    gis=gis,
-                    uuid_serial=int(g["uuid_serial"]),
-                    compute_mode=int(g.get("compute_mode", 0)),
-                )
-            )
-        processes = [ProcessState(**p) for p in data["processes"]]
-    except SimError:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise SimError(f"emulator state file {source} is corrupt: {err}") from err
-    return SimState(gpus=gpus, processes=processes)
-
-
-def load_state(path: Path) -> SimState | None:
-    """Read the state file, or None when it does not exist yet. Raises SimError if corrupt."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        raise SimError(f"cannot read emulator state file {path}: {err.strerror}") from err
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise SimError(
-            f"emulator state file {path} is corrupt: not JSON (line {err.lineno}: {err.msg})"
-        ) from err
-    return from_json(data, str(path))
-
-
-def save_state(path: Path, state: SimState) -> None:
-    """Write the state file atomically: a temporary file in the same folder, then rename."""
-    # Emulated state is test/demo data: atomicity matters to readers, durability does not.
-    atomic_write_text(path, json.dumps(to_json(state), indent=1, sort_keys=True), durable=False)

@@ -127,7 +127,7 @@ def test_killed_real_daemon_is_restarted(mps: tuple[MpsDaemon, MpsSettings]) -> 
     old = daemon.start().pid
     assert old
     stop = threading.Event()
-    supervisor = MpsSupervisor(stop, max_backoff_seconds=1)
+    supervisor = MpsSupervisor()
     worker = Worker(
         "mps-probe",
         lambda: supervisor.check_once(daemon),

@@ -254,3 +254,28 @@ def test_config_check_prints_effective_settings_and_sources(cli: Cli, tmp_path: 
     assert_one_error(
         cli("config", "check", "--config", str(path)), 2, f"{path}:3:3", "refresh-intervall"
     )
+
+
+def test_sigterm_while_starting_against_an_unreachable_api_exits(tmp_path: Path) -> None:
+    """The first read of the Node retries (the API is down): SIGTERM ends the retries and the
+    process, with one sentence, instead of hanging in start-up."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nodeagent", "--simulate", "h200x2", "--log-level", "info",
+         "run", "--kube", "--node-name", "n1", "--kube-host", "http://127.0.0.1:1",
+         "--metrics-address", "127.0.0.1:0", "--pod-resources-socket", ""],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # wait until it is retrying
+            if "kube.retry" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 3
+        rest = proc.stderr.read()
+        assert "Traceback" not in rest and "nodeagent: " in rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -134,7 +134,6 @@ def test_state_file_of_another_node_is_refused(cli: Cli, tmp_path: Path) -> None
         (("sim", "attach", "--device", "MIG-nope", "--pid", "1"), ("MIG-nope",)),
         (("sim", "attach", "--device", "0", "--pid", "1", "--memory-mib", "999999"), ("MiB free",)),
         (("sim", "attach", "--device", "0", "--pid", "-3"), ("--pid",)),
-        (("sim", "detach", "--pid", "12345"), ("12345",)),
         (("sim", "reset", "--gpu", "4"), ("GPU 4 does not exist",)),
     ],
 )

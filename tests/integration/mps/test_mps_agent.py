@@ -143,6 +143,28 @@ def test_mig_on_the_gpu_a_running_daemon_serves_is_refused(
     assert agent.mps.serving == (0, 1)
 
 
+def test_mps_with_clients_is_neither_stopped_nor_moved(mps_node: Callable[..., Agent]) -> None:
+    """Turning MPS off (a reload) or restarting the agent for other GPUs would end the running
+    clients: refused, the daemon keeps serving them."""
+    agent = mps_node()
+    assert agent.mps.status is not None and agent.mps.status.clients
+    pid = agent.mps.status.pid
+    agent.reload(
+        dataclasses.replace(
+            agent.settings, mps=dataclasses.replace(agent.settings.mps, enabled=False)
+        )
+    )
+    report = agent.pipeline.run_once()
+    assert report.step == "plan" and "serves 1 clients" in (report.reason or "")
+    assert agent.mps.daemon is not None and agent.mps.refresh_status() is not None
+    agent.stop()
+    other = mps_node(devices=(0,))  # the running daemon serves GPUs 0 and 1
+    report = other.pipeline.last_report
+    assert report is not None and report.step == "apply"
+    assert "already runs" in (report.reason or "") and "other GPUs" in (report.reason or "")
+    assert other.mps.daemon is None and _alive(pid)
+
+
 def test_reload_changes_the_limits_without_a_restart(mps_node: Callable[..., Agent]) -> None:
     agent = mps_node()
     assert agent.mps.status is not None

@@ -191,7 +191,7 @@ def test_killed_daemon_is_restarted_with_its_limits(
     old = daemon.start().pid
     assert old
     stop = threading.Event()
-    supervisor = MpsSupervisor(stop, max_backoff_seconds=1)
+    supervisor = MpsSupervisor()
     worker = Worker(
         "mps-probe", lambda: supervisor.check_once(daemon), lambda: s.probe_interval_seconds, stop
     )

@@ -96,7 +96,9 @@ def test_bad_fault_rules_are_refused(text: str, words: str) -> None:
 
 
 def test_error_names_and_codes_are_accepted() -> None:
-    faults = parse_faults('[{"error": "NVML_ERROR_IN_USE"}, {"error": 23, "function": "f"}]')
+    faults = parse_faults(
+        '[{"error": "NVML_ERROR_IN_USE"}, {"error": 23, "function": "nvmlDeviceGetCount"}]'
+    )
     assert [f.error for f in faults] == [IN_USE, 23]
 
 

@@ -1,0 +1,286 @@
+"""The emulator's state file: read strictly, checked against the hardware's rules, written
+atomically (through a symbolic link to the file it points to).
+
+A state file is written by the emulator, but a user may hand it anything (`--sim-state
+/dev/zero`, a truncated or hand-edited file, one of another version). Every defect is a SimError
+of one sentence naming the file, and a file that is refused is left as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any, NoReturn
+
+from nodeagent.errors import SimError
+from nodeagent.files import atomic_write_text
+from nodeagent.sim.check import state_problems
+from nodeagent.sim.models import MODEL_NAMES
+from nodeagent.sim.rules import CI_IDS, COMPUTE_MODES, GI_IDS, MAX_PID
+from nodeagent.sim.state import (
+    STATE_VERSION,
+    CiState,
+    GiState,
+    GpuState,
+    ProcessState,
+    SimState,
+    to_json,
+)
+
+MAX_STATE_BYTES = 16 * 1024 * 1024  # a full 16-GPU node is ~100 KiB
+MAX_PROBLEMS_SHOWN = 3
+_I64 = 2**63 - 1
+_ID_TEXT = re.compile(r"[!-~]{1,80}")  # printable ASCII without spaces, as NVML's UUID buffers
+
+
+class _Corrupt(Exception):
+    """A defect of the file's shape; `str()` says where and what."""
+
+
+def _fail(message: str) -> NoReturn:
+    raise _Corrupt(message)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "null"
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _object(
+    value: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> Any:
+    if not isinstance(value, dict):
+        _fail(f"{where} must be an object, not {_show(value)}")
+    for key in required:
+        if key not in value:
+            _fail(f"{where} lacks the key {key!r}")
+    for key in value:
+        if key not in required and key not in optional:
+            _fail(f"{where} has an unknown key {key!r}")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        _fail(f"{where} must be a list, not {_show(value)}")
+    return value
+
+
+def _int(value: Any, where: str, allowed: range | tuple[int, ...]) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        _fail(f"{where} must be an integer, not {_show(value)}")
+    if value not in allowed:
+        if len(allowed) == 1:
+            _fail(f"{where} must be {allowed[0]}, not {value}")
+        if isinstance(allowed, range):
+            _fail(f"{where} must be {allowed.start} to {allowed.stop - 1}, not {value}")
+        _fail(f"{where} must be one of {', '.join(map(str, allowed))}, not {value}")
+    return value
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not _ID_TEXT.fullmatch(value):
+        _fail(f"{where} must be 1 to 80 printable characters without spaces, not {_show(value)}")
+    return value
+
+
+def _keyed(value: Any, where: str) -> dict[str, Any]:
+    """A JSON object of instances keyed by their id (as the emulator writes gis and cis)."""
+    if not isinstance(value, dict):
+        _fail(f"{where} must be an object, not {_show(value)}")
+    items: dict[str, Any] = value
+    for key, item in items.items():
+        if not isinstance(item, dict):
+            _fail(f"{where}.{key} must be an object, not {_show(item)}")
+        got = item.get("id")
+        if str(got) != key:
+            _fail(f"{where}.{key} holds the id {_show(got)}; the key must be its id")
+    return items
+
+
+def _ci(raw: Any, where: str) -> CiState:
+    _object(raw, where, ("id", "profile_id", "uuid"))
+    return CiState(
+        id=_int(raw["id"], f"{where}.id", CI_IDS),
+        profile_id=_int(raw["profile_id"], f"{where}.profile_id", range(0, 256)),
+        uuid=_text(raw["uuid"], f"{where}.uuid"),
+    )
+
+
+def _gi(raw: Any, where: str) -> GiState:
+    _object(raw, where, ("id", "profile_id", "start", "size", "cis"))
+    cis = _keyed(raw["cis"], f"{where}.cis")
+    return GiState(
+        id=_int(raw["id"], f"{where}.id", GI_IDS),
+        profile_id=_int(raw["profile_id"], f"{where}.profile_id", range(0, 256)),
+        start=_int(raw["start"], f"{where}.start", range(0, 64)),
+        size=_int(raw["size"], f"{where}.size", range(1, 65)),
+        cis={ci.id: ci for ci in (_ci(c, f"{where}.cis.{k}") for k, c in cis.items())},
+    )
+
+
+def _gpu(raw: Any, index: int) -> GpuState:
+    where = f"gpus[{index}]"
+    required = ("index", "model", "uuid", "pci_bus_id", "mig_current", "mig_pending", "gis")
+    _object(raw, where, (*required, "uuid_serial"), ("compute_mode",))
+    _int(raw["index"], f"{where}.index", range(index, index + 1))
+    if raw["model"] not in MODEL_NAMES:
+        _fail(f"{where}.model {_show(raw['model'])} is none of {', '.join(MODEL_NAMES)}")
+    gis = _keyed(raw["gis"], f"{where}.gis")
+    return GpuState(
+        index=index,
+        model=raw["model"],
+        uuid=_text(raw["uuid"], f"{where}.uuid"),
+        pci_bus_id=_text(raw["pci_bus_id"], f"{where}.pci_bus_id"),
+        mig_current=_int(raw["mig_current"], f"{where}.mig_current", (0, 1)),
+        mig_pending=_int(raw["mig_pending"], f"{where}.mig_pending", (0, 1)),
+        gis={gi.id: gi for gi in (_gi(g, f"{where}.gis.{k}") for k, g in gis.items())},
+        compute_mode=_int(raw.get("compute_mode", 0), f"{where}.compute_mode", COMPUTE_MODES),
+        uuid_serial=_int(raw["uuid_serial"], f"{where}.uuid_serial", range(0, _I64)),
+    )
+
+
+def _process(raw: Any, index: int) -> ProcessState:
+    where = f"processes[{index}]"
+    _object(raw, where, ("pid", "gpu", "memory_bytes"), ("gi_id", "ci_id", "load"))
+    ids = {}
+    for key, allowed in (("gi_id", GI_IDS), ("ci_id", CI_IDS)):
+        value = raw.get(key)
+        ids[key] = None if value is None else _int(value, f"{where}.{key}", allowed)
+    load = raw.get("load", 1.0)
+    if isinstance(load, bool) or not isinstance(load, (int, float)) or not 0 <= load <= 1:
+        _fail(f"{where}.load must be a number from 0 to 1, not {_show(load)}")
+    return ProcessState(
+        pid=_int(raw["pid"], f"{where}.pid", range(1, MAX_PID + 1)),
+        gpu=_int(raw["gpu"], f"{where}.gpu", range(0, 1024)),
+        memory_bytes=_int(raw["memory_bytes"], f"{where}.memory_bytes", range(0, _I64)),
+        gi_id=ids["gi_id"],
+        ci_id=ids["ci_id"],
+        load=float(load),
+    )
+
+
+def from_json(data: Any) -> SimState:
+    """A SimState from the file's JSON value; raises _Corrupt at the first defect of shape."""
+    _object(data, "the top level", ("version", "gpus", "processes"))
+    version = data["version"]
+    if isinstance(version, bool) or version != STATE_VERSION:
+        _fail(f"version {_show(version)} is not {STATE_VERSION}, the only one this nodeagent reads")
+    gpus = _list(data["gpus"], "gpus")
+    if not gpus:
+        _fail("gpus is empty")
+    return SimState(
+        gpus=[_gpu(g, i) for i, g in enumerate(gpus)],
+        processes=[_process(p, i) for i, p in enumerate(_list(data["processes"], "processes"))],
+    )
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            _fail(f"an object has the key {key!r} twice")
+        out[key] = value
+    return out
+
+
+def _no_constants(name: str) -> NoReturn:
+    _fail(f"{name} is not a JSON number")
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    """The file's bytes, or None when it does not exist (yet). Never blocks on a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise SimError(f"cannot read emulator state file {path}: {err.strerror}") from err
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise SimError(f"emulator state file {path} is a folder; name a file in it")
+        if not stat.S_ISREG(mode):
+            raise SimError(f"emulator state file {path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_STATE_BYTES + 1)
+    except OSError as err:
+        raise SimError(f"cannot read emulator state file {path}: {err.strerror}") from err
+    finally:
+        os.close(fd)
+    if len(data) > MAX_STATE_BYTES:
+        raise SimError(f"emulator state file {path} is over {MAX_STATE_BYTES // 2**20} MiB")
+    return data
+
+
+def _json_value(data: bytes) -> Any:
+    """The JSON value of the file's bytes: strict UTF-8, no NaN, no key twice."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        _fail(f"not UTF-8 text (byte {err.start})")
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+    except json.JSONDecodeError as err:
+        _fail(f"not JSON (line {err.lineno}: {err.msg})")
+    except ValueError:  # int() of a number with thousands of digits
+        _fail("not JSON: a number is too long")
+    except RecursionError:
+        _fail("not JSON: nested too deeply")
+
+
+def parse_state(data: bytes, source: str) -> SimState:
+    """Decode, parse and check a state file's bytes; raises SimError naming `source`."""
+    try:
+        state = from_json(_json_value(data))
+    except _Corrupt as err:
+        raise SimError(f"emulator state file {source} is corrupt: {err}") from None
+    problems = state_problems(state)
+    if problems:
+        more = len(problems) - MAX_PROBLEMS_SHOWN
+        shown = "; ".join(problems[:MAX_PROBLEMS_SHOWN]) + (
+            f"; and {more} more" if more > 0 else ""
+        )
+        raise SimError(f"emulator state file {source} holds an impossible GPU state: {shown}")
+    return state
+
+
+def load_state(path: Path) -> SimState | None:
+    """Read and check the state file, or None when it does not exist yet. Raises SimError."""
+    data = _read_bytes(path)
+    return None if data is None else parse_state(data, str(path))
+
+
+def real_path(path: Path) -> Path:
+    """The file a state path names: a symbolic link is followed, so writes go to its target."""
+    return Path(os.path.realpath(path))
+
+
+def save_state(path: Path, state: SimState) -> None:
+    """Write the state file atomically (a temporary file in the same folder, then rename).
+
+    A symbolic link stays; the file it points to is replaced. Raises SimError when the
+    folder does not exist or cannot be written.
+    """
+    target = real_path(path)
+    if not target.parent.is_dir():
+        raise SimError(f"cannot write emulator state file {path}: no folder {target.parent}")
+    try:
+        mode = stat.S_IMODE(target.stat().st_mode)
+    except OSError:
+        mode = None
+    text = json.dumps(to_json(state), indent=1, sort_keys=True)
+    try:
+        # Emulated state is test/demo data: atomicity matters to readers, durability does not.
+        atomic_write_text(target, text, mode, durable=False)
+    except OSError as err:
+        raise SimError(f"cannot write emulator state file {path}: {err.strerror or err}") from err
