@@ -387,7 +387,7 @@ def mps_intent(
             for g in inventory.gpus
         ),
     )
-    daemon = mps_daemon_settings(mps, devices)
+    daemon = mps_daemon_settings(mps, devices, settings.kube.enabled)
     return MpsIntent(daemon, validate(daemon, as_planned))
 
 

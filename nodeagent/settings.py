@@ -85,11 +85,15 @@ class Mps:
     replicas: int = 2
     thread_percentage: int | None = None  # None: 100 // replicas
     pinned_memory: str | None = None  # SIZE or INDEX=SIZE,...; None: memory / replicas
-    pipe_dir: Path = DEFAULT_MPS_ROOT / "pipe"
-    log_dir: Path = DEFAULT_MPS_ROOT / "log"
-    ready_file: Path = DEFAULT_MPS_ROOT / "ready"
+    layout: str = "auto"  # device-plugin with Kubernetes, flat without (nodeagent.mps.layout)
+    root: Path = DEFAULT_MPS_ROOT
+    device_plugin_config: Path | None = None  # the plugin's config: resource name, replicas
+    shm_size: str | None = None  # device-plugin layout: <root>/shm tmpfs; None: half the memory
+    pipe_dir: Path | None = None  # None: from the layout
+    log_dir: Path | None = None
+    ready_file: Path | None = None
     control: str = "nvidia-cuda-mps-control"
-    exclusive_process: bool = False
+    exclusive_process: bool | None = None  # None: on with the device-plugin layout
     probe_interval_seconds: float = 5.0
     stop_on_exit: bool = False
 
@@ -466,17 +470,29 @@ SPECS: tuple[Spec, ...] = (
           "default active thread percentage (default 100 // replicas)", hot=True),
     _spec("mps", "pinned-memory", "NODEAGENT_MPS_PINNED_MEMORY", "--mps-pinned-memory",
           optional(pinned_memory), "pinned memory limit: SIZE or INDEX=SIZE,...", hot=True),
+    _spec("mps", "layout", "NODEAGENT_MPS_LAYOUT", "--mps-layout",
+          choice("auto", "flat", "device-plugin"),
+          "where the daemon lives: device-plugin (NVIDIA's plugin finds it), flat, or auto"),
+    _spec("mps", "root", "NODEAGENT_MPS_ROOT", "--mps-root", path,
+          "the MPS root (the device plugin's --mps-root)"),
+    _spec("mps", "device-plugin-config", "NODEAGENT_MPS_DEVICE_PLUGIN_CONFIG",
+          "--mps-device-plugin-config", optional(path),
+          "the device plugin's config file: its sharing.mps resource name and replicas win",
+          hot=True),
+    _spec("mps", "shm-size", "NODEAGENT_MPS_SHM_SIZE", "--mps-shm-size", optional(text),
+          "size of the <root>/shm tmpfs (default: half the host's memory, as upstream)"),
     _spec("mps", "pipe-dir", ("NODEAGENT_MPS_PIPE_DIR", "CUDA_MPS_PIPE_DIRECTORY"),
-          "--mps-pipe-dir", path, "CUDA_MPS_PIPE_DIRECTORY of the daemon"),
+          "--mps-pipe-dir", optional(path), "CUDA_MPS_PIPE_DIRECTORY (default: from the layout)"),
     _spec("mps", "log-dir", ("NODEAGENT_MPS_LOG_DIR", "CUDA_MPS_LOG_DIRECTORY"), "--mps-log-dir",
-          path, "CUDA_MPS_LOG_DIRECTORY of the daemon"),
-    _spec("mps", "ready-file", "NODEAGENT_MPS_READY_FILE", "--mps-ready-file", path,
-          "written once the limits are read back"),
+          optional(path), "CUDA_MPS_LOG_DIRECTORY (default: from the layout)"),
+    _spec("mps", "ready-file", "NODEAGENT_MPS_READY_FILE", "--mps-ready-file", optional(path),
+          "written once the limits are read back (default: from the layout)"),
     _spec("mps", "control", "NODEAGENT_MPS_CONTROL", "--mps-control", text,
           "the control program"),
     _spec("mps", "exclusive-process", "NODEAGENT_MPS_EXCLUSIVE_PROCESS",
-          "--mps-exclusive-process", boolean, "EXCLUSIVE_PROCESS compute mode while MPS runs",
-          switch=True),
+          "--mps-exclusive-process", optional(boolean),
+          "EXCLUSIVE_PROCESS compute mode while MPS runs (default: on with the device-plugin"
+          " layout, as upstream)", switch=True),
     _spec("mps", "probe-interval", "NODEAGENT_MPS_PROBE_INTERVAL", "--mps-probe-interval",
           seconds(), "seconds between health probes", field="probe_interval_seconds", hot=True),
     _spec("mps", "stop-on-exit", "NODEAGENT_MPS_STOP_ON_EXIT", "--mps-stop-on-exit", boolean,
@@ -691,21 +707,43 @@ def _error(errors: list[str]) -> ConfigError:
     return ConfigError(f"{len(errors)} settings errors:\n  " + "\n  ".join(shown) + more)
 
 
-def mps_daemon_settings(mps: Mps, devices: tuple[int, ...]) -> MpsSettings:
-    """What the MPS daemon is started with, once its GPUs are known."""
+def mps_layout(mps: Mps, kube_enabled: bool) -> str:
+    if mps.layout != "auto":
+        return mps.layout
+    return "device-plugin" if kube_enabled else "flat"
+
+
+def mps_daemon_settings(
+    mps: Mps, devices: tuple[int, ...], kube_enabled: bool = False
+) -> MpsSettings:
+    """What the MPS daemon is started with, once its GPUs are known: the layout's paths, and
+    the resource name and replicas of the device plugin's config when one is given. Raises
+    ConfigError for a bad plugin config."""
+    from nodeagent.mps.layout import DEFAULT_RESOURCE, paths, read_plugin_config
     from nodeagent.mps.settings import MpsSettings, parse_pinned
 
+    layout = mps_layout(mps, kube_enabled)
+    resource, replicas = DEFAULT_RESOURCE, mps.replicas
+    if mps.device_plugin_config is not None:
+        plugin = read_plugin_config(mps.device_plugin_config)
+        resource, replicas = plugin.resource, plugin.replicas
+    where = paths(layout, mps.root, resource)
+    exclusive = mps.exclusive_process
     return MpsSettings(
         devices=devices,
-        replicas=mps.replicas,
+        replicas=replicas,
         thread_percentage=mps.thread_percentage,
         pinned_memory=parse_pinned(mps.pinned_memory, devices),
-        pipe_dir=mps.pipe_dir,
-        log_dir=mps.log_dir,
-        ready_file=mps.ready_file,
+        pipe_dir=mps.pipe_dir or where.pipe_dir,
+        log_dir=mps.log_dir or where.log_dir,
+        ready_file=mps.ready_file or where.ready_file,
         control_binary=mps.control,
-        exclusive_process=mps.exclusive_process,
+        exclusive_process=layout == "device-plugin" if exclusive is None else exclusive,
         probe_interval_seconds=mps.probe_interval_seconds,
+        layout=layout,
+        started_file=where.started_file,
+        shm_dir=where.shm_dir,
+        shm_size=mps.shm_size,
     )
 
 

@@ -51,8 +51,22 @@ def _print_mps(ctx: Context, status: MpsStatus) -> None:
     print(f"  servers: {status.servers or 'none'}; clients: {clients}")
 
 
+def cmd_mount_shm(ctx: Context) -> int:
+    """The device plugin's `<root>/shm` tmpfs, before the agent starts (an init container
+    with a Bidirectional mount of the MPS root, as upstream's `mount-shm`)."""
+    from nodeagent.mps.layout import mount_shm, paths, shm_size_kib
+
+    mps = ctx.settings.mps
+    where = paths("device-plugin", mps.root)
+    assert where.shm_dir is not None
+    print(mount_shm(where.shm_dir, shm_size_kib(mps.shm_size)))
+    return 0
+
+
 def cmd_mps(ctx: Context) -> int:
     action = ctx.args.mps_command
+    if action == "mount-shm":
+        return cmd_mount_shm(ctx)
     if action == "start":
         status = _mps_daemon(ctx).start()
         _print_mps(ctx, status)

@@ -183,7 +183,7 @@ def add_run_parsers(sub: Any) -> None:
     add_setting_flags(p, ["labels"], skip=["labels.nfd-features-file"])
     p.set_defaults(func=cmd_labels, groups=("node", "labels"))
     mps = sub.add_parser("mps", help="the MPS control daemon: start, stop, status")
-    mps.add_argument("mps_command", choices=("start", "stop", "status"))
+    mps.add_argument("mps_command", choices=("start", "stop", "status", "mount-shm"))
     output_flag(mps)
     add_setting_flags(mps, ["mps"], skip=["mps.enabled", "mps.stop-on-exit"])
     mps.set_defaults(func=cmd_mps, groups=("node", "mps"))

@@ -60,7 +60,9 @@ def render_labels(
         "cuda.driver-version.revision": str(cuda % 10),
         "mig.capable": _bool(any(g.mig_capable for g in inventory.gpus)),
         "mig.strategy": "mixed",
-        "mps.capable": _bool(any(not g.mig_current for g in inventory.gpus)),
+        # True only where nodeagent runs MPS: NVIDIA's Helm chart schedules its own MPS daemon
+        # on this label, and two daemons must never serve one GPU.
+        "mps.capable": _bool(sharing.strategy == "mps"),
         "gpu.sharing-strategy": sharing.strategy,
         "gpu.replicas": str(sharing.replicas if sharing.strategy != "none" else 1),
     }

@@ -114,13 +114,29 @@ class MpsDaemon:
         return self.status()
 
     def write_ready(self) -> None:
-        """The ready file: written (atomically) only once the limits were read back. Raises
-        MpsError when it cannot be written."""
-        path = self.settings.ready_file
-        try:
-            atomic_write_text(path, json.dumps(self.status().to_dict()) + "\n")
-        except OSError as err:
-            raise MpsError(f"cannot write the MPS ready file {path}: {err.strerror}") from err
+        """The ready markers, written only once the limits were read back: the flat layout's
+        JSON ready file; the device plugin's empty `<resource>/.started`, then `<root>/.ready`.
+        Raises MpsError when one cannot be written."""
+        s = self.settings
+        markers: list[tuple[Path, str]] = []
+        if s.started_file is not None:
+            markers = [(s.started_file, ""), (s.ready_file, "")]
+        else:
+            markers = [(s.ready_file, json.dumps(self.status().to_dict()) + "\n")]
+        for path, text in markers:
+            try:
+                atomic_write_text(path, text, mode=0o644)
+            except OSError as err:
+                raise MpsError(f"cannot write the MPS ready file {path}: {err.strerror}") from err
+
+    def clear_ready(self) -> None:
+        """Remove the ready markers first, before a stop, a restart or a limit change: a
+        device plugin never advertises shared devices on a daemon whose limits are changing
+        (the readiness race of k8s-device-plugin PR #1946)."""
+        for path in (self.settings.ready_file, self.settings.started_file):
+            if path is not None:
+                with contextlib.suppress(OSError):  # one that cannot be there is not there
+                    path.unlink(missing_ok=True)
 
     def apply_limits(self) -> None:
         self.control.command(
@@ -181,19 +197,20 @@ class MpsDaemon:
         """After a failed probe: start a new daemon (a stale pipe directory is reused) and
         re-apply the limits."""
         pid = self.control.daemon_pid()
+        self.clear_ready()
         if pid is not None:  # alive but not answering: it cannot be trusted
             os.kill(pid, signal.SIGKILL)
             self._wait_gone(pid, 5)
         self.control.start_daemon(self.limits.visible_devices)
         self.apply_limits()
         self.verify()
+        self.write_ready()
         self.restarts += 1
         log.warning("mps.restarted", pid=self.control.daemon_pid(), restarts=self.restarts)
 
     def stop(self, timeout_seconds: float = 10.0) -> None:
         """`quit`, wait for the daemon to exit, kill what is left (daemon and servers)."""
-        with contextlib.suppress(OSError):  # a ready file that cannot be there is not there
-            self.settings.ready_file.unlink(missing_ok=True)
+        self.clear_ready()
         pid = self.control.daemon_pid()
         if pid is None:
             self._set_exclusive(False)

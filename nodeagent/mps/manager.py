@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from nodeagent.errors import MpsError
 from nodeagent.logs import get_logger
 from nodeagent.mps.daemon import ComputeModes, MpsDaemon, MpsStatus
+from nodeagent.mps.layout import DEVICE_PLUGIN, mount_shm, paths, prepare, shm_size_kib
 from nodeagent.mps.settings import Limits, MpsSettings
 
 log = get_logger("nodeagent.mps")
@@ -46,6 +47,7 @@ class MpsManager:
         self.started_by_us = False
         self.status: MpsStatus | None = None
         self.lock = threading.RLock()
+        self.shm = ""  # what became of <root>/shm (device-plugin layout)
 
     @property
     def serving(self) -> tuple[int, ...]:
@@ -97,6 +99,7 @@ class MpsManager:
                 return
             assert change.intent is not None
             if change.action == "limits" and self.daemon is not None:
+                self.daemon.clear_ready()  # not ready while the limits change
                 self.daemon.settings = change.intent.settings
                 self.daemon.limits = change.intent.limits
                 self.daemon.apply_limits()
@@ -105,10 +108,26 @@ class MpsManager:
                 log.info("mps.limits", percentage=change.intent.limits.thread_percentage)
             else:
                 daemon = MpsDaemon(change.intent.settings, change.intent.limits, self.compute)
+                self._prepare(change.intent.settings)
                 adopted = self._adoptable(daemon)
                 self.status = daemon.start()
                 self.daemon, self.started_by_us = daemon, not adopted
             self.refresh_status()
+
+    def _prepare(self, settings: MpsSettings) -> None:
+        """The device plugin's layout: folders clients can traverse, and `<root>/shm` as a
+        tmpfs. A tmpfs that cannot be mounted here (no CAP_SYS_ADMIN) is reported, not fatal:
+        the folder still works as shared memory where /run is a tmpfs, without a size cap."""
+        if settings.shm_dir is None or settings.started_file is None:
+            return
+        root = settings.shm_dir.parent
+        prepare(paths(DEVICE_PLUGIN, root, str(settings.started_file.parent.relative_to(root))))
+        try:
+            self.shm = mount_shm(settings.shm_dir, shm_size_kib(settings.shm_size))
+            log.info("mps.shm", result=self.shm)
+        except MpsError as err:
+            self.shm = f"not mounted: {err}"
+            log.warning("mps.shm.not_mounted", error=str(err))
 
     def _adoptable(self, daemon: MpsDaemon) -> bool:
         """Whether a daemon already runs in the pipe directory for exactly these GPUs (then it

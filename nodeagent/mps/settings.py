@@ -12,6 +12,7 @@ from nodeagent.nvml.inventory import Inventory
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 SIZE_RE = re.compile(r"^(\d+)\s*([KMGT]?)(?:I?B)?$", re.IGNORECASE)
 DEFAULT_ROOT = Path("/run/nvidia/mps")
+MAX_PLUGIN_REPLICAS = 48  # k8s-device-plugin internal/rm/device.go (16 before Turing)
 
 
 def parse_size(text: str, what: str = "size") -> int:
@@ -44,6 +45,10 @@ class MpsSettings:
     exclusive_process: bool = False
     command_timeout_seconds: float = 5.0
     probe_interval_seconds: float = 5.0
+    layout: str = "flat"  # or "device-plugin" (see nodeagent.mps.layout)
+    started_file: Path | None = None  # device-plugin: <root>/<resource>/.started
+    shm_dir: Path | None = None  # device-plugin: <root>/shm, a tmpfs
+    shm_size: str | None = None  # None: half the host's memory
 
     @property
     def percentage(self) -> int:
@@ -69,6 +74,11 @@ def validate(settings: MpsSettings, inventory: Inventory) -> Limits:
         problems.append(f"replicas must be 2 or more, not {settings.replicas}")
     if settings.thread_percentage is not None and not 1 <= settings.thread_percentage <= 100:
         problems.append(f"thread percentage must be 1-100, not {settings.thread_percentage}")
+    if settings.layout == "device-plugin" and settings.replicas > MAX_PLUGIN_REPLICAS:
+        problems.append(
+            f"{settings.replicas} replicas: NVIDIA's device plugin refuses more than"
+            f" {MAX_PLUGIN_REPLICAS} MPS clients per GPU (compute capability 7.5 and later)"
+        )
     if settings.thread_percentage is None and settings.replicas > 100:
         problems.append(
             f"{settings.replicas} replicas leave each client 0 % of the SMs (100 // replicas);"
@@ -116,7 +126,7 @@ def validate(settings: MpsSettings, inventory: Inventory) -> Limits:
                 f"pinned memory limit {text} of GPU {index} is more than its"
                 f" {gpu.memory_total_bytes >> 20} MiB"
             )
-        if not text and size >= 1 << 30:
+        if not text and size >= 1 << 30 and settings.layout != "device-plugin":
             # The real daemon prints limits in whole G (35942M reads back as 35G, seen on an
             # H200): a default in whole GiB reads back exactly.
             size = size >> 30 << 30

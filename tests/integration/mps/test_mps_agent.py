@@ -84,6 +84,7 @@ def test_agent_runs_and_publishes_mps(mps_node: Callable[..., Agent], tmp_path: 
     lines = (tmp_path / "features").read_text().splitlines()
     assert "nvidia.com/gpu.sharing-strategy=mps" in lines
     assert "nvidia.com/gpu.replicas=4" in lines
+    assert "nvidia.com/mps.capable=true" in lines  # only where nodeagent runs MPS
     assert json.loads((tmp_path / "ready").read_text())["running"]
 
 

@@ -57,3 +57,32 @@ def test_kustomization_lists_every_manifest() -> None:
     kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
     files = {p.name for p in DEPLOY.glob("*.yaml")} - {"kustomization.yaml"}
     assert set(kustomization["resources"]) == files
+
+
+def test_mps_component_matches_the_device_plugin_layout() -> None:
+    """The MPS component runs the agent in the device-plugin layout with the plugin's config,
+    mounts <root>/shm (a tmpfs made by the init container) as /dev/shm, and is the only part
+    with host PID/IPC."""
+    component = DEPLOY / "components" / "mps"
+    assert yaml.safe_load((component / "kustomization.yaml").read_text())["kind"] == "Component"
+    patch = yaml.safe_load((component / "daemonset-mps.yaml").read_text())["spec"]["template"]
+    spec = patch["spec"]
+    assert spec["hostPID"] and spec["hostIPC"]
+    (base,) = [d for d in _docs() if d["kind"] == "DaemonSet"]
+    assert "hostPID" not in base["spec"]["template"]["spec"]
+    assert "hostIPC" not in base["spec"]["template"]["spec"]
+    (init,) = spec["initContainers"]
+    args = build_parser().parse_args(init["args"])
+    env = {e["name"]: e["value"] for e in init["env"]}
+    settings, _ = load(vars(args), env, None, args.groups)
+    assert args.mps_command == "mount-shm" and str(settings.mps.root) == "/run/nvidia/mps"
+    (main,) = spec["containers"]
+    env = {e["name"]: e["value"] for e in main["env"]}
+    settings, _ = load({}, {**env, "NODE_NAME": "n", "NODEAGENT_KUBE": "1"}, None)
+    assert settings.mps.enabled and settings.mps.layout == "device-plugin"
+    mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
+    assert mounts["/run/nvidia/mps"]["mountPropagation"] == "Bidirectional"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[mounts["/dev/shm"]["name"]]["hostPath"]["path"] == "/run/nvidia/mps/shm"
+    plugin_config = str(settings.mps.device_plugin_config)
+    assert plugin_config.startswith(mounts["/etc/nvidia-device-plugin"]["mountPath"])

@@ -1,0 +1,186 @@
+"""MPS in NVIDIA's device-plugin layout (fake control daemon): the paths, markers, limits and
+permissions the unmodified plugin relies on (k8s-device-plugin 1b826ac: cmd/mps-control-daemon,
+internal/plugin/mps.go), replicas from the plugin's own config, and the plugin's probe."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeagent.agent import Agent
+from nodeagent.errors import MpsError
+from nodeagent.mps.control import MpsControl
+from nodeagent.mps.layout import is_mounted
+from nodeagent.nvml import NvmlSession
+from nodeagent.sim import SimulatedNvml, parse_spec
+from tests.agent_support import make_agent
+
+H200_MIB = 143771  # NVML memory total of the H200, MiB
+
+PLUGIN_CONFIG = """version: v1
+flags:
+  mpsRoot: /run/nvidia/mps
+sharing:
+  mps:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+"""
+
+
+@pytest.fixture
+def plugin_node(
+    tmp_path: Path, fake_mps_control: str
+) -> Iterator[Callable[..., tuple[Agent, Path]]]:
+    lib = SimulatedNvml(parse_spec("h200x2"))
+    session = NvmlSession(lib)
+    root = tmp_path / "mps"
+    agents: list[Agent] = []
+
+    def start(config: str = PLUGIN_CONFIG, **mps: Any) -> tuple[Agent, Path]:
+        cfg = tmp_path / "plugin-config.yaml"
+        cfg.write_text(config)
+        agent = make_agent(
+            session,
+            lib.reset,
+            mps={
+                "enabled": True,
+                "layout": "device-plugin",
+                "root": root,
+                "device_plugin_config": cfg,
+                "control": fake_mps_control,
+                "replicas": 2,  # the plugin's config wins
+                "stop_on_exit": True,
+                **mps,
+            },
+            reconcile={"interval_seconds": 3600},
+        )
+        agent.start()
+        agents.append(agent)
+        return agent, root
+
+    yield start
+    for agent in agents:
+        agent.stop()
+    control = MpsControl(
+        fake_mps_control, root / "nvidia.com/gpu/pipe", root / "nvidia.com/gpu/log"
+    )
+    if control.daemon_pid() is not None:
+        control.command("quit")
+    if is_mounted(root / "shm"):  # the agent mounted the tmpfs (this test runs as root)
+        subprocess.run(["umount", str(root / "shm")], check=False, timeout=30)
+
+
+def test_the_layout_the_plugin_expects(plugin_node: Callable[..., tuple[Agent, Path]]) -> None:
+    agent, root = plugin_node()
+    report = agent.pipeline.last_report
+    assert report is not None and report.result == "success", report
+    res = root / "nvidia.com" / "gpu"
+    assert (res / "pipe" / "nvidia-cuda-mps-control.pid").exists()
+    assert (res / "log").is_dir()
+    # Empty markers, as upstream writes them, once the limits were read back.
+    assert (res / ".started").read_bytes() == b"" and (root / ".ready").read_bytes() == b""
+    assert (root / "shm").is_dir()
+    # Traversable by non-root client containers.
+    for folder in (root, root / "nvidia.com", res, res / "pipe"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o755, folder
+    # Replicas from the plugin's config (4, not the settings' 2); limits as upstream computes
+    # them: 100 // replicas, and memory / replicas in whole MiB (no rounding to GiB).
+    status = agent.mps.status
+    assert status is not None and status.thread_percentage == 25.0
+    assert status.pinned_bytes == {0: (H200_MIB // 4) << 20, 1: (H200_MIB // 4) << 20}
+    assert agent.mps.daemon is not None and agent.mps.daemon.settings.replicas == 4
+    # The shared-memory tmpfs: mounted, or (no CAP_SYS_ADMIN here) said clearly.
+    assert agent.mps.shm.startswith(("mounted a", "not mounted: cannot mount a tmpfs at"))
+
+
+def test_the_plugins_probe_succeeds(
+    plugin_node: Callable[..., tuple[Agent, Path]], fake_mps_control: str
+) -> None:
+    """What the plugin's waitForDaemon does (internal/plugin/mps.go): run the control program
+    with the resource's pipe directory and ask for the default thread percentage."""
+    _, root = plugin_node()
+    env = dict(
+        os.environ,
+        CUDA_MPS_PIPE_DIRECTORY=str(root / "nvidia.com/gpu/pipe"),
+        CUDA_MPS_LOG_DIRECTORY=str(root / "nvidia.com/gpu/log"),
+    )
+    probe = subprocess.run(
+        [fake_mps_control], input="get_default_active_thread_percentage", capture_output=True,
+        text=True, env=env, timeout=10, check=False,
+    )  # fmt: skip
+    assert probe.returncode == 0 and probe.stdout.strip() == "25.0"
+
+
+def test_rename_by_default_names_the_resource_shared(
+    plugin_node: Callable[..., tuple[Agent, Path]],
+) -> None:
+    _, root = plugin_node(PLUGIN_CONFIG.replace("  mps:\n", "  mps:\n    renameByDefault: true\n"))
+    assert (root / "nvidia.com/gpu.shared/pipe/nvidia-cuda-mps-control.pid").exists()
+    assert (root / "nvidia.com/gpu.shared/.started").exists()
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        ("version: v1\n", "no sharing.mps.resources"),
+        ("version: v2\nsharing: {}\n", "version: v1"),
+        (PLUGIN_CONFIG.replace("replicas: 4", "replicas: 1"), "replicas must be 2 or more"),
+        (
+            PLUGIN_CONFIG + "    - name: example.com/gpu\n      replicas: 2\n",
+            "lists 2 MPS resources",
+        ),
+        ("sharing: [\n", "not valid YAML"),
+    ],
+)
+def test_a_bad_plugin_config_fails_resolve_and_starts_nothing(
+    plugin_node: Callable[..., tuple[Agent, Path]], config: str, words: str
+) -> None:
+    agent, root = plugin_node(config)
+    report = agent.pipeline.last_report
+    assert report is not None and report.step == "resolve", report
+    assert words in (report.reason or "") and "device plugin config" in (report.reason or "")
+    assert agent.mps.daemon is None and not (root / ".ready").exists()
+
+
+def test_no_ready_marker_while_limits_do_not_hold(
+    plugin_node: Callable[..., tuple[Agent, Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_MPS_IGNORE_SETS", "1")
+    agent, root = plugin_node()
+    report = agent.pipeline.last_report
+    assert report is not None and report.step == "apply"
+    assert not (root / ".ready").exists() and not (root / "nvidia.com/gpu/.started").exists()
+
+
+def test_ready_is_withdrawn_while_limits_change(
+    plugin_node: Callable[..., tuple[Agent, Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A limit change that does not read back leaves the plugin no ready marker: it never
+    advertises shared devices on a daemon whose limits are not what they should be."""
+    agent, root = plugin_node()
+    assert (root / ".ready").exists()
+    daemon = agent.mps.daemon
+    assert daemon is not None
+    seen: list[bool] = []
+
+    def verify_fails() -> None:
+        seen.append((root / ".ready").exists())
+        raise MpsError("MPS limits did not hold: default active thread percentage is 25.0")
+
+    monkeypatch.setattr(daemon, "verify", verify_fails)
+    new = dataclasses.replace(
+        agent.settings, mps=dataclasses.replace(agent.settings.mps, thread_percentage=40)
+    )
+    agent.settings = new  # as a reload would, without waking the worker
+    report = agent.pipeline.run_once()
+    assert report.step == "apply" and "did not hold" in (report.reason or "")
+    assert seen == [False]  # already withdrawn while the new limits were checked
+    assert not (root / ".ready").exists()
