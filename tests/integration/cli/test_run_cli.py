@@ -279,3 +279,46 @@ def test_sigterm_while_starting_against_an_unreachable_api_exits(tmp_path: Path)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_systemd_notify_ready_watchdog_stopping(tmp_path: Path) -> None:
+    """Under a Type=notify unit: READY=1 once serving, WATCHDOG=1 while healthy (every half
+    WatchdogSec), RELOADING=1 then READY=1 around SIGHUP, STOPPING=1 on SIGTERM."""
+    import socket as socketlib
+
+    address = str(tmp_path / "notify.sock")
+    sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_DGRAM)
+    sock.bind(address)
+    sock.settimeout(20)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
+    env.update(NOTIFY_SOCKET=address, WATCHDOG_USEC="400000")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nodeagent", "--simulate", "h200", "run",
+         "--metrics-address", "127.0.0.1:0"],
+        env=env, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    got: list[str] = []
+
+    def until(field: str) -> None:
+        while not any(field in message for message in got):
+            got.append(sock.recv(4096).decode())
+
+    try:
+        until("READY=1")
+        assert f"MAINPID={proc.pid}" in got[0]
+        until("WATCHDOG=1")
+        beats = sum("WATCHDOG=1" in m for m in got)
+        got.clear()
+        until("WATCHDOG=1")  # it keeps beating while healthy
+        assert beats >= 1
+        proc.send_signal(signal.SIGHUP)
+        until("RELOADING=1")
+        until("READY=1")
+        proc.send_signal(signal.SIGTERM)
+        until("STOPPING=1")
+        assert proc.wait(timeout=20) == 0
+    finally:
+        sock.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
