@@ -33,6 +33,7 @@ from nodeagent.metrics.gpus import GpuCollector
 from nodeagent.metrics.mps import MpsCollector
 from nodeagent.metrics.sampling import GpmSampler
 from nodeagent.metrics.server import MetricsServer
+from nodeagent.metrics.sharing import SharingCollector
 from nodeagent.metrics.slices import SliceCollector
 from nodeagent.mig.apply import Reset
 from nodeagent.mps.manager import MpsManager
@@ -99,6 +100,7 @@ class Agent:
                         lambda: {n: w.errors for n, w in self.workers.items()},
                     ),
                     MpsCollector(lambda: self.mps.status),
+                    SharingCollector(lambda: self.pipeline.per_gpu),
                 ]
             )
         )

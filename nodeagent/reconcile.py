@@ -29,19 +29,25 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from nodeagent.errors import AgentError, ConfigError, MigError
+from nodeagent.files import atomic_write_text
+from nodeagent.labels.plugin import plugin_config
 from nodeagent.labels.render import SharingState, render_labels
 from nodeagent.logs import get_logger
 from nodeagent.metrics.agent import AgentStats
-from nodeagent.mig.apply import ConfigCache, Reset, execute
+from nodeagent.mig.apply import ConfigCache, Reset, execute, read_config_text
+from nodeagent.mig.config import MigConfigFile
 from nodeagent.mig.plan import Plan, mismatches, plan
 from nodeagent.mig.select import Desired, resolve
 from nodeagent.mps.manager import MpsChange, MpsIntent, MpsManager
 from nodeagent.mps.settings import validate
 from nodeagent.nvml import Inventory, MigWriter
 from nodeagent.settings import Settings, mps_daemon_settings
+from nodeagent.sharing.config import SharingFile, parse_sharing
+from nodeagent.sharing.resolve import Resolution, resolve_sharing
 from nodeagent.snapshot import Allocations, Snapshot, Store
 
 log = get_logger("nodeagent.reconcile")
@@ -69,6 +75,7 @@ class Wanted:
     origin: str  # "settings" | "node-label"
     mig_config: str | None
     tracked: bool = False
+    sharing_config: str | None = None  # a per-GPU sharing config (nodeagent/v1)
 
 
 class DesireSource(Protocol):
@@ -79,7 +86,7 @@ class SettingsDesire:
     """Bare metal: the MIG config name of the settings (flags, environment, file)."""
 
     def wanted(self, settings: Settings) -> Wanted:
-        return Wanted("settings", settings.mig.config)
+        return Wanted("settings", settings.mig.config, sharing_config=settings.sharing.config)
 
 
 class Clients(Protocol):
@@ -102,6 +109,9 @@ class Report:
     operations: int = 0  # NVML operations done
     mps_change: str = "none"
     generation: int = 0
+    done: tuple[dict[str, Any], ...] = ()  # the NVML operations (planned ones on a dry run)
+    sharing: dict[int, tuple[str, int]] = field(default_factory=dict)  # GPU -> (strategy, n)
+    error: BaseException | None = field(default=None, compare=False, repr=False)
 
     @property
     def config_failed(self) -> bool:
@@ -122,6 +132,7 @@ class Run:
     wanted: Wanted = field(default_factory=lambda: Wanted("settings", None))
     desired: dict[int, Desired] | None = None
     mps_intent: MpsIntent | None = None
+    sharing: Resolution | None = None
     mig_plan: Plan = field(default_factory=Plan)
     mps_change: MpsChange = field(default_factory=lambda: MpsChange("none"))
     clients: Clients | None = None
@@ -147,17 +158,26 @@ class Pipeline:
     clients: Callable[[Settings], Clients | None] = lambda _s: None
     reporter: Reporter | None = None
     on_published: Callable[[], None] = lambda: None
-    configs: ConfigCache = field(default_factory=ConfigCache)
+    configs: ConfigCache[MigConfigFile] = field(default_factory=ConfigCache)
+    sharing_files: ConfigCache[SharingFile] = field(
+        default_factory=lambda: ConfigCache(load_sharing_file, "sharing config file")
+    )
+    per_gpu: dict[int, tuple[str, int]] = field(default_factory=dict)  # what each GPU offers
+    _time_sliced: dict[int, int] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
     last_report: Report | None = None
     applying: bool = False  # a MIG change holds the NVML lock: readers wait, by design
+    log_failures: bool = True  # a one-shot command says it once, on stderr, itself
 
     # -- the run ----------------------------------------------------------------------------
 
-    def run_once(self) -> Report:
+    def run_once(self, dry_run: bool = False) -> Report:
         """Run every step once; returns the report (also kept in `last_report`). Never raises
-        for a failing step: the failure is the report."""
+        for a failing step: the failure is the report. A dry run stops after `plan`: the
+        report lists the planned operations and changes nothing."""
         run = Run(self.settings())
+        if dry_run:
+            return self._dry_run(run)
         start = self.clock()
         failure: tuple[str, BaseException] | None = None
         steps: list[tuple[str, Callable[[Run], None]]] = [
@@ -190,6 +210,20 @@ class Pipeline:
         self.last_report = report
         return report
 
+    def _dry_run(self, run: Run) -> Report:
+        try:
+            for name, step in (
+                ("observe", self.observe),
+                ("desire", self.desire_step),
+                ("resolve", self.resolve_step),
+                ("plan", self.plan_step),
+            ):
+                self._step(run, name, step)
+        except Exception as err:
+            return self._report(run, (run.step, err))
+        run.done = [op.to_dict() for op in run.mig_plan.operations]
+        return self._report(run, None)
+
     def _step(self, run: Run, name: str, step: Callable[[Run], None]) -> None:
         run.step = name
         began = self.clock()
@@ -210,25 +244,38 @@ class Pipeline:
                     "reconcile.changed",
                     origin=run.wanted.origin,
                     mig_config=run.wanted.mig_config,
+                    sharing_config=run.wanted.sharing_config,
                     operations=ops,
                     mps=run.mps_change.action,
                     steps=run.took_ms,
                 )
-            return Report("success", run.wanted, None, None, ops, run.mps_change.action, generation)
+            return Report(
+                "success", run.wanted, None, None, ops, run.mps_change.action, generation,
+                tuple(run.done), self._shares(run),
+            )  # fmt: skip
         step, err = failure
         text = str(err) if isinstance(err, AgentError) else f"internal error: {err!r}"
-        log.error(
+        (log.error if self.log_failures else log.debug)(
             "reconcile.failed",
             step=step,
             error=text,
             origin=run.wanted.origin,
             mig_config=run.wanted.mig_config,
+            sharing_config=run.wanted.sharing_config,
             steps=run.took_ms,
             exc_info=not isinstance(err, AgentError),
         )
         return Report(
-            "failure", run.wanted, step, f"{step}: {text}", ops, run.mps_change.action, generation
-        )
+            "failure", run.wanted, step, f"{step}: {text}", ops, run.mps_change.action,
+            generation, tuple(run.done), self._shares(run), err,
+        )  # fmt: skip
+
+    def _shares(self, run: Run) -> dict[int, tuple[str, int]]:
+        """What each GPU offers after this run: the sharing config's intents when one was
+        resolved (also on a dry run), else what was published."""
+        if run.sharing is not None:
+            return {i: (it.strategy, it.replicas) for i, it in sorted(run.sharing.intents.items())}
+        return dict(self.per_gpu)
 
     def _send_report(self, report: Report) -> None:
         if self.reporter is not None:
@@ -244,6 +291,11 @@ class Pipeline:
 
     def desire_step(self, run: Run) -> None:
         run.wanted = self.desire.wanted(run.settings)
+        if run.wanted.sharing_config is not None and not run.settings.sharing.config_file:
+            raise ConfigError(
+                f"sharing config {run.wanted.sharing_config!r} is wanted but no sharing config"
+                " file is set (sharing.config-file, --sharing-file)"
+            )
         if run.wanted.mig_config is not None and not run.settings.mig.config_file:
             raise ConfigError(
                 f"MIG config {run.wanted.mig_config!r} is wanted but no MIG config file is set"
@@ -253,11 +305,39 @@ class Pipeline:
     def resolve_step(self, run: Run) -> None:
         assert run.snapshot is not None
         inventory = run.snapshot.inventory
+        if run.wanted.sharing_config is not None:
+            self._resolve_sharing(run, inventory, run.wanted.sharing_config)
+            return
         name = run.wanted.mig_config
         if name is not None:
             cfg = self.configs.load(run.settings.mig.config_file)
             run.desired = resolve(cfg, name, inventory)
         run.mps_intent = mps_intent(run.settings, inventory, run.desired, name, self.mps.serving)
+
+    def _resolve_sharing(self, run: Run, inventory: Inventory, name: str) -> None:
+        """A sharing config says what each GPU it names becomes: MIG geometry, a place under
+        the one MPS daemon (its replicas and thread percentage are daemon-wide), time-slicing
+        or whole. The MPS daemon follows the config's MPS GPUs."""
+        s = run.settings
+        cfg = self.sharing_files.load(s.sharing.config_file)
+        mig_file = self.configs.load(s.mig.config_file) if s.mig.config_file else None
+        res = resolve_sharing(cfg, name, inventory, mig_file)
+        run.sharing, run.desired = res, res.mig
+        pinned = ",".join(f"{i}={size}" for i, size in sorted(res.pinned.items())) or None
+        share = res.mps
+        mps = dataclasses.replace(
+            s.mps,
+            enabled=bool(res.mps_devices),
+            devices=res.mps_devices or None,
+            replicas=share.replicas if share else s.mps.replicas,
+            thread_percentage=share.thread_percentage if share else None,
+            pinned_memory=pinned,
+            device_plugin_config=None,  # the sharing config is the source of replicas here
+        )
+        with_mps = dataclasses.replace(s, mps=mps)
+        run.mps_intent = mps_intent(
+            with_mps, inventory, run.desired, name, self.mps.serving, moving=True
+        )
 
     def plan_step(self, run: Run) -> None:
         assert run.snapshot is not None
@@ -276,6 +356,17 @@ class Pipeline:
             run.clients.pause()
 
     def apply(self, run: Run) -> None:
+        change = run.mps_change
+        enabling = {i for i, d in (run.desired or {}).items() if d.mig_enabled}
+        if change.action in ("stop", "restart") and enabling & set(self.mps.serving):
+            # A GPU leaves MPS for MIG: the daemon lets go of it before MIG is enabled there
+            # (the plan refused this already if the daemon has clients).
+            self.mps.apply(MpsChange("stop", reason="its GPUs change"))
+            change = (
+                MpsChange("start", change.intent)
+                if change.action == "restart"
+                else (MpsChange("none"))
+            )
         if run.mig_plan.operations and run.desired is not None:
             with self.writer_lock(run.settings), self.store.session.lock, self._applying():
                 # Another writer may have acted between plan and lock: plan again from what
@@ -283,12 +374,11 @@ class Pipeline:
                 snap = self.store.observe(self.allocations)
                 current = plan(snap.inventory, run.desired, snap.allocated)
                 run.done = execute(current, MigWriter(self.store.session), self.reset(run.settings))
-        if run.mps_change.action != "none":
-            if run.done:  # MPS is validated against the GPUs as they are now
+        if change.action != "none":
+            if run.done and change.intent is not None:  # validated against the GPUs as now
                 snap = self.store.observe(self.allocations)
-                assert run.mps_intent is not None
-                validate(run.mps_intent.settings, snap.inventory)
-            self.mps.apply(run.mps_change)
+                validate(change.intent.settings, snap.inventory)
+            self.mps.apply(change)
 
     @contextlib.contextmanager
     def _applying(self) -> Iterator[None]:
@@ -318,7 +408,13 @@ class Pipeline:
         snap = self.store.snapshot
         if snap is None:
             return
-        labels = render_labels(snap.inventory, self.sharing(), run.settings.labels.prefix)
+        self.per_gpu = self._offers(snap.inventory, run)
+        labels = render_labels(
+            snap.inventory, self.sharing(), run.settings.labels.prefix, self.per_gpu
+        )
+        out = run.settings.sharing.plugin_config_out
+        if out is not None:
+            self._write_plugin_config(out)
         errors = []
         for sink in self.sinks:
             try:
@@ -328,6 +424,48 @@ class Pipeline:
         self.on_published()
         if errors:
             raise AgentError("; ".join(errors))
+
+    def _offers(self, inventory: Inventory, run: Run) -> dict[int, tuple[str, int]]:
+        """What each GPU offers now: MIG (from NVML), MPS (the daemon's GPUs), time-slicing
+        (the sharing config: nothing on the GPU says so), or whole."""
+        if run.sharing is not None:
+            self._time_sliced = {
+                i: it.replicas for i, it in run.sharing.intents.items()
+                if it.strategy == "time-slicing"
+            }  # fmt: skip
+        elif run.wanted.sharing_config is None and run.step != "observe":
+            self._time_sliced = {}
+        daemon = self.mps.daemon
+        serving = set(self.mps.serving)
+        offers: dict[int, tuple[str, int]] = {}
+        for gpu in inventory.gpus:
+            i = gpu.index
+            if gpu.mig_current:
+                offers[i] = ("mig", 1)
+            elif i in serving and daemon is not None:
+                offers[i] = ("mps", daemon.settings.replicas)
+            elif i in self._time_sliced:
+                offers[i] = ("time-slicing", self._time_sliced[i])
+            else:
+                offers[i] = ("whole", 1)
+        return offers
+
+    def _write_plugin_config(self, path: Path) -> None:
+        import yaml
+
+        document, warnings = plugin_config(self.per_gpu)
+        for warning in warnings:
+            log.warning("sharing.plugin_config", limitation=warning)
+        text = yaml.safe_dump(document, sort_keys=False)
+        try:
+            if path.exists() and path.read_text() == text:
+                return
+            atomic_write_text(path, text, mode=0o644)
+        except OSError as err:
+            raise AgentError(
+                f"cannot write the device plugin config {path}: {err.strerror}"
+            ) from err
+        log.info("sharing.plugin_config.written", path=str(path))
 
     def sharing(self) -> SharingState:
         status = self.mps.status
@@ -354,16 +492,19 @@ def mps_intent(
     desired: Mapping[int, Desired] | None,
     mig_config: str | None,
     serving: tuple[int, ...] = (),
+    moving: bool = False,
 ) -> MpsIntent | None:
     """The MPS daemon the node should run, validated against the GPUs as the MIG config will
     leave them. Raises ConfigError when MIG and MPS would meet on a GPU."""
     final = _final_mig(inventory, desired)
     what = f"MIG config {mig_config!r}" if mig_config else "MIG"
+    # A sharing config that moves a GPU from MPS to MIG moves MPS first (`moving`); a MIG
+    # config alone never takes a GPU from the daemon.
     problems = [
         f"{what} enables MIG on GPU {i}, which the running MPS daemon serves; stop MPS on it"
         " first (mps.devices) or pick a config that leaves it whole"
         for i in serving
-        if desired and i in desired and desired[i].mig_enabled
+        if desired and i in desired and desired[i].mig_enabled and not moving
     ]
     mps = settings.mps
     if not mps.enabled:
@@ -389,6 +530,14 @@ def mps_intent(
     )
     daemon = mps_daemon_settings(mps, devices, settings.kube.enabled)
     return MpsIntent(daemon, validate(daemon, as_planned))
+
+
+def load_sharing_file(path: str | None) -> SharingFile:
+    """Read and parse a sharing config file (`-` reads stdin). Raises ConfigError."""
+    if not path:
+        raise ConfigError("no sharing config file: pass --sharing-file FILE")
+    text = read_config_text(path, "sharing config file")
+    return parse_sharing(text, "<stdin>" if path == "-" else path)
 
 
 @contextlib.contextmanager

@@ -73,6 +73,15 @@ class Mig:
 
 
 @dataclass(frozen=True)
+class Sharing:
+    """The per-GPU sharing config (nodeagent/v1): MIG here, MPS there, time-slicing elsewhere."""
+
+    config_file: str | None = None
+    config: str | None = None
+    plugin_config_out: Path | None = None  # write NVIDIA's device plugin config here
+
+
+@dataclass(frozen=True)
 class Labels:
     prefix: str = DEFAULT_LABEL_PREFIX
     nfd_features_file: Path | None = None
@@ -120,6 +129,7 @@ class Settings:
     labels: Labels = field(default_factory=Labels)
     mps: Mps = field(default_factory=Mps)
     kube: Kube = field(default_factory=Kube)
+    sharing: Sharing = field(default_factory=Sharing)
     file: str | None = None  # the settings file read, if any
 
 
@@ -131,6 +141,7 @@ GROUPS: dict[str, type] = {
     "labels": Labels,
     "mps": Mps,
     "kube": Kube,
+    "sharing": Sharing,
 }
 
 # -- parsers: raw value (YAML scalar or the text of a variable/flag) -> typed value ----------
@@ -455,6 +466,14 @@ SPECS: tuple[Spec, ...] = (
     _spec("mig", "lock-timeout", "NODEAGENT_MIG_LOCK_TIMEOUT", "--lock-timeout",
           seconds(0, inclusive=True), "seconds to wait for another MIG writer on this node",
           field="lock_timeout_seconds", hot=True),
+    _spec("sharing", "config-file", "NODEAGENT_SHARING_CONFIG_FILE", "--sharing-file",
+          optional(text), "per-GPU sharing config file (nodeagent/v1, or mig-parted v1)",
+          hot=True),
+    _spec("sharing", "config", "NODEAGENT_SHARING_CONFIG", "--sharing-config", optional(text),
+          "name of the sharing config to keep applied", hot=True),
+    _spec("sharing", "plugin-config-out", "NODEAGENT_SHARING_PLUGIN_CONFIG_OUT",
+          "--sharing-plugin-config-out", optional(path),
+          "write NVIDIA's device plugin config (sharing.mps / timeSlicing) here", hot=True),
     _spec("labels", "prefix", "NODEAGENT_LABEL_PREFIX", "--label-prefix", label_prefix,
           "label prefix (another one beside GFD)", hot=True),
     _spec("labels", "nfd-features-file", "NODEAGENT_NFD_FEATURES_FILE", "--nfd-features-file",
@@ -689,6 +708,16 @@ def _cross_checks(s: Settings, groups: set[str]) -> list[str]:
             )
     elif "reconcile" in groups and s.mig.config and not s.mig.config_file:
         problems.append("a MIG config needs both the file and the name (-f and -c)")
+    if "sharing" in groups and s.sharing.config and not s.sharing.config_file:
+        problems.append(
+            "a sharing config needs both the file and the name (--sharing-file and"
+            " --sharing-config)"
+        )
+    if "sharing" in groups and s.sharing.config and s.mig.config:
+        problems.append(
+            "give a MIG config (-c) or a sharing config (--sharing-config), not both: a sharing"
+            " config says what every GPU it names becomes, MIG included"
+        )
     if "mps" in groups and s.mps.enabled and s.mps.pinned_memory and s.mps.devices:
         for part in s.mps.pinned_memory.split(","):
             index, sep, _ = part.rpartition("=")

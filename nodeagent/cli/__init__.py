@@ -15,6 +15,7 @@ from nodeagent import __version__
 from nodeagent.cli.common import Context, add_setting_flags, output_flag
 from nodeagent.cli.mig import add_mig_parser
 from nodeagent.cli.run import add_run_parsers
+from nodeagent.cli.sharing import add_sharing_parser
 from nodeagent.cli.status import cmd_sim_attach, cmd_sim_detach, cmd_sim_reset, cmd_status
 from nodeagent.errors import AgentError
 from nodeagent.logs import configure_logging
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status, groups=("node",))
 
     add_mig_parser(sub)
+    add_sharing_parser(sub)
     add_run_parsers(sub)
 
     sim = sub.add_parser("sim", help="drive the emulator as a user would (needs --simulate)")

@@ -14,6 +14,7 @@ from typing import Any
 
 from nodeagent.cli.common import Context, add_setting_flags, log, output_flag, print_json, reset_for
 from nodeagent.cli.mps import cmd_mps
+from nodeagent.cli.sharing import SHARING_FLAG_NAMES
 from nodeagent.errors import AgentError
 from nodeagent.labels.render import render_labels, slice_usage
 from nodeagent.lock import lock_path
@@ -30,8 +31,26 @@ RUN_FLAG_NAMES = {
 
 
 def cmd_labels(ctx: Context) -> int:
+    """The labels nodeagent publishes for the node as it is, or (-f/-c) as a sharing config
+    would leave it."""
+    from nodeagent.labels.render import SharingState
+
     inventory = read_inventory(ctx.session)
-    labels = render_labels(inventory, prefix=ctx.settings.labels.prefix)
+    s = ctx.settings
+    offers = {g.index: ("mig" if g.mig_current else "whole", 1) for g in inventory.gpus}
+    sharing = SharingState()
+    if s.sharing.config:
+        from nodeagent.mig.apply import load_config
+        from nodeagent.reconcile import load_sharing_file
+        from nodeagent.sharing.resolve import resolve_sharing
+
+        cfg = load_sharing_file(s.sharing.config_file)
+        mig_file = load_config(s.mig.config_file) if s.mig.config_file else None
+        res = resolve_sharing(cfg, s.sharing.config, inventory, mig_file)
+        offers.update({i: (it.strategy, it.replicas) for i, it in res.intents.items()})
+        if res.mps is not None:
+            sharing = SharingState("mps", res.mps.replicas)
+    labels = render_labels(inventory, sharing, s.labels.prefix, offers)
     if ctx.args.output == "json":
         print_json({"labels": labels, "annotations": {SLICES_ANNOTATION: slice_usage(inventory)}})
     else:
@@ -181,7 +200,11 @@ def add_run_parsers(sub: Any) -> None:
     p = sub.add_parser("labels", help="the node labels nodeagent publishes (GFD names)")
     output_flag(p)
     add_setting_flags(p, ["labels"], skip=["labels.nfd-features-file"])
-    p.set_defaults(func=cmd_labels, groups=("node", "labels"))
+    add_setting_flags(
+        p, ["sharing", "mig"], SHARING_FLAG_NAMES,
+        skip=["sharing.plugin-config-out", "mig.config", "mig.reset-command", "mig.lock-timeout"],
+    )  # fmt: skip
+    p.set_defaults(func=cmd_labels, groups=("node", "labels", "sharing", "mig"))
     mps = sub.add_parser("mps", help="the MPS control daemon: start, stop, status")
     mps.add_argument("mps_command", choices=("start", "stop", "status", "mount-shm"))
     output_flag(mps)

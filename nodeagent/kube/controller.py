@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from nodeagent.errors import KubeError
@@ -35,6 +36,9 @@ MIG_CONFIG = "nvidia.com/mig.config"
 MIG_STATE = "nvidia.com/mig.config.state"
 REASON = ANNOTATION_PREFIX + "mig.config.reason"
 SLICES_ANNOTATION = ANNOTATION_PREFIX + "mig.slices"
+SHARING_CONFIG = "nodeagent.io/sharing.config"
+SHARING_STATE = "nodeagent.io/sharing.config.state"
+SHARING_REASON = ANNOTATION_PREFIX + "sharing.config.reason"
 
 
 def _meta(node: Mapping[str, Any] | None, key: str) -> dict[str, str]:
@@ -65,34 +69,62 @@ class NodeView:
         return dict(_meta(self.node, "annotations"))
 
 
+@dataclass(frozen=True)
+class LabelProtocol:
+    """mig-manager's protocol on one label: the wanted name, its state, the reason."""
+
+    config: str
+    state: str
+    reason: str
+    what: str
+    event: str  # Event reason prefix
+
+
+MIG = LabelProtocol(MIG_CONFIG, MIG_STATE, REASON, "MIG config", "MigConfig")
+SHARING = LabelProtocol(
+    SHARING_CONFIG, SHARING_STATE, SHARING_REASON, "sharing config", "SharingConfig"
+)
+
+
+def protocol_of(wanted: Wanted) -> LabelProtocol:
+    return SHARING if wanted.sharing_config is not None else MIG
+
+
 class NodeLabelDesire:
-    """The wanted MIG config is the node label; remembers the value that failed (also across
-    an agent restart: the state label says so), until the label changes or a user removes the
-    state label to ask again."""
+    """The wanted config is a node label: `nodeagent.io/sharing.config` (a per-GPU sharing
+    config) or else `nvidia.com/mig.config` (mig-manager's). Remembers a value that failed
+    (also across an agent restart: the state label says so), until the label changes or a
+    user removes the state label to ask again."""
 
     def __init__(self, view: NodeView) -> None:
         self.view = view
         labels = view.labels()
-        failed = labels.get(MIG_STATE) == "failed" and labels.get(MIG_CONFIG)
-        self.failed: str | None = failed or None
+        self.failed: dict[LabelProtocol, str] = {}
+        for proto in (MIG, SHARING):
+            if labels.get(proto.state) == "failed" and labels.get(proto.config):
+                self.failed[proto] = labels[proto.config]
 
     def failure(self) -> str | None:
         """Why the wanted config is not applied, while it stays failed (for /readyz)."""
-        labels = self.view.labels()
-        if self.failed and labels.get(MIG_CONFIG) == self.failed:
-            reason = self.view.annotations().get(REASON) or "see the node's events"
-            return f"MIG config {self.failed!r} failed: {reason}"
+        labels, notes = self.view.labels(), self.view.annotations()
+        for proto, name in self.failed.items():
+            if labels.get(proto.config) == name:
+                reason = notes.get(proto.reason) or "see the node's events"
+                return f"{proto.what} {name!r} failed: {reason}"
         return None
 
     def wanted(self, settings: Settings) -> Wanted:
         labels = self.view.labels()
-        name, state = labels.get(MIG_CONFIG), labels.get(MIG_STATE)
+        proto = SHARING if labels.get(SHARING_CONFIG) else MIG
+        name, state = labels.get(proto.config), labels.get(proto.state)
         if not name:
             return Wanted("node-label", None)
         if state is None:  # no state yet, or a user cleared it to ask again
-            self.failed = None
-        if name == self.failed:
+            self.failed.pop(proto, None)
+        if name == self.failed.get(proto):
             return Wanted("node-label", None)  # waits for a new value (or a cleared state)
+        if proto is SHARING:
+            return Wanted("node-label", None, tracked=True, sharing_config=name)
         return Wanted("node-label", name, tracked=True)
 
 
@@ -112,45 +144,48 @@ class KubeReporter:
         except KubeError as err:
             log.warning("event.failed", reason=reason, error=str(err))
 
-    def _set_state(self, state: str, reason: str | None) -> None:
-        if self.view.labels().get(MIG_STATE) == state and (
-            self.view.annotations().get(REASON) == reason
+    def _set_state(self, proto: LabelProtocol, state: str, reason: str | None) -> None:
+        if self.view.labels().get(proto.state) == state and (
+            self.view.annotations().get(proto.reason) == reason
         ):
             return
         node = self.api.patch_node(
-            {"metadata": {"labels": {MIG_STATE: state}, "annotations": {REASON: reason}}}
+            {"metadata": {"labels": {proto.state: state}, "annotations": {proto.reason: reason}}}
         )
         self.view.update(node)
 
     def changing(self, wanted: Wanted, operations: int) -> None:
         if not wanted.tracked:
             return
-        log.info("mig.config.requested", config=wanted.mig_config, operations=operations)
-        self._set_state("pending", None)
-        self._event("MigConfigChanging", f"applying MIG config {wanted.mig_config!r}")
+        proto = protocol_of(wanted)
+        name = wanted.sharing_config or wanted.mig_config
+        log.info("config.requested", kind=proto.what, config=name, operations=operations)
+        self._set_state(proto, "pending", None)
+        self._event(f"{proto.event}Changing", f"applying {proto.what} {name!r}")
 
     def finished(self, report: Report) -> None:
         wanted = report.wanted
         if not wanted.tracked or report.step == "observe":
             return
+        proto = protocol_of(wanted)
+        name = wanted.sharing_config or wanted.mig_config
+        assert name is not None
         if report.result == "failure" and report.config_failed:
-            self._set_state("failed", (report.reason or "")[:4096])
+            self._set_state(proto, "failed", (report.reason or "")[:4096])
             # Only once the state says so: a lost write is reported again by the next run.
-            self.desire.failed = wanted.mig_config
+            self.desire.failed[proto] = name
             self._event(
-                "MigConfigFailed",
-                f"MIG config {wanted.mig_config!r} failed: {report.reason}",
-                "Warning",
+                f"{proto.event}Failed", f"{proto.what} {name!r} failed: {report.reason}", "Warning"
             )
-            log.error("mig.config.failed", config=wanted.mig_config, error=report.reason)
+            log.error("config.failed", kind=proto.what, config=name, error=report.reason)
             return
-        self._set_state("success", None)
-        if report.operations:
+        self._set_state(proto, "success", None)
+        if report.operations or report.mps_change != "none":
             self._event(
-                "MigConfigApplied",
-                f"MIG config {wanted.mig_config!r} applied ({report.operations} NVML operations)",
+                f"{proto.event}Applied",
+                f"{proto.what} {name!r} applied ({report.operations} NVML operations)",
             )
-            log.info("mig.config.applied", config=wanted.mig_config, operations=report.operations)
+            log.info("config.applied", kind=proto.what, config=name, operations=report.operations)
 
 
 class NodeLabelSink:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nodeagent.nvml.inventory import Gpu, Inventory
@@ -40,10 +41,19 @@ def profile_label(profile: str) -> str:
     return "mig-" + profile.replace("+", ".")
 
 
+GPU_SHARING_PREFIX = "nodeagent.io/gpu."
+
+
 def render_labels(
-    inventory: Inventory, sharing: SharingState = SharingState(), prefix: str = DEFAULT_PREFIX
+    inventory: Inventory,
+    sharing: SharingState = SharingState(),
+    prefix: str = DEFAULT_PREFIX,
+    per_gpu: Mapping[int, tuple[str, int]] | None = None,
 ) -> dict[str, str]:
-    """Every label nodeagent owns for this node. No GPU: no labels."""
+    """Every label nodeagent owns for this node. No GPU: no labels. `per_gpu` (what each GPU
+    offers: mig, mps, time-slicing or whole, and its replicas) adds
+    `nodeagent.io/gpu.<index>.sharing` and `.replicas`; GFD's keys keep GFD's node-level
+    meaning."""
     if not inventory.gpus:
         return {}
     first: Gpu = inventory.gpus[0]
@@ -93,7 +103,11 @@ def render_labels(
         labels[f"{base}.count"] = str(counts[profile])
         for key, value in details.get(profile, {}).items():
             labels[f"{base}.{key}"] = value
-    return {prefix + k: v for k, v in sorted(labels.items())}
+    out = {prefix + k: v for k, v in sorted(labels.items())}
+    for index, (strategy, replicas) in sorted((per_gpu or {}).items()):
+        out[f"{GPU_SHARING_PREFIX}{index}.sharing"] = strategy
+        out[f"{GPU_SHARING_PREFIX}{index}.replicas"] = str(replicas)
+    return out
 
 
 def slice_usage(inventory: Inventory, in_use: dict[str, str] | None = None) -> str:

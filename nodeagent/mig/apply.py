@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from nodeagent.errors import ConfigError, MigError, ModeChangePending, NvmlError, SliceInUse
 from nodeagent.logs import get_logger
@@ -28,6 +28,7 @@ log = get_logger("nodeagent.mig")
 IN_USE = 19
 DEFAULT_RESET_COMMAND = "nvidia-smi -r -i {index}"
 Reset = Callable[[int], None]
+T = TypeVar("T")
 
 
 def load_config(path: str | None) -> MigConfigFile:
@@ -46,36 +47,56 @@ def load_config(path: str | None) -> MigConfigFile:
     return parse_config(_decode(data, path), path)
 
 
-def _decode(data: bytes, path: str) -> str:
+def _decode(data: bytes, path: str, what: str = "MIG config file") -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ConfigError(
-            f"MIG config file {path} is not UTF-8 text (bad byte at offset {err.start})"
+            f"{what} {path} is not UTF-8 text (bad byte at offset {err.start})"
         ) from err
 
 
-class ConfigCache:
-    """The agent's MIG config file, parsed again only when it changed (path, size, mtime)."""
+class ConfigCache(Generic[T]):
+    """A config file the agent reads every reconcile, parsed again only when it changed
+    (path, size, mtime). `loader` reads and parses; the default is the MIG config file."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        loader: Callable[[str | None], T] = load_config,  # type: ignore[assignment]
+        what: str = "MIG config file",
+    ) -> None:
+        self.loader = loader
+        self.what = what
         self._key: tuple[str, int, int] | None = None
-        self._config: MigConfigFile | None = None
+        self._config: T | None = None
 
-    def load(self, path: str | None) -> MigConfigFile:
-        """Like load_config(); a file that did not change is not read again."""
+    def load(self, path: str | None) -> T:
+        """Like the loader; a file that did not change is not read again."""
         if not path or path == "-":
-            return load_config(path)
+            return self.loader(path)
         try:
             st = os.stat(path)
         except OSError as err:
-            raise ConfigError(f"cannot read MIG config file {path}: {err.strerror}") from err
+            raise ConfigError(f"cannot read {self.what} {path}: {err.strerror}") from err
         key = (path, st.st_size, st.st_mtime_ns)
         if key != self._key or self._config is None:
             self._config, self._key = None, None
-            self._config = load_config(path)
+            self._config = self.loader(path)
             self._key = key
         return self._config
+
+
+def read_config_text(path: str, what: str) -> str:
+    """A config file's text (`-` reads stdin), read as bytes: a bad byte is one sentence."""
+    if path == "-":
+        stream = getattr(sys.stdin, "buffer", None)
+        data = stream.read() if stream is not None else sys.stdin.read().encode()
+        return _decode(data, "<stdin>", what)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise ConfigError(f"cannot read {what} {path}: {err.strerror}") from err
+    return _decode(data, path, what)
 
 
 def command_reset(template: str = DEFAULT_RESET_COMMAND, timeout_seconds: float = 300) -> Reset:

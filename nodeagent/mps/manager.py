@@ -32,7 +32,7 @@ class MpsIntent:
 
 @dataclass(frozen=True)
 class MpsChange:
-    action: str  # none | start | limits | restart | stop
+    action: str  # none | adopt | start | limits | restart | stop
     intent: MpsIntent | None = None
     reason: str = ""
 
@@ -72,6 +72,8 @@ class MpsManager:
                     )
                 return MpsChange("stop", reason="MPS disabled")
             if self.daemon is None:
+                if self._running_as_wanted(intent):
+                    return MpsChange("adopt", intent)
                 return MpsChange("start", intent)
             current = self.daemon
             if current.limits.visible_devices != intent.limits.visible_devices:
@@ -91,6 +93,12 @@ class MpsManager:
         if change.action == "none":
             return
         with self.lock:
+            if change.action == "adopt" and change.intent is not None:
+                self.daemon = MpsDaemon(change.intent.settings, change.intent.limits, self.compute)
+                self.started_by_us = False
+                log.info("mps.adopted", pid=self.daemon.control.daemon_pid())
+                self.refresh_status()
+                return
             if change.action in ("stop", "restart") and self.daemon is not None:
                 self.daemon.stop()
                 log.info("mps.stopped_for_change", reason=change.reason or change.action)
@@ -113,6 +121,22 @@ class MpsManager:
                 self.status = daemon.start()
                 self.daemon, self.started_by_us = daemon, not adopted
             self.refresh_status()
+
+    def _running_as_wanted(self, intent: MpsIntent) -> bool:
+        """A daemon already runs in the pipe directory for these GPUs with these limits (read
+        back): nothing to change, only to adopt (an agent restart, a second command)."""
+        daemon = MpsDaemon(intent.settings, intent.limits, self.compute)
+        pid = daemon.control.daemon_pid()
+        if pid is None:
+            return False
+        running = daemon.control.daemon_devices(pid)
+        if running is not None and ",".join(running) != intent.limits.visible_devices:
+            return False
+        try:
+            daemon.verify()
+        except MpsError:
+            return False
+        return True
 
     def _prepare(self, settings: MpsSettings) -> None:
         """The device plugin's layout: folders clients can traverse, and `<root>/shm` as a

@@ -1,0 +1,169 @@
+"""`nodeagent sharing apply|assert|export`: the per-GPU sharing config (nodeagent/v1) by hand,
+through the agent's own pipeline (one run), with mig-parted's flags and exit codes."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any
+
+from nodeagent.cli.common import Context, add_setting_flags, output_flag, print_json, reset_for
+from nodeagent.errors import AgentError, ConfigError
+from nodeagent.lock import lock_path
+
+SHARING_FLAG_NAMES = {
+    "sharing.config-file": ("-f", "--file"),
+    "sharing.config": ("-c", "--config"),
+    "mig.config-file": ("--mig-file",),  # the mig-parted file `mig-config: NAME` entries name
+}
+GROUPS = ("node", "mig", "mps", "sharing")
+
+
+def _pipeline(ctx: Context) -> Any:
+    from nodeagent.agent import Agent
+
+    settings = ctx.settings
+    if not settings.sharing.config:
+        raise ConfigError("no sharing config name: pass -c NAME or set NODEAGENT_SHARING_CONFIG")
+    if not settings.sharing.config_file:
+        raise ConfigError(
+            "no sharing config file: pass -f FILE or set NODEAGENT_SHARING_CONFIG_FILE"
+        )
+    node = settings.node
+    agent = Agent(
+        ctx.session,
+        settings,
+        lambda s: reset_for(s, ctx.lib),
+        lock_path=lock_path(node.run_dir, node.sim_state, bool(node.simulate)),
+    )
+    agent.pipeline.sinks = []  # a command publishes nothing
+    agent.pipeline.log_failures = False
+    return agent.pipeline
+
+
+def _print(ctx: Context, report: Any, dry_run: bool) -> None:
+    from nodeagent.cli.mig import _describe_op
+
+    name = report.wanted.sharing_config
+    if ctx.args.output == "json":
+        print_json({
+            "config": name,
+            "dry_run": dry_run,
+            "operations": list(report.done),
+            "mps": report.mps_change,
+            "gpus": {str(i): {"sharing": s, "replicas": n} for i, (s, n) in report.sharing.items()},
+        })  # fmt: skip
+        return
+    for op in report.done:
+        print(_describe_op(op))
+    if report.mps_change != "none":
+        print(f"MPS daemon: {report.mps_change}{' (planned)' if dry_run else ''}")
+    for index, (strategy, replicas) in sorted(report.sharing.items()):
+        extra = f" x{replicas}" if strategy in ("mps", "time-slicing") else ""
+        print(f"GPU {index}: {strategy}{extra}")
+    verb = "would run" if dry_run else "ran"
+    n = len(report.done)
+    print(f"sharing config {name!r}: {verb} {n} NVML operation{'s' if n != 1 else ''}")
+
+
+def _raise(report: Any) -> None:
+    if report.result != "success":
+        err = report.error
+        if isinstance(err, AgentError):
+            raise err
+        raise AgentError(report.reason or "the sharing config could not be applied")
+
+
+def cmd_sharing_apply(ctx: Context) -> int:
+    report = _pipeline(ctx).run_once(dry_run=ctx.args.dry_run)
+    _raise(report)
+    _print(ctx, report, ctx.args.dry_run)
+    return 0
+
+
+def cmd_sharing_assert(ctx: Context) -> int:
+    """Exit 0 when the node is as the config says (no MIG operation, no MPS change needed)."""
+    report = _pipeline(ctx).run_once(dry_run=True)
+    _raise(report)
+    name = report.wanted.sharing_config
+    differences = [f"GPU {op['gpu']}: needs {op['op']}" for op in report.done]
+    if report.mps_change not in ("none", "adopt"):  # adopt: it runs as wanted already
+        differences.append(f"the MPS daemon needs: {report.mps_change}")
+    for line in differences:
+        print(line)
+    if differences:
+        return 1
+    print(f"sharing config {name!r}: the GPUs match")
+    return 0
+
+
+def cmd_sharing_export(ctx: Context) -> int:
+    """What each GPU offers now, as a sharing config named `current`. MPS is read from the
+    daemon in the configured MPS root; time-slicing leaves no trace on a GPU: such GPUs read
+    as whole."""
+    import yaml
+
+    from nodeagent.mig.generate import export_current
+    from nodeagent.mps.control import MpsControl
+    from nodeagent.nvml import read_inventory
+    from nodeagent.settings import mps_daemon_settings
+
+    inventory = read_inventory(ctx.session)
+    mps = mps_daemon_settings(ctx.settings.mps, ())
+    control = MpsControl(mps.control_binary, mps.pipe_dir, mps.log_dir)
+    pid = control.daemon_pid()
+    uuids = (control.daemon_devices(pid) or []) if pid is not None else []
+    by_uuid = {g.uuid: g.index for g in inventory.gpus}
+    mps_gpus = sorted(by_uuid[u] for u in uuids if u in by_uuid)
+    replicas = 2
+    if mps_gpus:
+        with contextlib.suppress(AgentError, ValueError, ZeroDivisionError):
+            replicas = max(
+                2, round(100 / float(control.command("get_default_active_thread_percentage")))
+            )
+    entries: list[dict[str, Any]] = []
+    mig = export_current(inventory)["current"]
+    for entry in mig:
+        if entry["mig-enabled"]:
+            entries.append(
+                {"devices": entry["devices"], "mig": {"mig-devices": entry["mig-devices"]}}
+            )
+            continue
+        whole = [i for i in entry["devices"] if i not in mps_gpus]
+        if whole:
+            entries.append({"devices": whole, "whole": {}})
+    if mps_gpus:
+        entries.append({"devices": mps_gpus, "mps": {"replicas": replicas}})
+    doc = {"version": "nodeagent/v1", "sharing-configs": {"current": entries}}
+    sys.stdout.write(yaml.safe_dump(doc, sort_keys=False))
+    return 0
+
+
+def add_sharing_parser(sub: Any) -> None:
+    sharing = sub.add_parser("sharing", help="per-GPU sharing: MIG here, MPS there, time-slicing")
+    ssub = sharing.add_subparsers(dest="sharing_command", metavar="SHARINGCOMMAND")
+    ssub.required = True
+    p = ssub.add_parser("apply", help="bring every GPU to what the config says for it")
+    add_setting_flags(p, ["sharing"], SHARING_FLAG_NAMES, skip=["sharing.plugin-config-out"])
+    add_setting_flags(
+        p,
+        ["mig", "mps"],
+        SHARING_FLAG_NAMES,
+        skip=["mig.config", "mps.enabled", "mps.stop-on-exit"],
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    output_flag(p)
+    p.set_defaults(func=cmd_sharing_apply, groups=GROUPS)
+    p = ssub.add_parser("assert", help="exit 0 when the GPUs are as the config says, 1 when not")
+    add_setting_flags(p, ["sharing"], SHARING_FLAG_NAMES, skip=["sharing.plugin-config-out"])
+    add_setting_flags(
+        p,
+        ["mig", "mps"],
+        SHARING_FLAG_NAMES,
+        skip=["mig.config", "mps.enabled", "mps.stop-on-exit"],
+    )
+    output_flag(p)
+    p.set_defaults(func=cmd_sharing_assert, groups=GROUPS)
+    p = ssub.add_parser("export", help="what each GPU offers now, as a config named 'current'")
+    add_setting_flags(p, ["mps"], skip=["mps.enabled", "mps.stop-on-exit"])
+    p.set_defaults(func=cmd_sharing_export, groups=("node", "mps"))

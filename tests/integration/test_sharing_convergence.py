@@ -1,0 +1,183 @@
+"""Per-GPU sharing through the pipeline on an emulated 8xH200 node with the fake MPS daemon:
+every transition between four sharing configs converges with the fewest MIG operations, the
+MPS daemon restarts only when its set of GPUs changes, a fault at any mutation converges on the
+next run, and labels, metrics and the device plugin's config say what each GPU offers."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nodeagent.agent import Agent
+from nodeagent.mps.control import MpsControl
+from nodeagent.nvml import NvmlSession, read_inventory
+from nodeagent.sim import SimulatedNvml, parse_spec
+from nodeagent.sim.faults import Fault
+from tests.agent_support import make_agent
+
+BALANCED = '{"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}'
+CONFIGS = f"""version: nodeagent/v1
+sharing-configs:
+  mixed:
+    - devices: [0, 1]
+      mig: {{mig-devices: {BALANCED}}}
+    - devices: [2, 3]
+      mps: {{replicas: 4}}
+    - devices: [4]
+      time-slicing: {{replicas: 4}}
+    - devices: [5, 6, 7]
+      whole: {{}}
+  rotated:
+    - devices: [0, 1]
+      mps: {{replicas: 4}}
+    - devices: [2, 3]
+      mig: {{mig-devices: {BALANCED}}}
+    - devices: [4]
+      whole: {{}}
+    - devices: [5, 6, 7]
+      time-slicing: {{replicas: 2}}
+  more-mps:
+    - devices: [0, 1]
+      mps: {{replicas: 4}}
+    - devices: [2, 3]
+      mps: {{replicas: 4}}
+    - devices: [4, 5, 6, 7]
+      mig: {{mig-devices: {{"7g.141gb": 1}}}}
+  all-whole:
+    - devices: all
+      whole: {{}}
+"""
+NAMES = ("mixed", "rotated", "more-mps", "all-whole")
+MPS_GPUS = {"mixed": (2, 3), "rotated": (0, 1), "more-mps": (0, 1, 2, 3), "all-whole": ()}
+
+
+@pytest.fixture
+def node(tmp_path: Path, fake_mps_control: str) -> Iterator[tuple[Agent, SimulatedNvml, Path]]:
+    lib = SimulatedNvml(parse_spec("h200x8"))
+    session = NvmlSession(lib)
+    (tmp_path / "sharing.yaml").write_text(CONFIGS)
+    agent = make_agent(
+        session,
+        lib.reset,
+        sharing={
+            "config_file": str(tmp_path / "sharing.yaml"),
+            "plugin_config_out": tmp_path / "dp" / "config.yaml",
+        },
+        mps={"root": tmp_path / "mps", "control": fake_mps_control, "stop_on_exit": True},
+    )
+    yield agent, lib, tmp_path
+    agent.stop()
+    control = MpsControl(fake_mps_control, tmp_path / "mps" / "pipe", tmp_path / "mps" / "log")
+    if control.daemon_pid() is not None:
+        control.command("quit")
+
+
+def _want(agent: Agent, name: str) -> None:
+    agent.settings = dataclasses.replace(
+        agent.settings, sharing=dataclasses.replace(agent.settings.sharing, config=name)
+    )
+
+
+def _matches(agent: Agent) -> bool:
+    plan = agent.pipeline.run_once(dry_run=True)
+    return plan.result == "success" and not plan.done and plan.mps_change in ("none", "adopt")
+
+
+def test_every_transition_converges(node: tuple[Agent, SimulatedNvml, Path]) -> None:
+    agent, _, _tmp = node
+    counts: dict[tuple[str, str], int] = {}
+    pid_before: int | None = None
+    previous = None
+    for name in ("mixed", *(b for pair in itertools.permutations(NAMES, 2) for b in pair)):
+        _want(agent, name)
+        report = agent.pipeline.run_once()
+        assert report.result == "success", (previous, name, report.reason)
+        assert _matches(agent), (previous, name)
+        assert agent.mps.serving == MPS_GPUS[name]
+        pid = agent.mps.status.pid if agent.mps.status else None
+        if previous is not None and MPS_GPUS[previous] == MPS_GPUS[name] and MPS_GPUS[name]:
+            assert pid == pid_before, f"{previous} -> {name} restarted the MPS daemon"
+        if previous is not None:
+            counts[(previous, name)] = report.operations
+        offers = agent.pipeline.per_gpu
+        assert {i for i, (s, _) in offers.items() if s == "mps"} == set(MPS_GPUS[name])
+        previous, pid_before = name, pid
+    # Fewest operations: a balanced GPU is 9 NVML calls to build (mode, 4 GIs, 4 CIs) and 9 to
+    # tear down; GPUs whose MIG geometry stays are not touched.
+    assert counts[("mixed", "rotated")] == 4 * 9  # GPUs 0, 1 torn down; 2, 3 built
+    assert counts[("all-whole", "mixed")] == 2 * 9
+    assert counts[("rotated", "more-mps")] == 2 * 9 + 4 * 3  # 2, 3 torn down; 4-7 one 7g each
+    print("operations per transition:", counts)
+
+
+def test_labels_metrics_and_device_plugin_config(node: tuple[Agent, SimulatedNvml, Path]) -> None:
+    agent, _, tmp = node
+    _want(agent, "mixed")
+    agent.reconcile()
+    labels = {}
+    for sink_labels in [agent.pipeline.per_gpu]:
+        labels = sink_labels
+    assert labels[0] == ("mig", 1) and labels[2] == ("mps", 4) and labels[4] == ("time-slicing", 4)
+    assert labels[7] == ("whole", 1)
+    value = agent.registry.get_sample_value
+    assert (
+        value(
+            "nodeagent_gpu_sharing_info", {"gpu": "4", "strategy": "time-slicing", "replicas": "4"}
+        )
+        == 1
+    )
+    assert (
+        value("nodeagent_gpu_sharing_info", {"gpu": "2", "strategy": "mps", "replicas": "4"}) == 1
+    )
+    plugin = yaml.safe_load((tmp / "dp" / "config.yaml").read_text())
+    assert plugin == {
+        "version": "v1",
+        "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}},
+    }
+    _want(agent, "all-whole")
+    agent.reconcile()
+    assert yaml.safe_load((tmp / "dp" / "config.yaml").read_text())["sharing"] == {}
+
+
+def test_a_fault_at_any_mutation_converges_on_the_next_run(
+    node: tuple[Agent, SimulatedNvml, Path],
+) -> None:
+    """From MIG on GPUs 0, 1 and MPS on 2, 3 to the reverse: a fault at each of the 36 NVML
+    mutations (teardowns, mode changes, creates), then a clean run converges."""
+    agent, lib, _ = node
+    _want(agent, "mixed")
+    assert agent.pipeline.run_once().result == "success"
+    _want(agent, "rotated")
+    total = agent.pipeline.run_once(dry_run=True).done
+    assert len(total) == 36
+    for k in range(1, len(total) + 1, 5):  # every 5th: each kind of operation on each GPU
+        _want(agent, "mixed")
+        assert agent.pipeline.run_once().result == "success"
+        _want(agent, "rotated")
+        lib.faults.faults.append(Fault(mutation=lib.faults.mutations + k, error=999))
+        failed = agent.pipeline.run_once()
+        assert failed.result == "failure" and failed.step == "apply", (k, failed.reason)
+        lib.faults.faults.clear()
+        again = agent.pipeline.run_once()
+        assert again.result == "success", (k, again.reason)
+        assert _matches(agent), k
+
+
+def test_conflicts_are_refused_before_anything_changes(
+    node: tuple[Agent, SimulatedNvml, Path],
+) -> None:
+    agent, _lib, tmp = node
+    (tmp / "sharing.yaml").write_text(
+        CONFIGS + "  split-mps:\n    - devices: [0]\n      mps: {replicas: 2}\n"
+        "    - devices: [1]\n      mps: {replicas: 4}\n"
+    )
+    _want(agent, "split-mps")
+    report = agent.pipeline.run_once()
+    assert report.step == "resolve" and "replicas" in (report.reason or "")
+    assert not any(g.mig_current for g in read_inventory(agent.session).gpus)
+    assert agent.mps.daemon is None
