@@ -157,6 +157,8 @@ Parser = Callable[[Any], Any]
 def _text(raw: Any) -> str:
     if isinstance(raw, (dict, list)) or raw is None or isinstance(raw, bool):
         raise Invalid(f"must be a string, not {_show(raw)}")
+    if "\x00" in str(raw):  # no path, name or command may hold a NUL byte
+        raise Invalid("must not contain a NUL byte")
     return str(raw)
 
 
@@ -326,6 +328,19 @@ def devices(raw: Any) -> tuple[int, ...]:
     if len(set(out)) != len(out):
         raise Invalid(f"lists a GPU twice: {out}")
     return tuple(out)
+
+
+def size(raw: Any) -> str:
+    """A size in the MPS daemon's notation (2G, 2048M, 512MiB), at least 1 MiB."""
+    from nodeagent.mps.settings import parse_size
+
+    value = text(raw)
+    try:
+        if parse_size(value) < 1 << 20:
+            raise Invalid(f"{value!r} is under 1 MiB")
+    except ConfigError:
+        raise Invalid(f"{value!r} is not a size like 2G, 2048M or 512MiB") from None
+    return value
 
 
 def pinned_memory(raw: Any) -> str:
@@ -498,7 +513,7 @@ SPECS: tuple[Spec, ...] = (
           "--mps-device-plugin-config", optional(path),
           "the device plugin's config file: its sharing.mps resource name and replicas win",
           hot=True),
-    _spec("mps", "shm-size", "NODEAGENT_MPS_SHM_SIZE", "--mps-shm-size", optional(text),
+    _spec("mps", "shm-size", "NODEAGENT_MPS_SHM_SIZE", "--mps-shm-size", optional(size),
           "size of the <root>/shm tmpfs (default: half the host's memory, as upstream)"),
     _spec("mps", "pipe-dir", ("NODEAGENT_MPS_PIPE_DIR", "CUDA_MPS_PIPE_DIRECTORY"),
           "--mps-pipe-dir", optional(path), "CUDA_MPS_PIPE_DIRECTORY (default: from the layout)"),

@@ -21,7 +21,18 @@ def mps_settings(ctx: Context) -> MpsSettings:
         devices = mps.devices
     else:
         devices = tuple(g.index for g in read_inventory(ctx.session).gpus if not g.mig_current)
-    return mps_daemon_settings(mps, devices)
+    return mps_daemon_settings(mps, devices, _kube_enabled(ctx))
+
+
+def _kube_enabled(ctx: Context) -> bool:
+    """Whether the agent on this node runs with Kubernetes (its MPS layout then defaults to the
+    device plugin's): the commands read NODEAGENT_KUBE as the agent does, nothing else of it."""
+    from nodeagent.settings import Invalid, boolean
+
+    try:
+        return boolean(ctx.environ.get("NODEAGENT_KUBE", "false"))
+    except Invalid:
+        return False
 
 
 def _mps_daemon(ctx: Context, check: bool = True) -> MpsDaemon:

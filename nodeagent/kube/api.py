@@ -96,7 +96,7 @@ def make_core_api(settings: KubeSettings) -> Any:
             raise ConfigError(f"cannot read kubeconfig {path}: {err.strerror}") from err
         except UnicodeDecodeError as err:
             raise ConfigError(f"kubeconfig {path} is not UTF-8 text") from err
-        except (yaml.YAMLError, RecursionError) as err:
+        except (yaml.YAMLError, RecursionError, ValueError, TypeError) as err:
             raise ConfigError(f"kubeconfig {path} is not valid YAML") from err
         if not isinstance(document, dict):
             raise ConfigError(f"kubeconfig {path} must be a mapping (apiVersion: v1, kind: Config)")
@@ -105,7 +105,9 @@ def make_core_api(settings: KubeSettings) -> Any:
             config.load_kube_config(config_file=path)
         else:
             config.load_incluster_config()
-    except (config.ConfigException, ValueError, TypeError, KeyError, AttributeError) as err:
+    except (
+        config.ConfigException, ValueError, TypeError, KeyError, AttributeError, OSError
+    ) as err:  # fmt: skip
         where = f"kubeconfig {path}" if path else "the in-cluster service account"
         raise ConfigError(f"cannot configure the Kubernetes client from {where}: {err}") from err
     return client.CoreV1Api()

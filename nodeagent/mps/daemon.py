@@ -89,6 +89,7 @@ class MpsDaemon:
         """Start (or adopt a running) daemon, apply the limits, read them back, write the ready
         file. Raises MpsError; a daemon it started is stopped again on failure."""
         started = False
+        self.clear_ready()  # an adopted daemon is not ready while its limits are set again
         try:
             self._set_exclusive(True)
             if self.control.daemon_pid() is None:

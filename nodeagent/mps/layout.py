@@ -20,12 +20,17 @@ source of the resource name and replicas: nodeagent reads the same file.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from nodeagent.errors import ConfigError, MpsError
 
+RESOURCE_NAME = re.compile(  # a DNS subdomain, '/', a label name (no '..', no absolute path)
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    r"/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
 FLAT = "flat"
 DEVICE_PLUGIN = "device-plugin"
 DEFAULT_RESOURCE = "nvidia.com/gpu"
@@ -72,6 +77,10 @@ def read_plugin_config(path: Path) -> PluginMps:
 
     try:
         document = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except (ValueError, TypeError) as err:  # a tag its value cannot build (!!int abc)
+        if isinstance(err, UnicodeDecodeError):
+            raise ConfigError(f"device plugin config {path} is not UTF-8 text") from err
+        raise ConfigError(f"device plugin config {path}: a value cannot be read: {err}") from err
     except OSError as err:
         raise ConfigError(f"cannot read the device plugin's config {path}: {err.strerror}") from err
     except UnicodeDecodeError as err:
@@ -97,8 +106,13 @@ def read_plugin_config(path: Path) -> PluginMps:
     entry = resources[0]
     name = entry.get("name") if isinstance(entry, dict) else None
     replicas = entry.get("replicas") if isinstance(entry, dict) else None
-    if not isinstance(name, str) or "/" not in name:
-        raise ConfigError(f"{where}: sharing.mps.resources[0].name must be like nvidia.com/gpu")
+    if isinstance(name, str) and "/" not in name:
+        name = DEFAULT_RESOURCE.split("/")[0] + "/" + name  # as upstream: gpu -> nvidia.com/gpu
+    if not isinstance(name, str) or not RESOURCE_NAME.match(name):
+        raise ConfigError(
+            f"{where}: sharing.mps.resources[0].name must be a resource name like"
+            f" nvidia.com/gpu, not {name!r}"
+        )
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
         raise ConfigError(f"{where}: sharing.mps.resources[0].replicas must be 2 or more")
     if mps.get("renameByDefault") is True:  # type: ignore[union-attr]
@@ -136,18 +150,28 @@ def shm_size_kib(text: str | None) -> int:
     return SHM_FALLBACK_KIB
 
 
+def _unescape(field: str) -> str:
+    """/proc/self/mounts writes a space as \\040 (octal)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
 def is_mounted(path: Path) -> bool:
+    """Whether a tmpfs is mounted at `path` (symlinks and relative paths resolved)."""
+    real = os.path.realpath(path)
     try:
         lines = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
         return False
-    return any(len(f) > 2 and f[1] == str(path) and f[2] == "tmpfs" for f in map(str.split, lines))
+    fields = (line.split() for line in lines)
+    return any(len(f) > 2 and _unescape(f[1]) == real and f[2] == "tmpfs" for f in fields)
 
 
 def mount_shm(shm_dir: Path, size_kib: int) -> str:
     """Mount `<root>/shm` as a tmpfs (as upstream's `mount-shm`: rw,nosuid,nodev,noexec) unless
     one is there; 1777 like /dev/shm. Returns what was done. Raises MpsError naming what is
     missing (mounting needs CAP_SYS_ADMIN and, in a container, Bidirectional propagation)."""
+    if shm_dir.is_symlink():  # a tmpfs over the link's target would hide what is there
+        raise MpsError(f"{shm_dir} is a symbolic link; the MPS shm must be a folder of its own")
     try:
         shm_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -171,3 +195,11 @@ def mount_shm(shm_dir: Path, size_kib: int) -> str:
             " Bidirectional mount of the MPS root)" + (f": {detail[-1]}" if detail else "")
         )
     return f"mounted a {size_kib // 1024} MiB tmpfs at {shm_dir}"
+
+
+def same_filesystem(a: Path, b: Path) -> bool:
+    """Whether two paths are on one mounted file system (one tmpfs)."""
+    try:
+        return os.stat(a).st_dev == os.stat(b).st_dev
+    except OSError:
+        return False

@@ -12,11 +12,19 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from nodeagent.errors import MpsError
 from nodeagent.logs import get_logger
 from nodeagent.mps.daemon import ComputeModes, MpsDaemon, MpsStatus
-from nodeagent.mps.layout import DEVICE_PLUGIN, mount_shm, paths, prepare, shm_size_kib
+from nodeagent.mps.layout import (
+    DEVICE_PLUGIN,
+    mount_shm,
+    paths,
+    prepare,
+    same_filesystem,
+    shm_size_kib,
+)
 from nodeagent.mps.settings import Limits, MpsSettings
 
 log = get_logger("nodeagent.mps")
@@ -76,6 +84,21 @@ class MpsManager:
                     return MpsChange("adopt", intent)
                 return MpsChange("start", intent)
             current = self.daemon
+            old, new = current.settings, intent.settings
+            moved = (old.pipe_dir, old.log_dir, old.layout, old.exclusive_process) != (
+                new.pipe_dir,
+                new.log_dir,
+                new.layout,
+                new.exclusive_process,
+            )
+            if moved:  # another resource name or layout: the daemon lives somewhere else
+                if self._clients():
+                    raise MpsError(
+                        f"moving the MPS daemon from {old.pipe_dir} to {new.pipe_dir} needs a"
+                        f" restart, which would end its {self._clients()} clients; it waits"
+                        " until they leave"
+                    )
+                return MpsChange("restart", intent, "another place")
             if current.limits.visible_devices != intent.limits.visible_devices:
                 if self._clients():
                     raise MpsError(
@@ -107,12 +130,18 @@ class MpsManager:
                 return
             assert change.intent is not None
             if change.action == "limits" and self.daemon is not None:
-                self.daemon.clear_ready()  # not ready while the limits change
-                self.daemon.settings = change.intent.settings
-                self.daemon.limits = change.intent.limits
-                self.daemon.apply_limits()
-                self.daemon.verify()
-                self.daemon.write_ready()
+                daemon = self.daemon
+                daemon.clear_ready()  # not ready while the limits change
+                before = daemon.settings, daemon.limits
+                daemon.settings, daemon.limits = change.intent.settings, change.intent.limits
+                try:
+                    daemon.apply_limits()
+                    daemon.verify()
+                except MpsError:
+                    # Not taken: the next run plans the change again (and stays not ready).
+                    daemon.settings, daemon.limits = before
+                    raise
+                daemon.write_ready()
                 log.info("mps.limits", percentage=change.intent.limits.thread_percentage)
             else:
                 daemon = MpsDaemon(change.intent.settings, change.intent.limits, self.compute)
@@ -152,6 +181,14 @@ class MpsManager:
         except MpsError as err:
             self.shm = f"not mounted: {err}"
             log.warning("mps.shm.not_mounted", error=str(err))
+            return
+        if not same_filesystem(Path("/dev/shm"), settings.shm_dir):
+            # The daemon uses this process's /dev/shm; clients get <root>/shm as theirs.
+            self.shm += (
+                f"; but the daemon's /dev/shm is not {settings.shm_dir}: run the agent with it"
+                " mounted as /dev/shm (the DaemonSet's MPS component does)"
+            )
+            log.warning("mps.shm.not_the_daemons", shm=str(settings.shm_dir))
 
     def _adoptable(self, daemon: MpsDaemon) -> bool:
         """Whether a daemon already runs in the pipe directory for exactly these GPUs (then it

@@ -446,6 +446,24 @@ CASES: dict[str, Case] = {
         ("cannot make MPS directory",),
         {"afile": b"x"},
     ),
+    "settings-nul-path": Case(CHECK, 2, ("NUL",), settings_file('mig: {config-file: "a\\0b"}\n')),
+    "settings-shm-size": Case(
+        CHECK, 2, ("mps.shm-size", "not a size"), settings_file("mps: {shm-size: lots}\n")
+    ),
+    "kubeconfig-bad-tag": Case(
+        (*RUN, "--kube", "--node-name", "n", "--kubeconfig", "{tmp}/kc"),
+        2,
+        ("kubeconfig",),
+        {"kc": b"apiVersion: !!int abc\n"},
+    ),
+    "mps-plugin-config-tag": Case(
+        (*MPS, "--mps-device-plugin-config", "{tmp}/dp.yaml", "--mps-layout", "device-plugin"),
+        2,
+        ("device plugin config", "cannot be read"),
+        {
+            "dp.yaml": b"version: v1\nsharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: !!int abc}]}}\n"
+        },
+    ),
     # -- kubeconfig -------------------------------------------------------------------------------------------
     "kubeconfig-missing": Case(
         (*RUN, "--kube", "--node-name", "n", "--kubeconfig", "/nope"),

@@ -184,3 +184,104 @@ def test_ready_is_withdrawn_while_limits_change(
     assert report.step == "apply" and "did not hold" in (report.reason or "")
     assert seen == [False]  # already withdrawn while the new limits were checked
     assert not (root / ".ready").exists()
+
+
+def test_a_renamed_resource_moves_the_daemon(
+    plugin_node: Callable[..., tuple[Agent, Path]], tmp_path: Path
+) -> None:
+    """renameByDefault (or another name) puts the pipe elsewhere: the daemon restarts there
+    (no clients), never a .started beside a pipe no daemon serves."""
+    agent, root = plugin_node()
+    old_pid = agent.mps.status.pid if agent.mps.status else None
+    (tmp_path / "plugin-config.yaml").write_text(
+        PLUGIN_CONFIG.replace("  mps:\n", "  mps:\n    renameByDefault: true\n")
+    )
+    report = agent.pipeline.run_once()
+    assert report.result == "success" and report.mps_change == "restart", report.reason
+    assert (root / "nvidia.com/gpu.shared/pipe/nvidia-cuda-mps-control.pid").exists()
+    assert not (root / "nvidia.com/gpu/pipe/nvidia-cuda-mps-control.pid").exists()
+    assert agent.mps.status is not None and agent.mps.status.pid != old_pid
+
+
+def test_a_failed_limit_change_is_planned_again(
+    plugin_node: Callable[..., tuple[Agent, Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent, root = plugin_node()
+    daemon = agent.mps.daemon
+    assert daemon is not None
+    real_verify = daemon.verify
+    calls = []
+
+    def flaky() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise MpsError("MPS limits did not hold: default active thread percentage is 25.0")
+        real_verify()
+
+    monkeypatch.setattr(daemon, "verify", flaky)
+    agent.settings = dataclasses.replace(
+        agent.settings, mps=dataclasses.replace(agent.settings.mps, thread_percentage=40)
+    )
+    assert agent.pipeline.run_once().step == "apply"
+    again = agent.pipeline.run_once()
+    assert again.result == "success" and again.mps_change == "limits", again.reason
+    assert agent.mps.refresh_status() is not None
+    assert agent.mps.status is not None and agent.mps.status.thread_percentage == 40.0
+    assert (root / ".ready").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [
+        ("gpu", "nvidia.com/gpu"),  # as upstream: the nvidia.com/ prefix is added
+        ("nvidia.com/../../../secret", None),
+        ("/etc/passwd", None),
+        ("Example.COM/gpu", None),
+    ],
+)
+def test_resource_names_as_upstream_validates_them(
+    tmp_path: Path, name: str, ok: str | None
+) -> None:
+    from nodeagent.errors import ConfigError
+    from nodeagent.mps.layout import read_plugin_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(PLUGIN_CONFIG.replace("name: nvidia.com/gpu", f"name: {name!r}"))
+    if ok is None:
+        with pytest.raises(ConfigError, match=r"resource name like nvidia\.com/gpu"):
+            read_plugin_config(path)
+    else:
+        assert read_plugin_config(path).resource == ok
+
+
+def test_a_plugin_config_value_its_tag_cannot_build_is_one_sentence(tmp_path: Path) -> None:
+    from nodeagent.errors import ConfigError
+    from nodeagent.mps.layout import read_plugin_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(PLUGIN_CONFIG.replace("replicas: 4", "replicas: !!int abc"))
+    with pytest.raises(ConfigError, match="a value cannot be read"):
+        read_plugin_config(path)
+
+
+def test_shm_symlink_is_refused_and_a_symlinked_root_is_recognised(tmp_path: Path) -> None:
+    from nodeagent.mps.layout import is_mounted, mount_shm
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "shm").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(MpsError, match="symbolic link"):
+        mount_shm(tmp_path / "root" / "shm", 1024)
+    real = tmp_path / "real"
+    (real / "shm").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(real)
+    try:
+        first = mount_shm(tmp_path / "link" / "shm", 1024)
+    except MpsError:
+        pytest.skip("mounting a tmpfs is not permitted here")
+    try:
+        assert first.startswith("mounted")
+        assert is_mounted(tmp_path / "link" / "shm") and is_mounted(real / "shm")
+        assert mount_shm(tmp_path / "link" / "shm", 1024).endswith("is a tmpfs already")
+    finally:
+        subprocess.run(["umount", str(real / "shm")], check=False, timeout=30)

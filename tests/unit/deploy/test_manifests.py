@@ -11,11 +11,12 @@ from nodeagent.cli import build_parser
 from nodeagent.settings import load
 
 DEPLOY = Path(__file__).resolve().parents[3] / "daemonset"
+BASE = DEPLOY / "base"
 
 
 def _docs() -> list[dict[str, Any]]:
     docs = []
-    for path in sorted(DEPLOY.glob("*.yaml")):
+    for path in sorted(BASE.glob("*.yaml")):
         docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
     return docs
 
@@ -54,8 +55,8 @@ def test_daemonset_args_parse() -> None:
 
 
 def test_kustomization_lists_every_manifest() -> None:
-    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
-    files = {p.name for p in DEPLOY.glob("*.yaml")} - {"kustomization.yaml"}
+    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    files = {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml"}
     assert set(kustomization["resources"]) == files
 
 
@@ -86,3 +87,18 @@ def test_mps_component_matches_the_device_plugin_layout() -> None:
     assert volumes[mounts["/dev/shm"]["name"]]["hostPath"]["path"] == "/run/nvidia/mps/shm"
     plugin_config = str(settings.mps.device_plugin_config)
     assert plugin_config.startswith(mounts["/etc/nvidia-device-plugin"]["mountPath"])
+
+
+def test_overlays_use_the_base_without_a_cycle_and_rewrite_every_image() -> None:
+    """An overlay inside its own base is a kustomize cycle; images are rewritten where the
+    component's init container exists too."""
+    root = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    overlay = yaml.safe_load((DEPLOY / "overlays" / "with-mps" / "kustomization.yaml").read_text())
+    assert root["resources"] == ["base"] and overlay["resources"] == ["../../base"]
+    assert overlay["components"] == ["../../components/mps"]
+    assert root["images"] == overlay["images"] and root["images"][0]["name"] == "nodeagent"
+    assert "images" not in yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    component = yaml.safe_load((DEPLOY / "components" / "mps" / "kustomization.yaml").read_text())
+    for resource in component["resources"]:
+        doc = yaml.safe_load((DEPLOY / "components" / "mps" / resource).read_text())
+        assert doc["kind"] == "ConfigMap" and "config.yaml" in doc["data"]
