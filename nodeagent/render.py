@@ -55,7 +55,7 @@ def _slice_row(letter: str, s: Slice) -> str:
     )
 
 
-def render_gpu(gpu: Gpu) -> list[str]:
+def render_gpu(gpu: Gpu, sharing: str | None = None) -> list[str]:
     lines = [
         f"GPU {gpu.index}  {gpu.name}  {gpu.uuid}",
         f"  bus {gpu.pci_bus_id}  device id 0x{gpu.pci_device_id:08X}  {gpu.architecture}"
@@ -64,6 +64,8 @@ def render_gpu(gpu: Gpu) -> list[str]:
         f" {_gib(gpu.memory_free_bytes)} free",
         f"  MIG     {_mig_mode(gpu)}",
     ]
+    if sharing is not None:
+        lines.append(f"  sharing {sharing}")
     if gpu.mig_current:
         pic = picture(gpu)
         lines += [f"  memory slices {pic[0]}", f"                {pic[1]}"]
@@ -81,7 +83,7 @@ def render_gpu(gpu: Gpu) -> list[str]:
     return lines
 
 
-def render_inventory(inventory: Inventory) -> str:
+def render_inventory(inventory: Inventory, sharing: dict[int, str] | None = None) -> str:
     n = len(inventory.gpus)
     lines = [
         f"driver {inventory.driver_version}, CUDA {inventory.cuda_version},"
@@ -89,5 +91,5 @@ def render_inventory(inventory: Inventory) -> str:
     ]
     for gpu in inventory.gpus:
         lines.append("")
-        lines += render_gpu(gpu)
+        lines += render_gpu(gpu, (sharing or {}).get(gpu.index))
     return "\n".join(lines) + "\n"

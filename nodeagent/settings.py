@@ -721,6 +721,11 @@ def _cross_checks(s: Settings, groups: set[str]) -> list[str]:
                 "with Kubernetes the MIG config name comes from the node label"
                 " nvidia.com/mig.config; drop -c (keep -f, the file of configs)"
             )
+        if "sharing" in groups and s.sharing.config:
+            problems.append(
+                "with Kubernetes the sharing config name comes from the node label"
+                " nodeagent.io/sharing.config; drop --sharing-config (keep --sharing-file)"
+            )
     elif "reconcile" in groups and s.mig.config and not s.mig.config_file:
         problems.append("a MIG config needs both the file and the name (-f and -c)")
     if "sharing" in groups and s.sharing.config and not s.sharing.config_file:

@@ -10,16 +10,36 @@ from nodeagent.cli.common import (
     print_json,
 )
 from nodeagent.errors import ConfigError
-from nodeagent.nvml import read_inventory
+from nodeagent.nvml import Inventory, read_inventory
 from nodeagent.render import render_inventory
+
+
+def _sharing(inventory: Inventory) -> dict[int, str]:
+    """How each GPU is shared, as far as the GPU and the default MPS root show it: MIG, under
+    an MPS daemon (flat or device-plugin layout under /run/nvidia/mps), else whole
+    (time-slicing leaves no trace on a GPU). Reads files only: no settings, no commands."""
+    from nodeagent.mps.control import MpsControl
+    from nodeagent.settings import DEFAULT_MPS_ROOT
+
+    served: set[str] = set()
+    pipes = [DEFAULT_MPS_ROOT / "pipe", *DEFAULT_MPS_ROOT.glob("*/*/pipe")]
+    for pipe in pipes:
+        control = MpsControl("nvidia-cuda-mps-control", pipe, pipe.parent / "log")
+        pid = control.daemon_pid()
+        served.update((control.daemon_devices(pid) or []) if pid is not None else [])
+    return {
+        g.index: "mig" if g.mig_current else "mps" if g.uuid in served else "whole"
+        for g in inventory.gpus
+    }
 
 
 def cmd_status(ctx: Context) -> int:
     inventory = read_inventory(ctx.session)
+    sharing = _sharing(inventory)
     if ctx.args.output == "json":
-        print_json(inventory.to_dict())
+        print_json({**inventory.to_dict(), "sharing": {str(i): s for i, s in sharing.items()}})
     else:
-        sys.stdout.write(render_inventory(inventory))
+        sys.stdout.write(render_inventory(inventory, sharing))
     return 0
 
 

@@ -464,6 +464,30 @@ CASES: dict[str, Case] = {
             "dp.yaml": b"version: v1\nsharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: !!int abc}]}}\n"
         },
     ),
+    "sharing-name-without-file": Case((*RUN, "--sharing-config", "x"), 2, ("--sharing-file",)),
+    "sharing-name-with-kube": Case(
+        (*RUN, "--kube", "--node-name", "n", "--sharing-file", "f", "--sharing-config", "x"),
+        2,
+        ("nodeagent.io/sharing.config",),
+    ),
+    "sharing-and-mig-name": Case(
+        (*RUN, "-f", "m", "-c", "a", "--sharing-file", "f", "--sharing-config", "x"),
+        2,
+        ("not both",),
+    ),
+    "sharing-file-binary": Case(
+        ("sharing", "apply", "-f", "{tmp}/s.yaml", "-c", "x"),
+        2,
+        ("sharing config file", "not UTF-8"),
+        {"s.yaml": RANDOM},
+    ),
+    "sharing-file-v3": Case(
+        ("sharing", "apply", "-f", "{tmp}/s.yaml", "-c", "x"),
+        2,
+        ("version must be nodeagent/v1",),
+        {"s.yaml": b"version: nodeagent/v3\nsharing-configs: {}\n"},
+        multi=True,
+    ),
     # -- kubeconfig -------------------------------------------------------------------------------------------
     "kubeconfig-missing": Case(
         (*RUN, "--kube", "--node-name", "n", "--kubeconfig", "/nope"),

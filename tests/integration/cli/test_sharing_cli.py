@@ -89,3 +89,16 @@ def test_bad_input(
     sharing: Callable[..., Result], args: tuple[str, ...], code: int, words: tuple[str, ...]
 ) -> None:
     assert_one_error(sharing(*args), code, *words)
+
+
+def test_status_shows_how_each_gpu_is_shared(
+    sharing: Callable[..., Result], cli: Callable[..., Result], tmp_path: Path
+) -> None:
+    assert sharing("apply", "-c", "rotated").returncode == 0
+    res = cli(
+        "--simulate", "h200x8", "--sim-state", str(tmp_path / "node.json"), "status", "-o", "json"
+    )
+    shared = json.loads(res.stdout)["sharing"]
+    assert shared["2"] == "mig" and shared["4"] == "whole"
+    text = cli("--simulate", "h200x8", "--sim-state", str(tmp_path / "node.json"), "status").stdout
+    assert "  sharing mig" in text and "  sharing whole" in text
