@@ -38,7 +38,7 @@ system-deps:
 	else echo "note: install the Debian package 'prometheus'; the Prometheus tests skip without it"; fi
 
 test: lint system-deps
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/reconfig.py

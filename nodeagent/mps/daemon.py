@@ -104,7 +104,8 @@ class MpsDaemon:
                 log.info("mps.adopted", pid=self.control.daemon_pid())
             self.apply_limits()
             self.verify()
-            self.write_ready()
+            status = self.status()
+            self.write_ready(status)
         except AgentError:
             # Undo what this call did, and only that: an adopted daemon keeps running.
             if started:
@@ -112,9 +113,9 @@ class MpsDaemon:
             elif self.control.daemon_pid() is None:
                 self._set_exclusive(False)
             raise
-        return self.status()
+        return status
 
-    def write_ready(self) -> None:
+    def write_ready(self, status: MpsStatus | None = None) -> None:
         """The ready markers, written only once the limits were read back: the flat layout's
         JSON ready file; the device plugin's empty `<resource>/.started`, then `<root>/.ready`.
         Raises MpsError when one cannot be written."""
@@ -123,7 +124,8 @@ class MpsDaemon:
         if s.started_file is not None:
             markers = [(s.started_file, ""), (s.ready_file, "")]
         else:
-            markers = [(s.ready_file, json.dumps(self.status().to_dict()) + "\n")]
+            status = status or self.status()
+            markers = [(s.ready_file, json.dumps(status.to_dict()) + "\n")]
         for path, text in markers:
             try:
                 atomic_write_text(path, text, mode=0o644)

@@ -141,15 +141,16 @@ class MpsManager:
                     # Not taken: the next run plans the change again (and stays not ready).
                     daemon.settings, daemon.limits = before
                     raise
-                daemon.write_ready()
+                status = daemon.status()
+                daemon.write_ready(status)
+                self.status = status
                 log.info("mps.limits", percentage=change.intent.limits.thread_percentage)
             else:
                 daemon = MpsDaemon(change.intent.settings, change.intent.limits, self.compute)
                 self._prepare(change.intent.settings)
                 adopted = self._adoptable(daemon)
-                self.status = daemon.start()
+                self.status = daemon.start()  # read just now
                 self.daemon, self.started_by_us = daemon, not adopted
-            self.refresh_status()
 
     def _running_as_wanted(self, intent: MpsIntent) -> bool:
         """A daemon already runs in the pipe directory for these GPUs with these limits (read

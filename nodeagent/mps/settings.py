@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,7 @@ from nodeagent.nvml.inventory import Inventory
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 SIZE_RE = re.compile(r"^(\d+)\s*([KMGT]?)(?:I?B)?$", re.IGNORECASE)
 DEFAULT_ROOT = Path("/run/nvidia/mps")
+MAX_PIPE_DIR_BYTES = 96  # + "/" + socket names within a 108-byte sun_path
 MAX_PLUGIN_REPLICAS = 48  # k8s-device-plugin internal/rm/device.go (16 before Turing)
 
 
@@ -86,6 +88,11 @@ def validate(settings: MpsSettings, inventory: Inventory) -> Limits:
         )
     if not settings.devices:
         problems.append("no GPU selected for MPS")
+    if len(os.fsencode(settings.pipe_dir)) > MAX_PIPE_DIR_BYTES:
+        problems.append(
+            f"the MPS pipe directory {settings.pipe_dir} is too long for the daemon's unix"
+            f" sockets in it (at most {MAX_PIPE_DIR_BYTES} bytes; a socket path is at most 107)"
+        )
     if len(set(settings.devices)) != len(settings.devices):
         problems.append(f"GPU indices listed twice: {list(settings.devices)}")
     gpus = {g.index: g for g in inventory.gpus}

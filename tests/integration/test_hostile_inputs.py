@@ -488,6 +488,11 @@ CASES: dict[str, Case] = {
         {"s.yaml": b"version: nodeagent/v3\nsharing-configs: {}\n"},
         multi=True,
     ),
+    "mps-pipe-dir-too-long": Case(
+        ("mps", "start", "--mps-control", "/nonexistent", "--mps-pipe-dir", "/tmp/" + "p" * 120),
+        2,
+        ("too long for the daemon's unix", "sockets"),
+    ),
     # -- kubeconfig -------------------------------------------------------------------------------------------
     "kubeconfig-missing": Case(
         (*RUN, "--kube", "--node-name", "n", "--kubeconfig", "/nope"),

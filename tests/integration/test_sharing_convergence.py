@@ -155,7 +155,7 @@ def test_a_fault_at_any_mutation_converges_on_the_next_run(
     _want(agent, "rotated")
     total = agent.pipeline.run_once(dry_run=True).done
     assert len(total) == 36
-    for k in range(1, len(total) + 1, 5):  # every 5th: each kind of operation on each GPU
+    for k in (1, 5, 9, 10, 19, 23, 28, 36):  # each kind of operation, on both sides
         _want(agent, "mixed")
         assert agent.pipeline.run_once().result == "success"
         _want(agent, "rotated")

@@ -83,7 +83,7 @@ def test_sigterm_during_an_api_outage_exits_within_5_s(
     try:
         cluster.wait(lambda: "nvidia.com/gpu.product" in cluster.labels("worker-8"), what="labels")
         cluster.close()  # the outage: connections refused from now on
-        time.sleep(2)  # the watch has ended and its relist is retrying
+        time.sleep(1)  # the watch (1 s) has ended and its relist is retrying
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=5) == 0
     finally:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import stat
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,8 @@ def plugin_node(
 ) -> Iterator[Callable[..., tuple[Agent, Path]]]:
     lib = SimulatedNvml(parse_spec("h200x2"))
     session = NvmlSession(lib)
-    root = tmp_path / "mps"
+    # A short root: the daemon's unix sockets live in <root>/<resource>/pipe (108-byte limit).
+    root = Path(tempfile.mkdtemp(prefix="mps-", dir="/tmp"))
     agents: list[Agent] = []
 
     def start(config: str = PLUGIN_CONFIG, **mps: Any) -> tuple[Agent, Path]:
@@ -76,6 +79,7 @@ def plugin_node(
         control.command("quit")
     if is_mounted(root / "shm"):  # the agent mounted the tmpfs (this test runs as root)
         subprocess.run(["umount", str(root / "shm")], check=False, timeout=30)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_the_layout_the_plugin_expects(plugin_node: Callable[..., tuple[Agent, Path]]) -> None:
