@@ -78,7 +78,22 @@ def cmd_sharing_apply(ctx: Context) -> int:
     report = _pipeline(ctx).run_once(dry_run=ctx.args.dry_run)
     _raise(report)
     _print(ctx, report, ctx.args.dry_run)
+    if ctx.args.dry_run and ctx.args.output != "json":
+        _print_label_changes(ctx, report)
     return 0
+
+
+def _print_label_changes(ctx: Context, report: Any) -> None:
+    """The per-GPU labels the plan changes (what GPUs show now: MIG, an MPS daemon, whole)."""
+    from nodeagent.cli.status import current_sharing
+    from nodeagent.labels.render import GPU_SHARING_PREFIX
+    from nodeagent.nvml import read_inventory
+
+    now = current_sharing(read_inventory(ctx.session))
+    for index, (strategy, _replicas) in sorted(report.sharing.items()):
+        before = now.get(index, "whole")
+        if before != strategy:
+            print(f"label {GPU_SHARING_PREFIX}{index}.sharing: {before} -> {strategy}")
 
 
 def cmd_sharing_assert(ctx: Context) -> int:

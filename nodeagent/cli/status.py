@@ -14,7 +14,7 @@ from nodeagent.nvml import Inventory, read_inventory
 from nodeagent.render import render_inventory
 
 
-def _sharing(inventory: Inventory) -> dict[int, str]:
+def current_sharing(inventory: Inventory) -> dict[int, str]:
     """How each GPU is shared, as far as the GPU and the default MPS root show it: MIG, under
     an MPS daemon (flat or device-plugin layout under /run/nvidia/mps), else whole
     (time-slicing leaves no trace on a GPU). Reads files only: no settings, no commands."""
@@ -35,7 +35,7 @@ def _sharing(inventory: Inventory) -> dict[int, str]:
 
 def cmd_status(ctx: Context) -> int:
     inventory = read_inventory(ctx.session)
-    sharing = _sharing(inventory)
+    sharing = current_sharing(inventory)
     if ctx.args.output == "json":
         print_json({**inventory.to_dict(), "sharing": {str(i): s for i, s in sharing.items()}})
     else:

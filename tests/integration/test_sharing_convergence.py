@@ -144,21 +144,11 @@ def test_labels_metrics_and_device_plugin_config(node: tuple[Agent, SimulatedNvm
     assert yaml.safe_load((tmp / "dp" / "config.yaml").read_text())["sharing"] == {}
 
 
-def test_a_fault_at_any_mutation_converges_on_the_next_run(
-    node: tuple[Agent, SimulatedNvml, Path],
-) -> None:
-    """From MIG on GPUs 0, 1 and MPS on 2, 3 to the reverse: a fault at each of the 36 NVML
-    mutations (teardowns, mode changes, creates), then a clean run converges."""
-    agent, lib, _ = node
-    _want(agent, "mixed")
-    assert agent.pipeline.run_once().result == "success"
-    _want(agent, "rotated")
-    total = agent.pipeline.run_once(dry_run=True).done
-    assert len(total) == 36
-    for k in (1, 5, 9, 10, 19, 23, 28, 36):  # each kind of operation, on both sides
-        _want(agent, "mixed")
+def _fault_sweep(agent: Agent, lib: SimulatedNvml, start: str, goal: str, ks: list[int]) -> None:
+    for k in ks:
+        _want(agent, start)
         assert agent.pipeline.run_once().result == "success"
-        _want(agent, "rotated")
+        _want(agent, goal)
         lib.faults.faults.append(Fault(mutation=lib.faults.mutations + k, error=999))
         failed = agent.pipeline.run_once()
         assert failed.result == "failure" and failed.step == "apply", (k, failed.reason)
@@ -166,6 +156,39 @@ def test_a_fault_at_any_mutation_converges_on_the_next_run(
         again = agent.pipeline.run_once()
         assert again.result == "success", (k, again.reason)
         assert _matches(agent), k
+
+
+def test_a_fault_at_every_mutation_converges_on_the_next_run(
+    node: tuple[Agent, SimulatedNvml, Path],
+) -> None:
+    """GPUs 0 and 1 from balanced to one 7g slice each, MPS on 2 and 3 kept: a fault at each
+    of the 20 NVML mutations, then a clean run converges (and the daemon is never touched)."""
+    agent, lib, tmp = node
+    (tmp / "sharing.yaml").write_text(
+        CONFIGS + '  mixed-7g:\n    - devices: [0, 1]\n      mig: {mig-devices: {"7g.141gb": 1}}\n'
+        "    - devices: [2, 3]\n      mps: {replicas: 4}\n"
+    )
+    _want(agent, "mixed")
+    assert agent.pipeline.run_once().result == "success"
+    pid = agent.mps.status.pid if agent.mps.status else None
+    _want(agent, "mixed-7g")
+    total = agent.pipeline.run_once(dry_run=True).done
+    assert len(total) == 20
+    _fault_sweep(agent, lib, "mixed", "mixed-7g", list(range(1, len(total) + 1)))
+    assert agent.mps.status is not None and agent.mps.status.pid == pid
+
+
+def test_a_fault_while_mps_moves_converges_on_the_next_run(
+    node: tuple[Agent, SimulatedNvml, Path],
+) -> None:
+    """MIG from GPUs 0, 1 to 2, 3 and MPS the other way (36 mutations, the daemon restarted):
+    a fault at each kind of operation on both sides converges."""
+    agent, lib, _ = node
+    _want(agent, "mixed")
+    assert agent.pipeline.run_once().result == "success"
+    _want(agent, "rotated")
+    assert len(agent.pipeline.run_once(dry_run=True).done) == 36
+    _fault_sweep(agent, lib, "mixed", "rotated", [1, 5, 9, 10, 19, 23, 28, 36])
 
 
 def test_conflicts_are_refused_before_anything_changes(

@@ -47,6 +47,9 @@ def test_apply_assert_export(
     assert data["dry_run"] and len(data["operations"]) == 18 and data["mps"] == "start"
     assert data["gpus"]["4"] == {"sharing": "time-slicing", "replicas": 4}
     assert sharing("assert", "-c", "mixed").returncode == 1  # a dry run changed nothing
+    text = sharing("apply", "-c", "mixed", "--dry-run").stdout
+    assert "MPS daemon: start (planned)" in text
+    assert "label nodeagent.io/gpu.4.sharing: whole -> time-slicing" in text
     done = sharing("apply", "-c", "mixed")
     assert done.returncode == 0, done.stderr
     assert "GPU 2: mps x4" in done.stdout and "ran 18 NVML operations" in done.stdout
