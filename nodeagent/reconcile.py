@@ -176,8 +176,6 @@ class Pipeline:
         for a failing step: the failure is the report. A dry run stops after `plan`: the
         report lists the planned operations and changes nothing."""
         run = Run(self.settings())
-        if dry_run:
-            return self._dry_run(run)
         start = self.clock()
         failure: tuple[str, BaseException] | None = None
         steps: list[tuple[str, Callable[[Run], None]]] = [
@@ -189,11 +187,17 @@ class Pipeline:
             ("apply", self.apply),
             ("verify", self.verify),
         ]
+        if dry_run:
+            steps = steps[: [name for name, _ in steps].index("plan") + 1]
         try:
             for name, step in steps:
                 self._step(run, name, step)
         except Exception as err:  # every failure becomes the report, named by its step
             failure = (run.step, err)
+        if dry_run:
+            if failure is None:
+                run.done = [op.to_dict() for op in run.mig_plan.operations]
+            return self._report(run, failure)
         if run.paused:
             try:
                 self._step(run, "restore", self.restore)
@@ -209,20 +213,6 @@ class Pipeline:
         self.stats.record(report.result, self.clock() - start, time.time())
         self.last_report = report
         return report
-
-    def _dry_run(self, run: Run) -> Report:
-        try:
-            for name, step in (
-                ("observe", self.observe),
-                ("desire", self.desire_step),
-                ("resolve", self.resolve_step),
-                ("plan", self.plan_step),
-            ):
-                self._step(run, name, step)
-        except Exception as err:
-            return self._report(run, (run.step, err))
-        run.done = [op.to_dict() for op in run.mig_plan.operations]
-        return self._report(run, None)
 
     def _step(self, run: Run, name: str, step: Callable[[Run], None]) -> None:
         run.step = name

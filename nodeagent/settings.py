@@ -334,10 +334,10 @@ def size(raw: Any) -> str:
     """A size in the MPS daemon's notation (2G, 2048M, 512MiB), at least 1 MiB."""
     from nodeagent.mps.settings import parse_size
 
-    value = text(raw)
+    value = _text(raw).strip()
     try:
         if parse_size(value) < 1 << 20:
-            raise Invalid(f"{value!r} is under 1 MiB")
+            raise Invalid(f"{value!r} is under 1 MiB (the daemon takes whole MiB)")
     except ConfigError:
         raise Invalid(f"{value!r} is not a size like 2G, 2048M or 512MiB") from None
     return value
@@ -354,22 +354,16 @@ def pinned_memory(raw: Any) -> str:
             parts.append(f"{key}={_text(value).strip()}")
         raw = ",".join(parts)
     value = text(raw)
-    from nodeagent.mps.settings import parse_size  # the MPS daemon's size notation
-
     seen: set[int] = set()
     parts = value.split(",")
     for part in parts:
-        index, sep, size = part.rpartition("=")
+        index, sep, amount = part.rpartition("=")
         if (sep and not _digits(index.strip())) or (not sep and len(parts) > 1):
             raise Invalid(f"must be SIZE or INDEX=SIZE,..., not {value!r}")
         if sep and int(index) in seen:
             raise Invalid(f"gives GPU {int(index)} twice: {value!r}")
         seen.add(int(index) if sep else -1)
-        try:
-            if parse_size(size) < 1 << 20:
-                raise Invalid(f"{size.strip()!r} is under 1 MiB (the daemon takes whole MiB)")
-        except ConfigError:
-            raise Invalid(f"{size.strip()!r} is not a size like 2G, 2048M or 512MiB") from None
+        size(amount)
     return value
 
 

@@ -126,8 +126,7 @@ def cmd_sharing_export(ctx: Context) -> int:
     inventory = read_inventory(ctx.session)
     mps = mps_daemon_settings(ctx.settings.mps, ())
     control = MpsControl(mps.control_binary, mps.pipe_dir, mps.log_dir)
-    pid = control.daemon_pid()
-    uuids = (control.daemon_devices(pid) or []) if pid is not None else []
+    uuids = control.served_devices()
     by_uuid = {g.uuid: g.index for g in inventory.gpus}
     mps_gpus = sorted(by_uuid[u] for u in uuids if u in by_uuid)
     replicas = 2

@@ -24,9 +24,9 @@ def current_sharing(inventory: Inventory) -> dict[int, str]:
     served: set[str] = set()
     pipes = [DEFAULT_MPS_ROOT / "pipe", *DEFAULT_MPS_ROOT.glob("*/*/pipe")]
     for pipe in pipes:
-        control = MpsControl("nvidia-cuda-mps-control", pipe, pipe.parent / "log")
-        pid = control.daemon_pid()
-        served.update((control.daemon_devices(pid) or []) if pid is not None else [])
+        served.update(
+            MpsControl("nvidia-cuda-mps-control", pipe, pipe.parent / "log").served_devices()
+        )
     return {
         g.index: "mig" if g.mig_current else "mps" if g.uuid in served else "whole"
         for g in inventory.gpus

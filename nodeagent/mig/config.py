@@ -14,8 +14,9 @@ All errors of a file are collected and raised together as one ConfigError.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 
@@ -24,6 +25,7 @@ from nodeagent.errors import ConfigError
 PROFILE_RE = re.compile(r"^\d+g\.\d+gb(\+me)?$")
 CI_PROFILE_RE = re.compile(r"^(\d+)c\.(\d+g\.\d+gb(?:\+me)?)$")
 PCI_ID_RE = re.compile(r"^0x[0-9a-fA-F]{8}$")
+E = TypeVar("E")
 ENTRY_KEYS = ("devices", "device-filter", "mig-enabled", "mig-devices")
 
 
@@ -215,6 +217,16 @@ def parse_config(text: str, source: str) -> MigConfigFile:
 
 
 def _entries(node: yaml.Node, errors: _Errors, what: str) -> tuple[Entry, ...]:
+    return _entry_list(node, errors, what, _entry)
+
+
+def _entry_list(
+    node: yaml.Node,
+    errors: _Errors,
+    what: str,
+    parse_entry: Callable[[yaml.Node, _Errors, str], E | None],
+) -> tuple[E, ...]:
+    """A config's list of entries, each read by `parse_entry` (MIG and sharing configs)."""
     if not isinstance(node, yaml.SequenceNode):
         errors.add(node, f"{what} must be a list of entries (- devices: ...), not {_kind(node)}")
         return ()
@@ -222,7 +234,7 @@ def _entries(node: yaml.Node, errors: _Errors, what: str) -> tuple[Entry, ...]:
         errors.add(node, f"{what} has no entries")
     entries = []
     for i, item in enumerate(node.value):
-        entry = _entry(item, errors, f"{what} entry {i + 1}")
+        entry = parse_entry(item, errors, f"{what} entry {i + 1}")
         if entry is not None:
             entries.append(entry)
     return tuple(entries)

@@ -93,6 +93,12 @@ class MpsControl:
                 return [d for d in value.split(",") if d]
         return None
 
+    def served_devices(self) -> list[str]:
+        """The GPU UUIDs a daemon running in this pipe directory serves (none when no daemon
+        runs there, or its environment cannot be read)."""
+        pid = self.daemon_pid()
+        return (self.daemon_devices(pid) or []) if pid is not None else []
+
     def daemon_pid(self) -> int | None:
         """The daemon's pid from its pid file, if that process is alive."""
         try:

@@ -33,6 +33,7 @@ from nodeagent.mig.config import (
     _check_tags,
     _device_filter,
     _devices,
+    _entry_list,
     _Errors,
     _kind,
     _mapping,
@@ -190,17 +191,7 @@ def _fields(node: yaml.Node, errors: _Errors, what: str, allowed: tuple[str, ...
 
 
 def _entries(node: yaml.Node, errors: _Errors, what: str) -> tuple[SharingEntry, ...]:
-    if not isinstance(node, yaml.SequenceNode):
-        errors.add(node, f"{what} must be a list of entries (- devices: ...), not {_kind(node)}")
-        return ()
-    if not node.value:
-        errors.add(node, f"{what} has no entries")
-    entries = []
-    for i, item in enumerate(node.value):
-        entry = _entry(item, errors, f"{what} entry {i + 1}")
-        if entry is not None:
-            entries.append(entry)
-    return tuple(entries)
+    return _entry_list(node, errors, what, _entry)
 
 
 def _entry(node: yaml.Node, errors: _Errors, what: str) -> SharingEntry | None:
