@@ -38,7 +38,7 @@ from nodeagent.labels.plugin import plugin_config
 from nodeagent.labels.render import SharingState, render_labels
 from nodeagent.logs import get_logger
 from nodeagent.metrics.agent import AgentStats
-from nodeagent.mig.apply import ConfigCache, Reset, execute, read_config_text
+from nodeagent.mig.apply import ConfigCache, Reset, execute
 from nodeagent.mig.config import MigConfigFile
 from nodeagent.mig.plan import Plan, mismatches, plan
 from nodeagent.mig.select import Desired, resolve
@@ -46,7 +46,7 @@ from nodeagent.mps.manager import MpsChange, MpsIntent, MpsManager
 from nodeagent.mps.settings import validate
 from nodeagent.nvml import Inventory, MigWriter
 from nodeagent.settings import Settings, mps_daemon_settings
-from nodeagent.sharing.config import SharingFile, parse_sharing
+from nodeagent.sharing.config import SharingFile, load_sharing_file
 from nodeagent.sharing.resolve import Resolution, resolve_sharing
 from nodeagent.snapshot import Allocations, Snapshot, Store
 
@@ -520,14 +520,6 @@ def mps_intent(
     )
     daemon = mps_daemon_settings(mps, devices, settings.kube.enabled)
     return MpsIntent(daemon, validate(daemon, as_planned))
-
-
-def load_sharing_file(path: str | None) -> SharingFile:
-    """Read and parse a sharing config file (`-` reads stdin). Raises ConfigError."""
-    if not path:
-        raise ConfigError("no sharing config file: pass --sharing-file FILE")
-    text = read_config_text(path, "sharing config file")
-    return parse_sharing(text, "<stdin>" if path == "-" else path)
 
 
 @contextlib.contextmanager

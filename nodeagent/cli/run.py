@@ -41,7 +41,7 @@ def cmd_labels(ctx: Context) -> int:
     sharing = SharingState()
     if s.sharing.config:
         from nodeagent.mig.apply import load_config
-        from nodeagent.reconcile import load_sharing_file
+        from nodeagent.sharing.config import load_sharing_file
         from nodeagent.sharing.resolve import resolve_sharing
 
         cfg = load_sharing_file(s.sharing.config_file)

@@ -26,6 +26,7 @@ from typing import Literal
 import yaml
 
 from nodeagent.errors import ConfigError
+from nodeagent.mig.apply import read_config_text
 from nodeagent.mig.config import (
     Mark,
     MigConfigFile,
@@ -317,3 +318,11 @@ def _size(fields: Fields, errors: _Errors, what: str) -> str | None:
 
 def _is_null(node: yaml.Node) -> bool:
     return isinstance(node, yaml.ScalarNode) and _scalar(node) is None
+
+
+def load_sharing_file(path: str | None) -> SharingFile:
+    """Read and parse a sharing config file (`-` reads stdin). Raises ConfigError."""
+    if not path:
+        raise ConfigError("no sharing config file: pass --sharing-file FILE")
+    text = read_config_text(path, "sharing config file")
+    return parse_sharing(text, "<stdin>" if path == "-" else path)
