@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
@@ -168,13 +169,20 @@ class Pipeline:
     last_report: Report | None = None
     applying: bool = False  # a MIG change holds the NVML lock: readers wait, by design
     log_failures: bool = True  # a one-shot command says it once, on stderr, itself
+    # One run at a time: the reconcile worker, a reload's wake-up and a caller (a test, a
+    # one-shot command) must never interleave their steps on the same node.
+    _running: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # -- the run ----------------------------------------------------------------------------
 
     def run_once(self, dry_run: bool = False) -> Report:
         """Run every step once; returns the report (also kept in `last_report`). Never raises
         for a failing step: the failure is the report. A dry run stops after `plan`: the
-        report lists the planned operations and changes nothing."""
+        report lists the planned operations and changes nothing. Runs one at a time."""
+        with self._running:
+            return self._run_once(dry_run)
+
+    def _run_once(self, dry_run: bool) -> Report:
         run = Run(self.settings())
         start = self.clock()
         failure: tuple[str, BaseException] | None = None
