@@ -85,6 +85,8 @@ class Sharing:
 class Labels:
     prefix: str = DEFAULT_LABEL_PREFIX
     nfd_features_file: Path | None = None
+    mig_strategy: str = "mixed"  # GFD's --mig-strategy: none, single or mixed
+    machine_type_file: Path = Path("/sys/class/dmi/id/product_name")  # gpu.machine (GFD's)
 
 
 @dataclass(frozen=True)
@@ -487,6 +489,11 @@ SPECS: tuple[Spec, ...] = (
           "label prefix (another one beside GFD)", hot=True),
     _spec("labels", "nfd-features-file", "NODEAGENT_NFD_FEATURES_FILE", "--nfd-features-file",
           optional(path), "write labels for NFD's local source here", hot=True),
+    _spec("labels", "mig-strategy", "NODEAGENT_MIG_STRATEGY", "--mig-strategy",
+          choice("none", "single", "mixed"), "GFD's MIG label strategy", hot=True),
+    _spec("labels", "machine-type-file", "NODEAGENT_MACHINE_TYPE_FILE", "--machine-type-file",
+          path, "file holding the machine's product name (gpu.machine), as GFD reads it",
+          hot=True),
     _spec("mps", "enabled", "NODEAGENT_MPS", "--mps", boolean,
           "run, supervise and publish the MPS control daemon", switch=True, hot=True),
     _spec("mps", "devices", "NODEAGENT_MPS_DEVICES", "--mps-devices", optional(devices),
