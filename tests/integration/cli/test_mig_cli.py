@@ -99,6 +99,8 @@ def test_dry_run_json_changes_nothing(node: Callable[..., Result], tmp_path: Pat
         "gpu": 0,
         "profile": "3g.71gb",
         "placement": {"start": 0, "size": 4},
+        "compute_slices": 3,
+        "ci_start": 0,
     }
     assert len(ops) == 10 and node.state.read_bytes() == before  # type: ignore[attr-defined]
 
@@ -155,13 +157,8 @@ NODE_BAD = [
         ("at most 1x1g.18gb+me",),
     ),
     (
-        "device-out-of-range",
-        "- devices: [0, 5]\n  mig-enabled: false",
-        ("bad.yaml:4:16", "GPU 5 does not exist", "GPUs 0-1"),
-    ),
-    (
         "matched-twice",
-        "- devices: all\n  mig-enabled: false\n- devices: [1]\n  mig-enabled: true",
+        "- devices: all\n  mig-enabled: false\n- devices: [1]\n  mig-enabled: true\n  mig-devices: {}",
         ("bad.yaml:6:7", "GPU 1 is already configured", "bad.yaml:4:7"),
     ),
 ]

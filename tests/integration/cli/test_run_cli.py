@@ -128,7 +128,13 @@ def test_bad_mig_file_fails_reconcile_and_recovers_with_drift_corrected(
     assert agent.get("/healthz") == (200, "ok\n")
     # Drift while the file is bad: someone takes MIG off GPU 1 by hand.
     assert cli(*base, "mig", "apply", "-f", "-", "-c", "off", stdin=_OFF_GPU1).returncode == 0
-    assert cli(*base, "mig", "assert", "-f", "-", "-c", "off", stdin=_OFF_GPU1).returncode == 0
+    off = cli(*base, "mig", "assert", "-f", "-", "-c", "off", stdin=_OFF_GPU1)
+    # As mig-parted asserts: a config that leaves a GPU out is not "applied" on this node.
+    assert (
+        off.returncode == 1
+        and "GPU 0 (NVIDIA H200): config 'off' does not specify it" in off.stdout
+    )
+    assert "GPU 1" not in off.stdout  # GPU 1 is as the config says
     mig.write_bytes(good)
     agent.wait_for("/readyz", lambda c, _: c == 200, "recovery")
     assert cli(*base, "mig", "assert", "-f", str(mig), "-c", "all-balanced").returncode == 0
