@@ -32,10 +32,16 @@ def _read_config(ctx: Context) -> MigConfigFile:
     return load_config(ctx.settings.mig.config_file)
 
 
-def _config_name(ctx: Context) -> str:
+def _config_name(ctx: Context, cfg: MigConfigFile) -> str:
+    """-c NAME; a file holding one config needs none (as mig-parted)."""
     name: str | None = ctx.settings.mig.config
+    if not name and len(cfg.configs) == 1:
+        return next(iter(cfg.configs))
     if not name:
-        raise ConfigError("no config name: pass -c NAME or set NODEAGENT_MIG_CONFIG")
+        raise ConfigError(
+            f"no config name: {cfg.source} defines {len(cfg.configs)} configs"
+            f" ({', '.join(sorted(cfg.configs))}); pass -c NAME or set NODEAGENT_MIG_CONFIG"
+        )
     return name
 
 
@@ -61,7 +67,7 @@ def _print_progress(op: dict[str, Any]) -> None:
 
 def cmd_mig_apply(ctx: Context) -> int:
     cfg = _read_config(ctx)
-    name = _config_name(ctx)
+    name = _config_name(ctx, cfg)
     from nodeagent.mig.apply import reconfigure
 
     settings = ctx.settings
@@ -96,7 +102,7 @@ def cmd_mig_apply(ctx: Context) -> int:
 
 def cmd_mig_assert(ctx: Context) -> int:
     cfg = _read_config(ctx)
-    name = _config_name(ctx)
+    name = _config_name(ctx, cfg)
     from nodeagent.mig.apply import assert_config
 
     problems, _ = assert_config(ctx.session, cfg, name)
