@@ -184,3 +184,15 @@ def test_failure_at_every_mutation_converges(
         reconfigure(session2, cfg, second, lib2.reset)
         assert assert_config(session2, cfg, second)[0] == [], (k, mode)
         assert reconfigure(session2, cfg, second, lib2.reset).done == ()
+
+
+def test_export_names_compute_instances_and_applies_back() -> None:
+    from nodeagent.mig.config import dump_config
+    from nodeagent.mig.generate import export_current
+
+    lib, session = _node()
+    reconfigure(session, _cfg(), "mixed-3g", lib.reset)
+    exported = export_current(read_inventory(session))
+    assert exported["current"][0]["mig-devices"] == {"1c.3g.71gb": 2, "2c.3g.71gb": 2}
+    back = parse_config(dump_config(exported), "current.yaml")
+    assert reconfigure(session, back, "current", lib.reset).done == ()
