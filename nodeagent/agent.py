@@ -157,6 +157,7 @@ class Agent:
             NodeWatcher,
             ensure_node,
         )
+        from nodeagent.kube.nodefeature import NodeFeatureSink, PodRef
         from nodeagent.kube.podresources import allocated_devices
 
         k = self.settings.kube
@@ -170,7 +171,7 @@ class Agent:
         api = NodeApi(make_core_api(kube_settings), kube_settings, self.stop_event)
         view = NodeView()
         view.update(ensure_node(api))
-        desire = NodeLabelDesire(view)
+        desire = NodeLabelDesire(view, k.mig_config_label)
 
         def interruptible_sleep(seconds: float) -> None:
             if self.stop_event.wait(seconds):
@@ -192,6 +193,10 @@ class Agent:
         self.held_failure = desire.failure
         self.pipeline.reporter = KubeReporter(api, view, desire)
         self.pipeline.sinks.append(NodeLabelSink(api, view))
+        if k.node_feature_api:
+            assert k.pod_namespace is not None  # the settings checked it
+            pod = PodRef(k.pod_name, k.pod_uid) if k.pod_name else None
+            self.pipeline.sinks.append(NodeFeatureSink(api, k.pod_namespace, pod))
         self.pipeline.clients = clients
         self.watcher = NodeWatcher(api, view, self._wake_reconcile, self.stop_event)
 
