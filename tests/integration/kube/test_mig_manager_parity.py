@@ -5,6 +5,7 @@ and a label key of nodeagent's own beside the operator's mig-manager."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -139,10 +140,9 @@ class DaemonSetController:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
+            # The node is not there yet, or a pod went meanwhile: the next round sees.
+            with contextlib.suppress(Exception):
                 self._evict()
-            except Exception:  # the node is not there yet, a pod went meanwhile: next round
-                pass
             time.sleep(0.05)
 
     def _evict(self) -> None:
