@@ -109,7 +109,7 @@ def _add_daemonset_pod(cluster: Cluster, name: str, selects: str) -> None:
                     "uid": f"uid-{name}",
                     "controller": True,
                 },
-            ],  # fmt: skip
+            ],
         },
         "spec": {
             "nodeName": NODE,
