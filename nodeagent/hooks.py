@@ -21,6 +21,7 @@ names, and values of the wrong type, are errors naming their position.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 from collections.abc import Mapping
@@ -227,7 +228,7 @@ def run_hook(hooks: HooksFile, name: str, env: Mapping[str, str], timeout_second
     first that fails; a command that outlives the timeout is killed with its process group."""
     commands = hooks.hooks.get(name, ())
     for i, hook in enumerate(commands):
-        what = f"hook {name}[{i}] ({hook.where}) {' '.join(hook.argv)!r}"
+        what = f"hook {name}[{i}] ({hook.where}) {shlex.join(hook.argv)}"
         environment = {**os.environ, **env, **dict(hook.envs)}
         try:
             proc = subprocess.Popen(
