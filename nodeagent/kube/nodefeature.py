@@ -40,16 +40,19 @@ def object_name(node: str) -> str:
     return NAME_PREFIX + node
 
 
-def owner_references(api: NodeApi, namespace: str, pod: PodRef | None) -> list[dict[str, Any]]:
-    """The DaemonSet that controls the agent's pod (read from the pod) and the pod itself.
-    Nothing when the pod is unknown; the pod alone when it cannot be read (logged)."""
+def owner_references(
+    api: NodeApi, namespace: str, pod: PodRef | None
+) -> tuple[list[dict[str, Any]], bool]:
+    """The DaemonSet that controls the agent's pod (read from the pod) and the pod itself, and
+    whether that is final. Nothing when the pod is unknown; the pod alone (from its downward-API
+    UID) while it cannot be read (logged, asked again next time)."""
     if pod is None:
-        return []
-    uid, daemonset = pod.uid, None
+        return [], True
+    uid, daemonset, final = pod.uid, None, True
     try:
         found = api.read_pod(namespace, pod.name)
     except KubeError as err:
-        found = None
+        found, final = None, False
         log.warning("nodefeature.owner_unknown", pod=f"{namespace}/{pod.name}", error=str(err))
     if found is not None:
         meta = found.get("metadata", {})
@@ -70,7 +73,7 @@ def owner_references(api: NodeApi, namespace: str, pod: PodRef | None) -> list[d
         )
     if uid:
         refs.append({"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": uid})
-    return refs
+    return refs, final
 
 
 def _owners(refs: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
@@ -87,12 +90,15 @@ class NodeFeatureSink:
         self.node = api.name
         self.ref = CustomRef(GROUP, VERSION, PLURAL, namespace)
         self.pod = pod
-        self._owners: list[dict[str, Any]] | None = None  # resolved once
+        self._owners: list[dict[str, Any]] | None = None  # once known for sure
 
     def owners(self) -> list[dict[str, Any]]:
-        if self._owners is None:
-            self._owners = owner_references(self.api, self.ref.namespace, self.pod)
-        return self._owners
+        if self._owners is not None:
+            return self._owners
+        refs, final = owner_references(self.api, self.ref.namespace, self.pod)
+        if final:
+            self._owners = refs
+        return refs
 
     def body(self, labels: Mapping[str, str]) -> dict[str, Any]:
         """The whole object, as created."""

@@ -193,3 +193,49 @@ def test_a_deleted_object_is_created_again(cluster: Cluster, start_agent: Start)
     assert _object(cluster) is None
     agent.pipeline.run_once()
     assert _object(cluster) is not None
+
+
+def test_owners_the_api_refused_to_tell_are_added_once_it_does(
+    cluster: Cluster, start_agent: Start
+) -> None:
+    """RBAC not yet in place when the agent starts (403 on its pod): the object is owned by the
+    pod alone (downward-API UID); the DaemonSet is added at a later publish."""
+    _add_agent_pod(cluster)
+    cluster.on_loop(
+        lambda: (
+            cluster.km["get", PODS][0:1]
+            << kmock.KubernetesError(status=403, reason="Forbidden", message="pods is forbidden")
+        )
+    )
+    agent = start_agent(pod_name=POD, pod_uid="pod-uid-1")
+    obj = cluster.wait(lambda: _object(cluster), what="the NodeFeature object")
+    assert [o["kind"] for o in obj["metadata"]["ownerReferences"]] == ["Pod"]
+    agent.pipeline.run_once()
+    owners = _object(cluster)["metadata"]["ownerReferences"]  # type: ignore[index]
+    assert [(o["kind"], o["uid"]) for o in owners] == [
+        ("DaemonSet", "ds-uid-1"),
+        ("Pod", "pod-uid-1"),
+    ]
+    settled = _writes(cluster)
+    agent.pipeline.run_once()
+    assert _writes(cluster) == settled
+
+
+def test_without_nfds_crd_the_failure_says_what_to_do(cluster: Cluster, start_agent: Start) -> None:
+    cluster.on_loop(
+        lambda: (
+            cluster.km["post", NODEFEATURES]
+            << kmock.KubernetesError(
+                status=404,
+                reason="NotFound",
+                message="the server could not find the requested resource",
+            )
+        )
+    )
+    agent = start_agent()
+    ready, reason = agent.ready()
+    assert not ready
+    assert reason.startswith("publish: nodefeature: Kubernetes API: create nodefeatures nodeagent/")
+    assert "is node-feature-discovery's NodeFeature CRD installed?" in reason
+    # The Node itself still gets its labels.
+    cluster.wait(lambda: _published(cluster), what="node labels")
