@@ -11,34 +11,16 @@ import pytest
 from nodeagent.errors import ConfigError
 from nodeagent.hooks import HookError, HooksFile, load_hooks, parse_hooks, run_hook
 
-# mig-parted's deployments/systemd/hooks-default.yaml (NVIDIA/mig-parted bd7160f4), as users have it.
-UPSTREAM_DEFAULT = """\
-version: v1
-hooks:
-    apply-start:
-    - workdir: "/etc/nvidia-mig-manager"
-      command: "/bin/bash"
-      args: ["-x", "-c", "source hooks.sh; apply-start ${MIG_PARTED_SELECTED_CONFIG}"]
-    pre-apply-mode:
-    - workdir: "/etc/nvidia-mig-manager"
-      command: "/bin/bash"
-      args: ["-x", "-c", "source hooks.sh; pre-apply-mode"]
-    pre-apply-config:
-    - workdir: "/etc/nvidia-mig-manager"
-      command: "/bin/bash"
-      args: ["-x", "-c", "source hooks.sh; pre-apply-config"]
-    apply-exit:
-    - workdir: "/etc/nvidia-mig-manager"
-      command: "/bin/bash"
-      args: ["-x", "-c", "source hooks.sh; apply-exit"]
-    - workdir: "/etc/nvidia-mig-manager"
-      command: "/bin/bash"
-      args: ["-x", "-c", "source hooks.sh; refresh-cdi"]
-"""
+# mig-parted's own default hooks file, as users of its systemd mig-manager have it (see
+# tests/fixtures/upstream/README.md for its source and commit).
+UPSTREAM_DEFAULT = (
+    Path(__file__).resolve().parents[1]
+    / "fixtures/upstream/mig-parted/deployments/systemd/hooks-default.yaml"
+)
 
 
 def test_mig_parteds_own_hooks_file_is_read_as_is() -> None:
-    hooks = parse_hooks(UPSTREAM_DEFAULT, "hooks.yaml")
+    hooks = load_hooks(str(UPSTREAM_DEFAULT))
     assert list(hooks.hooks) == ["apply-start", "pre-apply-mode", "pre-apply-config", "apply-exit"]
     exit_hooks = hooks.hooks["apply-exit"]
     assert [h.args[-1] for h in exit_hooks] == [
@@ -46,7 +28,8 @@ def test_mig_parteds_own_hooks_file_is_read_as_is() -> None:
         "source hooks.sh; refresh-cdi",
     ]
     assert exit_hooks[0].workdir == "/etc/nvidia-mig-manager"
-    assert exit_hooks[0].command == "/bin/bash" and exit_hooks[1].where == "hooks.yaml:19:7"
+    assert exit_hooks[0].command == "/bin/bash"
+    assert exit_hooks[1].where == f"{UPSTREAM_DEFAULT}:19:7"  # the second apply-exit command
 
 
 @pytest.mark.parametrize(
