@@ -285,7 +285,7 @@ CASES: dict[str, Case] = {
         RUN,
         2,
         ("NODEAGENT_PAUSE_COMPONENTS", "NAME=KEY=VALUE"),
-        env={"NODEAGENT_PAUSE_COMPONENTS": "justaname"},
+        env={"NODEAGENT_PAUSE_COMPONENTS": "just a name"},
     ),
     "env-superscript-devices": Case(
         MPS, 2, ("NODEAGENT_MPS_DEVICES", "GPU indices"), env={"NODEAGENT_MPS_DEVICES": "\u00b2"}

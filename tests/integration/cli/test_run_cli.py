@@ -227,7 +227,7 @@ def test_refresh_worker_survives_an_nvml_error_storm(node: Callable[..., Agent])
         (["-c", "all-balanced"], ["both the file and the name"]),
         (["--kube"], ["NODE_NAME"]),
         (["--kube", "--node-name", "n", "-c", "x", "-f", "y"], ["comes from the node label"]),
-        (["--pause-component", "oops"], ["--pause-component", "NAME=KEY=VALUE"]),
+        (["--pause-component", "oops!"], ["--pause-component", "NAME=KEY=VALUE"]),
     ],
 )
 def test_run_refuses_bad_settings(cli: Cli, args: list[str], words: list[str]) -> None:
