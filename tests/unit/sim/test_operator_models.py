@@ -52,9 +52,9 @@ def _fits(model: DeviceModel, wanted: list[ProfileModel], placed: list[tuple[int
         return True
     p, rest = wanted[0], wanted[1:]
     for start, size in p.placements:
-        if all(start + size <= s or s + n <= start for s, n in placed):
-            if _fits(model, rest, [*placed, (start, size)]):
-                return True
+        free = all(start + size <= s or s + n <= start for s, n in placed)
+        if free and _fits(model, rest, [*placed, (start, size)]):
+            return True
     return False
 
 
@@ -68,9 +68,9 @@ def _layout_fits(model: DeviceModel, devices: dict[str, int]) -> bool:
         return False
     if sum(_short(p).endswith("+me") for p in wanted) > 1:
         return False
-    return all(
-        sum(q.id == p.id for q in wanted) <= p.instance_count for p in wanted
-    ) and _fits(model, wanted, [])
+    return all(sum(q.id == p.id for q in wanted) <= p.instance_count for p in wanted) and _fits(
+        model, wanted, []
+    )
 
 
 @pytest.mark.parametrize("key", OPERATOR_KEYS)
@@ -90,7 +90,7 @@ def test_placements_are_consistent(key: str) -> None:
         assert p.placements, p.name
         sizes = {n for _, n in p.placements}
         assert len(sizes) == 1, p.name
-        assert all(0 <= s and s + n <= model.memory_slices for s, n in p.placements), p.name
+        assert all(s >= 0 and s + n <= model.memory_slices for s, n in p.placements), p.name
         assert p.slice_count <= model.compute_slices, p.name
         # the instance count is achievable: that many instances fit side by side
         assert _fits(model, [p] * p.instance_count, []), p.name
