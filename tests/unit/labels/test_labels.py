@@ -34,19 +34,7 @@ CASES = [(f"{m}-{c or 'mig-off'}", m, c) for m in MODEL_NAMES for c in (None, "a
 ]
 
 
-# The generated config of the RTX PRO 6000 holds `+gfx`/`+me.all`/`-me` profiles, which the v1
-# parser learns in issue 12's grammar change; the golden file was made from its all-balanced entry.
-_WAITS_FOR_GRAMMAR = {"rtx-pro-6000-all-balanced"}
-_PARAMS = [
-    pytest.param(
-        *c,
-        id=c[0],
-        marks=[pytest.mark.skip(reason="needs the +gfx/+me.all/-me profile grammar")]
-        if c[0] in _WAITS_FOR_GRAMMAR
-        else [],
-    )
-    for c in CASES
-]
+_PARAMS = [pytest.param(*c, id=c[0]) for c in CASES]
 
 
 @pytest.mark.parametrize(("name", "spec", "config"), _PARAMS)
