@@ -100,6 +100,9 @@ def cmd_config_check(ctx: Context) -> int:
     return 0
 
 
+SIGNAL_POLL_SECONDS = 0.5
+
+
 class _Signals:
     """SIGTERM/SIGINT stop the agent, SIGHUP reloads its settings; the main thread waits."""
 
@@ -160,7 +163,10 @@ def cmd_run(ctx: Context) -> int:
     notify.send("READY=1", f"MAINPID={os.getpid()}")
     beat = notify.watchdog_seconds / 2 if notify.watchdog_seconds else None
     while not signals.stop:
-        signals.wake.wait(beat)
+        # Never block for long: CPython runs a signal's handler only when the main thread runs
+        # bytecode, and a signal the kernel hands to a worker thread does not wake a main
+        # thread blocked on a lock (seen: a SIGHUP under CPU load waited until SIGTERM).
+        signals.wake.wait(min(beat, SIGNAL_POLL_SECONDS) if beat else SIGNAL_POLL_SECONDS)
         signals.wake.clear()
         if signals.reload and not signals.stop:
             signals.reload = False
