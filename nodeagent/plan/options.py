@@ -1,0 +1,262 @@
+"""What one GPU can hold: every way to place demand on it (MIG layout, MPS share, whole). Pure.
+
+Demand comes in classes (workloads that are alike: memory, compute, isolation, priority); an
+option is a vector of replicas per class plus how the GPU holds them. For MIG, every valid
+layout of the GPU's profiles (plain ones, and those of its existing slices) is enumerated, in-use
+slices always kept; each slice holds at most one replica that fits it (memory and SMs). For MPS,
+`replicas` clients share the GPU, each limited to memory // replicas, their compute needs
+summing to at most 100 %. A whole GPU holds one exclusive or shared replica.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import combinations_with_replacement
+
+from nodeagent.mig.geometry import Geometry, Instance, Layout
+from nodeagent.mig.plan import existing_instances
+from nodeagent.nvml.inventory import GiProfile, Gpu
+
+Vec = tuple[int, ...]
+MIB = 1 << 20
+NEW, IDLE, BUSY = 0, 1, 2  # a slice of a layout: to create, existing and idle, existing in use
+MODE_RANK = {"mig": 0, "whole": 1, "mps": 2}  # on a tie, a slice over a whole GPU over MPS
+
+
+@dataclass(frozen=True)
+class Demand:
+    """A class of alike workload replicas."""
+
+    memory_mib: int
+    compute: float | None
+    sms: int | None
+    isolation: str
+    priority: int
+    count: int
+
+    def sms_on(self, gpu_sms: int | None) -> int | None:
+        """SMs it needs on a GPU of `gpu_sms` SMs; None when that cannot be known."""
+        if self.sms is not None:
+            return self.sms if gpu_sms is not None else None
+        if self.compute is not None:
+            return -(-round(self.compute * 10**6) * gpu_sms // 10**6) if gpu_sms else None
+        return 0
+
+    def percent_on(self, gpu_sms: int | None) -> int | None:
+        """The MPS thread percentage it needs (0: no need given)."""
+        if self.compute is not None:
+            return -(-round(self.compute * 10**6) * 100 // 10**6)
+        if self.sms is not None:
+            return -(-self.sms * 100 // gpu_sms) if gpu_sms else None
+        return 0
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """What the planner reads of one GPU."""
+
+    index: int
+    memory_mib: int
+    sms: int | None  # of the whole GPU: its full-size MIG profile's
+    geometry: Geometry | None  # None: not MIG capable
+    candidates: tuple[int, ...]  # profile ids the planner may create
+    idle: frozenset[Instance]
+    busy: frozenset[Instance]
+
+    @classmethod
+    def of(cls, gpu: Gpu) -> GpuView:
+        existing = existing_instances(gpu) if gpu.mig_current else []
+        idle = frozenset(gi.instance for gi in existing if not gi.in_use)
+        busy = frozenset(gi.instance for gi in existing if gi.in_use)
+        plain = [p.id for p in gpu.profiles if "+" not in p.name and "-" not in p.name]
+        ids = sorted(set(plain) | {i.profile_id for i in idle | busy})
+        geometry = Geometry.of(gpu) if gpu.mig_capable and gpu.profiles else None
+        sms = max((p.multiprocessor_count for p in gpu.profiles), default=0) or None
+        return cls(gpu.index, gpu.memory_total_bytes // MIB, sms, geometry, tuple(ids), idle, busy)
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """GPUs with equal keys have equal options."""
+        return (self.memory_mib, self.sms, self.geometry, self.candidates, self.idle, self.busy)
+
+    def profile(self, profile_id: int) -> GiProfile:
+        assert self.geometry is not None
+        return self.geometry.profile(profile_id)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to fill a GPU. `detail`: MIG profile counts ((id, n), ...), MPS replicas, or the
+    class a whole GPU holds."""
+
+    mode: str  # mig | mps | whole | unused
+    vec: Vec
+    kept: int  # existing slices it keeps
+    memory_mib: int  # memory of the slices it makes (MIG); the GPU's otherwise
+    detail: tuple[tuple[int, int], ...] | int = ()
+
+    def better_than(self, other: Option) -> bool:
+        mine = (self.kept, -MODE_RANK.get(self.mode, 3), -self.memory_mib)
+        theirs = (other.kept, -MODE_RANK.get(other.mode, 3), -other.memory_mib)
+        return mine > theirs
+
+
+@lru_cache(maxsize=64)
+def all_layouts(geometry: Geometry, candidates: tuple[int, ...]) -> tuple[Layout, ...]:
+    """Every valid layout (the empty one included) made of the `candidates` profiles."""
+    insts = [i for pid in candidates for i in geometry.instances(geometry.profile(pid))]
+    out: list[Layout] = []
+
+    def grow(start: int, layout: Layout) -> None:
+        out.append(layout)
+        for j in range(start, len(insts)):
+            if geometry.fits(layout, insts[j]):
+                grow(j + 1, (*layout, insts[j]))
+
+    grow(0, ())
+    return tuple(out)
+
+
+def fits_slice(d: Demand, profile: GiProfile, gpu_sms: int | None) -> bool:
+    if d.isolation == "exclusive" or d.memory_mib > profile.memory_bytes // MIB:
+        return False
+    need = d.sms_on(gpu_sms)
+    return need is not None and need <= profile.multiprocessor_count
+
+
+def fits_whole(d: Demand, view: GpuView) -> bool:
+    need = d.sms_on(view.sms)
+    return (
+        d.isolation != "mig"
+        and d.memory_mib <= view.memory_mib
+        and need is not None
+        and (need == 0 or (view.sms is not None and need <= view.sms))
+    )
+
+
+def mig_options(view: GpuView, demands: tuple[Demand, ...], cap: Vec) -> dict[Vec, Option]:
+    """The best MIG option (most existing slices kept, then least slice memory) for every
+    vector of replicas, each at most `cap`, that some valid layout can hold."""
+    if view.geometry is None:
+        return {}
+    signatures: set[tuple[tuple[int, int], ...]] = set()
+    for layout in all_layouts(view.geometry, view.candidates):
+        if not view.busy <= set(layout):
+            continue
+        states = (BUSY if i in view.busy else IDLE if i in view.idle else NEW for i in layout)
+        signatures.add(tuple(sorted(zip((i.profile_id for i in layout), states, strict=False))))
+    best: dict[Vec, Option] = {}
+    for sig in sorted(signatures):
+        groups = Counter(sig)
+        kept = sum(n for (_, state), n in groups.items() if state != NEW)
+        memory = sum(view.profile(pid).memory_bytes // MIB * n for (pid, _), n in groups.items())
+        counts: Counter[int] = Counter()
+        for (pid, _), n in groups.items():
+            counts[pid] += n
+        detail = tuple(sorted(counts.items()))
+        vectors = _fill(view, demands, cap, groups)
+        for vec in vectors:
+            option = Option("mig", vec, kept, memory, detail)
+            if vec not in best or option.better_than(best[vec]):
+                best[vec] = option
+    return best
+
+
+def _fill(
+    view: GpuView, demands: tuple[Demand, ...], cap: Vec, groups: Counter[tuple[int, int]]
+) -> set[Vec]:
+    """Every vector the slices of `groups` can hold (new slices each hold one replica)."""
+    zero = (0,) * len(demands)
+    vectors = {zero}
+    for (pid, state), n in sorted(groups.items()):
+        profile = view.profile(pid)
+        fit = [k for k, d in enumerate(demands) if fits_slice(d, profile, view.sms)]
+        sizes = [n] if state == NEW else list(range(n + 1))
+        adds: set[Vec] = set()
+        for size in sizes:
+            for combo in combinations_with_replacement(fit, size):
+                add = [0] * len(demands)
+                for k in combo:
+                    add[k] += 1
+                adds.add(tuple(add))
+        vectors = {
+            tuple(a + b for a, b in zip(v, add, strict=False))
+            for v in vectors
+            for add in adds
+            if all(a + b <= c for a, b, c in zip(v, add, cap, strict=False))
+        }
+        if not vectors:
+            return set()
+    return vectors
+
+
+def mps_options(
+    view: GpuView, demands: tuple[Demand, ...], cap: Vec, replicas: int
+) -> dict[Vec, Option]:
+    """Every vector of shared replicas one MPS GPU holds with `replicas` clients: each within
+    the pinned limit memory // replicas, compute needs summing to at most 100 %."""
+    if view.busy:
+        return {}
+    pinned = view.memory_mib // replicas
+    admitted: list[tuple[int, int]] = []
+    for k, d in enumerate(demands):
+        pct = d.percent_on(view.sms)
+        if d.isolation == "shared" and d.memory_mib <= pinned and pct is not None and pct <= 100:
+            admitted.append((k, pct))
+    out: dict[Vec, Option] = {}
+    vec = [0] * len(demands)
+
+    def grow(j: int, clients: int, percent: int) -> None:
+        if clients:
+            t = tuple(vec)
+            out[t] = Option("mps", t, 0, view.memory_mib, replicas)
+        for i in range(j, len(admitted)):
+            k, pct = admitted[i]
+            if clients < replicas and percent + pct <= 100 and vec[k] < cap[k]:
+                vec[k] += 1
+                grow(i, clients + 1, percent + pct)
+                vec[k] -= 1
+
+    grow(0, 0, 0)
+    return out
+
+
+def whole_options(view: GpuView, demands: tuple[Demand, ...], cap: Vec) -> dict[Vec, Option]:
+    """One exclusive (or shared) replica on the whole GPU, MIG off."""
+    if view.busy:
+        return {}
+    out = {}
+    for k, d in enumerate(demands):
+        if cap[k] and fits_whole(d, view):
+            vec = tuple(int(i == k) for i in range(len(demands)))
+            out[vec] = Option("whole", vec, 0, view.memory_mib, k)
+    return out
+
+
+def merge(*tables: dict[Vec, Option]) -> dict[Vec, Option]:
+    best: dict[Vec, Option] = {}
+    for table in tables:
+        for vec, option in table.items():
+            if vec not in best or option.better_than(best[vec]):
+                best[vec] = option
+    return best
+
+
+def frontier(options: dict[Vec, Option]) -> tuple[Vec, ...]:
+    """The vectors no other option beats: none holds at least as much of every class while
+    keeping at least as many existing slices. Any plan can be made of these, capped."""
+    ordered = sorted(options.values(), key=lambda o: (-sum(o.vec), -o.kept, o.vec))
+    front: list[Option] = []
+    for o in ordered:
+        if not any(
+            f.kept >= o.kept and all(a >= b for a, b in zip(f.vec, o.vec, strict=False))
+            for f in front
+        ):
+            front.append(o)
+    return tuple(o.vec for o in front)
+
+
+def _covers(a: Vec, b: Vec) -> bool:
+    return all(x >= y for x, y in zip(a, b, strict=True))
