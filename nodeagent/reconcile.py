@@ -46,6 +46,7 @@ from nodeagent.mig.select import Desired, resolve
 from nodeagent.mps.manager import MpsChange, MpsIntent, MpsManager
 from nodeagent.mps.settings import validate
 from nodeagent.nvml import Inventory, MigWriter
+from nodeagent.plan.hook import PLANNED, WorkloadPlanner
 from nodeagent.settings import Settings, mps_daemon_settings
 from nodeagent.sharing.config import SharingFile, load_sharing_file
 from nodeagent.sharing.resolve import Resolution, resolve_sharing
@@ -163,6 +164,7 @@ class Pipeline:
     sharing_files: ConfigCache[SharingFile] = field(
         default_factory=lambda: ConfigCache(load_sharing_file, "sharing config file")
     )
+    workloads: WorkloadPlanner = field(default_factory=WorkloadPlanner)  # sharing.workload-file
     per_gpu: dict[int, tuple[str, int]] = field(default_factory=dict)  # what each GPU offers
     _time_sliced: dict[int, int] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
@@ -289,6 +291,17 @@ class Pipeline:
 
     def desire_step(self, run: Run) -> None:
         run.wanted = self.desire.wanted(run.settings)
+        s = run.settings
+        if s.sharing.workload_file and not (run.wanted.sharing_config or run.wanted.mig_config):
+            # No config wanted by name: the one planned from the workload file, applied as a
+            # named sharing config is (nodeagent.plan.hook).
+            assert run.snapshot is not None
+            path = self.workloads.sharing_file(
+                s.sharing.workload_file, run.snapshot.inventory, s.node.run_dir
+            )
+            sharing = dataclasses.replace(s.sharing, config_file=str(path), config=PLANNED)
+            run.settings = dataclasses.replace(s, sharing=sharing)
+            run.wanted = dataclasses.replace(run.wanted, sharing_config=PLANNED)
         if run.wanted.sharing_config is not None and not run.settings.sharing.config_file:
             raise ConfigError(
                 f"sharing config {run.wanted.sharing_config!r} is wanted but no sharing config"
