@@ -30,7 +30,7 @@ def fresh(model: str) -> Gpu:
     return replace(blank_gpu(model), mig_current=False, mig_pending=False)
 
 
-def W(name: str, gib: float, isolation: str, replicas: int = 1, **kw: object) -> Workload:  # noqa: N802
+def W(name: str, gib: float, isolation: str, replicas: int = 1, **kw: object) -> Workload:
     return Workload(name, replicas, int(gib * GIB), isolation, **kw)  # type: ignore[arg-type]
 
 
