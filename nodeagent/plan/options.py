@@ -192,19 +192,30 @@ def _fill(
     return vectors
 
 
-def mps_options(
-    view: GpuView, demands: tuple[Demand, ...], cap: Vec, replicas: int
-) -> dict[Vec, Option]:
-    """Every vector of shared replicas one MPS GPU holds with `replicas` clients: each within
-    the pinned limit memory // replicas, compute needs summing to at most 100 %."""
-    if view.busy:
-        return {}
+class TooLarge(Exception):
+    """The exact search would take too long (many kinds of shared replicas, many MPS clients)."""
+
+
+def _admitted(view: GpuView, demands: tuple[Demand, ...], replicas: int) -> list[tuple[int, int]]:
+    """The classes an MPS client of this GPU can be, with their thread percentage."""
     pinned = view.memory_mib // replicas
     admitted: list[tuple[int, int]] = []
     for k, d in enumerate(demands):
         pct = d.percent_on(view.sms)
         if d.isolation == "shared" and d.memory_mib <= pinned and pct is not None and pct <= 100:
             admitted.append((k, pct))
+    return admitted
+
+
+def mps_options(
+    view: GpuView, demands: tuple[Demand, ...], cap: Vec, replicas: int, limit: int = 0
+) -> dict[Vec, Option]:
+    """Every vector of shared replicas one MPS GPU holds with `replicas` clients: each within
+    the pinned limit memory // replicas, compute needs summing to at most 100 %. Raises
+    TooLarge past `limit` vectors (0: no limit)."""
+    if view.busy:
+        return {}
+    admitted = _admitted(view, demands, replicas)
     out: dict[Vec, Option] = {}
     vec = [0] * len(demands)
 
@@ -212,6 +223,8 @@ def mps_options(
         if clients:
             t = tuple(vec)
             out[t] = Option("mps", t, 0, view.memory_mib, replicas)
+            if limit and len(out) > limit:
+                raise TooLarge(f"over {limit} ways to share GPU {view.index} through MPS")
         for i in range(j, len(admitted)):
             k, pct = admitted[i]
             if clients < replicas and percent + pct <= 100 and vec[k] < cap[k]:
@@ -221,6 +234,29 @@ def mps_options(
 
     grow(0, 0, 0)
     return out
+
+
+def mps_greedy(
+    view: GpuView, demands: tuple[Demand, ...], left: Vec, replicas: int
+) -> Option | None:
+    """One good MPS option when there are too many to try: clients by priority, then the
+    largest first, as many as the slots and 100 % of the compute allow."""
+    if view.busy:
+        return None
+    order = sorted(
+        _admitted(view, demands, replicas),
+        key=lambda a: (-demands[a[0]].priority, -demands[a[0]].memory_mib, a[0]),
+    )
+    vec = [0] * len(demands)
+    slots, percent = replicas, 0
+    for k, pct in order:
+        room = (100 - percent) // pct if pct else slots
+        n = min(left[k], slots, room)
+        vec[k] += n
+        slots, percent = slots - n, percent + n * pct
+    if not any(vec):
+        return None
+    return Option("mps", tuple(vec), 0, view.memory_mib, replicas)
 
 
 def whole_options(view: GpuView, demands: tuple[Demand, ...], cap: Vec) -> dict[Vec, Option]:
@@ -246,17 +282,22 @@ def merge(*tables: dict[Vec, Option]) -> dict[Vec, Option]:
 
 def frontier(options: dict[Vec, Option]) -> tuple[Vec, ...]:
     """The vectors no other option beats: none holds at least as much of every class while
-    keeping at least as many existing slices. Any plan can be made of these, capped."""
-    ordered = sorted(options.values(), key=lambda o: (-sum(o.vec), -o.kept, o.vec))
-    front: list[Option] = []
-    for o in ordered:
-        if not any(
-            f.kept >= o.kept and all(a >= b for a, b in zip(f.vec, o.vec, strict=False))
-            for f in front
-        ):
-            front.append(o)
+    keeping at least as many existing slices. Any plan can be made of these, capped.
+
+    The table is closed downwards (one replica fewer still fits, keeping as many slices), so a
+    vector is beaten exactly when one more replica of some class is an option that keeps as
+    many slices: a lookup per class instead of a comparison with every other option."""
+    width = len(next(iter(options))) if options else 0
+    front = []
+    for vec, option in options.items():
+        beaten = False
+        for k in range(width):
+            up = (*vec[:k], vec[k] + 1, *vec[k + 1 :])
+            other = options.get(up)
+            if other is not None and other.kept >= option.kept:
+                beaten = True
+                break
+        if not beaten:
+            front.append(option)
+    front.sort(key=lambda o: (-sum(o.vec), -o.kept, o.vec))
     return tuple(o.vec for o in front)
-
-
-def _covers(a: Vec, b: Vec) -> bool:
-    return all(x >= y for x, y in zip(a, b, strict=True))

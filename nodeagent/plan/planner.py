@@ -58,6 +58,7 @@ class NodePlan:
     mps_replicas: int | None  # MPS clients per MPS GPU (daemon-wide); None: no MPS GPU
     thread_percentage: int | None  # daemon-wide; None: no compute need given
     objective: Objective
+    exact: bool = True  # False: too large to search exactly; a greedy plan
 
     @property
     def gpus_used(self) -> int:
@@ -140,6 +141,7 @@ def plan_node(inventory: Inventory, workloads: Sequence[Workload]) -> NodePlan:
         mps_replicas,
         percent or None if uses_mps else None,
         solution.objective,
+        solution.exact,
     )
 
 

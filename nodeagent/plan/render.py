@@ -93,6 +93,7 @@ def report(plan: NodePlan, name: str) -> dict[str, Any]:
             else None
         ),
         "report": {
+            "exact": plan.exact,
             "replicas_placed": len(plan.placed),
             "gpus_used": plan.gpus_used,
             "gpus_left_whole": list(plan.gpus_whole),
@@ -133,6 +134,11 @@ def summary_lines(plan: NodePlan) -> list[str]:
     )
     for n in plan.not_placed:
         lines.append(f"not placed: {n.workload} x{n.replicas}: {n.reason}")
+    if not plan.exact:
+        lines.append(
+            "not exact: too many kinds of workloads to search every combination; a greedy plan"
+            " (GPU by GPU, the most placed first)"
+        )
     return lines
 
 

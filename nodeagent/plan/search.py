@@ -23,10 +23,12 @@ from nodeagent.plan.options import (
     Demand,
     GpuView,
     Option,
+    TooLarge,
     Vec,
     frontier,
     merge,
     mig_options,
+    mps_greedy,
     mps_options,
     whole_options,
 )
@@ -50,6 +52,7 @@ class Solution:
     objective: Objective
     options: tuple[Option, ...]  # one per GPU, in the order of the views
     mps_replicas: int | None  # MPS clients per GPU; None: MPS was not an option
+    exact: bool = True  # False: the search space was too large; a greedy plan
 
 
 @dataclass(frozen=True)
@@ -110,26 +113,75 @@ def mps_candidates(views: Sequence[GpuView], demands: Sequence[Demand]) -> list[
     return [*sorted(found)] if found else [None]
 
 
-def solve(views: Sequence[GpuView], demands: tuple[Demand, ...]) -> Solution:
-    """The best plan over every useful MPS client count (the fewest clients on a tie)."""
+MPS_LIMIT = 20_000  # MPS vectors of one GPU for one client count
+SEARCH_LIMIT = 100_000  # option evaluations of the whole search (about half a second)
+
+
+def solve(
+    views: Sequence[GpuView],
+    demands: tuple[Demand, ...],
+    mps_limit: int = MPS_LIMIT,
+    search_limit: int = SEARCH_LIMIT,
+) -> Solution:
+    """The best plan over every useful MPS client count (the fewest clients on a tie). Past
+    the limits (many kinds of shared replicas with many MPS clients), a greedy plan over the
+    same options instead, marked not exact."""
     cap = tuple(d.count for d in demands)
     base: dict[tuple[object, ...], dict[Vec, Option]] = {}
+    for view in views:
+        if view.key not in base:
+            base[view.key] = merge(
+                mig_options(view, demands, cap), whole_options(view, demands, cap)
+            )
+    candidates = mps_candidates(views, demands)
+    budget = [search_limit]
     best: Solution | None = None
-    for replicas in mps_candidates(views, demands):
-        tables = []
-        for view in views:
-            if view.key not in base:
-                base[view.key] = merge(
-                    mig_options(view, demands, cap), whole_options(view, demands, cap)
-                )
-            mps = mps_options(view, demands, cap, replicas) if replicas else {}
-            options = merge(base[view.key], mps)
-            tables.append(Table(options, frontier(options), unused_option(view, len(cap))))
-        found = _search(views, demands, tables, cap, replicas)
-        if best is None or found.objective.key > best.objective.key:
-            best = found
+    try:
+        for replicas in candidates:
+            tables = []
+            for view in views:
+                mps = mps_options(view, demands, cap, replicas, mps_limit) if replicas else {}
+                options = merge(base[view.key], mps)
+                tables.append(Table(options, frontier(options), unused_option(view, len(cap))))
+            found = _search(views, demands, tables, cap, replicas, budget)
+            if best is None or found.objective.key > best.objective.key:
+                best = found
+    except TooLarge:
+        best = None
+        for replicas in candidates:
+            found = _greedy(views, demands, base, cap, replicas)
+            if best is None or found.objective.key > best.objective.key:
+                best = found
     assert best is not None
     return best
+
+
+def _greedy(
+    views: Sequence[GpuView],
+    demands: tuple[Demand, ...],
+    base: dict[tuple[object, ...], dict[Vec, Option]],
+    cap: Vec,
+    replicas: int | None,
+) -> Solution:
+    """GPU by GPU, the option that places the most there (by priority), then the same terms
+    as the search."""
+    score = _Scorer(views, demands)
+    fronts = {key: frontier(options) for key, options in base.items()}
+    left, chosen = cap, []
+    for i, view in enumerate(views):
+        options = base[view.key]
+        cands = [options.get(_cap(vec, left)) for vec in fronts[view.key]]
+        if replicas:
+            cands.append(mps_greedy(view, demands, left, replicas))
+        cands.append(unused_option(view, len(cap)))
+        option = max((o for o in cands if o is not None), key=lambda o: score(i, o))
+        chosen.append(option)
+        left = tuple(b - a for a, b in zip(option.vec, left, strict=True))
+    return Solution(objective(views, demands, chosen), tuple(chosen), replicas, exact=False)
+
+
+def _cap(vec: Vec, left: Vec) -> Vec:
+    return tuple(a if a < b else b for a, b in zip(vec, left, strict=True))
 
 
 def _search(
@@ -138,8 +190,9 @@ def _search(
     tables: list[Table],
     cap: Vec,
     replicas: int | None,
+    budget: list[int],
 ) -> Solution:
-    score = _Scorer(views, demands, tables)
+    score = _Scorer(views, demands)
     n = len(tables)
     memo: dict[tuple[int, Vec], tuple[int, Option]] = {}
 
@@ -152,6 +205,9 @@ def _search(
         table = tables[i]
         top: tuple[int, Option] | None = None
         seen: set[Vec] = set()
+        budget[0] -= len(table.front)
+        if budget[0] < 0:
+            raise TooLarge("over the search limit")
         for vec in table.front:
             capped = tuple(a if a < b else b for a, b in zip(vec, left, strict=False))
             if capped in seen:
@@ -187,9 +243,7 @@ class _Scorer:
     """The objective terms of one option as one integer: sums of these compare as the
     objective does (each term's node-wide total fits below the next one's weight)."""
 
-    def __init__(
-        self, views: Sequence[GpuView], demands: tuple[Demand, ...], tables: list[Table]
-    ) -> None:
+    def __init__(self, views: Sequence[GpuView], demands: tuple[Demand, ...]) -> None:
         self.views, self.demands = views, demands
         self.order = levels(demands)
         self.level_of = [self.order.index(d.priority) for d in demands]

@@ -185,3 +185,25 @@ workload_st = st.builds(
 def test_every_plan_is_valid(models: list[str], workloads: list[Workload]) -> None:
     inv = node(*[fresh(m) for m in models])
     check_valid(inv, workloads, plan_node(inv, workloads))
+
+
+def test_past_the_search_limits_a_greedy_plan_is_said_so() -> None:
+    from nodeagent.plan.options import GpuView
+    from nodeagent.plan.planner import demand_classes
+    from nodeagent.plan.search import solve
+
+    inv = node(*[fresh("h200")] * 4)
+    ws = [W(f"s{i}", 2 + i, "shared", 6, compute=0.05) for i in range(3)]
+    ws += [W("llm", 38, "mig", 3, priority=1)]
+    views = [GpuView.of(g) for g in inv.gpus]
+    demands, _ = demand_classes(ws)
+    exact = solve(views, demands)
+    for limits in ({"mps_limit": 10}, {"search_limit": 10}):
+        greedy = solve(views, demands, **limits)  # type: ignore[arg-type]
+        assert exact.exact and not greedy.exact
+        assert greedy.objective.key <= exact.objective.key
+        assert greedy.objective.placed[0] == 3  # the LLMs first, even so
+    many = [W(f"s{i}", 2 + i, "shared", 30) for i in range(6)]
+    plan = plan_node(inv, many)  # 180 replicas of six kinds, MPS up to 48 clients a GPU
+    check_valid(inv, many, plan)
+    assert not plan.exact and len(plan.placed) > 4 * 7  # more than MIG slices alone hold
