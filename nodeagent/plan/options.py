@@ -10,6 +10,7 @@ summing to at most 100 %. A whole GPU holds one exclusive or shared replica.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
@@ -136,36 +137,61 @@ def fits_whole(d: Demand, view: GpuView) -> bool:
     )
 
 
-def mig_options(view: GpuView, demands: tuple[Demand, ...], cap: Vec) -> dict[Vec, Option]:
-    """The best MIG option (most existing slices kept, then least slice memory) for every
-    vector of replicas, each at most `cap`, that some valid layout can hold."""
+class TooLarge(Exception):
+    """The exact search would take too long (many kinds of workloads, many MPS clients)."""
+
+
+Signature = tuple[tuple[int, int], ...]  # (profile id, NEW | IDLE | BUSY) per slice, sorted
+
+
+@lru_cache(maxsize=64)
+def signatures(view: GpuView) -> tuple[Signature, ...]:
+    """The layouts of the GPU that keep its slices in use, as profiles and what each slice is
+    now (layouts alike in these hold the same replicas and keep as many slices)."""
     if view.geometry is None:
-        return {}
-    signatures: set[tuple[tuple[int, int], ...]] = set()
+        return ()
+    found: set[Signature] = set()
     for layout in all_layouts(view.geometry, view.candidates):
         if not view.busy <= set(layout):
             continue
         states = (BUSY if i in view.busy else IDLE if i in view.idle else NEW for i in layout)
-        signatures.add(tuple(sorted(zip((i.profile_id for i in layout), states, strict=False))))
+        found.add(tuple(sorted(zip((i.profile_id for i in layout), states, strict=True))))
+    return tuple(sorted(found))
+
+
+def _sig_option(view: GpuView, sig: Signature, vec: Vec) -> Option:
+    groups = Counter(sig)
+    kept = sum(n for (_, state), n in groups.items() if state != NEW)
+    memory = sum(view.profile(pid).memory_bytes // MIB * n for (pid, _), n in groups.items())
+    counts: Counter[int] = Counter()
+    for (pid, _), n in groups.items():
+        counts[pid] += n
+    return Option("mig", vec, kept, memory, tuple(sorted(counts.items())))
+
+
+def mig_options(
+    view: GpuView, demands: tuple[Demand, ...], cap: Vec, limit: int = 0
+) -> dict[Vec, Option]:
+    """The best MIG option (most existing slices kept, then least slice memory) for every
+    vector of replicas, each at most `cap`, that some valid layout can hold. Raises TooLarge
+    past `limit` (vectors times classes squared: the cost of the frontier; 0: no limit)."""
     best: dict[Vec, Option] = {}
-    for sig in sorted(signatures):
-        groups = Counter(sig)
-        kept = sum(n for (_, state), n in groups.items() if state != NEW)
-        memory = sum(view.profile(pid).memory_bytes // MIB * n for (pid, _), n in groups.items())
-        counts: Counter[int] = Counter()
-        for (pid, _), n in groups.items():
-            counts[pid] += n
-        detail = tuple(sorted(counts.items()))
-        vectors = _fill(view, demands, cap, groups)
-        for vec in vectors:
-            option = Option("mig", vec, kept, memory, detail)
+    for sig in signatures(view):
+        for vec in _fill(view, demands, cap, Counter(sig), limit):
+            option = _sig_option(view, sig, vec)
             if vec not in best or option.better_than(best[vec]):
                 best[vec] = option
+        if limit and len(best) * len(demands) ** 2 > limit:
+            raise TooLarge(f"too many ways to fill GPU {view.index} with MIG slices")
     return best
 
 
 def _fill(
-    view: GpuView, demands: tuple[Demand, ...], cap: Vec, groups: Counter[tuple[int, int]]
+    view: GpuView,
+    demands: tuple[Demand, ...],
+    cap: Vec,
+    groups: Counter[tuple[int, int]],
+    limit: int = 0,
 ) -> set[Vec]:
     """Every vector the slices of `groups` can hold (new slices each hold one replica)."""
     zero = (0,) * len(demands)
@@ -173,6 +199,8 @@ def _fill(
     for (pid, state), n in sorted(groups.items()):
         profile = view.profile(pid)
         fit = [k for k, d in enumerate(demands) if fits_slice(d, profile, view.sms)]
+        if limit and math.comb(len(fit) + n, n) * len(vectors) * len(demands) ** 2 > limit:
+            raise TooLarge(f"too many ways to fill GPU {view.index} with MIG slices")
         sizes = [n] if state == NEW else list(range(n + 1))
         adds: set[Vec] = set()
         for size in sizes:
@@ -182,18 +210,49 @@ def _fill(
                     add[k] += 1
                 adds.add(tuple(add))
         vectors = {
-            tuple(a + b for a, b in zip(v, add, strict=False))
+            tuple(a + b for a, b in zip(v, add, strict=True))
             for v in vectors
             for add in adds
-            if all(a + b <= c for a, b, c in zip(v, add, cap, strict=False))
+            if all(a + b <= c for a, b, c in zip(v, add, cap, strict=True))
         }
         if not vectors:
             return set()
     return vectors
 
 
-class TooLarge(Exception):
-    """The exact search would take too long (many kinds of shared replicas, many MPS clients)."""
+def mig_greedy(view: GpuView, demands: tuple[Demand, ...], left: Vec) -> list[Option]:
+    """One option per layout when there are too many to try: replicas by priority, then the
+    largest first, each into the smallest free slice that fits it."""
+    order = sorted(
+        range(len(demands)), key=lambda k: (-demands[k].priority, -demands[k].memory_mib, k)
+    )
+    out = []
+    for sig in signatures(view):
+        free = sorted(
+            sig,
+            key=lambda s: (
+                view.profile(s[0]).memory_bytes,
+                view.profile(s[0]).multiprocessor_count,
+            ),
+        )
+        vec = [0] * len(demands)
+        used: list[tuple[int, int]] = []
+        for k in order:
+            if not free:
+                break
+            for _ in range(left[k]):
+                slot = next(
+                    (s for s in free if fits_slice(demands[k], view.profile(s[0]), view.sms)), None
+                )
+                if slot is None:
+                    break
+                free.remove(slot)
+                used.append(slot)
+                vec[k] += 1
+        kept_new = tuple(sorted(used + [s for s in free if s[1] != NEW]))
+        if any(vec) or kept_new:
+            out.append(_sig_option(view, kept_new, tuple(vec)))
+    return out
 
 
 def _admitted(view: GpuView, demands: tuple[Demand, ...], replicas: int) -> list[tuple[int, int]]:
@@ -212,7 +271,7 @@ def mps_options(
 ) -> dict[Vec, Option]:
     """Every vector of shared replicas one MPS GPU holds with `replicas` clients: each within
     the pinned limit memory // replicas, compute needs summing to at most 100 %. Raises
-    TooLarge past `limit` vectors (0: no limit)."""
+    TooLarge past `limit` (vectors times classes squared; 0: no limit)."""
     if view.busy:
         return {}
     admitted = _admitted(view, demands, replicas)
@@ -223,8 +282,8 @@ def mps_options(
         if clients:
             t = tuple(vec)
             out[t] = Option("mps", t, 0, view.memory_mib, replicas)
-            if limit and len(out) > limit:
-                raise TooLarge(f"over {limit} ways to share GPU {view.index} through MPS")
+            if limit and len(out) * len(demands) ** 2 > limit:
+                raise TooLarge(f"too many ways to share GPU {view.index} through MPS")
         for i in range(j, len(admitted)):
             k, pct = admitted[i]
             if clients < replicas and percent + pct <= 100 and vec[k] < cap[k]:

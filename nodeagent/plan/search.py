@@ -27,6 +27,7 @@ from nodeagent.plan.options import (
     Vec,
     frontier,
     merge,
+    mig_greedy,
     mig_options,
     mps_greedy,
     mps_options,
@@ -113,34 +114,37 @@ def mps_candidates(views: Sequence[GpuView], demands: Sequence[Demand]) -> list[
     return [*sorted(found)] if found else [None]
 
 
-MPS_LIMIT = 20_000  # MPS vectors of one GPU for one client count
+# Options of one GPU (MIG; MPS for one client count), in vectors times classes squared (what
+# the frontier costs): 2,000,000 is 125,000 vectors of 4 classes, 31,250 of 8.
+LIMIT = 2_000_000
 SEARCH_LIMIT = 100_000  # option evaluations of the whole search (about half a second)
+GREEDY_COUNTS = 6  # MPS client counts the greedy plan tries (the largest among them)
 
 
 def solve(
     views: Sequence[GpuView],
     demands: tuple[Demand, ...],
-    mps_limit: int = MPS_LIMIT,
+    limit: int = LIMIT,
     search_limit: int = SEARCH_LIMIT,
 ) -> Solution:
     """The best plan over every useful MPS client count (the fewest clients on a tie). Past
-    the limits (many kinds of shared replicas with many MPS clients), a greedy plan over the
-    same options instead, marked not exact."""
+    the limits (many kinds of workloads, many MPS clients), a greedy plan instead, marked not
+    exact."""
     cap = tuple(d.count for d in demands)
-    base: dict[tuple[object, ...], dict[Vec, Option]] = {}
-    for view in views:
-        if view.key not in base:
-            base[view.key] = merge(
-                mig_options(view, demands, cap), whole_options(view, demands, cap)
-            )
     candidates = mps_candidates(views, demands)
-    budget = [search_limit]
     best: Solution | None = None
     try:
+        base: dict[tuple[object, ...], dict[Vec, Option]] = {}
+        for view in views:
+            if view.key not in base:
+                base[view.key] = merge(
+                    mig_options(view, demands, cap, limit), whole_options(view, demands, cap)
+                )
+        budget = [search_limit]
         for replicas in candidates:
             tables = []
             for view in views:
-                mps = mps_options(view, demands, cap, replicas, mps_limit) if replicas else {}
+                mps = mps_options(view, demands, cap, replicas, limit) if replicas else {}
                 options = merge(base[view.key], mps)
                 tables.append(Table(options, frontier(options), unused_option(view, len(cap))))
             found = _search(views, demands, tables, cap, replicas, budget)
@@ -148,8 +152,9 @@ def solve(
                 best = found
     except TooLarge:
         best = None
-        for replicas in candidates:
-            found = _greedy(views, demands, base, cap, replicas)
+        step = -(-len(candidates) // GREEDY_COUNTS)  # at most that many client counts
+        for replicas in candidates[::-1][::step]:
+            found = _greedy(views, demands, cap, replicas)
             if best is None or found.objective.key > best.objective.key:
                 best = found
     assert best is not None
@@ -157,20 +162,15 @@ def solve(
 
 
 def _greedy(
-    views: Sequence[GpuView],
-    demands: tuple[Demand, ...],
-    base: dict[tuple[object, ...], dict[Vec, Option]],
-    cap: Vec,
-    replicas: int | None,
+    views: Sequence[GpuView], demands: tuple[Demand, ...], cap: Vec, replicas: int | None
 ) -> Solution:
     """GPU by GPU, the option that places the most there (by priority), then the same terms
-    as the search."""
+    as the search; each layout filled greedily."""
     score = _Scorer(views, demands)
-    fronts = {key: frontier(options) for key, options in base.items()}
     left, chosen = cap, []
     for i, view in enumerate(views):
-        options = base[view.key]
-        cands = [options.get(_cap(vec, left)) for vec in fronts[view.key]]
+        cands: list[Option | None] = [*mig_greedy(view, demands, left)]
+        cands += whole_options(view, demands, left).values()
         if replicas:
             cands.append(mps_greedy(view, demands, left, replicas))
         cands.append(unused_option(view, len(cap)))
@@ -178,10 +178,6 @@ def _greedy(
         chosen.append(option)
         left = tuple(b - a for a, b in zip(option.vec, left, strict=True))
     return Solution(objective(views, demands, chosen), tuple(chosen), replicas, exact=False)
-
-
-def _cap(vec: Vec, left: Vec) -> Vec:
-    return tuple(a if a < b else b for a, b in zip(vec, left, strict=True))
 
 
 def _search(

@@ -30,6 +30,7 @@ VERSION = "nodeagent/v1"
 ISOLATIONS = ("mig", "shared", "exclusive")
 KEYS = ("name", "replicas", "memory", "isolation", "compute", "sms", "priority")
 MAX_REPLICAS = 4096
+MAX_WORKLOADS = 256
 
 Fields = dict[str, tuple[yaml.Node, yaml.Node]]
 
@@ -79,6 +80,12 @@ def parse_workloads(text: str, source: str) -> WorkloadFile:
             errors.add(lnode, f"workloads must be a list (- name: ...), not {_kind(lnode)}")
         elif not lnode.value:
             errors.add(lnode, "workloads is an empty list; give at least one workload")
+        elif len(lnode.value) > MAX_WORKLOADS:
+            errors.add(
+                lnode,
+                f"workloads has {len(lnode.value)} entries; a node plan takes at most"
+                f" {MAX_WORKLOADS}",
+            )
         else:
             seen: dict[str, Mark] = {}
             for i, item in enumerate(lnode.value):

@@ -152,3 +152,30 @@ def test_plan_reads_stdin(cli: Callable[..., Result]) -> None:
     assert [g["sharing"] for g in data["gpus"]] == ["mig", "mig"]
     reasons = {n["workload"]: n["reason"] for n in data["report"]["not_placed"]}
     assert reasons["train"].startswith("too big: needs 102400 MiB; no GPU of this node")
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (bytes(range(256)) * 4, ["not UTF-8"]),
+        (
+            b"version: nodeagent/v1\nworkloads: " + b"[" * 3000 + b"]" * 3000 + b"\n",
+            ["not valid YAML"],
+        ),
+        (
+            b"version: nodeagent/v1\nworkloads:\n  - &w {name: a, memory: lots, isolation: mig}\n"
+            + b"".join(b"  - *w\n" for _ in range(200)),
+            ["errors:", "and", "more"],
+        ),
+    ],
+    ids=["random-bytes", "nested-3000", "aliases"],
+)
+def test_hostile_workload_files(
+    node: Callable[..., Result], tmp_path: Path, content: bytes, words: list[str]
+) -> None:
+    (tmp_path / "w.yaml").write_bytes(content)
+    res = node("plan", "-f", "w.yaml")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.startswith("nodeagent: ") and len(res.stderr) < 10_000
+    for word in words:
+        assert word in res.stderr, res.stderr

@@ -198,7 +198,7 @@ def test_past_the_search_limits_a_greedy_plan_is_said_so() -> None:
     views = [GpuView.of(g) for g in inv.gpus]
     demands, _ = demand_classes(ws)
     exact = solve(views, demands)
-    for limits in ({"mps_limit": 10}, {"search_limit": 10}):
+    for limits in ({"limit": 10}, {"search_limit": 10}):
         greedy = solve(views, demands, **limits)  # type: ignore[arg-type]
         assert exact.exact and not greedy.exact
         assert greedy.objective.key <= exact.objective.key

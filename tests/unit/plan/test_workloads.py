@@ -3,10 +3,15 @@ at its position; every error of a file at once."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from nodeagent.errors import ConfigError
-from nodeagent.plan.workloads import Workload, load_workloads, parse_workloads
+from nodeagent.plan.workloads import KEYS, Workload, load_workloads, parse_workloads
 
 GOOD = """\
 version: nodeagent/v1
@@ -119,3 +124,47 @@ def test_all_errors_of_a_file_are_reported_at_once() -> None:
 def test_workload_is_a_value() -> None:
     w = Workload("a", 1, 1 << 30, "mig")
     assert w.memory_mib == 1024 and w.priority == 0
+
+
+def test_too_many_workloads_is_one_error() -> None:
+    body = "".join(f"  - {{name: w{i}, memory: 1G, isolation: mig}}\n" for i in range(257))
+    with pytest.raises(ConfigError) as info:
+        parse_workloads("version: nodeagent/v1\nworkloads:\n" + body, "w.yaml")
+    assert str(info.value) == "w.yaml:3:3: workloads has 257 entries; a node plan takes at most 256"
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=1024))
+def test_parser_on_arbitrary_bytes(data: bytes) -> None:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return  # decoding is read_config_text's job
+    with contextlib.suppress(ConfigError):
+        parse_workloads(text, "fuzz.yaml")
+
+
+LEAVES = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=8),
+    st.sampled_from(["mig", "shared", "exclusive", "10G", "nodeagent/v1", "0.5"]),
+)  # fmt: skip
+TREES = st.recursive(
+    LEAVES,
+    lambda c: st.one_of(
+        st.lists(c, max_size=4),
+        st.dictionaries(st.sampled_from([*KEYS, "version", "workloads", "x"]), c, max_size=5),
+    ),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.fixed_dictionaries(
+        {"version": st.just("nodeagent/v1"), "workloads": st.lists(TREES, max_size=4)}
+    )
+)
+def test_parser_on_arbitrary_trees(tree: object) -> None:
+    with contextlib.suppress(ConfigError):
+        wf = parse_workloads(yaml.safe_dump(tree), "fuzz.yaml")
+        assert all(w.replicas >= 1 and w.memory_bytes > 0 for w in wf.workloads)
