@@ -89,6 +89,7 @@ class Result:
     placed: tuple[int, ...]  # per priority level, highest first
     gpus: int
     seconds: float = 0.0
+    exact: bool = True
 
     @property
     def total(self) -> int:
@@ -191,7 +192,9 @@ def planner(inv: Inventory, workloads: list[Workload], repeat: int) -> Result:
     placed: dict[str, int] = {}
     for p in plan.placed:
         placed[p.workload] = placed.get(p.workload, 0) + 1
-    return Result(per_level(workloads, placed), plan.gpus_used, statistics.median(times))
+    return Result(
+        per_level(workloads, placed), plan.gpus_used, statistics.median(times), plan.exact
+    )
 
 
 def node(model: str) -> Inventory | None:
@@ -245,6 +248,7 @@ def main() -> int:
     times = [r[2].seconds * 1000 for r in rows]
     print(f"\nplanning time per 8-GPU node: median {statistics.median(times):.1f} ms,"
           f" max {max(times):.1f} ms over {len(rows)} (mix, model) pairs")  # fmt: skip
+    print(f"exact plans: {sum(r[2].exact for r in rows)} of {len(rows)}")
     for name, counts in tally.items():
         print(f"planner vs {name}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     plot(rows, args.plot)
