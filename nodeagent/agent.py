@@ -157,6 +157,7 @@ class Agent:
             NodeWatcher,
             ensure_node,
         )
+        from nodeagent.kube.nodefeature import NodeFeatureSink, PodRef
         from nodeagent.kube.podresources import allocated_devices
 
         k = self.settings.kube
@@ -170,7 +171,7 @@ class Agent:
         api = NodeApi(make_core_api(kube_settings), kube_settings, self.stop_event)
         view = NodeView()
         view.update(ensure_node(api))
-        desire = NodeLabelDesire(view)
+        desire = NodeLabelDesire(view, k.mig_config_label)
 
         def interruptible_sleep(seconds: float) -> None:
             if self.stop_event.wait(seconds):
@@ -192,6 +193,10 @@ class Agent:
         self.held_failure = desire.failure
         self.pipeline.reporter = KubeReporter(api, view, desire)
         self.pipeline.sinks.append(NodeLabelSink(api, view))
+        if k.node_feature_api:
+            assert k.pod_namespace is not None  # the settings checked it
+            pod = PodRef(k.pod_name, k.pod_uid) if k.pod_name else None
+            self.pipeline.sinks.append(NodeFeatureSink(api, k.pod_namespace, pod))
         self.pipeline.clients = clients
         self.watcher = NodeWatcher(api, view, self._wake_reconcile, self.stop_event)
 
@@ -264,8 +269,7 @@ class Agent:
                    self.stop_event),
             Worker("reconcile", self.reconcile, lambda: self.settings.reconcile.interval_seconds,
                    self.stop_event, wait_first=True,
-                   busy_allowance_seconds=lambda: self.settings.kube.clients_wait_seconds
-                   + self.settings.mig.lock_timeout_seconds + 600),
+                   busy_allowance_seconds=self._reconcile_allowance),
             Worker("mps-probe", self.probe_mps, lambda: self.settings.mps.probe_interval_seconds,
                    self.stop_event, wait_first=True),
         ]  # fmt: skip
@@ -283,6 +287,14 @@ class Agent:
         for worker in workers:
             self.workers[worker.name] = worker
             worker.start()
+
+    def _reconcile_allowance(self) -> float:
+        """How long one reconcile may take before /healthz calls it stuck: waiting for the GPU
+        clients and the MIG lock, the change itself, and (with a hooks file) one hook timeout
+        for each of the four hooks."""
+        s = self.settings
+        hooks = 4 * s.mig.hook_timeout_seconds if s.mig.hooks_file else 0.0
+        return s.kube.clients_wait_seconds + s.mig.lock_timeout_seconds + hooks + 600
 
     def reload(self, new: Settings) -> list[str]:
         """Take the hot settings of `new` (restart-only ones keep their old value); wake the

@@ -6,11 +6,13 @@
     resolve  per GPU: the MIG state the config asks for, and the MPS daemon (GPUs, limits);
              MIG on a GPU under MPS (and MPS on a GPU that will have MIG) is refused here
     plan     the fewest NVML operations (pure), and the one MPS change
-    pause    only when a MIG operation is planned: report "pending", pause the GPU clients
+    pause    only when a MIG operation is planned: report "pending", run the apply-start
+             hook, pause the GPU clients, run the pre-apply-mode / pre-apply-config hooks
     apply    under the node-wide MIG writer lock and the NVML lock: read again, plan again,
              execute; then converge the MPS daemon
     verify   read again; the GPUs must match the config, the MPS limits must read back
-    restore  GPU clients back (always, whatever failed after they were paused)
+    restore  the apply-exit hook, then GPU clients back (always, whatever failed after the
+             apply-start hook ran or the clients were paused)
     publish  labels to every sink, all from the one snapshot the run ends with
     report   state label, reason annotation and Events (node label protocol), metrics,
              readiness
@@ -35,6 +37,7 @@ from typing import Any, Protocol
 
 from nodeagent.errors import AgentError, ConfigError, MigError
 from nodeagent.files import atomic_write_text
+from nodeagent.hooks import HooksFile, load_hooks, run_hook
 from nodeagent.labels.plugin import plugin_config
 from nodeagent.labels.render import SharingState, render_labels
 from nodeagent.logs import get_logger
@@ -139,6 +142,9 @@ class Run:
     mps_change: MpsChange = field(default_factory=lambda: MpsChange("none"))
     clients: Clients | None = None
     paused: bool = False
+    hooks: HooksFile | None = None
+    hooks_started: bool = False  # apply-start ran: apply-exit runs, whatever happens next
+    outcome: str = "success"  # what apply-exit is told
     done: list[dict[str, Any]] = field(default_factory=list)
     step: str = ""
     took_ms: dict[str, float] = field(default_factory=dict)  # step -> milliseconds
@@ -163,6 +169,9 @@ class Pipeline:
     configs: ConfigCache[MigConfigFile] = field(default_factory=ConfigCache)
     sharing_files: ConfigCache[SharingFile] = field(
         default_factory=lambda: ConfigCache(load_sharing_file, "sharing config file")
+    )
+    hook_files: ConfigCache[HooksFile] = field(
+        default_factory=lambda: ConfigCache(load_hooks, "hooks file")
     )
     workloads: WorkloadPlanner = field(default_factory=WorkloadPlanner)  # sharing.workload-file
     per_gpu: dict[int, tuple[str, int]] = field(default_factory=dict)  # what each GPU offers
@@ -208,7 +217,8 @@ class Pipeline:
             if failure is None:
                 run.done = [op.to_dict() for op in run.mig_plan.operations]
             return self._report(run, failure)
-        if run.paused:
+        if run.paused or run.hooks_started:
+            run.outcome = "success" if failure is None else "failure"
             try:
                 self._step(run, "restore", self.restore)
             except Exception as err:
@@ -355,16 +365,44 @@ class Pipeline:
         if run.desired is not None:
             run.mig_plan = plan(run.snapshot.inventory, run.desired, run.snapshot.allocated)
         run.mps_change = self.mps.plan(run.mps_intent)
+        if run.settings.mig.hooks_file:  # a bad file fails here, before anything changes
+            run.hooks = self.hook_files.load(run.settings.mig.hooks_file)
 
     def pause(self, run: Run) -> None:
         if not run.mig_plan.operations:
             return
         if self.reporter is not None:
             self.reporter.changing(run.wanted, len(run.mig_plan.operations))
+        self._hook(run, "apply-start")
+        run.hooks_started = run.hooks is not None
         run.clients = self.clients(run.settings)
         if run.clients is not None:
             run.paused = True  # before the call: a half-done pause is restored too
             run.clients.pause()
+        kinds = {op.op for op in run.mig_plan.operations}
+        if "set-mig-mode" in kinds:
+            self._hook(run, "pre-apply-mode")
+        if kinds - {"set-mig-mode"}:
+            self._hook(run, "pre-apply-config")
+
+    def _hook(self, run: Run, name: str) -> None:
+        """Run hook `name` of the hooks file, if any (mig-parted's environment variables, and
+        the outcome for apply-exit). Raises HookError."""
+        if run.hooks is None:
+            return
+        wanted = run.wanted
+        env = {
+            "MIG_PARTED_CONFIG_FILE": run.settings.mig.config_file or "",
+            "MIG_PARTED_SELECTED_CONFIG": wanted.mig_config or wanted.sharing_config or "",
+            "MIG_PARTED_HOOKS_FILE": run.hooks.source,
+            "NODEAGENT_HOOK": name,
+            "NODEAGENT_MIG_CONFIG": wanted.mig_config or "",
+            "NODEAGENT_SHARING_CONFIG": wanted.sharing_config or "",
+        }
+        if name == "apply-exit":
+            env["NODEAGENT_RESULT"] = run.outcome
+        if run_hook(run.hooks, name, env, run.settings.mig.hook_timeout_seconds):
+            log.info("hook.done", hook=name)
 
     def apply(self, run: Run) -> None:
         change = run.mps_change
@@ -411,9 +449,25 @@ class Pipeline:
             self.mps.verify()
 
     def restore(self, run: Run) -> None:
-        assert run.clients is not None
-        run.paused = False
-        run.clients.restore()
+        """apply-exit (once apply-start ran), then the clients back; both are tried."""
+        errors: list[AgentError] = []
+        if run.hooks_started:
+            run.hooks_started = False
+            try:
+                self._hook(run, "apply-exit")
+            except AgentError as err:
+                errors.append(err)
+        if run.paused:
+            assert run.clients is not None
+            run.paused = False
+            try:
+                run.clients.restore()
+            except AgentError as err:
+                errors.append(err)
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            raise AgentError("; ".join(str(e) for e in errors))
 
     def publish(self, run: Run) -> None:
         snap = self.store.snapshot

@@ -70,6 +70,8 @@ class Mig:
     config: str | None = None
     reset_command: str | None = None  # None: `nvidia-smi -r -i {index}` (the emulator's reset)
     lock_timeout_seconds: float = 60.0
+    hooks_file: str | None = None  # mig-parted's hooks file (v1): commands around a change
+    hook_timeout_seconds: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -110,17 +112,33 @@ class Mps:
     stop_on_exit: bool = False
 
 
+# What mig-manager pauses around a MIG change (mig-parted pkg/mig/reconfigure): the GPU
+# operator's deploy labels nvidia.com/gpu.deploy.<name>; `client` only where the node has it.
+DEFAULT_PAUSE_COMPONENTS = (
+    "device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "nvsm", "client",
+)  # fmt: skip
+DEFAULT_MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+
+
 @dataclass(frozen=True)
 class Kube:
     enabled: bool = False
     node_name: str | None = None
     kubeconfig: str | None = None
     host: str | None = None
-    pause_components: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # component -> selector of pods to wait for ({}: only DaemonSet pods selecting its label)
+    pause_components: Mapping[str, Mapping[str, str]] = field(
+        default_factory=lambda: {name: {} for name in DEFAULT_PAUSE_COMPONENTS}
+    )
     restart_pods: tuple[Mapping[str, str], ...] = ()
     clients_wait_seconds: float = 300.0
     pod_resources_socket: Path | None = DEFAULT_POD_RESOURCES_SOCKET
     watch_timeout_seconds: float = 60.0
+    mig_config_label: str = DEFAULT_MIG_CONFIG_LABEL  # state: <label>.state
+    node_feature_api: bool = False  # publish an NFD NodeFeature object too
+    pod_namespace: str | None = None  # the downward API: the NodeFeature's namespace
+    pod_name: str | None = None  # its owner
+    pod_uid: str | None = None
 
 
 @dataclass(frozen=True)
@@ -271,6 +289,7 @@ def choice(*options: str) -> Parser:
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _LABEL_PREFIX = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*/$")
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
 def label_prefix(raw: Any) -> str:
@@ -392,17 +411,55 @@ def _items(raw: Any) -> list[Any]:
     return [p for p in _text(raw).split(";") if p.strip()]
 
 
+_COMPONENT = re.compile(r"^[a-z]([-a-z0-9.]*[a-z0-9])?$")
+COMPONENT_FORM = "NAME or NAME=KEY=VALUE[,KEY=VALUE]"
+
+
+def _component(name: Any) -> str:
+    value = _text(name).strip()
+    if not _COMPONENT.match(value) or len(value) > 40:
+        raise Invalid(
+            f"component {_show(name)} must be {COMPONENT_FORM}, NAME a lowercase word such as"
+            " device-plugin (its label is nvidia.com/gpu.deploy.NAME)"
+        )
+    return value
+
+
 def components(raw: Any) -> dict[str, dict[str, str]]:
-    """NAME=SELECTOR items (';'-separated in a variable, a mapping in a file)."""
+    """NAME[=SELECTOR] items (';'-separated in a variable, a list or a mapping in a file); an
+    empty value pauses nothing."""
     if isinstance(raw, dict):
-        return {text(name): selector(sel) for name, sel in raw.items()}
+        return {
+            _component(name): {} if sel in (None, "", {}) else selector(sel)
+            for name, sel in raw.items()
+        }
+    if raw is None:
+        return {}
     out: dict[str, dict[str, str]] = {}
     for item in _items(raw):
         name, sep, sel = _text(item).partition("=")
-        if not sep or not name.strip():
-            raise Invalid(f"{_show(item)} must be NAME=KEY=VALUE[,KEY=VALUE]")
-        out[name.strip()] = selector(sel)
+        if sep and not sel.strip():
+            raise Invalid(f"{_show(item)} must be {COMPONENT_FORM}")
+        out[_component(name)] = selector(sel) if sep else {}
     return out
+
+
+def label_key(raw: Any) -> str:
+    """A Kubernetes label key with a prefix (example.com/name) whose `<key>.state` is one too."""
+    value = text(raw)
+    prefix, sep, name = value.rpartition("/")
+    if (
+        not sep
+        or not _LABEL_PREFIX.match(prefix + "/")
+        or len(prefix) > 253
+        or not _LABEL_NAME.match(name + ".state")
+        or len(name + ".state") > 63
+    ):
+        raise Invalid(
+            f"must be a label key such as nvidia.com/mig.config (a DNS prefix, '/', a name of"
+            f" at most 57 characters), not {_show(raw)}"
+        )
+    return value
 
 
 def selectors(raw: Any) -> tuple[dict[str, str], ...]:
@@ -478,6 +535,10 @@ SPECS: tuple[Spec, ...] = (
     _spec("mig", "lock-timeout", "NODEAGENT_MIG_LOCK_TIMEOUT", "--lock-timeout",
           seconds(0, inclusive=True), "seconds to wait for another MIG writer on this node",
           field="lock_timeout_seconds", hot=True),
+    _spec("mig", "hooks-file", "NODEAGENT_MIG_HOOKS_FILE", "--hooks-file", optional(text),
+          "mig-parted's hooks file: commands run before and after a MIG change", hot=True),
+    _spec("mig", "hook-timeout", "NODEAGENT_MIG_HOOK_TIMEOUT", "--hook-timeout", seconds(),
+          "seconds one hook command may run", field="hook_timeout_seconds", hot=True),
     _spec("sharing", "config-file", "NODEAGENT_SHARING_CONFIG_FILE", "--sharing-file",
           optional(text), "per-GPU sharing config file (nodeagent/v1, or mig-parted v1)",
           hot=True),
@@ -546,8 +607,8 @@ SPECS: tuple[Spec, ...] = (
     _spec("kube", "host", "NODEAGENT_KUBE_HOST", "--kube-host", optional(text),
           "API server URL without credentials (tests)"),
     _spec("kube", "pause-components", "NODEAGENT_PAUSE_COMPONENTS", "--pause-component",
-          components, "NAME=SELECTOR: pause this GPU client around a change", repeat=True,
-          hot=True),
+          components, "NAME[=SELECTOR]: pause this GPU client around a MIG change (default:"
+          " mig-manager's set; '' for none)", repeat=True, hot=True),
     _spec("kube", "restart-pods", "NODEAGENT_RESTART_PODS", "--restart-pods", selectors,
           "SELECTOR: delete these pods on this node after a change", repeat=True, hot=True),
     _spec("kube", "clients-wait", "NODEAGENT_CLIENTS_WAIT", "--clients-wait-seconds",
@@ -557,6 +618,17 @@ SPECS: tuple[Spec, ...] = (
           "--pod-resources-socket", socket, "kubelet pod-resources socket ('' to not ask)"),
     _spec("kube", "watch-timeout", "NODEAGENT_WATCH_TIMEOUT", "--watch-timeout", seconds(),
           "seconds before the node watch is renewed", field="watch_timeout_seconds"),
+    _spec("kube", "mig-config-label", "NODEAGENT_MIG_CONFIG_LABEL", "--mig-config-label",
+          label_key, "the node label naming the wanted MIG config (its state: <label>.state)"),
+    _spec("kube", "node-feature-api", "NODEAGENT_NODE_FEATURE_API", "--node-feature-api",
+          boolean, "also publish the labels as an NFD NodeFeature object (needs NFD's CRD)",
+          switch=True),
+    _spec("kube", "pod-namespace", ("NODEAGENT_POD_NAMESPACE", "POD_NAMESPACE"),
+          "--pod-namespace", optional(text), "the agent's namespace (the downward API)"),
+    _spec("kube", "pod-name", ("NODEAGENT_POD_NAME", "POD_NAME"), "--pod-name",
+          optional(text), "the agent's pod (the downward API): owner of its NodeFeature"),
+    _spec("kube", "pod-uid", ("NODEAGENT_POD_UID", "POD_UID"), "--pod-uid", optional(text),
+          "the agent's pod UID (the downward API)"),
 )  # fmt: skip
 BY_KEY = {s.dotted: s for s in SPECS}
 SETTINGS_FILE_ENV = "NODEAGENT_CONFIG"
@@ -724,7 +796,12 @@ def _cross_checks(s: Settings, groups: set[str]) -> list[str]:
         if s.mig.config:
             problems.append(
                 "with Kubernetes the MIG config name comes from the node label"
-                " nvidia.com/mig.config; drop -c (keep -f, the file of configs)"
+                f" {s.kube.mig_config_label}; drop -c (keep -f, the file of configs)"
+            )
+        if s.kube.node_feature_api and not s.kube.pod_namespace:
+            problems.append(
+                "kube.node-feature-api needs the agent's namespace: POD_NAMESPACE (the downward"
+                " API) or --pod-namespace"
             )
         if "sharing" in groups and s.sharing.config:
             problems.append(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from nodeagent.cli.common import (
@@ -12,7 +14,7 @@ from nodeagent.cli.common import (
     print_json,
     reset_for,
 )
-from nodeagent.errors import ConfigError
+from nodeagent.errors import AgentError, ConfigError
 from nodeagent.lock import lock_path, mig_writer_lock
 from nodeagent.nvml import read_inventory
 
@@ -32,10 +34,16 @@ def _read_config(ctx: Context) -> MigConfigFile:
     return load_config(ctx.settings.mig.config_file)
 
 
-def _config_name(ctx: Context) -> str:
+def _config_name(ctx: Context, cfg: MigConfigFile) -> str:
+    """-c NAME; a file holding one config needs none (as mig-parted)."""
     name: str | None = ctx.settings.mig.config
+    if not name and len(cfg.configs) == 1:
+        return next(iter(cfg.configs))
     if not name:
-        raise ConfigError("no config name: pass -c NAME or set NODEAGENT_MIG_CONFIG")
+        raise ConfigError(
+            f"no config name: {cfg.source} defines {len(cfg.configs)} configs"
+            f" ({', '.join(sorted(cfg.configs))}); pass -c NAME or set NODEAGENT_MIG_CONFIG"
+        )
     return name
 
 
@@ -59,9 +67,54 @@ def _print_progress(op: dict[str, Any]) -> None:
     print(_describe_op(op), flush=True)
 
 
+@contextlib.contextmanager
+def _hooks_around(ctx: Context, cfg: MigConfigFile, name: str) -> Iterator[None]:
+    """mig-parted's `apply --hooks-file`: apply-start and apply-exit always, pre-apply-mode
+    and pre-apply-config when the plan changes the mode or the instances. A failing hook before
+    the change stops it (nothing changed); apply-exit runs once apply-start did."""
+    mig = ctx.settings.mig
+    if not mig.hooks_file:
+        yield
+        return
+    from nodeagent.hooks import load_hooks, run_hook
+    from nodeagent.mig.apply import reconfigure
+
+    hooks = load_hooks(mig.hooks_file)
+    env = {
+        "MIG_PARTED_CONFIG_FILE": mig.config_file or "",
+        "MIG_PARTED_SELECTED_CONFIG": name,
+        "MIG_PARTED_HOOKS_FILE": mig.hooks_file,
+    }
+
+    def hook(which: str, **extra: str) -> None:
+        run_hook(hooks, which, {**env, "NODEAGENT_HOOK": which, **extra}, mig.hook_timeout_seconds)
+
+    hook("apply-start")
+    result = "failure"
+    try:
+        planned = reconfigure(
+            ctx.session, cfg, name, reset_for(ctx.settings, ctx.lib), dry_run=True
+        )
+        kinds = {op.op for op in planned.plan.operations}
+        if "set-mig-mode" in kinds:
+            hook("pre-apply-mode")
+        if kinds - {"set-mig-mode"}:
+            hook("pre-apply-config")
+        yield
+        result = "success"
+    finally:
+        if result == "success":
+            hook("apply-exit", NODEAGENT_RESULT=result)
+        else:  # the change's own error is the one to report
+            try:
+                hook("apply-exit", NODEAGENT_RESULT=result)
+            except AgentError as err:
+                print(f"nodeagent: {err}", file=sys.stderr)
+
+
 def cmd_mig_apply(ctx: Context) -> int:
     cfg = _read_config(ctx)
-    name = _config_name(ctx)
+    name = _config_name(ctx, cfg)
     from nodeagent.mig.apply import reconfigure
 
     settings = ctx.settings
@@ -76,7 +129,8 @@ def cmd_mig_apply(ctx: Context) -> int:
             # Text output shows each operation as it completes: a slow mode change or reset
             # shows where it is, and a killed apply shows how far it got.
             progress = None if ctx.args.output == "json" else _print_progress
-            outcome = reconfigure(ctx.session, cfg, name, reset, on_done=progress)
+            with _hooks_around(ctx, cfg, name):
+                outcome = reconfigure(ctx.session, cfg, name, reset, on_done=progress)
     ops = (
         [op.to_dict() for op in outcome.plan.operations] if ctx.args.dry_run else list(outcome.done)
     )
@@ -96,7 +150,7 @@ def cmd_mig_apply(ctx: Context) -> int:
 
 def cmd_mig_assert(ctx: Context) -> int:
     cfg = _read_config(ctx)
-    name = _config_name(ctx)
+    name = _config_name(ctx, cfg)
     from nodeagent.mig.apply import assert_config
 
     problems, _ = assert_config(ctx.session, cfg, name)

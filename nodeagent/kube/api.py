@@ -69,6 +69,16 @@ def _log_retry(what: str, state: RetryCallState) -> None:
 
 
 @dataclass(frozen=True)
+class CustomRef:
+    """Where a namespaced custom resource lives: group, version, plural, namespace."""
+
+    group: str
+    version: str
+    plural: str
+    namespace: str
+
+
+@dataclass(frozen=True)
 class KubeSettings:
     node_name: str
     host: str | None = None  # tests: the emulator's URL; else in-cluster or kubeconfig
@@ -239,30 +249,108 @@ class NodeApi:
 
         self._call(f"create event {reason}", create)
 
-    def pods_on_node(self, selector: dict[str, str]) -> list[tuple[str, str]]:
-        """(namespace, name) of the pods on this node whose labels match `selector`."""
+    def list_pods_on_node(self, selector: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        """The pods on this node (as plain JSON), those whose labels match `selector` if given."""
         timeout = self.settings.request_timeout_seconds
-        label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
-        # Raw JSON: only names and labels are needed, not the client's full Pod models.
+        label_selector = ",".join(f"{k}={v}" for k, v in sorted((selector or {}).items()))
+        # Raw JSON: only names, labels and scheduling fields are needed, not full Pod models.
         result = self._call(
             "list pods",
             lambda: self.core.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={self.name}",
-                label_selector=label_selector,
+                label_selector=label_selector or None,
                 _request_timeout=timeout,
                 _preload_content=False,
             ),
         )
         pods = []
         for pod in json.loads(result.data or b"{}").get("items", []):
-            meta, spec = pod.get("metadata", {}), pod.get("spec", {})
-            labels = meta.get("labels") or {}
+            labels = pod.get("metadata", {}).get("labels") or {}
             # Filter here too: the selectors are what matters, whatever the server did.
-            if spec.get("nodeName") == self.name and all(
-                labels.get(k) == v for k, v in selector.items()
+            if pod.get("spec", {}).get("nodeName") == self.name and all(
+                labels.get(k) == v for k, v in (selector or {}).items()
             ):
-                pods.append((meta.get("namespace", ""), meta.get("name", "")))
-        return pods
+                pods.append(pod)
+        return list(pods)
+
+    def pods_on_node(self, selector: dict[str, str]) -> list[tuple[str, str]]:
+        """(namespace, name) of the pods on this node whose labels match `selector`."""
+        return [
+            (p["metadata"].get("namespace", ""), p["metadata"].get("name", ""))
+            for p in self.list_pods_on_node(selector)
+        ]
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A pod as plain JSON, or None when there is no such pod."""
+        timeout = self.settings.request_timeout_seconds
+
+        def read() -> dict[str, Any] | None:
+            try:
+                return self._plain(
+                    self.core.read_namespaced_pod(name, namespace, _request_timeout=timeout)
+                )
+            except ApiException as err:
+                if err.status == 404:
+                    return None
+                raise
+
+        return self._call(f"read pod {namespace}/{name}", read)
+
+    # -- custom resources (NFD's NodeFeature) -------------------------------------------------
+
+    def _custom(self) -> Any:
+        return client.CustomObjectsApi(self.core.api_client)
+
+    def get_custom(self, ref: CustomRef, name: str) -> dict[str, Any] | None:
+        """A namespaced custom object, or None when it does not exist."""
+        timeout = self.settings.request_timeout_seconds
+
+        def get() -> dict[str, Any] | None:
+            try:
+                obj: dict[str, Any] = self._custom().get_namespaced_custom_object(
+                    ref.group, ref.version, ref.namespace, ref.plural, name,
+                    _request_timeout=timeout,
+                )  # fmt: skip
+                return obj
+            except ApiException as err:
+                if err.status == 404:
+                    return None
+                raise
+
+        return self._call(f"read {ref.plural} {ref.namespace}/{name}", get)
+
+    def create_custom(self, ref: CustomRef, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create a namespaced custom object; None when it exists already (an earlier attempt
+        got through before its connection dropped: the caller reads it again next time)."""
+        timeout = self.settings.request_timeout_seconds
+        name = body["metadata"]["name"]
+
+        def create() -> dict[str, Any] | None:
+            try:
+                obj: dict[str, Any] = self._custom().create_namespaced_custom_object(
+                    ref.group, ref.version, ref.namespace, ref.plural, body,
+                    _request_timeout=timeout,
+                )  # fmt: skip
+                return obj
+            except ApiException as err:
+                if err.status == 409:
+                    return None
+                raise
+
+        return self._call(f"create {ref.plural} {ref.namespace}/{name}", create)
+
+    def patch_custom(self, ref: CustomRef, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch (custom resources take no strategic merge patch)."""
+        timeout = self.settings.request_timeout_seconds
+
+        def patch() -> dict[str, Any]:
+            obj: dict[str, Any] = self._custom().patch_namespaced_custom_object(
+                ref.group, ref.version, ref.namespace, ref.plural, name, body,
+                _content_type=MERGE_PATCH, _request_timeout=timeout,
+            )  # fmt: skip
+            return obj
+
+        return self._call(f"patch {ref.plural} {ref.namespace}/{name}", patch)
 
     def delete_pod(self, namespace: str, name: str) -> None:
         timeout = self.settings.request_timeout_seconds

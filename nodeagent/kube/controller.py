@@ -6,10 +6,12 @@ writes what the pipeline reports:
 - `NodeWatcher` lists and watches this Node only; every change of its labels or annotations
   wakes the reconcile worker. It keeps the latest Node in a `NodeView`.
 - `NodeLabelDesire` is the pipeline's desire source on Kubernetes: the label
-  `nvidia.com/mig.config` (mig-manager's protocol). A value that failed is not tried again
-  until the label changes or a user removes the state label.
-- `KubeReporter` writes `nvidia.com/mig.config.state` = pending | success | failed, the reason
-  of a failure (annotation `nodeagent.io/mig.config.reason`) and Events.
+  `nvidia.com/mig.config` (mig-manager's protocol; `kube.mig-config-label` names another key,
+  so that nodeagent and mig-manager never act on the same label). A value that failed is not
+  tried again until the label changes or a user removes the state label.
+- `KubeReporter` writes `<label>.state` = pending | success | failed (`pending` only when
+  something is about to change, as mig-manager), the reason of a failure (annotation
+  `nodeagent.io/mig.config.reason`) and Events.
 - `NodeLabelSink` merge-patches the labels nodeagent owns (and only those) onto the Node.
 
 With nothing changing, nothing is written.
@@ -80,14 +82,15 @@ class LabelProtocol:
     event: str  # Event reason prefix
 
 
-MIG = LabelProtocol(MIG_CONFIG, MIG_STATE, REASON, "MIG config", "MigConfig")
+def mig_protocol(label: str = MIG_CONFIG) -> LabelProtocol:
+    """mig-manager's protocol on `label` (its state on `<label>.state`)."""
+    return LabelProtocol(label, label + ".state", REASON, "MIG config", "MigConfig")
+
+
+MIG = mig_protocol()
 SHARING = LabelProtocol(
     SHARING_CONFIG, SHARING_STATE, SHARING_REASON, "sharing config", "SharingConfig"
 )
-
-
-def protocol_of(wanted: Wanted) -> LabelProtocol:
-    return SHARING if wanted.sharing_config is not None else MIG
 
 
 class NodeLabelDesire:
@@ -96,11 +99,12 @@ class NodeLabelDesire:
     (also across an agent restart: the state label says so), until the label changes or a
     user removes the state label to ask again."""
 
-    def __init__(self, view: NodeView) -> None:
+    def __init__(self, view: NodeView, mig_label: str = MIG_CONFIG) -> None:
         self.view = view
+        self.mig = mig_protocol(mig_label)
         labels = view.labels()
         self.failed: dict[LabelProtocol, str] = {}
-        for proto in (MIG, SHARING):
+        for proto in (self.mig, SHARING):
             if labels.get(proto.state) == "failed" and labels.get(proto.config):
                 self.failed[proto] = labels[proto.config]
 
@@ -113,9 +117,12 @@ class NodeLabelDesire:
                 return f"{proto.what} {name!r} failed: {reason}"
         return None
 
+    def protocol_of(self, wanted: Wanted) -> LabelProtocol:
+        return SHARING if wanted.sharing_config is not None else self.mig
+
     def wanted(self, settings: Settings) -> Wanted:
         labels = self.view.labels()
-        proto = SHARING if labels.get(SHARING_CONFIG) else MIG
+        proto = SHARING if labels.get(SHARING_CONFIG) else self.mig
         name, state = labels.get(proto.config), labels.get(proto.state)
         if not name:
             return Wanted("node-label", None)
@@ -157,7 +164,7 @@ class KubeReporter:
     def changing(self, wanted: Wanted, operations: int) -> None:
         if not wanted.tracked:
             return
-        proto = protocol_of(wanted)
+        proto = self.desire.protocol_of(wanted)
         name = wanted.sharing_config or wanted.mig_config
         log.info("config.requested", kind=proto.what, config=name, operations=operations)
         self._set_state(proto, "pending", None)
@@ -167,7 +174,7 @@ class KubeReporter:
         wanted = report.wanted
         if not wanted.tracked or report.step == "observe":
             return
-        proto = protocol_of(wanted)
+        proto = self.desire.protocol_of(wanted)
         name = wanted.sharing_config or wanted.mig_config
         assert name is not None
         if report.result == "failure" and report.config_failed:

@@ -21,7 +21,7 @@ from nodeagent.errors import ConfigError, MigError, ModeChangePending, NvmlError
 from nodeagent.logs import get_logger
 from nodeagent.mig.config import MigConfigFile, parse_config
 from nodeagent.mig.plan import Operation, Plan, mismatches, plan
-from nodeagent.mig.select import Desired, resolve
+from nodeagent.mig.select import Desired, covered, resolve
 from nodeagent.nvml import Inventory, MigWriter, NvmlSession, Placement, read_inventory
 
 log = get_logger("nodeagent.mig")
@@ -193,7 +193,10 @@ class _Executor:
     def _create_ci(self, op: Operation) -> dict[str, Any]:
         assert op.placement is not None and op.slice_count is not None
         gi_id = op.gi_id if op.gi_id is not None else self.new_gis[(op.gpu, op.placement)]
-        ci_id = self.writer.create_compute_instance(op.gpu, gi_id, op.slice_count)
+        gi_slices = int(op.profile.split("g.", 1)[0]) if op.profile else op.slice_count
+        ci_id = self.writer.create_compute_instance(
+            op.gpu, gi_id, op.slice_count, op.ci_start or 0, full=op.slice_count == gi_slices
+        )
         return {**op.to_dict(), "gi_id": gi_id, "ci_id": ci_id}
 
 
@@ -255,10 +258,17 @@ def reconfigure(
 def assert_config(
     session: NvmlSession, cfg: MigConfigFile, name: str
 ) -> tuple[list[str], Mapping[int, Desired]]:
-    """The differences between the node and config `name` (empty when they match)."""
+    """The differences between the node and config `name` (empty when they match). As
+    mig-parted asserts, a GPU that no entry of the config selects is a difference."""
     inventory = read_inventory(session)
     desired = resolve(cfg, name, inventory)
-    return mismatches(inventory, desired), desired
+    selected = covered(cfg, name, inventory)
+    missing = [
+        f"GPU {g.index} ({g.name}): config {name!r} does not specify it"
+        for g in inventory.gpus
+        if g.index not in selected
+    ]
+    return mismatches(inventory, desired) + missing, desired
 
 
 __all__ = ["ConfigCache", "Outcome", "assert_config", "command_reset", "execute", "reconfigure"]

@@ -4,9 +4,10 @@
     mig-configs:
       NAME:
         - devices: all | [0, 1]          # required
-          device-filter: "0x233510DE"    # optional: a PCI device id or a list of them
+          device-filter: "0x233510DE"    # optional: PCI device ids, "0xDEVICE[:0xSUBSYSTEM]"
           mig-enabled: true | false      # required
-          mig-devices: {"1g.18gb": 2}    # profile -> count; must be empty when disabled
+          mig-devices: {"1g.18gb": 2}    # profile -> count; required when enabled, empty
+                                         # when disabled; profiles: nodeagent.mig.profile
 
 All errors of a file are collected and raised together as one ConfigError.
 """
@@ -21,10 +22,9 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 from nodeagent.errors import ConfigError
+from nodeagent.mig.profile import ProfileFormatError, ProfileName, parse_profile
 
-PROFILE_RE = re.compile(r"^\d+g\.\d+gb(\+me)?$")
-CI_PROFILE_RE = re.compile(r"^(\d+)c\.(\d+g\.\d+gb(?:\+me)?)$")
-PCI_ID_RE = re.compile(r"^0x[0-9a-fA-F]{8}$")
+PCI_ID_RE = re.compile(r"^0x([0-9a-fA-F]{1,8})(?::0x([0-9a-fA-F]{1,8}))?$")
 E = TypeVar("E")
 ENTRY_KEYS = ("devices", "device-filter", "mig-enabled", "mig-devices")
 
@@ -41,15 +41,28 @@ class Mark:
 
 @dataclass(frozen=True)
 class ProfileCount:
-    name: str
+    name: str  # as written
     count: int
     mark: Mark
+    profile: ProfileName
+
+
+@dataclass(frozen=True)
+class DeviceId:
+    """A device-filter item: the PCI device id (device << 16 | vendor), and optionally the
+    subsystem id, which must then match too (mig-parted's `0xDEVICE:0xSUBSYSTEM`)."""
+
+    device: int
+    subsystem: int | None = None
+
+    def matches(self, device: int, subsystem: int) -> bool:
+        return device == self.device and self.subsystem in (None, subsystem)
 
 
 @dataclass(frozen=True)
 class Entry:
     devices: Literal["all"] | tuple[int, ...]
-    device_filter: tuple[int, ...] | None
+    device_filter: tuple[DeviceId, ...] | None
     mig_enabled: bool
     mig_devices: tuple[ProfileCount, ...]
     mark: Mark
@@ -274,6 +287,12 @@ def _entry(node: yaml.Node, errors: _Errors, what: str) -> Entry | None:
         else:
             enabled = value
     counts = _mig_devices(fields, errors, what)
+    if enabled is True and "mig-devices" not in fields:
+        errors.add(
+            node,
+            f"{what}: mig-enabled is true but mig-devices is missing; write mig-devices: {{}}"
+            " for MIG without slices",
+        )
     if enabled is False and counts:
         errors.add(
             fields["mig-devices"][1], f"{what}: mig-devices must be empty when mig-enabled is false"
@@ -321,7 +340,7 @@ def _devices(
 
 def _device_filter(
     fields: dict[str, tuple[yaml.Node, yaml.Node]], errors: _Errors, what: str
-) -> tuple[int, ...] | None:
+) -> tuple[DeviceId, ...] | None:
     if "device-filter" not in fields:
         return None
     fnode = fields["device-filter"][1]
@@ -330,14 +349,16 @@ def _device_filter(
         errors.add(fnode, f"{what}: device-filter is an empty list")
     ids = []
     for item in items:
-        if not (isinstance(item, yaml.ScalarNode) and PCI_ID_RE.match(item.value)):
+        m = PCI_ID_RE.match(item.value) if isinstance(item, yaml.ScalarNode) else None
+        if m is None:
             errors.add(
                 item,
-                f"{what}: device-filter must be a PCI device id like '0x233510DE',"
-                f" not {_kind(item)}",
+                f"{what}: device-filter must be a PCI device id like '0x233510DE' (optionally"
+                f" with ':0x' and a subsystem id), not {_kind(item)}",
             )
         else:
-            ids.append(int(item.value, 16))
+            sub = m.group(2)
+            ids.append(DeviceId(int(m.group(1), 16), int(sub, 16) if sub is not None else None))
     return tuple(ids)
 
 
@@ -350,29 +371,30 @@ def _mig_devices(
     if isinstance(mnode, yaml.ScalarNode) and _scalar(mnode) is None:
         errors.add(mnode, f"{what}: mig-devices is empty; write {{}} for no slices")
         return ()
-    counts = []
+    counts: list[ProfileCount] = []
+    seen: dict[ProfileName, str] = {}
     for knode, vnode in _mapping(mnode, errors, f"{what} mig-devices"):
-        name = knode.value
-        ci = CI_PROFILE_RE.match(name)
-        if ci:
+        name = str(knode.value)
+        try:
+            profile = parse_profile(name)
+        except ProfileFormatError as err:
             errors.add(
                 knode,
-                f"{what}: compute-instance profile {name!r} is not supported: nodeagent creates one"
-                f" compute instance spanning each GPU instance; use {ci.group(2)!r}",
+                f"{what}: {name!r} is not a MIG profile name like '1g.18gb', '1g.18gb+me' or"
+                f" '1c.3g.71gb': {err}",
             )
             continue
-        if not PROFILE_RE.match(name):
-            errors.add(
-                knode, f"{what}: {name!r} is not a MIG profile name like '1g.18gb' or '1g.18gb+me'"
-            )
+        if profile in seen:
+            errors.add(knode, f"{what}: {name!r} names the same profile as {seen[profile]!r}")
             continue
+        seen[profile] = name
         value = _scalar(vnode) if isinstance(vnode, yaml.ScalarNode) else None
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             errors.add(
                 vnode, f"{what}: count of {name} must be an integer >= 0, not {_kind(vnode)}"
             )
             continue
-        counts.append(ProfileCount(name, value, errors.mark(knode)))
+        counts.append(ProfileCount(name, value, errors.mark(knode), profile))
     return tuple(counts)
 
 

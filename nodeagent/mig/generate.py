@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from nodeagent.mig.geometry import Geometry
-from nodeagent.mig.plan import existing_instances
+from nodeagent.mig.plan import device_counts
 from nodeagent.nvml.inventory import GiProfile, Gpu, Inventory
 
 
@@ -60,14 +60,12 @@ def generate_configs(inventory: Inventory) -> dict[str, list[dict[str, Any]]]:
 
 def export_current(inventory: Inventory) -> dict[str, list[dict[str, Any]]]:
     """The node's geometry as one config named `current`, which `mig apply` accepts. A GPU
-    instance without its compute instance (an interrupted apply) is not part of it."""
+    instance without its compute instance (an interrupted apply) is not part of it. MIG
+    devices are counted by their profile as mig-parted exports them: '3g.71gb' for a full CI,
+    '1c.3g.71gb' for a smaller one."""
     groups: dict[tuple[bool, tuple[tuple[str, int], ...]], list[int]] = {}
     for gpu in inventory.gpus:
-        counts: dict[str, int] = {}
-        if gpu.mig_current:
-            for gi in existing_instances(gpu):
-                if gi.ci_ids:
-                    counts[gi.profile] = counts.get(gi.profile, 0) + 1
+        counts = device_counts(gpu) if gpu.mig_current else {}
         key = (gpu.mig_current, tuple(sorted(counts.items())))
         groups.setdefault(key, []).append(gpu.index)
     entries: list[dict[str, Any]] = []

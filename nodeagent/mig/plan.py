@@ -2,9 +2,12 @@
 
 For each GPU the target layout is chosen among every valid layout with the desired counts
 that keeps all in-use slices, minimising NVML mutations (destroying a slice costs one call per
-CI plus one for its GI; creating costs two; finishing a GI left without its CI costs one).
+CI plus one for its GI; creating costs one for the GI and one per CI; a kept GI whose compute
+instances differ from the wanted ones keeps the CIs it can and changes only the others).
 Operations are ordered: set MIG mode (enable), destroy CIs, destroy GIs, set MIG mode
-(disable), create GIs at explicit placements, create their CIs.
+(disable), create GIs at explicit placements, create their CIs at explicit placements.
+A GPU whose MIG devices already are the wanted ones (by profile and count, as mig-parted
+compares them) gets no operation, however its compute instances are grouped.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodeagent.errors import GeometryInvalid, SliceInUse
+from nodeagent.mig import compute
+from nodeagent.mig.compute import CiPlacement, Shape
 from nodeagent.mig.geometry import Geometry, Instance, Layout
 from nodeagent.mig.select import Desired, describe
 from nodeagent.nvml.inventory import Gpu, Inventory, Placement, Slice
@@ -29,7 +34,8 @@ class Operation:
     gi_id: int | None = None
     ci_id: int | None = None
     enabled: bool | None = None
-    slice_count: int | None = None
+    slice_count: int | None = None  # create-ci: the CI's compute slices
+    ci_start: int | None = None  # create-ci: where it starts inside the GI
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"op": self.op, "gpu": self.gpu}
@@ -43,6 +49,9 @@ class Operation:
             out["gi_id"] = self.gi_id
         if self.ci_id is not None:
             out["ci_id"] = self.ci_id
+        if self.op == "create-ci" and self.slice_count is not None:
+            out["compute_slices"] = self.slice_count
+            out["ci_start"] = self.ci_start or 0
         return out
 
     @property
@@ -85,6 +94,13 @@ class _Gi:
     ci_ids: tuple[int, ...]
     slices: tuple[Slice, ...]
     holders: tuple[str, ...]  # who uses it: "pid 1234", "pod ns/name"
+    slice_count: int = 0  # the GI's compute slices
+    cis: tuple[tuple[int, CiPlacement], ...] = ()  # (ci id, (start, size)) of each CI
+    busy_cis: tuple[CiPlacement, ...] = ()  # the CIs in use
+
+    @property
+    def shape(self) -> Shape:
+        return tuple(sorted((size for _, (_, size) in self.cis), reverse=True))
 
     @property
     def instance(self) -> Instance:
@@ -116,10 +132,19 @@ def existing_instances(gpu: Gpu, in_use: Mapping[str, str] | None = None) -> lis
     for gi_id, slices in sorted(by_gi.items()):
         first = slices[0]
         holders: list[str] = []
+        cis: list[tuple[int, CiPlacement]] = []
+        busy: list[CiPlacement] = []
+        g = first.gi_slice_count
         for s in slices:
-            holders += [f"pid {p.pid}" for p in s.processes]
+            mine = [f"pid {p.pid}" for p in s.processes]
             if s.mig_uuid and s.mig_uuid in in_use:
-                holders.append(in_use[s.mig_uuid])
+                mine.append(in_use[s.mig_uuid])
+            holders += mine
+            if s.ci_id is not None:
+                where = (s.ci_start, s.ci_slice_count or g)
+                cis.append((s.ci_id, where))
+                if mine:
+                    busy.append(where)
         gis.append(
             _Gi(
                 gi_id=gi_id,
@@ -129,33 +154,95 @@ def existing_instances(gpu: Gpu, in_use: Mapping[str, str] | None = None) -> lis
                 ci_ids=tuple(s.ci_id for s in slices if s.ci_id is not None),
                 slices=tuple(slices),
                 holders=tuple(holders),
+                slice_count=g,
+                cis=tuple(cis),
+                busy_cis=tuple(busy),
             )
         )
     return gis
 
 
-def _cost(target: Layout, existing: dict[Instance, _Gi]) -> int:
-    """NVML mutations to go from `existing` to `target` (kept GIs with one CI cost nothing)."""
-    keep = {inst for inst in target if inst in existing and len(existing[inst].ci_ids) <= 1}
-    cost = sum(gi.destroy_cost for inst, gi in existing.items() if inst not in keep)
-    cost += 2 * (len(target) - len(keep))
-    return cost + sum(1 for inst in keep if not existing[inst].ci_ids)
+@dataclass(frozen=True)
+class _Target:
+    """A layout with the CI shape each of its GIs gets, and what reaching it costs."""
+
+    layout: Layout
+    shapes: dict[Instance, Shape]
+    keep_cis: dict[Instance, tuple[CiPlacement, ...]]  # kept GIs: the CIs that stay
+    cost: int
 
 
-def choose_target(
-    geometry: Geometry, counts: Mapping[int, int], existing: list[_Gi]
-) -> tuple[Layout, int] | None:
-    """The cheapest valid layout with `counts` keeping every in-use GI; None if there is none."""
+def _reshape(gi: _Gi, shape: Shape) -> tuple[int, tuple[CiPlacement, ...]] | None:
+    """The cost of giving an existing GI the CIs of `shape`, and the CIs it keeps; None when
+    a CI in use cannot stay."""
+    have = [where for _, where in gi.cis]
+    kept = compute.keepable(gi.slice_count, shape, have, gi.busy_cis)
+    if kept is None:
+        return None
+    return (len(have) - len(kept)) + (len(shape) - len(kept)), kept
+
+
+def _assign(
+    geometry: Geometry, layout: Layout, want: Desired, existing: dict[Instance, _Gi]
+) -> _Target | None:
+    """Give each GI of `layout` one of the wanted shapes of its profile at the least cost;
+    None when an in-use GI cannot keep its busy compute instances."""
+    shapes: dict[Instance, Shape] = {}
+    keep: dict[Instance, tuple[CiPlacement, ...]] = {}
+    cost = sum(gi.destroy_cost for inst, gi in existing.items() if inst not in layout)
+    for pid in sorted({inst.profile_id for inst in layout}):
+        left = list(want.shapes_of(geometry.profile(pid)))
+        insts = [i for i in layout if i.profile_id == pid]
+        kept = sorted(
+            (i for i in insts if i in existing), key=lambda i: (not existing[i].in_use, i)
+        )
+        for inst in kept:  # the same CIs already: nothing to do
+            if existing[inst].shape in left:
+                left.remove(existing[inst].shape)
+                shapes[inst] = existing[inst].shape
+                keep[inst] = tuple(sorted(where for _, where in existing[inst].cis))
+        for inst in kept:
+            if inst in shapes:
+                continue
+            options = [
+                (r, shape) for shape in sorted(set(left)) if (r := _reshape(existing[inst], shape))
+            ]
+            if not options:
+                return None
+            (step, kept_cis), shape = min(options, key=lambda o: (o[0][0], o[1]))
+            left.remove(shape)
+            shapes[inst], keep[inst] = shape, kept_cis
+            cost += step
+        for inst in insts:
+            if inst not in shapes:
+                shapes[inst] = left.pop(0)
+                cost += 1 + len(shapes[inst])
+    return _Target(layout, shapes, keep, cost)
+
+
+def choose_target(geometry: Geometry, want: Desired, existing: list[_Gi]) -> _Target | None:
+    """The cheapest valid layout with the wanted counts and shapes keeping every in-use GI
+    (and its busy compute instances); None if there is none."""
     by_inst = {gi.instance: gi for gi in existing}
     required = [gi.instance for gi in existing if gi.in_use]
-    best: tuple[Layout, int] | None = None
-    for layout in geometry.layouts(counts, required):
-        cost = _cost(layout, by_inst)
-        if best is None or cost < best[1]:
-            best = (layout, cost)
-            if cost == 0:
+    best: _Target | None = None
+    for layout in geometry.layouts(want.counts, required):
+        target = _assign(geometry, layout, want, by_inst)
+        if target is not None and (best is None or target.cost < best.cost):
+            best = target
+            if target.cost == 0:
                 break
     return best
+
+
+def device_counts(gpu: Gpu) -> dict[str, int]:
+    """The GPU's MIG devices by profile name ('1g.18gb', '1c.3g.71gb'), as mig-parted
+    counts them; GIs without a compute instance are not devices."""
+    out: dict[str, int] = {}
+    for s in gpu.slices:
+        if s.ci_id is not None:
+            out[s.device_profile] = out.get(s.device_profile, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def _blockers(geometry: Geometry, counts: Mapping[int, int], existing: list[_Gi]) -> list[_Gi]:
@@ -201,11 +288,15 @@ def plan_gpu(gpu: Gpu, want: Desired, in_use: Mapping[str, str] | None = None) -
     ops = []
     if not (gpu.mig_current and gpu.mig_pending):
         ops.append(Operation("set-mig-mode", gpu.index, enabled=True))
+    complete = all(gi.cis for gi in existing)
+    if complete and not ops and device_counts(gpu) == want.named_counts(gpu):
+        return GpuPlan(gpu.index, ())  # the wanted MIG devices, however they are grouped
     geometry = Geometry.of(gpu)
-    chosen = choose_target(geometry, want.counts, existing)
+    chosen = choose_target(geometry, want, existing)
     if chosen is None:
         names = want.named_counts(gpu)
         blockers = _blockers(geometry, want.counts, existing)
+        blockers = blockers or [gi for gi in existing if gi.busy_cis]
         if blockers:
             raise SliceInUse(
                 f"GPU {gpu.index} cannot reach {describe(names)} without destroying a slice in"
@@ -216,38 +307,44 @@ def plan_gpu(gpu: Gpu, want: Desired, in_use: Mapping[str, str] | None = None) -
         raise GeometryInvalid(
             f"GPU {gpu.index} ({gpu.name}) has no valid layout for {describe(names)}"
         )
-    target, _ = chosen
     by_inst = {gi.instance: gi for gi in existing}
-    kept = [by_inst[i] for i in target if i in by_inst and len(by_inst[i].ci_ids) <= 1]
+    kept = [by_inst[i] for i in chosen.layout if i in by_inst]
     kept_ids = {gi.gi_id for gi in kept}
+    for gi in kept:  # CIs of kept GIs that their new shape does not keep
+        stay = list(chosen.keep_cis[gi.instance])
+        for ci, where in gi.cis:
+            if where in stay:
+                stay.remove(where)
+                continue
+            ops.append(
+                Operation(
+                    "destroy-ci", gpu.index, gi.profile, gi.profile_id, gi.placement, gi.gi_id, ci
+                )
+            )
     ops += _destroy(gpu.index, [gi for gi in existing if gi.gi_id not in kept_ids])
-    new = [inst for inst in target if not (inst in by_inst and by_inst[inst].gi_id in kept_ids)]
+    new = [inst for inst in chosen.layout if inst not in by_inst]
     profiles = {p.id: p for p in gpu.profiles}
     for inst in new:
         p = profiles[inst.profile_id]
         ops.append(Operation("create-gi", gpu.index, p.name, p.id, inst.placement))
-    for gi in kept:
-        if not gi.ci_ids:
-            p = profiles[gi.profile_id]
+    for inst in [*(gi.instance for gi in kept), *new]:
+        p = profiles[inst.profile_id]
+        old = by_inst.get(inst)
+        kept_cis = chosen.keep_cis.get(inst, ())
+        for start, size in compute.place(p.slice_count, chosen.shapes[inst], kept_cis) or ():
             ops.append(
                 Operation(
                     "create-ci",
                     gpu.index,
                     p.name,
                     p.id,
-                    gi.placement,
-                    gi.gi_id,
-                    slice_count=p.slice_count,
+                    inst.placement,
+                    old.gi_id if old is not None else None,
+                    slice_count=size,
+                    ci_start=start,
                 )
             )
-    for inst in new:
-        p = profiles[inst.profile_id]
-        ops.append(
-            Operation(
-                "create-ci", gpu.index, p.name, p.id, inst.placement, slice_count=p.slice_count
-            )
-        )
-    return GpuPlan(gpu.index, tuple(ops), target, tuple(sorted(kept_ids)))
+    return GpuPlan(gpu.index, tuple(ops), chosen.layout, tuple(sorted(kept_ids)))
 
 
 def plan(
@@ -283,20 +380,14 @@ def mismatches(inventory: Inventory, desired: Mapping[int, Desired]) -> list[str
             continue
         if not want.mig_enabled:
             continue
-        gis = existing_instances(gpu)
-        incomplete = [gi for gi in gis if len(gi.ci_ids) != 1]
-        for gi in incomplete:
-            problems.append(
-                f"GPU {gpu.index}: GI {gi.gi_id} ({gi.profile} at {gi.placement}) has"
-                f" {len(gi.ci_ids)} compute instances, wanted 1"
-            )
-        have: dict[str, int] = {}
-        for gi in gis:
-            have[gi.profile] = have.get(gi.profile, 0) + 1
+        for gi in existing_instances(gpu):
+            if not gi.cis:
+                problems.append(
+                    f"GPU {gpu.index}: GI {gi.gi_id} ({gi.profile} at {gi.placement}) has no"
+                    " compute instance"
+                )
+        have = device_counts(gpu)
         wanted = want.named_counts(gpu)
-        if dict(sorted(have.items())) != dict(sorted(wanted.items())):
-            problems.append(
-                f"GPU {gpu.index}: has {describe(dict(sorted(have.items())))},"
-                f" wanted {describe(wanted)}"
-            )
+        if have != wanted:
+            problems.append(f"GPU {gpu.index}: has {describe(have)}, wanted {describe(wanted)}")
     return problems

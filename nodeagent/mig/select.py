@@ -6,26 +6,58 @@ capacity, combinations with no valid placement) and reports all problems at once
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nodeagent.errors import ConfigError, NothingMatched
-from nodeagent.mig.config import Entry, MigConfigFile, config_error
+from nodeagent.logs import get_logger
+from nodeagent.mig import compute
+from nodeagent.mig.compute import Shape
+from nodeagent.mig.config import Entry, MigConfigFile, ProfileCount, config_error
 from nodeagent.mig.geometry import Geometry
-from nodeagent.nvml.inventory import Gpu, Inventory
+from nodeagent.mig.profile import profile_or_none
+from nodeagent.nvml.inventory import GiProfile, Gpu, Inventory
+
+log = get_logger("nodeagent.mig")
 
 
 @dataclass(frozen=True)
 class Desired:
-    """What one GPU should be: MIG mode, and slices by NVML profile id."""
+    """What one GPU should be: MIG mode, GPU instances by NVML profile id, and for each
+    profile the compute-instance shape of each of its GIs (absent: one full CI per GI)."""
 
     gpu: int
     mig_enabled: bool
     counts: dict[int, int]
     source: str  # "file:line:col" of the config entry, for messages
+    shapes: dict[int, tuple[Shape, ...]] = field(default_factory=dict)
+
+    def shapes_of(self, profile: GiProfile) -> tuple[Shape, ...]:
+        """One CI shape per wanted GI of `profile`, largest first."""
+        n = self.counts.get(profile.id, 0)
+        return self.shapes.get(profile.id, (compute.full(profile.slice_count),) * n)
 
     def named_counts(self, gpu: Gpu) -> dict[str, int]:
-        by_id = {p.id: p.name for p in gpu.profiles}
-        return {by_id[pid]: n for pid, n in sorted(self.counts.items()) if n}
+        """MIG devices by profile name as NVIDIA writes them ('1c.3g.40gb' for a CI)."""
+        out: dict[str, int] = {}
+        for p in gpu.profiles:
+            for shape in self.shapes_of(p):
+                for c in shape:
+                    name = p.name if c == p.slice_count else f"{c}c.{p.name}"
+                    out[name] = out.get(name, 0) + 1
+        return dict(sorted(out.items()))
+
+
+def find_profile(gpu: Gpu, name: str) -> GiProfile | None:
+    """The GPU's GI profile that a config's profile name means ('1c.3g.40gb' -> 3g.40gb;
+    attributes in any order)."""
+    wanted = profile_or_none(name)
+    if wanted is None:
+        return None
+    for p in gpu.profiles:
+        have = profile_or_none(p.name)
+        if have is not None and have.same_gi(wanted):
+            return p
+    return None
 
 
 def describe(counts: dict[str, int]) -> str:
@@ -37,9 +69,20 @@ def _gpu_label(gpus: list[Gpu]) -> str:
     return f"GPU{'s' if len(gpus) > 1 else ''} {indices} ({gpus[0].name})"
 
 
-def resolve(cfg: MigConfigFile, name: str, inventory: Inventory) -> dict[int, Desired]:
+def resolve(
+    cfg: MigConfigFile, name: str, inventory: Inventory, notes: list[str] | None = None
+) -> dict[int, Desired]:
     """The desired state of every GPU the config `name` covers; GPUs it does not cover are
-    left out (and left alone). Raises ConfigError (all problems) or NothingMatched."""
+    left out (and left alone). As mig-parted does, an index beyond the node's GPUs is skipped
+    (a config written for 8 GPUs works on 4) and `devices: all` skips GPUs without MIG; each
+    skip is said in `notes` (logged as a warning when no list is given). Raises ConfigError
+    (all problems) or NothingMatched."""
+    if notes is None:
+        notes = []
+        found = resolve(cfg, name, inventory, notes)
+        for note in notes:
+            log.warning("mig.config.skipped", reason=note)
+        return found
     if name not in cfg.configs:
         known = ", ".join(sorted(cfg.configs)) or "none"
         raise ConfigError(f"{cfg.source}: no config named {name!r}; the file defines: {known}")
@@ -48,7 +91,13 @@ def resolve(cfg: MigConfigFile, name: str, inventory: Inventory) -> dict[int, De
     desired: dict[int, Desired] = {}
     for entry in cfg.configs[name]:
         fresh = []
-        for gpu in _matched(entry, gpus, errors):
+        for gpu in _matched(entry, gpus, notes):
+            if entry.devices == "all" and entry.mig_enabled and not gpu.mig_capable:
+                notes.append(
+                    f"{entry.mark}: GPU {gpu.index} ({gpu.name}) does not support MIG;"
+                    " 'devices: all' skips it"
+                )
+                continue
             if gpu.index in desired:
                 errors.append(
                     f"{entry.mark}: GPU {gpu.index} is already configured by the entry at"
@@ -65,7 +114,7 @@ def resolve(cfg: MigConfigFile, name: str, inventory: Inventory) -> dict[int, De
             for gpu in same:
                 if counts is not None:
                     desired[gpu.index] = Desired(
-                        gpu.index, entry.mig_enabled, counts, str(entry.mark)
+                        gpu.index, entry.mig_enabled, counts[0], str(entry.mark), counts[1]
                     )
                 else:
                     desired[gpu.index] = Desired(gpu.index, entry.mig_enabled, {}, str(entry.mark))
@@ -75,31 +124,44 @@ def resolve(cfg: MigConfigFile, name: str, inventory: Inventory) -> dict[int, De
         raise NothingMatched(
             f"{cfg.source}: config {name!r} matches no GPU on this node"
             f" ({', '.join(f'{g.index}: {g.name} 0x{g.pci_device_id:08X}' for g in gpus)})"
+            + "".join(f"; {note.split(': ', 1)[-1]}" for note in notes)
         )
     return desired
 
 
-def _matched(entry: Entry, gpus: tuple[Gpu, ...], errors: list[str]) -> list[Gpu]:
+def _matched(entry: Entry, gpus: tuple[Gpu, ...], notes: list[str]) -> list[Gpu]:
+    """The GPUs an entry selects (devices, then device-filter)."""
     if entry.devices == "all":
         chosen = list(gpus)
     else:
         chosen = []
         for index in entry.devices:
             if index >= len(gpus):
-                errors.append(
-                    f"{entry.devices_mark}: GPU {index} does not exist; this node has"
-                    f" GPUs 0-{len(gpus) - 1}"
-                    if gpus
-                    else f"{entry.devices_mark}: this node has no GPU"
+                notes.append(
+                    f"{entry.devices_mark}: GPU {index} does not exist (this node has"
+                    + (f" GPUs 0-{len(gpus) - 1}" if gpus else " no GPU")
+                    + "); skipped"
                 )
             else:
                 chosen.append(gpus[index])
     if entry.device_filter is not None:
-        chosen = [g for g in chosen if g.pci_device_id in entry.device_filter]
+        chosen = [
+            g
+            for g in chosen
+            if any(f.matches(g.pci_device_id, g.pci_subsystem_id) for f in entry.device_filter)
+        ]
     return chosen
 
 
-def _counts(entry: Entry, gpus: list[Gpu], errors: list[str]) -> dict[int, int] | None:
+def covered(cfg: MigConfigFile, name: str, inventory: Inventory) -> set[int]:
+    """The GPUs some entry of config `name` selects (whether or not it changes them)."""
+    notes: list[str] = []
+    return {g.index for entry in cfg.configs[name] for g in _matched(entry, inventory.gpus, notes)}
+
+
+def _counts(
+    entry: Entry, gpus: list[Gpu], errors: list[str]
+) -> tuple[dict[int, int], dict[int, tuple[Shape, ...]]] | None:
     """The entry's counts by profile id for GPUs of one model; None (and errors) if invalid."""
     gpu = gpus[0]
     if entry.mig_enabled and not gpu.mig_capable:
@@ -107,9 +169,10 @@ def _counts(entry: Entry, gpus: list[Gpu], errors: list[str]) -> dict[int, int] 
         return None
     geometry = Geometry.of(gpu)
     counts: dict[int, int] = {}
+    ci_demand: dict[int, list[int]] = {}  # GI profile id -> CI sizes asked for
     failed = False
     for pc in entry.mig_devices:
-        profile = geometry.by_name(pc.name)
+        profile = find_profile(gpu, pc.name)
         if profile is None:
             valid = ", ".join(p.name for p in gpu.profiles)
             verb = "have" if len(gpus) > 1 else "has"
@@ -117,6 +180,8 @@ def _counts(entry: Entry, gpus: list[Gpu], errors: list[str]) -> dict[int, int] 
                 f"{pc.mark}: {_gpu_label(gpus)} {verb} no MIG profile {pc.name}; valid: {valid}"
             )
             failed = True
+        elif not pc.profile.full:
+            failed |= not _ci_demand(pc, profile, gpus, ci_demand, errors)
         elif pc.count > profile.instance_count:
             verb = "hold" if len(gpus) > 1 else "holds"
             errors.append(
@@ -125,7 +190,25 @@ def _counts(entry: Entry, gpus: list[Gpu], errors: list[str]) -> dict[int, int] 
             )
             failed = True
         elif pc.count:
-            counts[profile.id] = pc.count
+            counts[profile.id] = counts.get(profile.id, 0) + pc.count
+    if failed:
+        return None
+    shapes: dict[int, tuple[Shape, ...]] = {}
+    for pid, sizes in ci_demand.items():
+        g = geometry.profile(pid).slice_count
+        packed = compute.pack(g, sizes) or ()
+        fulls = (compute.full(g),) * counts.get(pid, 0)
+        shapes[pid] = tuple(sorted(fulls + packed, reverse=True))
+        counts[pid] = len(shapes[pid])
+        if counts[pid] > geometry.profile(pid).instance_count:
+            verb = "hold" if len(gpus) > 1 else "holds"
+            errors.append(
+                f"{entry.mark}: {_gpu_label(gpus)} {verb} at most"
+                f" {geometry.profile(pid).instance_count} GPU instances of"
+                f" {geometry.profile(pid).name}; the compute instances asked for need"
+                f" {counts[pid]}"
+            )
+            failed = True
     if failed:
         return None
     if counts and not geometry.fits_counts(counts):
@@ -136,4 +219,28 @@ def _counts(entry: Entry, gpus: list[Gpu], errors: list[str]) -> dict[int, int] 
             f" ({gpu.memory_slice_count} memory slices, no valid placement for all of them)"
         )
         return None
-    return counts
+    return counts, shapes
+
+
+def _ci_demand(
+    pc: ProfileCount,
+    profile: GiProfile,
+    gpus: list[Gpu],
+    demand: dict[int, list[int]],
+    errors: list[str],
+) -> bool:
+    """Record `pc` (a compute-instance profile) as CI sizes wanted in GIs of `profile`."""
+    c, g = pc.profile.c, profile.slice_count
+    if c not in compute.sizes_offered(g):
+        offered = ", ".join(
+            f"{n}c.{profile.name}" if n != g else profile.name for n in compute.sizes_offered(g)
+        )
+        errors.append(
+            f"{pc.mark}: {_gpu_label(gpus)} {'have' if len(gpus) > 1 else 'has'} no"
+            f" compute-instance profile {pc.name}; a {profile.name} GPU instance offers"
+            f" {offered}"
+        )
+        return False
+    if pc.count:
+        demand.setdefault(profile.id, []).extend([c] * pc.count)
+    return True

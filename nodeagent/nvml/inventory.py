@@ -78,10 +78,29 @@ class Slice:
     memory_used_bytes: int
     multiprocessor_count: int
     processes: tuple[Process, ...]
+    # The compute instance: its compute slices and start inside the GI. None (no CI, or a CI
+    # profile NVML did not describe) counts as the full GI.
+    ci_slice_count: int | None = None
+    ci_start: int = 0
 
     @property
     def in_use(self) -> bool:
         return bool(self.processes)
+
+    @property
+    def gi_slice_count(self) -> int:
+        """Compute slices of the GI, from its profile name ('3g.40gb' -> 3)."""
+        head = self.profile.split("g.", 1)[0]
+        return int(head) if head.isdigit() else 0
+
+    @property
+    def device_profile(self) -> str:
+        """The MIG device's profile as NVIDIA names it: '3g.40gb', or '1c.3g.40gb' for a
+        compute instance smaller than its GI."""
+        c = self.ci_slice_count
+        if c is None or c == self.gi_slice_count:
+            return self.profile
+        return f"{c}c.{self.profile}"
 
 
 @dataclass(frozen=True)
@@ -103,6 +122,7 @@ class Gpu:
     profiles: tuple[GiProfile, ...]
     slices: tuple[Slice, ...]
     processes: tuple[Process, ...]  # on the full GPU (MIG disabled)
+    pci_subsystem_id: int = 0  # device << 16 | vendor of the board; 0 when unknown
 
     def profile_named(self, name: str) -> GiProfile | None:
         return next((p for p in self.profiles if p.name == name), None)

@@ -101,10 +101,10 @@ def _gpu_instances(session: NvmlSession, dev: Any, profile: GiProfile) -> list[A
     return [arr[i] for i in range(count.value)]
 
 
-def _compute_instances(session: NvmlSession, gi: Any) -> list[Any]:
-    """Every CI in a GI, over each CI profile the GI offers."""
+def _compute_instances(session: NvmlSession, gi: Any) -> list[tuple[Any, int]]:
+    """Every CI in a GI with its compute slices, over each CI profile the GI offers."""
     lib = session.lib
-    found: list[Any] = []
+    found: list[tuple[Any, int]] = []
     seen: set[int] = set()
     for constant in range(CI_PROFILE_CONSTANT_COUNT):
         info = session.call(
@@ -120,7 +120,10 @@ def _compute_instances(session: NvmlSession, gi: Any) -> list[Any]:
         arr = (lib.c_nvmlComputeInstance_t * _ARRAY_SIZE)()
         count = ctypes.c_uint(0)
         session.call("nvmlGpuInstanceGetComputeInstances", gi, info.id, arr, ctypes.byref(count))
-        found.extend(session.call("nvmlComputeInstanceGetInfo", arr[i]) for i in range(count.value))
+        found.extend(
+            (session.call("nvmlComputeInstanceGetInfo", arr[i]), int(info.sliceCount))
+            for i in range(count.value)
+        )
     return found
 
 
@@ -168,8 +171,9 @@ def read_slices(
             cis = _compute_instances(session, gi)
             if not cis:
                 slices.append(bare)
-            for ci in cis:
-                slices.append(_with_mig_device(session, bare, int(ci.id), migs))
+            for ci, ci_slices in cis:
+                bare_ci = replace(bare, ci_slice_count=ci_slices, ci_start=int(ci.placement.start))
+                slices.append(_with_mig_device(session, bare_ci, int(ci.id), migs))
     return tuple(sorted(slices, key=lambda s: (s.placement.start, s.gi_id, s.ci_id or 0)))
 
 
@@ -225,6 +229,7 @@ def read_gpu(session: NvmlSession, index: int) -> Gpu:
         profiles=profiles,
         slices=read_slices(session, dev, index, profiles) if current else (),
         processes=() if current else _processes(session, dev),
+        pci_subsystem_id=int(pci.pciSubSystemId),
     )
 
 

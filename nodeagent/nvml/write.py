@@ -11,10 +11,12 @@ from typing import Any
 
 from nodeagent.errors import NvmlError
 from nodeagent.nvml.inventory import Placement
-from nodeagent.nvml.session import NOT_SUPPORTED, NvmlSession, message_for
+from nodeagent.nvml.session import INVALID_ARGUMENT, NOT_SUPPORTED, NvmlSession, message_for
 
 # NVML_COMPUTE_INSTANCE_PROFILE_<N>_SLICE constants by compute-slice count N.
-_CI_PROFILE_FOR_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
+# NVML_COMPUTE_INSTANCE_PROFILE_* constants by compute slices (1_SLICE_REV1 = 7 is Hopper's
+# 26-SM CI of a double-memory 1g GI).
+_CI_PROFILES_FOR_SLICES = {1: (0, 7), 2: (1,), 3: (2,), 4: (3,), 6: (6,), 7: (4,), 8: (5,)}
 
 
 @dataclass(frozen=True)
@@ -82,27 +84,52 @@ class MigWriter:
             context=f"GPU {index} GI {gi_id}",
         )
 
-    def create_compute_instance(self, index: int, gi_id: int, slice_count: int) -> int:
-        """Create the CI that spans the whole GI (`slice_count` compute slices); return its id.
+    def create_compute_instance(
+        self, index: int, gi_id: int, slice_count: int, start: int = 0, full: bool = True
+    ) -> int:
+        """Create a CI of `slice_count` compute slices at `start` inside the GI; return its id.
+        The full CI (`full`) is created as the driver's default one: of the CI profiles that
+        span the GI, the one with the most SMs (on Hopper a 1g GI with double memory offers
+        1_SLICE_REV1, 26 SMs, beside 1_SLICE). A smaller CI gets an explicit placement.
 
-        nvidia-smi equivalent: `nvidia-smi mig -i N -gi GI -cci` (the default full CI).
+        nvidia-smi equivalent: `nvidia-smi mig -i N -gi GI -cci PROFILE` (`-cci` alone for the
+        default full CI).
         """
         where = f"GPU {index} GI {gi_id}"
-        constant = _CI_PROFILE_FOR_SLICES.get(slice_count)
-        if constant is None:
+        gi = self._gpu_instance(index, gi_id)
+        lib = self.session.lib
+        infos = []
+        for constant in _CI_PROFILES_FOR_SLICES.get(slice_count, ()):
+            info = self.session.call(
+                "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                gi,
+                constant,
+                lib.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                context=where,
+                absent=(NOT_SUPPORTED, INVALID_ARGUMENT),
+            )
+            if info is not None and int(info.sliceCount) == slice_count:
+                infos.append(info)
+        if not infos:
             raise NvmlError(
                 NOT_SUPPORTED, "nvmlGpuInstanceCreateComputeInstance", message_for(3), where
             )
-        gi = self._gpu_instance(index, gi_id)
-        lib = self.session.lib
-        info = self.session.call(
-            "nvmlGpuInstanceGetComputeInstanceProfileInfo",
-            gi,
-            constant,
-            lib.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
-            context=where,
-        )
-        ci = self.session.call("nvmlGpuInstanceCreateComputeInstance", gi, info.id, context=where)
+        if full:
+            info = max(infos, key=lambda i: int(i.multiprocessorCount))
+            ci = self.session.call(
+                "nvmlGpuInstanceCreateComputeInstance", gi, info.id, context=where
+            )
+        else:
+            info = infos[0]
+            placement = lib.c_nvmlComputeInstancePlacement_t()
+            placement.start, placement.size = start, slice_count
+            ci = self.session.call(
+                "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
+                gi,
+                info.id,
+                ctypes.byref(placement),
+                context=f"{where}, {slice_count}c at {start}",
+            )
         return int(self.session.call("nvmlComputeInstanceGetInfo", ci, context=where).id)
 
     def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:

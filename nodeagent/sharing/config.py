@@ -28,6 +28,7 @@ import yaml
 from nodeagent.errors import ConfigError
 from nodeagent.mig.apply import read_config_text
 from nodeagent.mig.config import (
+    DeviceId,
     Mark,
     MigConfigFile,
     ProfileCount,
@@ -84,7 +85,7 @@ Share = MigShare | MpsShare | TimeSlicing | Whole
 @dataclass(frozen=True)
 class SharingEntry:
     devices: Literal["all"] | tuple[int, ...]
-    device_filter: tuple[int, ...] | None
+    device_filter: tuple[DeviceId, ...] | None
     share: Share
     mark: Mark
     devices_mark: Mark

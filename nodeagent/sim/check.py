@@ -6,7 +6,7 @@ instance where NVML would never have created one.
 from __future__ import annotations
 
 from nodeagent.sim.models import MIB, DeviceModel, load_model
-from nodeagent.sim.rules import CI_SLICES, device_memory, gi_conflict, short_name
+from nodeagent.sim.rules import ci_conflict, device_memory, gi_conflict, short_name
 from nodeagent.sim.state import GiState, GpuState, ProcessState, SimState
 
 
@@ -48,21 +48,13 @@ def _gpu_problems(gpu: GpuState, model: DeviceModel) -> list[str]:
             problems.append(f"{where}: {conflict}")
             continue
         placed.append(gi)
-        used = 0
+        held = GiState(gi.id, gi.profile_id, gi.start, gi.size)
         for ci in sorted(gi.cis.values(), key=lambda c: c.id):
-            slices = CI_SLICES.get(ci.profile_id)
-            if slices is None or slices > p.slice_count:
-                problems.append(
-                    f"{where} CI {ci.id}: compute-instance profile {ci.profile_id}"
-                    f" does not fit a {short_name(p)} instance"
-                )
-            elif used + slices > p.slice_count:
-                problems.append(
-                    f"{where} CI {ci.id}: the instance's {p.slice_count} compute slices"
-                    " are already taken"
-                )
+            conflict = ci_conflict(held, p.slice_count, ci.profile_id, ci.start)
+            if conflict:
+                problems.append(f"{where} CI {ci.id} in a {short_name(p)} instance: {conflict}")
             else:
-                used += slices
+                held.cis[ci.id] = ci
     return problems
 
 

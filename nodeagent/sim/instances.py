@@ -26,7 +26,15 @@ from nodeagent.sim.models import (
     DeviceModel,
     ProfileModel,
 )
-from nodeagent.sim.rules import CI_IDS, CI_SLICES, GI_IDS, ci_slices_used, gi_conflict
+from nodeagent.sim.rules import (
+    CI_IDS,
+    CI_SLICES,
+    GI_IDS,
+    ci_conflict,
+    ci_starts,
+    gi_conflict,
+    gi_id_for,
+)
 from nodeagent.sim.state import CiState, GiState, GpuState
 
 
@@ -116,7 +124,9 @@ class InstanceCalls(SimBase):
 
     def _create_gi(self, gpu: GpuState, model: DeviceModel, p: ProfileModel, start: int) -> Any:
         size = next(n for s, n in p.placements if s == start)
-        gi_id = next(i for i in GI_IDS if i not in gpu.gis)
+        gi_id = gi_id_for(model.memory_slices, start, size)
+        if gi_id is None or gi_id in gpu.gis:
+            gi_id = next(i for i in GI_IDS if i not in gpu.gis)
         gpu.gis[gi_id] = GiState(gi_id, p.id, start, size)
         return _handle(_KIND_GI, gpu.index, gi_id, ptype=pynvml.c_nvmlGpuInstance_t)
 
@@ -191,16 +201,13 @@ class InstanceCalls(SimBase):
     ) -> Any:
         _, model, gi = self._gi(gpuInstance)
         gi_profile = self._profile(model, gi.profile_id)
-        slices = CI_SLICES.get(profile)
+        slices = self._ci_slices(gi_profile, profile)
         if engProfile != pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
             _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        if slices is None or slices > gi_profile.slice_count:
-            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        assert slices is not None
         info = pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
         info.version = pynvml.nvmlComputeInstanceProfileInfo_v2
         info.id, info.sliceCount = profile, slices
-        info.instanceCount = gi_profile.slice_count // slices
+        info.instanceCount = len(ci_starts(gi_profile.slice_count, slices))
         info.multiprocessorCount = (
             gi_profile.multiprocessor_count * slices // gi_profile.slice_count
         )
@@ -215,31 +222,84 @@ class InstanceCalls(SimBase):
 
     nvmlGpuInstanceGetComputeInstanceProfileInfoV = nvmlGpuInstanceGetComputeInstanceProfileInfo
 
+    @staticmethod
+    def _ci_slices(gi_profile: ProfileModel, profile_id: int) -> int:
+        """The compute slices of CI profile `profile_id` in a GI of `gi_profile`; NOT_SUPPORTED
+        when that GI does not offer it."""
+        slices = CI_SLICES.get(profile_id)
+        if slices is None or not ci_starts(gi_profile.slice_count, slices):
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        assert slices is not None
+        return slices
+
+    def _free_ci_starts(self, gi: GiState, gi_profile: ProfileModel, profile_id: int) -> list[int]:
+        slices = self._ci_slices(gi_profile, profile_id)
+        return [
+            s
+            for s in ci_starts(gi_profile.slice_count, slices)
+            if ci_conflict(gi, gi_profile.slice_count, profile_id, s) is None
+        ]
+
     @nvml_call()
     def nvmlGpuInstanceGetComputeInstanceRemainingCapacity(
         self, gpuInstance: Any, profileId: int
     ) -> int:
         _, model, gi = self._gi(gpuInstance)
-        total = self._profile(model, gi.profile_id).slice_count
-        slices = CI_SLICES.get(profileId)
-        if slices is None or slices > total:
-            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        assert slices is not None
-        return (total - ci_slices_used(gi)) // slices
+        gi_profile = self._profile(model, gi.profile_id)
+        trial = GiState(gi.id, gi.profile_id, gi.start, gi.size, dict(gi.cis))
+        n = 0
+        while free := self._free_ci_starts(trial, gi_profile, profileId):
+            trial.cis[-1 - n] = CiState(-1 - n, profileId, "", free[0])
+            n += 1
+        return n
+
+    @nvml_call()
+    def nvmlGpuInstanceGetComputeInstancePossiblePlacements(
+        self, gpuInstance: Any, profileId: int, placementsRef: Any, countRef: Any
+    ) -> int:
+        _, model, gi = self._gi(gpuInstance)
+        gi_profile = self._profile(model, gi.profile_id)
+        slices = self._ci_slices(gi_profile, profileId)
+        found = ci_starts(gi_profile.slice_count, slices)
+        count = _ref_value(countRef)
+        count.value = len(found)
+        if placementsRef is None:
+            return int(pynvml.NVML_SUCCESS)
+        if len(placementsRef) < len(found):
+            _fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        for i, start in enumerate(found):
+            placementsRef[i].start, placementsRef[i].size = start, slices
+        return int(pynvml.NVML_SUCCESS)
+
+    def _create_ci(self, gpu: GpuState, gi: GiState, profile_id: int, start: int) -> Any:
+        ci_id = next(i for i in CI_IDS if i not in gi.cis)
+        gi.cis[ci_id] = CiState(ci_id, profile_id, gpu.new_mig_uuid(), start)
+        return _handle(_KIND_CI, gpu.index, gi.id, ci_id, ptype=pynvml.c_nvmlComputeInstance_t)
 
     @nvml_call(mutating=True)
     def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance: Any, profileId: int) -> Any:
+        """Without a placement the first free one is taken, as on hardware."""
         gpu, model, gi = self._gi(gpuInstance)
-        total = self._profile(model, gi.profile_id).slice_count
-        slices = CI_SLICES.get(profileId)
-        if slices is None or slices > total:
-            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        assert slices is not None
-        if ci_slices_used(gi) + slices > total:
+        free = self._free_ci_starts(gi, self._profile(model, gi.profile_id), profileId)
+        if not free:
             _fail(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
-        ci_id = next(i for i in CI_IDS if i not in gi.cis)
-        gi.cis[ci_id] = CiState(ci_id, profileId, gpu.new_mig_uuid())
-        return _handle(_KIND_CI, gpu.index, gi.id, ci_id, ptype=pynvml.c_nvmlComputeInstance_t)
+        return self._create_ci(gpu, gi, profileId, free[0])
+
+    @nvml_call(mutating=True)
+    def nvmlGpuInstanceCreateComputeInstanceWithPlacement(
+        self, gpuInstance: Any, profileId: int, placement: Any
+    ) -> Any:
+        gpu, model, gi = self._gi(gpuInstance)
+        gi_profile = self._profile(model, gi.profile_id)
+        slices = self._ci_slices(gi_profile, profileId)
+        placement = _ref_value(placement)
+        if placement.size != slices or placement.start not in ci_starts(
+            gi_profile.slice_count, slices
+        ):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if ci_conflict(gi, gi_profile.slice_count, profileId, placement.start):
+            _fail(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        return self._create_ci(gpu, gi, profileId, placement.start)
 
     @nvml_call()
     def nvmlGpuInstanceGetComputeInstances(
@@ -271,7 +331,7 @@ class InstanceCalls(SimBase):
         info.device = _handle(_KIND_DEVICE, gpu.index)
         info.gpuInstance = _handle(_KIND_GI, gpu.index, gi.id, ptype=pynvml.c_nvmlGpuInstance_t)
         info.id, info.profileId = ci.id, ci.profile_id
-        info.placement.start, info.placement.size = 0, CI_SLICES[ci.profile_id]
+        info.placement.start, info.placement.size = ci.start, CI_SLICES[ci.profile_id]
         return info
 
     nvmlComputeInstanceGetInfo_v2 = nvmlComputeInstanceGetInfo

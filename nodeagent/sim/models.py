@@ -2,7 +2,10 @@
 
 `h200` is `models/h200-sxm-141gb.json` unchanged (NVML read from a real H200). The A100-40GB,
 A100-80GB, H100-80GB and A30 tables come from `models/mig-user-guide-models.json` (NVIDIA's MIG
-user guide cross-checked with `nvidia-smi mig -lgip/-lgipp` captures).
+user guide cross-checked with `nvidia-smi mig -lgip/-lgipp` captures). Every other GPU that the GPU
+operator's default MIG ConfigMap names (B200, GB200, B300, GB300, RTX PRO 6000, H100 NVL/PCIe,
+GH200, H20, H800, A800, ...) is in `models/operator-models.json`, same shape, each value with its
+source or marked derived/unsourced there.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ _PROFILE_CONSTANTS = {
     "3_SLICE_GFX": 17,
 }
 PROFILE_CONSTANT_COUNT = 18
+# Profile-name attributes -> the suffix of their NVML_GPU_INSTANCE_PROFILE_<N>_SLICE_* constant.
+_ATTRIBUTE_CONSTANTS = {"": "", "+me": "REV1", "+gfx": "GFX", "+me.all": "ALL_ME", "-me": "NO_ME"}
 # The real H200 answered INVALID_ARGUMENT (not NOT_SUPPORTED) for this constant.
 INVALID_ARGUMENT_CONSTANTS = frozenset({_PROFILE_CONSTANTS["3_SLICE_GFX"]})
 
@@ -120,14 +125,23 @@ def infer_constant(raw: dict[str, Any]) -> int:
 
     The user-guide models do not record it. The rule (Ng → N_SLICE, `+me` → the REV1 variant,
     a 1g profile with two memory slices → 1_SLICE_REV2) reproduces every constant read off the
-    real H200, which a test checks.
+    real H200, which a test checks. The RTX PRO 6000 attributes follow the constants' names:
+    `+gfx` → N_SLICE_GFX, `+me.all` → N_SLICE_ALL_ME, `-me` → N_SLICE_NO_ME.
     """
-    match = re.match(r"(?:MIG )?(\d+)g\.", raw["name"])
+    if "constant" in raw:
+        return _PROFILE_CONSTANTS[str(raw["constant"]).removeprefix("NVML_GPU_INSTANCE_PROFILE_")]
+    match = re.match(r"(?:MIG )?(\d+)g\.\d+gb(.*)$", raw["name"])
     if not match:
-        raise SimError(f"device model profile {raw['name']!r} has no '<N>g.' compute-slice prefix")
-    slices = int(match.group(1))
-    if raw["name"].endswith("+me"):
-        return _PROFILE_CONSTANTS[f"{slices}_SLICE_REV1"]
+        raise SimError(f"device model profile {raw['name']!r} has no '<N>g.<M>gb' name")
+    slices, attributes = int(match.group(1)), match.group(2)
+    suffix = _ATTRIBUTE_CONSTANTS.get(attributes)
+    if attributes and suffix is None:
+        raise SimError(f"device model profile {raw['name']!r} has unknown attributes")
+    if suffix:
+        key = f"{slices}_SLICE_{suffix}"
+        if key not in _PROFILE_CONSTANTS:
+            raise SimError(f"device model profile {raw['name']!r}: NVML has no constant {key}")
+        return _PROFILE_CONSTANTS[key]
     if slices == 1 and raw["placements"] and raw["placements"][0][1] == 2:
         return _PROFILE_CONSTANTS["1_SLICE_REV2"]
     return _PROFILE_CONSTANTS[f"{slices}_SLICE"]
@@ -157,10 +171,29 @@ def _h200() -> DeviceModel:
     )
 
 
-def _user_guide(key: str, raw_key: str) -> DeviceModel:
-    raw = _read_package_json("mig-user-guide-models.json")["models"][raw_key]
-    profiles = tuple(_profile(p, infer_constant(p)) for p in raw["gpu_instance_profiles"])
-    slices = int(raw["memory_slices"])
+_USER_GUIDE_FILE = "mig-user-guide-models.json"
+_OPERATOR_FILE = "operator-models.json"
+
+
+def _raw_model(file: str, raw_key: str) -> dict[str, Any]:
+    raw: dict[str, Any] = _read_package_json(file)["models"][raw_key]
+    return raw
+
+
+def _profile_table(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """A model's GI profiles, following `gpu_instance_profiles_same_as` to another model."""
+    same = raw.get("gpu_instance_profiles_same_as")
+    if same is None:
+        table: list[dict[str, Any]] = raw["gpu_instance_profiles"]
+        return table
+    file = _OPERATOR_FILE if same in _OPERATOR_KEYS else _USER_GUIDE_FILE
+    return _profile_table(_raw_model(file, _USER_GUIDE_KEYS.get(same, same)))
+
+
+def _from_table(key: str, file: str, raw_key: str) -> DeviceModel:
+    raw = _raw_model(file, raw_key)
+    profiles = tuple(_profile(p, infer_constant(p)) for p in _profile_table(raw))
+    slots = max(s + n for p in profiles for s, n in p.placements)
     return DeviceModel(
         key=key,
         name=raw["name"],
@@ -168,9 +201,10 @@ def _user_guide(key: str, raw_key: str) -> DeviceModel:
         architecture=int(raw["nvml_architecture"]),
         compute_capability=(raw["cuda_compute_capability"][0], raw["cuda_compute_capability"][1]),
         memory_total_bytes=int(raw["memory_total_mib"]) * MIB,
-        # Not in the captures; the driver's reservation is a few hundred MiB on every model.
-        memory_reserved_bytes=512 * MIB,
-        memory_slices=slices,
+        # Not in the user-guide captures; the driver's reservation is a few hundred MiB on every
+        # model (the operator models record it where an nvidia-smi -q capture shows it).
+        memory_reserved_bytes=int(raw.get("memory_reserved_mib", 512)) * MIB,
+        memory_slices=int(raw.get("memory_slices", slots)),
         compute_slices=max(p.slice_count for p in profiles),
         driver_version="580.159.04",
         cuda_driver_version=13000,
@@ -185,7 +219,29 @@ _USER_GUIDE_KEYS = {
     "h100-80gb": "h100-80gb",
     "a30": "a30-24gb",
 }
-MODEL_NAMES = ("h200", *_USER_GUIDE_KEYS)
+# The GPU operator's ConfigMap models; the --simulate name is the key in operator-models.json.
+_OPERATOR_KEYS = (
+    "b200",
+    "gb200",
+    "b300",
+    "gb300",
+    "rtx-pro-6000",
+    "h100-nvl",
+    "h100-pcie",
+    "h100-96gb",
+    "h800",
+    "h800-pcie",
+    "h800-nvl",
+    "gh200-96gb",
+    "gh200-144gb",
+    "h20",
+    "a100-pcie-40gb",
+    "a100-pcie-80gb",
+    "a800-40gb",
+    "a800-80gb",
+    "a800-80gb-pcie",
+)
+MODEL_NAMES = ("h200", *_USER_GUIDE_KEYS, *_OPERATOR_KEYS)
 
 
 @cache
@@ -194,7 +250,9 @@ def load_model(key: str) -> DeviceModel:
     if key == "h200":
         return _h200()
     if key in _USER_GUIDE_KEYS:
-        return _user_guide(key, _USER_GUIDE_KEYS[key])
+        return _from_table(key, _USER_GUIDE_FILE, _USER_GUIDE_KEYS[key])
+    if key in _OPERATOR_KEYS:
+        return _from_table(key, _OPERATOR_FILE, key)
     raise SimError(f"unknown GPU model {key!r}; known models: {', '.join(MODEL_NAMES)}")
 
 

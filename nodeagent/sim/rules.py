@@ -13,7 +13,7 @@ from nodeagent.sim.state import GiState
 
 # Compute-instance profiles: NVML_COMPUTE_INSTANCE_PROFILE_<N>_SLICE constant -> N.
 CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}
-GI_IDS = range(1, 64)  # what the driver hands out on create
+GI_IDS = range(0, 64)
 CI_IDS = range(0, 16)
 # nvmlDeviceSetComputeMode: DEFAULT, PROHIBITED, EXCLUSIVE_PROCESS (EXCLUSIVE_THREAD is gone).
 COMPUTE_MODES = (0, 2, 3)
@@ -57,6 +57,45 @@ def gi_conflict(
 def ci_slices_used(gi: GiState) -> int:
     """Compute slices taken by the compute instances of a GPU instance."""
     return sum(CI_SLICES[ci.profile_id] for ci in gi.cis.values())
+
+
+def gi_id_for(memory_slices: int, start: int, size: int) -> int | None:
+    """The GI id the driver gives an instance at (start, size): a binary tree over the memory
+    slices, 0 for the whole GPU, 1-2 the halves, 3-6 the quarters, 7-14 the eighths (every
+    documented `nvidia-smi mig -lgi` listing fits it, with the identity slice mapping that
+    H100 listings show; some A100s swap the halves, which the emulator does not model).
+    None when the size is not a power-of-two fraction of the GPU."""
+    if size <= 0 or memory_slices % size or (memory_slices // size) & (memory_slices // size - 1):
+        return None
+    parts = memory_slices // size
+    return parts - 1 + start // size
+
+
+def ci_starts(gi_slices: int, ci_slices: int) -> list[int]:
+    """Where a compute instance of `ci_slices` may start in a GI of `gi_slices` compute slices.
+    A GI offers its full CI, and a smaller size c when 2c <= g + 1 (no 3c in a 4g; 3c and 4c
+    in a 7g; one 2c in a 3g, as real `nvidia-smi mig -lcip` listings show); a CI starts at a
+    multiple of the power of two at or above its size."""
+    if ci_slices == gi_slices:
+        return [0]
+    if ci_slices > gi_slices or 2 * ci_slices > gi_slices + 1:
+        return []
+    step = 1
+    while step < ci_slices:
+        step *= 2
+    return list(range(0, gi_slices - ci_slices + 1, step))
+
+
+def ci_conflict(gi: GiState, gi_slices: int, profile_id: int, start: int) -> str | None:
+    """Why a CI of compute-instance profile `profile_id` at `start` cannot join `gi`."""
+    slices = CI_SLICES.get(profile_id)
+    if slices is None or start not in ci_starts(gi_slices, slices):
+        return f"no compute-instance profile {profile_id} at {start} in a {gi_slices}-slice GI"
+    for ci in gi.cis.values():
+        other = CI_SLICES.get(ci.profile_id, gi_slices)
+        if ci.start < start + slices and start < ci.start + other:
+            return f"compute slices {start}-{start + slices - 1} overlap CI {ci.id}"
+    return None
 
 
 def device_memory(model: DeviceModel, p: ProfileModel | None) -> tuple[int, int]:

@@ -36,6 +36,7 @@ class CiState:
     id: int
     profile_id: int
     uuid: str
+    start: int = 0  # compute slice inside the GI
 
 
 @dataclass

@@ -108,11 +108,12 @@ def _keyed(value: Any, where: str) -> dict[str, Any]:
 
 
 def _ci(raw: Any, where: str) -> CiState:
-    _object(raw, where, ("id", "profile_id", "uuid"))
+    _object(raw, where, ("id", "profile_id", "uuid"), ("start",))
     return CiState(
         id=_int(raw["id"], f"{where}.id", CI_IDS),
         profile_id=_int(raw["profile_id"], f"{where}.profile_id", range(0, 256)),
         uuid=_text(raw["uuid"], f"{where}.uuid"),
+        start=_int(raw.get("start", 0), f"{where}.start", range(0, 16)),
     )
 
 

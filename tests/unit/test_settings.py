@@ -17,6 +17,7 @@ from nodeagent.cli import build_parser
 from nodeagent.errors import ConfigError
 from nodeagent.settings import (
     BY_KEY,
+    DEFAULT_PAUSE_COMPONENTS,
     MAX_ERRORS,
     SPECS,
     Invalid,
@@ -251,7 +252,7 @@ def test_zero_is_taken_only_where_it_means_something() -> None:
         ("mps.devices", "0,0", "twice"),
         ("mps.devices", "gpu0", "GPU indices"),
         ("node.log-level", "loud", "one of debug, info, warning, error"),
-        ("kube.pause-components", "dcgm", "NAME=KEY=VALUE"),
+        ("kube.pause-components", "Dcgm", "NAME=KEY=VALUE"),
         ("kube.restart-pods", "app", "key=value"),
     ],
 )
@@ -699,7 +700,12 @@ def test_cuda_mps_pipe_directory() -> None:
          {"dcgm": {"app": "dcgm"}, "dp": {"app": "dp"}}),
         (["--pause-component", "dp=app=dp"], {"NODEAGENT_PAUSE_COMPONENTS": "dcgm=app=dcgm"},
          {"dp": {"app": "dp"}}),
-        ([], {}, {}),
+        # mig-manager's set by default; '' pauses nothing; a NAME alone waits only for the
+        # DaemonSet pods selecting its label.
+        ([], {}, {n: {} for n in DEFAULT_PAUSE_COMPONENTS}),
+        ([], {"NODEAGENT_PAUSE_COMPONENTS": ""}, {}),
+        (["--pause-component", "nvsm", "--pause-component", "dp=app=dp"], {},
+         {"nvsm": {}, "dp": {"app": "dp"}}),
     ],
 )  # fmt: skip
 def test_pause_component_flags(

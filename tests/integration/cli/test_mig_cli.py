@@ -99,6 +99,8 @@ def test_dry_run_json_changes_nothing(node: Callable[..., Result], tmp_path: Pat
         "gpu": 0,
         "profile": "3g.71gb",
         "placement": {"start": 0, "size": 4},
+        "compute_slices": 3,
+        "ci_start": 0,
     }
     assert len(ops) == 10 and node.state.read_bytes() == before  # type: ignore[attr-defined]
 
@@ -155,13 +157,8 @@ NODE_BAD = [
         ("at most 1x1g.18gb+me",),
     ),
     (
-        "device-out-of-range",
-        "- devices: [0, 5]\n  mig-enabled: false",
-        ("bad.yaml:4:16", "GPU 5 does not exist", "GPUs 0-1"),
-    ),
-    (
         "matched-twice",
-        "- devices: all\n  mig-enabled: false\n- devices: [1]\n  mig-enabled: true",
+        "- devices: all\n  mig-enabled: false\n- devices: [1]\n  mig-enabled: true\n  mig-devices: {}",
         ("bad.yaml:6:7", "GPU 1 is already configured", "bad.yaml:4:7"),
     ),
 ]
@@ -312,3 +309,39 @@ def test_ampere_reset_command(node: Callable[..., Result], tmp_path: Path) -> No
         {"op": "set-mig-mode", "gpu": 1, "enabled": True, "reset": True},
     ]
     assert node("mig", "assert", "-f", cfg, "-c", "all-3g.20gb", spec="a100-40gbx2").returncode == 0
+
+
+def test_mig_parted_node_semantics(node: Callable[..., Result], tmp_path: Path) -> None:
+    """As mig-parted: a file of one config needs no -c; indices beyond the node are skipped
+    (a config written for 8 GPUs works on 2); a device-filter may name the board's subsystem
+    id too; `assert` fails while a GPU of the node is left unspecified."""
+    one = tmp_path / "one.yaml"
+    one.write_text(
+        "version: v1\nmig-configs:\n  eight-gpus:\n"
+        "    - devices: [0, 1, 2, 3, 4, 5, 6, 7]\n"
+        "      device-filter: ['0x233510DE:0x18C810DE']\n"
+        "      mig-enabled: true\n      mig-devices: {'3g.71gb': 2}\n"
+    )
+    res = node("mig", "apply", "-f", str(one))
+    assert res.returncode == 0, res.stderr
+    assert "GPU 2 does not exist" in res.stderr and "skipped" in res.stderr
+    assert node("mig", "assert", "-f", str(one)).returncode == 0
+    first = tmp_path / "first.yaml"
+    first.write_text(
+        "version: v1\nmig-configs:\n  first:\n    - devices: [0]\n"
+        "      mig-enabled: true\n      mig-devices: {'3g.71gb': 2}\n"
+    )
+    res = node("mig", "assert", "-f", str(first))
+    assert (
+        res.returncode == 1
+        and "GPU 1 (NVIDIA H200): config 'first' does not specify it" in res.stdout
+    )
+    other_board = tmp_path / "other.yaml"
+    other_board.write_text(one.read_text().replace("0x18C810DE", "0x18C910DE"))
+    assert_one_error(node("mig", "apply", "-f", str(other_board)), 1, "matches no GPU")
+    two = tmp_path / "two.yaml"
+    two.write_text(
+        first.read_text()
+        + "  second:\n    - devices: all\n      mig-enabled: false\n      mig-devices: {}\n"
+    )
+    assert_one_error(node("mig", "apply", "-f", str(two)), 2, "defines 2 configs (first, second)")

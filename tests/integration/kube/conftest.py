@@ -20,6 +20,14 @@ PODS = kmock.resource("v1/pods")
 EVENTS = kmock.resource("v1/events")
 
 
+WRITES = ("POST", "PUT", "PATCH", "DELETE")
+
+
+def is_write(request: Any) -> bool:
+    # kmock's method is an enum: str() of it is 'method.POST', its value is 'POST'.
+    return str(getattr(request.method, "value", request.method)).upper() in WRITES
+
+
 class Cluster:
     """The emulator, its URL, and a client for the test's own (user's) requests."""
 
@@ -106,10 +114,9 @@ class Cluster:
             if res == EVENTS and not obj.deleted
         ]
 
-    def writes(self) -> int:
-        return sum(
-            1 for r in list(self.km) if str(r.method).upper() in ("POST", "PUT", "PATCH", "DELETE")
-        )
+    def writes(self, path: str = "") -> int:
+        """Requests that wrote (POST, PUT, PATCH, DELETE), to URLs containing `path`."""
+        return sum(1 for r in list(self.km) if is_write(r) and path in str(r.url))
 
     def wait(self, predicate: Callable[[], Any], timeout: float = 30, what: str = "") -> Any:
         deadline = time.monotonic() + timeout

@@ -123,7 +123,8 @@ def test_destroyed_slices_disappear(
 def test_gpm_reseeds_when_a_gi_id_is_reused(
     agent_factory: Callable[..., tuple[Agent, SimulatedNvml]],
 ) -> None:
-    agent, lib = agent_factory("h200", "all-7g.141gb", [(0, "7g.141gb", 1.0)])
+    # The driver's GI id follows the placement: a 3g at 0 and a 4g at 0 both get id 1.
+    agent, lib = agent_factory("h200", "all-3g.71gb", [(0, "3g.71gb", 1.0)])
     assert agent.store.gpm.by_gi[(0, 1)]["sm_active"] > 0.9
     lib.detach(500)
     cfg = parse_config(dump_config(generate_configs(read_inventory(agent.session))), "g")

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
+from nodeagent.nvml.inventory import ARCHITECTURES
 from nodeagent.sim.models import MIB, MODEL_NAMES, load_model
 
 
@@ -27,7 +28,7 @@ def test_inventory_matches_the_model(make_session: Callable[..., NvmlSession], k
     assert gpu.memory_used_bytes == model.memory_reserved_bytes
     assert gpu.memory_free_bytes == model.memory_total_bytes - model.memory_reserved_bytes
     assert gpu.compute_capability == model.compute_capability
-    assert gpu.architecture == ("hopper" if model.architecture == 9 else "ampere")
+    assert gpu.architecture == ARCHITECTURES[model.architecture]
     assert gpu.mig_capable and not gpu.mig_current and not gpu.mig_pending
     assert gpu.memory_slice_count == model.memory_slices
     assert gpu.slices == () and gpu.processes == ()

@@ -244,12 +244,12 @@ ROWS = {
     "ci-too-big": _impossible(
         _node(mig=1, gis=(_gi(1, 19, 0, 1, _ci(0, 4, "MIG-x")),)),
         "GPU 0 GI 1 (1g.18gb) CI 0",
-        "does not fit",
+        "no compute-instance profile 4",
     ),
     "ci-over-capacity": _impossible(
         _node(mig=1, gis=(_gi(1, 14, 0, 2, _ci(0, 1, "MIG-x"), _ci(1, 0, "MIG-y")),)),
         "GPU 0 GI 1 (2g.35gb) CI 1",
-        "already taken",
+        "overlap CI 0",
     ),
     "ci-profile-unknown": _impossible(
         _node(mig=1, gis=(_gi(1, 0, 0, 8, _ci(0, 77, "MIG-x")),)), "CI 0", "profile 77"

@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from nodeagent.cli import build_parser
-from nodeagent.settings import load
+from nodeagent.settings import DEFAULT_PAUSE_COMPONENTS, load
 
 DEPLOY = Path(__file__).resolve().parents[3] / "daemonset"
 BASE = DEPLOY / "base"
@@ -35,6 +35,21 @@ def test_rbac_is_minimal() -> None:
         (("",), ("pods",), ("delete",)),  # its own role, only for --restart-pods
     ]
     assert not any("*" in part for rule in rules for items in rule for part in items)
+    # In the agent's namespace only: its NodeFeature object and its own pod.
+    (role,) = [d for d in _docs() if d["kind"] == "Role"]
+    assert [
+        (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]
+    ] == [
+        (("nfd.k8s-sigs.io",), ("nodefeatures",), ("get", "create", "patch")),
+        (("",), ("pods",), ("get",)),
+    ]
+    (binding,) = [d for d in _docs() if d["kind"] == "RoleBinding"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert "namespace" not in role["metadata"]  # kustomize puts it in the agent's namespace
 
 
 def test_daemonset_args_parse() -> None:
@@ -47,6 +62,20 @@ def test_daemonset_args_parse() -> None:
     # One label sink per deployment: the Node itself, not also an NFD file.
     assert settings.labels.nfd_features_file is None
     assert next(e["name"] for e in container["env"]) == "NODE_NAME"
+    # The downward API gives the NodeFeature object its namespace and owner.
+    downward = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in container["env"]
+        if "valueFrom" in e
+    }
+    assert downward == {"NODE_NAME": "spec.nodeName", "POD_NAMESPACE": "metadata.namespace",
+                        "POD_NAME": "metadata.name", "POD_UID": "metadata.uid"}  # fmt: skip
+    environ = {"NODE_NAME": "node-1", "POD_NAMESPACE": "nodeagent", "POD_NAME": "p", "POD_UID": "u",
+               "NODEAGENT_NODE_FEATURE_API": "true"}  # fmt: skip
+    on, _ = load(vars(args), environ, None, args.groups)
+    assert on.kube.node_feature_api and on.kube.pod_namespace == "nodeagent"
+    assert on.kube.pod_name == "p" and on.kube.pod_uid == "u"
+    assert settings.kube.pause_components == {n: {} for n in DEFAULT_PAUSE_COMPONENTS}
     probes = {
         container["readinessProbe"]["httpGet"]["path"],
         container["livenessProbe"]["httpGet"]["path"],

@@ -34,7 +34,10 @@ CASES = [(f"{m}-{c or 'mig-off'}", m, c) for m in MODEL_NAMES for c in (None, "a
 ]
 
 
-@pytest.mark.parametrize(("name", "spec", "config"), CASES, ids=[c[0] for c in CASES])
+_PARAMS = [pytest.param(*c, id=c[0]) for c in CASES]
+
+
+@pytest.mark.parametrize(("name", "spec", "config"), _PARAMS)
 def test_golden_labels(name: str, spec: str, config: str | None) -> None:
     inventory, _, _ = _inventory(spec, config)
     got = render_labels(inventory)

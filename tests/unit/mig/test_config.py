@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from nodeagent.errors import ConfigError
-from nodeagent.mig.config import dump_config, parse_config
+from nodeagent.mig.config import DeviceId, dump_config, parse_config
 
 GOOD = """\
 version: v1
@@ -29,6 +29,7 @@ mig-configs:
       mig-devices: {}
     - devices: [3]
       mig-enabled: true
+      mig-devices: {}
 """
 
 
@@ -39,14 +40,14 @@ def test_good_file_parses() -> None:
     assert off.devices == "all" and off.mig_enabled is False and off.device_filter is None
     first, second, third = cfg.configs["custom"]
     assert first.devices == (0, 1)
-    assert first.device_filter == (0x233510DE, 0x20B010DE)
+    assert first.device_filter == (DeviceId(0x233510DE), DeviceId(0x20B010DE))
     assert [(p.name, p.count) for p in first.mig_devices] == [
         ("1g.18gb", 2),
         ("3g.71gb", 1),
         ("1g.18gb+me", 0),
     ]
     assert str(first.mig_devices[1].mark) == "good.yaml:12:9"
-    assert second.device_filter == (0x233010DE,) and second.mig_devices == ()
+    assert second.device_filter == (DeviceId(0x233010DE),) and second.mig_devices == ()
     assert third.mig_devices == ()
     assert str(cfg.marks["custom"]) == "good.yaml:6:3"
 
@@ -155,9 +156,11 @@ BAD = [
         "6:21",
     ),
     (
-        "ci-profile",
-        _cfg("a:\n  - devices: all\n    mig-enabled: true\n    mig-devices: {1c.3g.71gb: 2}\n"),
-        "use '3g.71gb'",
+        "ci-profile-attributes-both",
+        _cfg(
+            "a:\n  - devices: all\n    mig-enabled: true\n    mig-devices: {1c.3g.71gb+me-x: 2}\n"
+        ),
+        "both '+' and '-' attributes",
         "6:21",
     ),
     (
@@ -231,7 +234,7 @@ def test_all_errors_are_reported_at_once() -> None:
         b:
           - devices: all
             mig-enabled: true
-            mig-devices: {1c.1g.18gb: 1}
+            mig-devices: {1g.18gb+: 1}
         """
     )
     with pytest.raises(ConfigError) as err:

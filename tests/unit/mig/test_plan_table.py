@@ -82,12 +82,12 @@ def test_gi_left_without_its_ci_is_finished_not_rebuilt() -> None:
     assert [(op.op, op.gi_id) for op in result.operations] == [("create-ci", 4)]
 
 
-def test_gi_with_two_cis_is_rebuilt() -> None:
+def test_gi_with_an_extra_ci_loses_it_and_stays() -> None:
     gpu = gpu_with("h200", [(9, 0, 4)])
     extra = replace(gpu.slices[0], ci_id=1, mig_uuid="MIG-extra")
     gpu = replace(gpu, slices=(*gpu.slices, extra))
-    kinds = [op.op for op in plan_gpu(gpu, desired({9: 1})).operations]
-    assert kinds == ["destroy-ci", "destroy-ci", "destroy-gi", "create-gi", "create-ci"]
+    ops = plan_gpu(gpu, desired({9: 1})).operations
+    assert [(op.op, op.ci_id) for op in ops] == [("destroy-ci", 1)]
 
 
 def test_pending_disable_is_cancelled() -> None:

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodeagent.errors import ConfigError
+from nodeagent.mig.config import DeviceId
 from nodeagent.sharing.config import (
     MigShare,
     MpsShare,
@@ -58,7 +59,10 @@ def test_mixed_file_parses() -> None:
     assert whole.share == Whole() and whole.devices == (5, 6, 7)
     (balanced,) = cfg.configs["balanced"]
     assert balanced.share == MigShare(None, "all-balanced")
-    assert balanced.devices == "all" and balanced.device_filter == (0x233510DE, 0x20B010DE)
+    assert balanced.devices == "all" and balanced.device_filter == (
+        DeviceId(0x233510DE),
+        DeviceId(0x20B010DE),
+    )
     assert cfg.configs["plain"][0].share == Whole()
 
 
@@ -87,6 +91,7 @@ mig-configs:
     - devices: [2]
       device-filter: "0x233510DE"
       mig-enabled: true
+      mig-devices: {}
     - devices: [3]
       mig-enabled: false
 """
@@ -99,7 +104,7 @@ def test_mig_parted_file_is_read_as_mig_only() -> None:
     first, second, third = cfg.configs["custom"]
     assert isinstance(first.share, MigShare) and first.share.mig_config is None
     assert [(p.name, p.count) for p in first.share.profiles or ()] == [("1g.18gb", 2)]
-    assert second.share == MigShare((), None) and second.device_filter == (0x233510DE,)
+    assert second.share == MigShare((), None) and second.device_filter == (DeviceId(0x233510DE),)
     assert third.share == Whole() and third.devices == (3,)
     assert str(first.mark) == "mig.yaml:7:7"
 
@@ -151,7 +156,7 @@ BAD = [
     ("mig-both", _e("devices: all\nmig: {mig-config: x, mig-devices: {}}\n"), "exactly one of 'mig-devices'", "5:12"),
     ("mig-unknown-key", _e("devices: all\nmig: {mig-devices: {}, mig-enabled: true}\n"), "unknown key 'mig-enabled'", "5:30"),
     ("mig-bad-profile", _e("devices: all\nmig: {mig-devices: {1g-18gb: 1}}\n"), "'1g-18gb' is not a MIG profile name", "5:27"),
-    ("mig-ci-profile", _e("devices: all\nmig: {mig-devices: {1c.3g.71gb: 1}}\n"), "use '3g.71gb'", "5:27"),
+    ("mig-bad-attribute", _e("devices: all\nmig: {mig-devices: {1g.18gb+me-x: 1}}\n"), "both '+' and '-'", "5:27"),
     ("mig-count-negative", _e("devices: all\nmig: {mig-devices: {1g.18gb: -1}}\n"), "count of 1g.18gb must be an integer >= 0", "5:36"),
     ("mig-devices-null", _e("devices: all\nmig: {mig-devices: }\n"), "write {} for no slices", "5:26"),
     ("mig-config-number", _e("devices: all\nmig: {mig-config: 3}\n"), "mig-config must be a config name, not int", "5:25"),

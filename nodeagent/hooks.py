@@ -1,0 +1,265 @@
+"""Commands run around a MIG change, from mig-parted's hooks file (`api/hooks/v1`, the format
+of mig-manager's `hooks.yaml`), so an existing file works unchanged:
+
+    version: v1
+    hooks:
+      apply-start:        # a change is planned; nothing changed yet, clients not paused
+        - command: /bin/bash
+          args: ["-c", "echo applying $MIG_PARTED_SELECTED_CONFIG"]
+          envs: {KEY: value}          # added to the agent's environment
+          workdir: /etc/nodeagent     # optional
+      pre-apply-mode:     # clients paused; before the MIG mode changes on a GPU
+      pre-apply-config:   # clients paused; before GPU and compute instances change
+      apply-exit:         # after the change, failed or not; before clients are restored
+
+The commands of a hook run one after the other, each within the hook timeout; the first that
+fails (exit status, signal, timeout, cannot start) stops the hook and fails the change with its
+file position, command and last lines of output. The file is strict: unknown keys or hook
+names, and values of the wrong type, are errors naming their position.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nodeagent.errors import AgentError, ConfigError
+from nodeagent.logs import get_logger
+
+log = get_logger("nodeagent.hooks")
+VERSION = "v1"
+HOOK_NAMES = ("apply-start", "pre-apply-mode", "pre-apply-config", "apply-exit")
+HOOK_KEYS = ("command", "args", "envs", "workdir")
+STANDARD_TAG = "tag:yaml.org,2002:"
+OUTPUT_LINES = 5  # of a failing command's output, in the failure reason
+
+
+class HookError(AgentError):
+    """A hook command failed: the change stops (before) or is reported failed (after)."""
+
+
+@dataclass(frozen=True)
+class Hook:
+    command: str
+    args: tuple[str, ...] = ()
+    envs: tuple[tuple[str, str], ...] = ()
+    workdir: str | None = None
+    where: str = ""  # file:line:col
+
+    @property
+    def argv(self) -> list[str]:
+        return [self.command, *self.args]
+
+
+@dataclass(frozen=True)
+class HooksFile:
+    source: str
+    hooks: Mapping[str, tuple[Hook, ...]] = field(default_factory=dict)
+
+
+class _Errors:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.items: list[tuple[int, int, str]] = []
+
+    def at(self, node: yaml.Node) -> str:
+        return f"{self.source}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+
+    def add(self, node: yaml.Node, message: str) -> None:
+        self.items.append(
+            (node.start_mark.line, node.start_mark.column, f"{self.at(node)}: {message}")
+        )
+
+    def raise_if_any(self) -> None:
+        if not self.items:
+            return
+        lines = [m for _, _, m in sorted(self.items)]
+        if len(lines) == 1:
+            raise ConfigError(lines[0])
+        raise ConfigError(f"{self.source} has {len(lines)} errors:\n  " + "\n  ".join(lines[:20]))
+
+
+def _kind(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return f"{node.value!r}" if node.value else "empty"
+
+
+def _string(node: yaml.Node, errors: _Errors, what: str) -> str | None:
+    """A plain string scalar (a number or a boolean is refused, as mig-parted's Go types do)."""
+    if not isinstance(node, yaml.ScalarNode) or node.tag != STANDARD_TAG + "str":
+        errors.add(node, f"{what} must be a string, not {_kind(node)}")
+        return None
+    return str(node.value)
+
+
+def _pairs(node: yaml.Node, errors: _Errors, what: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
+    if not isinstance(node, yaml.MappingNode):
+        errors.add(node, f"{what} must be a mapping, not {_kind(node)}")
+        return []
+    seen: set[str] = set()
+    out = []
+    for key, value in node.value:
+        name = _string(key, errors, f"a key of {what}")
+        if name is None:
+            continue
+        if name in seen:
+            errors.add(key, f"{what} has key {name!r} twice")
+            continue
+        seen.add(name)
+        out.append((name, key, value))
+    return out
+
+
+def _hook(node: yaml.Node, errors: _Errors, what: str) -> Hook | None:
+    fields: dict[str, yaml.Node] = {}
+    for name, key, value in _pairs(node, errors, what):
+        if name not in HOOK_KEYS:
+            errors.add(key, f"{what}: unknown key {name!r}; expected one of {', '.join(HOOK_KEYS)}")
+        else:
+            fields[name] = value
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    if "command" not in fields:
+        errors.add(node, f"{what} has no command")
+        return None
+    command = _string(fields["command"], errors, f"{what}: command")
+    if command is not None and not command.strip():
+        errors.add(fields["command"], f"{what}: command must not be empty")
+    args: list[str] = []
+    if "args" in fields:
+        if isinstance(fields["args"], yaml.SequenceNode):
+            args = [
+                a
+                for i, item in enumerate(fields["args"].value)
+                if (a := _string(item, errors, f"{what}: args[{i}]")) is not None
+            ]
+        elif not (isinstance(fields["args"], yaml.ScalarNode) and not fields["args"].value):
+            errors.add(fields["args"], f"{what}: args must be a list of strings")
+    envs: list[tuple[str, str]] = []
+    if "envs" in fields and not _empty(fields["envs"]):
+        for name, _, value in _pairs(fields["envs"], errors, f"{what}: envs"):
+            text = _string(value, errors, f"{what}: envs {name}")
+            if text is not None:
+                envs.append((name, text))
+    workdir = None
+    if "workdir" in fields and not _empty(fields["workdir"]):
+        workdir = _string(fields["workdir"], errors, f"{what}: workdir")
+    if command is None:
+        return None
+    return Hook(command, tuple(args), tuple(envs), workdir or None, errors.at(node))
+
+
+def _empty(node: yaml.Node) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.tag == STANDARD_TAG + "null"
+
+
+def parse_hooks(text: str, source: str) -> HooksFile:
+    """Parse a hooks file; raise ConfigError listing every problem with its position."""
+    try:
+        root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML: {problem}") from err
+    except RecursionError as err:
+        raise ConfigError(f"{source}: not valid YAML: nested too deeply") from err
+    if root is None:
+        raise ConfigError(f"{source}: the file is empty; expected 'version: {VERSION}' and 'hooks'")
+    errors = _Errors(source)
+    hooks: dict[str, tuple[Hook, ...]] = {}
+    fields = {name: (key, value) for name, key, value in _pairs(root, errors, "the hooks file")}
+    for name, (key, _) in fields.items():
+        if name not in ("version", "hooks"):
+            errors.add(key, f"unknown key {name!r}; expected version and hooks")
+    if isinstance(root, yaml.MappingNode):
+        version = fields.get("version")
+        if version is None:
+            errors.add(root, f"no version; expected 'version: {VERSION}'")
+        elif not isinstance(version[1], yaml.ScalarNode) or version[1].value != VERSION:
+            errors.add(version[1], f"version must be {VERSION!r}, not {_kind(version[1])}")
+        body = fields.get("hooks")
+        for name, key, value in _pairs(body[1], errors, "hooks") if body else []:
+            if name not in HOOK_NAMES:
+                errors.add(key, f"unknown hook {name!r}; expected one of {', '.join(HOOK_NAMES)}")
+            elif isinstance(value, yaml.SequenceNode):
+                found = (_hook(item, errors, f"{name}[{i}]") for i, item in enumerate(value.value))
+                hooks[name] = tuple(h for h in found if h is not None)
+            elif not _empty(value):
+                errors.add(value, f"hook {name} must be a list of commands, not {_kind(value)}")
+    errors.raise_if_any()
+    return HooksFile(source, hooks)
+
+
+def load_hooks(path: str | None) -> HooksFile:
+    """Read and parse a hooks file. Raises ConfigError."""
+    if not path:
+        raise ConfigError("no hooks file: pass --hooks-file FILE")
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise ConfigError(f"cannot read hooks file {path}: {err.strerror}") from err
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from err
+    return parse_hooks(text, path)
+
+
+def _tail(output: bytes) -> str:
+    lines = output.decode("utf-8", "replace").strip().splitlines()
+    return " | ".join(lines[-OUTPUT_LINES:])
+
+
+def run_hook(hooks: HooksFile, name: str, env: Mapping[str, str], timeout_seconds: float) -> int:
+    """Run the commands of hook `name` in order (none: nothing to do); returns how many ran.
+    Each gets the agent's environment, then `env`, then its own envs. Raises HookError at the
+    first that fails; a command that outlives the timeout is killed with its process group."""
+    commands = hooks.hooks.get(name, ())
+    for i, hook in enumerate(commands):
+        what = f"hook {name}[{i}] ({hook.where}) {shlex.join(hook.argv)}"
+        environment = {**os.environ, **env, **dict(hook.envs)}
+        try:
+            proc = subprocess.Popen(
+                hook.argv, cwd=hook.workdir, env=environment, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        except OSError as err:
+            raise HookError(f"{what} could not start: {err.strerror or err}") from err
+        try:
+            output, _ = proc.communicate(timeout=timeout_seconds)
+        except subprocess.TimeoutExpired as err:
+            _kill(proc)
+            raise HookError(f"{what} did not finish within {timeout_seconds:g} s") from err
+        if proc.returncode != 0:
+            how = (
+                f"was killed by signal {-proc.returncode}"
+                if proc.returncode < 0
+                else f"exited with {proc.returncode}"
+            )
+            tail = _tail(output)
+            raise HookError(f"{what} {how}" + (f": {tail}" if tail else ""))
+        log.info("hook.ran", hook=name, index=i, command=hook.command, output=_tail(output))
+    return len(commands)
+
+
+def _kill(proc: subprocess.Popen[Any]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        proc.kill()
+    try:
+        proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired:  # a grandchild in its own session keeps the pipe open
+        proc.wait()
