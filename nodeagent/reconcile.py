@@ -2,7 +2,8 @@
 
     observe  read every GPU into a new Snapshot (and which devices pods hold)
     desire   what is wanted: the MIG config name (settings, or the node label
-             nvidia.com/mig.config) and its file (parsed again only when it changed), MPS
+             nvidia.com/mig.config) and its file (parsed again only when it changed), MPS;
+             with none named and a workload file set, the sharing config planned from it
     resolve  per GPU: the MIG state the config asks for, and the MPS daemon (GPUs, limits);
              MIG on a GPU under MPS (and MPS on a GPU that will have MIG) is refused here
     plan     the fewest NVML operations (pure), and the one MPS change

@@ -140,7 +140,7 @@ def plan_node(inventory: Inventory, workloads: Sequence[Workload]) -> NodePlan:
         tuple(sorted(placed, key=lambda p: (p.gpu, p.workload, p.replica))),
         tuple(not_placed),
         mps_replicas,
-        percent or None if uses_mps else None,
+        (percent or None) if uses_mps else None,
         solution.objective,
         solution.exact,
     )
