@@ -41,6 +41,8 @@ test: lint system-deps
 	$(BIN)/python -m pytest -n auto
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python benchmarks/planner.py
 	$(BIN)/python benchmarks/reconfig.py
 	$(BIN)/python benchmarks/metrics.py
 	$(BIN)/python benchmarks/startup.py

@@ -2,7 +2,8 @@
 
     observe  read every GPU into a new Snapshot (and which devices pods hold)
     desire   what is wanted: the MIG config name (settings, or the node label
-             nvidia.com/mig.config) and its file (parsed again only when it changed), MPS
+             nvidia.com/mig.config) and its file (parsed again only when it changed), MPS;
+             with none named and a workload file set, the sharing config planned from it
     resolve  per GPU: the MIG state the config asks for, and the MPS daemon (GPUs, limits);
              MIG on a GPU under MPS (and MPS on a GPU that will have MIG) is refused here
     plan     the fewest NVML operations (pure), and the one MPS change
@@ -49,6 +50,7 @@ from nodeagent.mig.select import Desired, resolve
 from nodeagent.mps.manager import MpsChange, MpsIntent, MpsManager
 from nodeagent.mps.settings import validate
 from nodeagent.nvml import Inventory, MigWriter
+from nodeagent.plan.hook import PLANNED, WorkloadPlanner
 from nodeagent.settings import Settings, mps_daemon_settings
 from nodeagent.sharing.config import SharingFile, load_sharing_file
 from nodeagent.sharing.resolve import Resolution, resolve_sharing
@@ -172,6 +174,7 @@ class Pipeline:
     hook_files: ConfigCache[HooksFile] = field(
         default_factory=lambda: ConfigCache(load_hooks, "hooks file")
     )
+    workloads: WorkloadPlanner = field(default_factory=WorkloadPlanner)  # sharing.workload-file
     per_gpu: dict[int, tuple[str, int]] = field(default_factory=dict)  # what each GPU offers
     _time_sliced: dict[int, int] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
@@ -299,6 +302,17 @@ class Pipeline:
 
     def desire_step(self, run: Run) -> None:
         run.wanted = self.desire.wanted(run.settings)
+        s = run.settings
+        if s.sharing.workload_file and not (run.wanted.sharing_config or run.wanted.mig_config):
+            # No config wanted by name: the one planned from the workload file, applied as a
+            # named sharing config is (nodeagent.plan.hook).
+            assert run.snapshot is not None
+            path = self.workloads.sharing_file(
+                s.sharing.workload_file, run.snapshot.inventory, s.node.run_dir
+            )
+            sharing = dataclasses.replace(s.sharing, config_file=str(path), config=PLANNED)
+            run.settings = dataclasses.replace(s, sharing=sharing)
+            run.wanted = dataclasses.replace(run.wanted, sharing_config=PLANNED)
         if run.wanted.sharing_config is not None and not run.settings.sharing.config_file:
             raise ConfigError(
                 f"sharing config {run.wanted.sharing_config!r} is wanted but no sharing config"

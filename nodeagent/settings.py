@@ -81,6 +81,7 @@ class Sharing:
     config_file: str | None = None
     config: str | None = None
     plugin_config_out: Path | None = None  # write NVIDIA's device plugin config here
+    workload_file: str | None = None  # plan the sharing from this workload file (nodeagent.plan)
 
 
 @dataclass(frozen=True)
@@ -546,6 +547,9 @@ SPECS: tuple[Spec, ...] = (
     _spec("sharing", "plugin-config-out", "NODEAGENT_SHARING_PLUGIN_CONFIG_OUT",
           "--sharing-plugin-config-out", optional(path),
           "write NVIDIA's device plugin config (sharing.mps / timeSlicing) here", hot=True),
+    _spec("sharing", "workload-file", "NODEAGENT_SHARING_WORKLOAD_FILE", "--workload-file",
+          optional(text), "plan each GPU's sharing from this workload file and keep it applied",
+          hot=True),
     _spec("labels", "prefix", "NODEAGENT_LABEL_PREFIX", "--label-prefix", label_prefix,
           "label prefix (another one beside GFD)", hot=True),
     _spec("labels", "nfd-features-file", "NODEAGENT_NFD_FEATURES_FILE", "--nfd-features-file",
@@ -815,6 +819,12 @@ def _cross_checks(s: Settings, groups: set[str]) -> list[str]:
         problems.append(
             "give a MIG config (-c) or a sharing config (--sharing-config), not both: a sharing"
             " config says what every GPU it names becomes, MIG included"
+        )
+    if "sharing" in groups and s.sharing.workload_file and (s.sharing.config or s.mig.config):
+        given = "--sharing-config" if s.sharing.config else "a MIG config (-c)"
+        problems.append(
+            f"give a workload file (--workload-file) or {given}, not both: the planned config"
+            " says what every GPU becomes"
         )
     if "mps" in groups and s.mps.enabled and s.mps.pinned_memory and s.mps.devices:
         for part in s.mps.pinned_memory.split(","):

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from nodeagent import __version__
 from nodeagent.cli.common import Context, add_setting_flags, output_flag
 from nodeagent.cli.mig import add_mig_parser
+from nodeagent.cli.plan import add_plan_parser
 from nodeagent.cli.run import add_run_parsers
 from nodeagent.cli.sharing import add_sharing_parser
 from nodeagent.cli.status import cmd_sim_attach, cmd_sim_detach, cmd_sim_reset, cmd_status
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_mig_parser(sub)
     add_sharing_parser(sub)
+    add_plan_parser(sub)
     add_run_parsers(sub)
 
     sim = sub.add_parser("sim", help="drive the emulator as a user would (needs --simulate)")

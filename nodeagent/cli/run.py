@@ -208,7 +208,8 @@ def add_run_parsers(sub: Any) -> None:
     add_setting_flags(p, ["labels"], skip=["labels.nfd-features-file"])
     add_setting_flags(
         p, ["sharing", "mig"], SHARING_FLAG_NAMES,
-        skip=["sharing.plugin-config-out", "mig.config", "mig.reset-command", "mig.lock-timeout"],
+        skip=["sharing.plugin-config-out", "sharing.workload-file", "mig.config",
+              "mig.reset-command", "mig.lock-timeout"],
     )  # fmt: skip
     p.set_defaults(func=cmd_labels, groups=("node", "labels", "sharing", "mig"))
     mps = sub.add_parser("mps", help="the MPS control daemon: start, stop, status")

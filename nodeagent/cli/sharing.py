@@ -158,7 +158,12 @@ def add_sharing_parser(sub: Any) -> None:
     ssub = sharing.add_subparsers(dest="sharing_command", metavar="SHARINGCOMMAND")
     ssub.required = True
     p = ssub.add_parser("apply", help="bring every GPU to what the config says for it")
-    add_setting_flags(p, ["sharing"], SHARING_FLAG_NAMES, skip=["sharing.plugin-config-out"])
+    add_setting_flags(
+        p,
+        ["sharing"],
+        SHARING_FLAG_NAMES,
+        skip=["sharing.plugin-config-out", "sharing.workload-file"],
+    )
     add_setting_flags(
         p,
         ["mig", "mps"],
@@ -169,7 +174,12 @@ def add_sharing_parser(sub: Any) -> None:
     output_flag(p)
     p.set_defaults(func=cmd_sharing_apply, groups=GROUPS)
     p = ssub.add_parser("assert", help="exit 0 when the GPUs are as the config says, 1 when not")
-    add_setting_flags(p, ["sharing"], SHARING_FLAG_NAMES, skip=["sharing.plugin-config-out"])
+    add_setting_flags(
+        p,
+        ["sharing"],
+        SHARING_FLAG_NAMES,
+        skip=["sharing.plugin-config-out", "sharing.workload-file"],
+    )
     add_setting_flags(
         p,
         ["mig", "mps"],

@@ -154,7 +154,7 @@ def _scalar(node: yaml.Node) -> Any:
 STANDARD_TAG = "tag:yaml.org,2002:"
 
 
-def _check_tags(root: yaml.Node, errors: _Errors) -> None:
+def _check_tags(root: yaml.Node, errors: _Errors, what: str = "a MIG config") -> None:
     """Every node once (aliases share nodes), without recursion: a tag other than YAML's own
     (`!custom`) and a scalar its tag cannot build (`!!int abc`, `!!timestamp 2001-99-99`) are
     errors at their position."""
@@ -166,7 +166,7 @@ def _check_tags(root: yaml.Node, errors: _Errors) -> None:
             continue
         seen.add(id(node))
         if not node.tag.startswith(STANDARD_TAG):
-            errors.add(node, f"tag {node.tag!r} is not allowed in a MIG config")
+            errors.add(node, f"tag {node.tag!r} is not allowed in {what}")
         elif isinstance(node, yaml.ScalarNode):
             try:
                 yaml.constructor.SafeConstructor().construct_object(node)
@@ -183,9 +183,10 @@ def _check_tags(root: yaml.Node, errors: _Errors) -> None:
             stack += reversed(node.value)
 
 
-def parse_config(text: str, source: str) -> MigConfigFile:
-    """Parse a v1 MIG config file; raise ConfigError listing every problem with its position."""
-    errors = _Errors(source)
+def compose(text: str, source: str, expected: str) -> yaml.Node:
+    """The YAML node tree of a config file, with marks. Raises ConfigError (one sentence with
+    the position) for text that is not YAML, and for an empty file (`expected` says what a
+    file holds: "'version: v1' and 'mig-configs'")."""
     try:
         # libyaml when present: ~20x faster than the pure-Python reader, marks kept.
         root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
@@ -197,7 +198,14 @@ def parse_config(text: str, source: str) -> MigConfigFile:
     except RecursionError as err:
         raise ConfigError(f"{source}: not valid YAML: nested too deeply") from err
     if root is None:
-        raise ConfigError(f"{source}: the file is empty; expected 'version: v1' and 'mig-configs'")
+        raise ConfigError(f"{source}: the file is empty; expected {expected}")
+    return root
+
+
+def parse_config(text: str, source: str) -> MigConfigFile:
+    """Parse a v1 MIG config file; raise ConfigError listing every problem with its position."""
+    errors = _Errors(source)
+    root = compose(text, source, "'version: v1' and 'mig-configs'")
     _check_tags(root, errors)
     if not isinstance(root, yaml.MappingNode):
         errors.add(root, f"the file must be a mapping, not {_kind(root)}")

@@ -1,0 +1,72 @@
+"""`nodeagent plan -f workloads.yaml`: the sharing layout that serves these workloads on this
+node's GPUs (read through NVML, or the emulator with --simulate). Changes nothing.
+
+--output text        the assignment and the report (default)
+--output yaml        the sharing config (nodeagent/v1), the report as comments above it:
+                     `nodeagent sharing apply -f FILE -c NAME` applies it as it is
+--output mig-parted  the same as a mig-parted v1 config (when no GPU uses MPS)
+--output json        everything: assignment, per-GPU sharing, report, both configs
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from nodeagent.cli.common import Context, print_json
+from nodeagent.errors import ConfigError
+
+DEFAULT_NAME = "planned"
+
+
+def cmd_plan(ctx: Context) -> int:
+    from nodeagent.nvml import read_inventory
+    from nodeagent.plan.planner import plan_node
+    from nodeagent.plan.render import (
+        render_mig_parted,
+        render_yaml,
+        report,
+        summary_lines,
+    )
+    from nodeagent.plan.workloads import load_workloads
+
+    name = ctx.args.name
+    if not name or not name.strip():
+        raise ConfigError("--name must be a config name, not empty")
+    workloads = load_workloads(ctx.args.file)
+    inventory = read_inventory(ctx.session)
+    if not inventory.gpus:
+        raise ConfigError("this node has no GPU to plan for")
+    plan = plan_node(inventory, workloads.workloads)
+    output = ctx.args.output
+    if output == "json":
+        print_json(report(plan, name))
+    elif output == "yaml":
+        sys.stdout.write(render_yaml(plan, name))
+    elif output == "mig-parted":
+        text = render_mig_parted(plan, name)
+        if text is None:
+            gpus = ", ".join(str(g.gpu) for g in plan.gpus if g.strategy == "mps")
+            raise ConfigError(
+                f"the plan shares GPU {gpus} through MPS, which a mig-parted config cannot say;"
+                " use --output yaml (the nodeagent/v1 sharing config)"
+            )
+        sys.stdout.write(text)
+    else:
+        for line in summary_lines(plan):
+            print(line)
+    return 0
+
+
+def add_plan_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "plan", help="the sharing layout that serves a workload file on this node (changes nothing)"
+    )
+    p.add_argument(
+        "-f", "--file", required=True, help="the workload file (nodeagent/v1); - is stdin"
+    )
+    p.add_argument(
+        "--name", default=DEFAULT_NAME, help=f"name of the planned config (default {DEFAULT_NAME})"
+    )
+    p.add_argument("--output", "-o", choices=("text", "yaml", "json", "mig-parted"), default="text")
+    p.set_defaults(func=cmd_plan, groups=("node",))

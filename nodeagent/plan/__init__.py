@@ -1,0 +1,1 @@
+"""The planner: from workload demand to the per-GPU sharing config that serves it. Pure."""

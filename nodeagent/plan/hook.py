@@ -1,0 +1,54 @@
+"""The agent's use of the planner: a workload file becomes a sharing config the pipeline applies
+as it applies a named one. Planned again only when the file or the node's GPUs change, so slices
+that the planned workloads come to use do not move the plan; the file is rewritten only when
+the plan changed (the pipeline reads it again only then)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nodeagent.errors import AgentError
+from nodeagent.files import atomic_write_text
+from nodeagent.logs import get_logger
+from nodeagent.mig.apply import ConfigCache
+from nodeagent.nvml.inventory import Inventory
+from nodeagent.plan.planner import plan_node
+from nodeagent.plan.render import render_yaml
+from nodeagent.plan.workloads import WorkloadFile, load_workloads
+
+PLANNED = "planned"
+FILE_NAME = "planned-sharing.yaml"
+log = get_logger("nodeagent.plan")
+
+
+class WorkloadPlanner:
+    def __init__(self) -> None:
+        self.files: ConfigCache[WorkloadFile] = ConfigCache(load_workloads, "workload file")
+        self._planned: tuple[WorkloadFile, tuple[tuple[int, str, int], ...], Path] | None = None
+
+    def sharing_file(self, workload_file: str, inventory: Inventory, run_dir: Path) -> Path:
+        """The planned sharing config file (config name `planned`) for this node. Raises
+        ConfigError (the workload file) or AgentError (the file could not be written)."""
+        workloads = self.files.load(workload_file)
+        gpus = tuple((g.index, g.uuid, g.pci_device_id) for g in inventory.gpus)
+        path = run_dir / FILE_NAME
+        last = self._planned
+        if last and last[0] is workloads and last[1] == gpus and last[2] == path and path.exists():
+            return path
+        plan = plan_node(inventory, workloads.workloads)
+        text = render_yaml(plan, PLANNED)
+        try:
+            if not path.exists() or path.read_bytes() != text.encode():
+                atomic_write_text(path, text)
+        except OSError as err:
+            raise AgentError(f"cannot write the planned sharing config {path}: {err}") from err
+        log.info(
+            "plan.planned",
+            workloads=workloads.source,
+            path=str(path),
+            gpus_used=plan.gpus_used,
+            replicas_placed=len(plan.placed),
+            not_placed=sum(n.replicas for n in plan.not_placed),
+        )
+        self._planned = (workloads, gpus, path)
+        return path

@@ -1,0 +1,160 @@
+"""A NodePlan as the files nodeagent applies as they are, and as a report. Pure.
+
+- the sharing config (nodeagent/v1): `nodeagent sharing apply -f FILE -c NAME`;
+- when no GPU uses MPS, the same as a mig-parted v1 config: `nodeagent mig apply`;
+- the report: GPUs used and left whole, memory and SMs stranded, workloads not placed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from nodeagent.plan.planner import NodePlan
+
+MIB = 1 << 20
+
+
+def _entries(plan: NodePlan) -> list[tuple[dict[str, Any], list[int]]]:
+    """One entry per distinct sharing, with the GPUs that get it (in index order)."""
+    groups: dict[str, tuple[dict[str, Any], list[int]]] = {}
+    for g in plan.gpus:
+        body: dict[str, Any]
+        if g.strategy == "mig":
+            body = {"mig": {"mig-devices": dict(g.mig_devices)}}
+        elif g.strategy == "mps":
+            assert plan.mps_replicas is not None and g.pinned_mib is not None
+            mps: dict[str, Any] = {"replicas": plan.mps_replicas}
+            if plan.thread_percentage is not None:
+                mps["thread-percentage"] = plan.thread_percentage
+            mps["pinned-memory"] = f"{g.pinned_mib}M"
+            body = {"mps": mps}
+        else:
+            body = {"whole": {}}
+        key = json.dumps(body, sort_keys=True)
+        groups.setdefault(key, (body, []))[1].append(g.gpu)
+    return list(groups.values())
+
+
+def sharing_document(plan: NodePlan, name: str) -> dict[str, Any]:
+    entries = [{"devices": gpus, **body} for body, gpus in _entries(plan)]
+    return {"version": "nodeagent/v1", "sharing-configs": {name: entries}}
+
+
+def mig_parted_document(plan: NodePlan, name: str) -> dict[str, Any] | None:
+    """The plan as a mig-parted v1 config; None when a GPU uses MPS (mig-parted has no MPS)."""
+    if plan.uses_mps:
+        return None
+    entries: list[dict[str, Any]] = []
+    for body, gpus in _entries(plan):
+        if "mig" in body:
+            entries.append(
+                {"devices": gpus, "mig-enabled": True, "mig-devices": body["mig"]["mig-devices"]}
+            )
+        else:
+            entries.append({"devices": gpus, "mig-enabled": False})
+    return {"version": "v1", "mig-configs": {name: entries}}
+
+
+def report(plan: NodePlan, name: str) -> dict[str, Any]:
+    """Everything, JSON-ready (`nodeagent plan --output json`)."""
+    return {
+        "assignment": [
+            {
+                "workload": p.workload,
+                "replica": p.replica,
+                "gpu": p.gpu,
+                "mode": p.mode,
+                **({"profile": p.profile} if p.profile else {}),
+                **(
+                    {"placement": {"start": p.placement.start, "size": p.placement.size}}
+                    if p.placement
+                    else {}
+                ),
+            }
+            for p in plan.placed
+        ],
+        "gpus": [
+            {
+                "gpu": g.gpu,
+                "name": g.name,
+                "sharing": g.strategy,
+                "used": g.used,
+                **({"mig-devices": dict(g.mig_devices)} if g.strategy == "mig" else {}),
+                **({"pinned-memory": f"{g.pinned_mib}M"} if g.pinned_mib else {}),
+            }
+            for g in plan.gpus
+        ],
+        "mps": (
+            {"replicas": plan.mps_replicas, "thread-percentage": plan.thread_percentage}
+            if plan.mps_replicas
+            else None
+        ),
+        "report": {
+            "exact": plan.exact,
+            "replicas_placed": len(plan.placed),
+            "gpus_used": plan.gpus_used,
+            "gpus_left_whole": list(plan.gpus_whole),
+            "memory_stranded_bytes": plan.memory_stranded_bytes,
+            "sms_stranded": plan.sms_stranded,
+            "not_placed": [
+                {"workload": n.workload, "replicas": n.replicas, "reason": n.reason}
+                for n in plan.not_placed
+            ],
+        },
+        "sharing_config": sharing_document(plan, name),
+        "mig_config": mig_parted_document(plan, name),
+    }
+
+
+def summary_lines(plan: NodePlan) -> list[str]:
+    """The report in a few lines (also the comment atop the YAML output)."""
+    lines = []
+    for g in plan.gpus:
+        on = [p for p in plan.placed if p.gpu == g.gpu]
+        if not g.used:
+            lines.append(f"GPU {g.gpu}: left whole")
+            continue
+        what = ", ".join(
+            f"{p.workload}#{p.replica}" + (f" on {p.profile}@{p.placement}" if p.profile else "")
+            for p in on
+        )
+        how = g.strategy
+        if g.strategy == "mps":
+            how += f" x{plan.mps_replicas}, {g.pinned_mib}M each"
+            if plan.thread_percentage is not None:
+                how += f", {plan.thread_percentage}% threads"
+        lines.append(f"GPU {g.gpu}: {how}: {what or 'slices kept'}")
+    lines.append(
+        f"placed {len(plan.placed)} replicas on {plan.gpus_used} of {len(plan.gpus)} GPUs;"
+        f" {len(plan.gpus_whole)} left whole; memory stranded"
+        f" {plan.memory_stranded_bytes // MIB} MiB; SMs stranded {plan.sms_stranded}"
+    )
+    for n in plan.not_placed:
+        lines.append(f"not placed: {n.workload} x{n.replicas}: {n.reason}")
+    if not plan.exact:
+        lines.append(
+            "not exact: too many kinds of workloads to search every combination; a greedy plan"
+            " (GPU by GPU, the most placed first)"
+        )
+    return lines
+
+
+def render_yaml(plan: NodePlan, name: str) -> str:
+    """The sharing config, the report as comments above it."""
+    head = "".join(f"# {line}\n" for line in summary_lines(plan))
+    return head + _dump(sharing_document(plan, name))
+
+
+def render_mig_parted(plan: NodePlan, name: str) -> str | None:
+    doc = mig_parted_document(plan, name)
+    if doc is None:
+        return None
+    head = "".join(f"# {line}\n" for line in summary_lines(plan))
+    return head + _dump(doc)
+
+
+def _dump(doc: dict[str, Any]) -> str:
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
