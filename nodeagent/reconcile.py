@@ -39,6 +39,7 @@ from typing import Any, Protocol
 from nodeagent.errors import AgentError, ConfigError, MigError
 from nodeagent.files import atomic_write_text
 from nodeagent.hooks import HooksFile, load_hooks, run_hook
+from nodeagent.labels.machine import gfd_options
 from nodeagent.labels.plugin import plugin_config
 from nodeagent.labels.render import SharingState, render_labels
 from nodeagent.logs import get_logger
@@ -476,7 +477,11 @@ class Pipeline:
             return
         self.per_gpu = self._offers(snap.inventory, run)
         labels = render_labels(
-            snap.inventory, self.sharing(), run.settings.labels.prefix, self.per_gpu
+            snap.inventory,
+            self.sharing(),
+            run.settings.labels.prefix,
+            self.per_gpu,
+            gfd_options(run.settings.labels),
         )
         out = run.settings.sharing.plugin_config_out
         if out is not None:

@@ -16,6 +16,7 @@ from nodeagent.cli.common import Context, add_setting_flags, log, output_flag, p
 from nodeagent.cli.mps import cmd_mps
 from nodeagent.cli.sharing import SHARING_FLAG_NAMES
 from nodeagent.errors import AgentError
+from nodeagent.labels.machine import gfd_options
 from nodeagent.labels.render import render_labels, slice_usage
 from nodeagent.lock import lock_path
 from nodeagent.logs import configure_logging
@@ -50,7 +51,7 @@ def cmd_labels(ctx: Context) -> int:
         offers.update({i: (it.strategy, it.replicas) for i, it in res.intents.items()})
         if res.mps is not None:
             sharing = SharingState("mps", res.mps.replicas)
-    labels = render_labels(inventory, sharing, s.labels.prefix, offers)
+    labels = render_labels(inventory, sharing, s.labels.prefix, offers, gfd_options(s.labels))
     if ctx.args.output == "json":
         print_json({"labels": labels, "annotations": {SLICES_ANNOTATION: slice_usage(inventory)}})
     else:

@@ -1,20 +1,21 @@
-"""GFD-compatible node labels ("mixed" MIG strategy) from an Inventory. Pure.
+"""Node labels from an Inventory: GPU Feature Discovery's, and nodeagent's per-GPU sharing. Pure.
 
-Names and values follow GPU Feature Discovery so existing nodeSelectors keep working; the
+Names and values follow GFD (nodeagent.labels.gfd) so existing nodeSelectors keep working; the
 prefix (default `nvidia.com/`) is configurable for clusters that also run GFD.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nodeagent.nvml.inventory import Gpu, Inventory
+from nodeagent.labels.gfd import GfdOptions, Replication, gfd_labels
+from nodeagent.labels.plugin import plugin_config
+from nodeagent.nvml.inventory import Inventory
 
 DEFAULT_PREFIX = "nvidia.com/"
-_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]")
+GPU_SHARING_PREFIX = "nodeagent.io/gpu."
 
 
 @dataclass(frozen=True)
@@ -25,23 +26,14 @@ class SharingState:
     replicas: int = 1
 
 
-def _value(text: str) -> str:
-    """A valid label value: GFD turns spaces into '-'; other bad characters become '_';
-    at most 63 characters, starting and ending alphanumeric."""
-    text = _VALUE_BAD.sub("_", text.replace(" ", "-"))[:63]
-    return text.strip("-_.")
-
-
-def _bool(flag: bool) -> str:
-    return "true" if flag else "false"
-
-
-def profile_label(profile: str) -> str:
-    """GFD writes '+' in a profile name as '.': mig-1g.18gb+me -> mig-1g.18gb.me."""
-    return "mig-" + profile.replace("+", ".")
-
-
-GPU_SHARING_PREFIX = "nodeagent.io/gpu."
+def replication(offers: Mapping[int, tuple[str, int]]) -> Replication:
+    """What the device plugin config nodeagent writes for these offers says of `nvidia.com/gpu`
+    (GFD reads the plugin's config): MPS, else time-slicing, with its replicas; else none."""
+    sharing = plugin_config(offers)[0]["sharing"]
+    for key, strategy in (("mps", "mps"), ("timeSlicing", "time-slicing")):
+        if key in sharing:
+            return Replication(strategy, int(sharing[key]["resources"][0]["replicas"]))
+    return Replication()
 
 
 def render_labels(
@@ -49,64 +41,28 @@ def render_labels(
     sharing: SharingState = SharingState(),
     prefix: str = DEFAULT_PREFIX,
     per_gpu: Mapping[int, tuple[str, int]] | None = None,
+    gfd: GfdOptions | None = None,
 ) -> dict[str, str]:
-    """Every label nodeagent owns for this node. No GPU: no labels. `per_gpu` (what each GPU
-    offers: mig, mps, time-slicing or whole, and its replicas) adds
-    `nodeagent.io/gpu.<index>.sharing` and `.replicas`; GFD's keys keep GFD's node-level
-    meaning."""
-    if not inventory.gpus:
-        return {}
-    first: Gpu = inventory.gpus[0]
-    cuda = inventory.cuda_driver_version
-    labels = {
-        "gpu.count": str(len(inventory.gpus)),
-        "gpu.product": _value(first.name),
-        "gpu.memory": str(first.memory_total_bytes // (1024 * 1024)),
-        "gpu.family": first.architecture,
-        "gpu.compute.major": str(first.compute_capability[0]),
-        "gpu.compute.minor": str(first.compute_capability[1]),
-        "cuda.driver-version.major": str(cuda // 1000),
-        "cuda.driver-version.minor": str(cuda % 1000 // 10),
-        "cuda.driver-version.revision": str(cuda % 10),
-        "mig.capable": _bool(any(g.mig_capable for g in inventory.gpus)),
-        "mig.strategy": "mixed",
-        # True only where nodeagent runs MPS: NVIDIA's Helm chart schedules its own MPS daemon
-        # on this label, and two daemons must never serve one GPU.
-        "mps.capable": _bool(sharing.strategy == "mps"),
-        "gpu.sharing-strategy": sharing.strategy,
-        "gpu.replicas": str(sharing.replicas if sharing.strategy != "none" else 1),
-    }
-    counts: dict[str, int] = {}
-    details: dict[str, dict[str, str]] = {}
-    for gpu in inventory.gpus:
-        # A GI left without its compute instance (an interrupted apply) is not usable: never
-        # advertised; the next apply completes it.
-        gis = {s.gi_id: s for s in gpu.slices if s.ci_id is not None}
-        for s in gis.values():
-            counts[s.profile] = counts.get(s.profile, 0) + 1
-            p = gpu.profile_by_id(s.profile_id)
-            if p is None or s.profile in details:
-                continue
-            details[s.profile] = {
-                "memory": str(p.memory_bytes // (1024 * 1024)),
-                "multiprocessors": str(p.multiprocessor_count),
-                "slices.gi": str(p.slice_count),
-                "slices.ci": str(p.slice_count),
-                "engines.copy": str(p.engines.copy),
-                "engines.decoder": str(p.engines.decoder),
-                "engines.encoder": str(p.engines.encoder),
-                "engines.jpeg": str(p.engines.jpeg),
-                "engines.ofa": str(p.engines.ofa),
-            }
-    for profile in sorted(counts):
-        base = profile_label(profile)
-        labels[f"{base}.count"] = str(counts[profile])
-        for key, value in details.get(profile, {}).items():
-            labels[f"{base}.{key}"] = value
+    """Every label nodeagent owns for this node. No GPU: no labels.
+
+    GFD's labels for `gfd` (MIG strategy and machine type; default mixed and unknown).
+    `mps.capable` is true only where nodeagent runs MPS (`sharing`): NVIDIA's Helm chart
+    schedules its own MPS daemon on that label, and two daemons must never serve one GPU.
+    `per_gpu` (what each GPU offers: mig, mps, time-slicing or whole, and its replicas) decides
+    GFD's gpu.replicas and gpu.sharing-strategy as the device plugin config written for it
+    would, and adds `nodeagent.io/gpu.<index>.sharing` and `.replicas`; without it they come
+    from `sharing`.
+    """
+    if per_gpu is not None:
+        rep = replication(per_gpu)
+    else:
+        rep = Replication(sharing.strategy, sharing.replicas if sharing.strategy != "none" else 1)
+    labels = gfd_labels(inventory, gfd or GfdOptions(), rep, mps_capable=sharing.strategy == "mps")
     out = {prefix + k: v for k, v in sorted(labels.items())}
-    for index, (strategy, replicas) in sorted((per_gpu or {}).items()):
-        out[f"{GPU_SHARING_PREFIX}{index}.sharing"] = strategy
-        out[f"{GPU_SHARING_PREFIX}{index}.replicas"] = str(replicas)
+    if labels:
+        for index, (strategy, replicas) in sorted((per_gpu or {}).items()):
+            out[f"{GPU_SHARING_PREFIX}{index}.sharing"] = strategy
+            out[f"{GPU_SHARING_PREFIX}{index}.replicas"] = str(replicas)
     return out
 
 

@@ -63,6 +63,18 @@ class Process:
 
 
 @dataclass(frozen=True)
+class MigAttributes:
+    """What NVML says of one MIG device (nvmlDeviceGetAttributes on its handle): the numbers
+    GFD publishes per MIG profile."""
+
+    memory_mib: int  # memorySizeMB
+    multiprocessor_count: int
+    gi_slice_count: int
+    ci_slice_count: int
+    engines: Engines  # the shared copy, decoder, encoder, JPEG and OFA engines
+
+
+@dataclass(frozen=True)
 class Slice:
     """One GPU instance and its compute instance (a MIG device). A GI left without a CI
     (a crash between the two creates) has `ci_id`, `mig_uuid` None."""
@@ -82,6 +94,7 @@ class Slice:
     # profile NVML did not describe) counts as the full GI.
     ci_slice_count: int | None = None
     ci_start: int = 0
+    attributes: MigAttributes | None = None  # None without a MIG device handle
 
     @property
     def in_use(self) -> bool:
@@ -123,6 +136,7 @@ class Gpu:
     slices: tuple[Slice, ...]
     processes: tuple[Process, ...]  # on the full GPU (MIG disabled)
     pci_subsystem_id: int = 0  # device << 16 | vendor of the board; 0 when unknown
+    pci_class: int | None = None  # PCI class code, 0x030200 a 3D controller; None: unknown
 
     def profile_named(self, name: str) -> GiProfile | None:
         return next((p for p in self.profiles if p.name == name), None)

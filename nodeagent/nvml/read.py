@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from nodeagent.nvml.inventory import (
@@ -12,6 +13,7 @@ from nodeagent.nvml.inventory import (
     GiProfile,
     Gpu,
     Inventory,
+    MigAttributes,
     Placement,
     Process,
     Slice,
@@ -196,10 +198,73 @@ def _with_mig_device(
             int(attrs.multiprocessorCount) if attrs is not None else bare.multiprocessor_count
         ),
         processes=_processes(session, mig),
+        attributes=_attributes(attrs),
     )
 
 
-def read_gpu(session: NvmlSession, index: int) -> Gpu:
+def _attributes(attrs: Any) -> MigAttributes | None:
+    if attrs is None:
+        return None
+    return MigAttributes(
+        memory_mib=int(attrs.memorySizeMB),
+        multiprocessor_count=int(attrs.multiprocessorCount),
+        gi_slice_count=int(attrs.gpuInstanceSliceCount),
+        ci_slice_count=int(attrs.computeInstanceSliceCount),
+        engines=Engines(
+            copy=int(attrs.sharedCopyEngineCount),
+            decoder=int(attrs.sharedDecoderCount),
+            encoder=int(attrs.sharedEncoderCount),
+            jpeg=int(attrs.sharedJpegCount),
+            ofa=int(attrs.sharedOfaCount),
+        ),
+    )
+
+
+SYSFS = Path("/sys")
+NVIDIA_PCI_VENDOR = 0x10DE
+_FUNCTION_NOT_FOUND = 13  # an NVML older than the call (nvmlDeviceGetPciInfoExt: R550)
+
+
+def sysfs_bus_id(nvml_bus_id: str) -> str:
+    """NVML's bus id ('00000000:18:00.0') as sysfs names the device ('0000:18:00.0')."""
+    bus_id = nvml_bus_id.lower()
+    domain, sep, rest = bus_id.partition(":")
+    if sep and len(domain) == 8 and domain.startswith("0000"):
+        return f"{domain[4:]}:{rest}"
+    return bus_id
+
+
+def read_pci_class(session: NvmlSession, dev: Any, bus_id: str, sysfs: Path = SYSFS) -> int | None:
+    """The GPU's 24-bit PCI class code (0x030200 a 3D controller, 0x030000 a VGA controller),
+    or None when neither NVML nor sysfs tells.
+
+    NVML's nvmlDeviceGetPciInfoExt gives base class and subclass; an older driver lacks it, and
+    then the code comes from `<sysfs>/bus/pci/devices/<bus id>/class`, where GPU Feature
+    Discovery reads it. nvidia-smi equivalent: `lspci -n -s <bus id>`.
+    """
+    lib = session.lib
+    if hasattr(lib, "nvmlDeviceGetPciInfoExt"):  # nvidia-ml-py from 12.550
+        info = lib.nvmlPciInfoExt_v1_t()
+        info.version = lib.nvmlPciInfoExt_v1
+        # pynvml returns None either way; an answer fills the base class (3 for a GPU).
+        session.call(
+            "nvmlDeviceGetPciInfoExt",
+            dev,
+            ctypes.byref(info),
+            absent=(NOT_SUPPORTED, _FUNCTION_NOT_FOUND),
+        )
+        if info.baseClass:
+            return (int(info.baseClass) << 16) | (int(info.subClass) << 8)
+    device = sysfs / "bus" / "pci" / "devices" / sysfs_bus_id(bus_id)
+    try:
+        vendor = int((device / "vendor").read_text().strip(), 0)
+        code = int((device / "class").read_text().strip(), 0)
+    except (OSError, ValueError):
+        return None
+    return code if vendor == NVIDIA_PCI_VENDOR else None
+
+
+def read_gpu(session: NvmlSession, index: int, sysfs: Path = SYSFS) -> Gpu:
     """One GPU: identity, memory, MIG mode, profiles, slices, processes."""
     dev = session.call("nvmlDeviceGetHandleByIndex", index, context=f"GPU {index}")
     pci = session.call("nvmlDeviceGetPciInfo", dev)
@@ -230,11 +295,13 @@ def read_gpu(session: NvmlSession, index: int) -> Gpu:
         slices=read_slices(session, dev, index, profiles) if current else (),
         processes=() if current else _processes(session, dev),
         pci_subsystem_id=int(pci.pciSubSystemId),
+        pci_class=read_pci_class(session, dev, _text(pci.busId), sysfs),
     )
 
 
-def read_inventory(session: NvmlSession) -> Inventory:
-    """The whole node as one immutable snapshot.
+def read_inventory(session: NvmlSession, sysfs: Path = SYSFS) -> Inventory:
+    """The whole node as one immutable snapshot. `sysfs` is where PCI class codes are read
+    when NVML cannot give them (tests point it elsewhere).
 
     nvidia-smi equivalent: `nvidia-smi -q` plus `nvidia-smi mig -lgip/-lgipp/-lgi/-lci`.
     """
@@ -242,5 +309,5 @@ def read_inventory(session: NvmlSession) -> Inventory:
     return Inventory(
         driver_version=_text(session.call("nvmlSystemGetDriverVersion")),
         cuda_driver_version=int(session.call("nvmlSystemGetCudaDriverVersion")),
-        gpus=tuple(read_gpu(session, i) for i in range(count)),
+        gpus=tuple(read_gpu(session, i, sysfs) for i in range(count)),
     )

@@ -14,12 +14,16 @@ from nodeagent.sim.base import (
     _decode,
     _fail,
     _handle,
+    _ref_value,
     nvml_call,
 )
 from nodeagent.sim.models import (
     load_model,
 )
 from nodeagent.sim.rules import COMPUTE_MODES
+
+PCI_CLASS_3D_CONTROLLER = 0x030200
+_PCI_SUBSYSTEM_ID = 0x18C810DE
 
 
 class DeviceCalls(SimBase):
@@ -104,10 +108,31 @@ class DeviceCalls(SimBase):
         info.bus = int(gpu.pci_bus_id.split(":")[1], 16)
         info.device = 0
         info.pciDeviceId = model.pci_device_id
-        info.pciSubSystemId = 0x18C810DE
+        info.pciSubSystemId = _PCI_SUBSYSTEM_ID
         return info
 
     nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
+
+    # pynvml's names for the extended PCI info start in lower case: SimBase does not copy them.
+    nvmlPciInfoExt_v1_t = pynvml.nvmlPciInfoExt_v1_t
+    nvmlPciInfoExt_v1 = pynvml.nvmlPciInfoExt_v1
+
+    @nvml_call()
+    def nvmlDeviceGetPciInfoExt(self, handle: Any, c_info: Any) -> None:
+        """Fills the caller's nvmlPciInfoExt_v1_t (passed by reference, version set).
+
+        Every emulated model is a data-centre board that comes up as a 3D controller (PCI class
+        0x0302, as `lspci -n` shows for A100, H100, H200 and A30): the class GPU Feature
+        Discovery turns into `gpu.mode=compute`."""
+        gpu, model = self._gpu(handle)
+        info = _ref_value(c_info)
+        if int(info.version) != pynvml.nvmlPciInfoExt_v1:
+            _fail(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        info.domain, info.bus, info.device = 0, int(gpu.pci_bus_id.split(":")[1], 16), 0
+        info.pciDeviceId, info.pciSubSystemId = model.pci_device_id, _PCI_SUBSYSTEM_ID
+        info.baseClass = PCI_CLASS_3D_CONTROLLER >> 16
+        info.subClass = PCI_CLASS_3D_CONTROLLER >> 8 & 0xFF
+        info.busId = gpu.pci_bus_id.encode()
 
     @nvml_call()
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:

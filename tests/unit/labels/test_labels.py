@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from nodeagent.labels.gfd import GfdOptions
 from nodeagent.labels.nfd import render_features, write_features
 from nodeagent.labels.render import SharingState, render_labels, slice_usage
 from nodeagent.mig.apply import reconfigure
@@ -15,7 +16,6 @@ from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
-from nodeagent.sim.models import MODEL_NAMES
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 
@@ -29,19 +29,50 @@ def _inventory(spec: str, config: str | None) -> tuple[Inventory, SimulatedNvml,
     return read_inventory(session), lib, session
 
 
-CASES = [(f"{m}-{c or 'mig-off'}", m, c) for m in MODEL_NAMES for c in (None, "all-balanced")] + [
-    ("h200x2-all-1g.18gb.me", "h200x2", "all-1g.18gb.me")
-]
+# The models whose goldens are kept (a model added to the emulator gets the GFD regex test in
+# test_gfd_expected_output.py at once, and a golden file when someone adds it here).
+GOLDEN_SPECS = (
+    "h200",
+    "a100-40gb",
+    "a100-80gb",
+    "h100-80gb",
+    "a30",
+    "a100-40gb,h100-80gb",
+    "b200",
+    "gh200-144gb",
+    "rtx-pro-6000",
+)
+SINGLE_PROFILE = {
+    "b200": "all-1g.23gb",
+    "gh200-144gb": "all-1g.18gb",
+    "rtx-pro-6000": "all-1g.24gb",
+    "h200": "all-1g.18gb",
+    "a100-40gb": "all-1g.5gb",
+    "a100-80gb": "all-1g.10gb",
+    "h100-80gb": "all-1g.10gb",
+    "a30": "all-1g.6gb",
+    "a100-40gb,h100-80gb": "all-1g.10gb",
+}
+MACHINE = "PowerEdge XE9680\n"
+CASES = (
+    [(spec, None, "mixed") for spec in GOLDEN_SPECS]
+    + [(spec, "all-balanced", s) for spec in GOLDEN_SPECS for s in ("none", "single", "mixed")]
+    + [(spec, SINGLE_PROFILE[spec], "single") for spec in GOLDEN_SPECS]
+    + [("h200x2", "all-1g.18gb.me", s) for s in ("single", "mixed")]
+)
 
 
-_PARAMS = [pytest.param(*c, id=c[0]) for c in CASES]
+def _golden_name(spec: str, config: str | None, strategy: str) -> str:
+    return f"labels-{spec.replace(',', '+')}-{config or 'mig-off'}-{strategy}.json"
 
 
-@pytest.mark.parametrize(("name", "spec", "config"), _PARAMS)
-def test_golden_labels(name: str, spec: str, config: str | None) -> None:
+@pytest.mark.parametrize(
+    ("spec", "config", "strategy"), CASES, ids=[_golden_name(*c)[7:-5] for c in CASES]
+)
+def test_golden_labels(spec: str, config: str | None, strategy: str) -> None:
     inventory, _, _ = _inventory(spec, config)
-    got = render_labels(inventory)
-    path = GOLDEN / f"labels-{name}.json"
+    got = render_labels(inventory, gfd=GfdOptions(strategy, MACHINE))
+    path = GOLDEN / _golden_name(spec, config, strategy)
     if os.environ.get("UPDATE_GOLDEN"):
         path.write_text(json.dumps(got, indent=1) + "\n")
     assert got == json.loads(path.read_text())
@@ -74,7 +105,7 @@ def test_prefix_and_sharing() -> None:
     labels = render_labels(inventory, SharingState("mps", 4), prefix="nodeagent.io/")
     assert labels["nodeagent.io/gpu.sharing-strategy"] == "mps"
     assert labels["nodeagent.io/gpu.replicas"] == "4"
-    assert labels["nodeagent.io/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
+    assert labels["nodeagent.io/gpu.product"] == "NVIDIA-A100-SXM4-40GB-SHARED"  # GFD's suffix
     assert all(k.startswith("nodeagent.io/") for k in labels)
 
 

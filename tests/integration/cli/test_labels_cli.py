@@ -1,0 +1,65 @@
+"""`nodeagent labels` with GFD's options: the MIG strategy and the machine-type file."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Result, assert_one_error
+
+
+@pytest.fixture
+def node(cli: Callable[..., Result], tmp_path: Path) -> Callable[..., Result]:
+    """`nodeagent labels ARGS` on one emulated H200 whose 7 slices are 1g.18gb."""
+    state = str(tmp_path / "node.json")
+    gen = cli("--simulate", "h200", "--sim-state", state, "mig", "generate-config")
+    assert gen.returncode == 0, gen.stderr
+    (tmp_path / "mig.yaml").write_text(gen.stdout)
+    res = cli("--simulate", "h200", "--sim-state", state, "mig", "apply", "-f",
+              str(tmp_path / "mig.yaml"), "-c", "all-1g.18gb")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+
+    def run(*args: str, env: dict[str, str] | None = None) -> Result:
+        return cli(
+            "--simulate", "h200", "--sim-state", state, "labels", "-o", "json", *args, env=env
+        )
+
+    return run
+
+
+def _labels(res: Result) -> dict[str, str]:
+    assert res.returncode == 0, res.stderr
+    labels: dict[str, str] = json.loads(res.stdout)["labels"]
+    return labels
+
+
+def test_single_strategy_and_machine_type(node: Callable[..., Result], tmp_path: Path) -> None:
+    (tmp_path / "product_name").write_text("PowerEdge R760xa\n")
+    got = _labels(
+        node("--mig-strategy", "single", "--machine-type-file", str(tmp_path / "product_name"))
+    )
+    assert got["nvidia.com/gpu.product"] == "NVIDIA-H200-MIG-1g.18gb"
+    assert got["nvidia.com/gpu.count"] == "7"
+    assert got["nvidia.com/gpu.machine"] == "PowerEdge-R760xa"
+    assert got["nvidia.com/mig.strategy"] == "single"
+    assert not any(k.startswith("nvidia.com/mig-") for k in got)
+
+
+def test_strategy_from_the_environment_and_default_mixed(
+    node: Callable[..., Result], tmp_path: Path
+) -> None:
+    absent = {"NODEAGENT_MACHINE_TYPE_FILE": str(tmp_path / "absent")}
+    mixed = _labels(node(env=absent))
+    assert mixed["nvidia.com/mig.strategy"] == "mixed"
+    assert mixed["nvidia.com/mig-1g.18gb.count"] == "7"
+    assert mixed["nvidia.com/gpu.machine"] == "unknown"
+    none = _labels(node(env=absent | {"NODEAGENT_MIG_STRATEGY": "none"}))
+    assert "nvidia.com/mig.strategy" not in none
+    assert none["nvidia.com/gpu.replicas"] == "0"
+
+
+def test_bad_strategy_is_one_sentence(node: Callable[..., Result]) -> None:
+    assert_one_error(node("--mig-strategy", "bogus"), 2, "--mig-strategy", "none, single, mixed")
