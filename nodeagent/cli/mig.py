@@ -52,7 +52,11 @@ def _describe_op(op: dict[str, Any]) -> str:
     if "enabled" in op:
         text += " enabled" if op["enabled"] else " disabled"
     if "profile" in op:
-        text += f" {op['profile']}"
+        slices = op.get("compute_slices")
+        full = str(op["profile"]).startswith(f"{slices}g.")
+        text += f" {op['profile']}" if slices is None or full else f" {slices}c.{op['profile']}"
+        if slices is not None and not full:
+            text += f" (compute slice {op.get('ci_start', 0)})"
     if "placement" in op:
         text += f" at {op['placement']['start']}:{op['placement']['size']}"
     ids = [
