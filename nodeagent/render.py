@@ -50,7 +50,7 @@ def _slice_row(letter: str, s: Slice) -> str:
     uuid = s.mig_uuid or "(no compute instance: incomplete slice)"
     mem = f"{_gib(s.memory_used_bytes)} / {_gib(s.memory_total_bytes)}"
     return (
-        f"    {letter:<3}{s.profile:<12}{s.placement!s:<7}{s.gi_id:<4}{ci:<4}"
+        f"    {letter:<3}{s.device_profile:<12}{s.placement!s:<7}{s.gi_id:<4}{ci:<4}"
         f"{uuid:<42}{mem:<22}{s.multiprocessor_count:<5}{_processes(s.processes)}"
     )
 

@@ -31,6 +31,7 @@ from nodeagent.sim.rules import (
     CI_SLICES,
     GI_IDS,
     ci_conflict,
+    ci_multiprocessors,
     ci_starts,
     gi_conflict,
     gi_id_for,
@@ -208,9 +209,7 @@ class InstanceCalls(SimBase):
         info.version = pynvml.nvmlComputeInstanceProfileInfo_v2
         info.id, info.sliceCount = profile, slices
         info.instanceCount = len(ci_starts(gi_profile.slice_count, slices))
-        info.multiprocessorCount = (
-            gi_profile.multiprocessor_count * slices // gi_profile.slice_count
-        )
+        info.multiprocessorCount = ci_multiprocessors(model, gi_profile, slices)
         info.sharedCopyEngineCount = gi_profile.copy_engine_count
         info.sharedDecoderCount = gi_profile.decoder_count
         info.sharedEncoderCount = gi_profile.encoder_count
@@ -390,7 +389,7 @@ class InstanceCalls(SimBase):
         p = self._profile(model, gi.profile_id)
         slices = CI_SLICES[ci.profile_id]
         attrs = pynvml.c_nvmlDeviceAttributes()
-        attrs.multiprocessorCount = p.multiprocessor_count * slices // p.slice_count
+        attrs.multiprocessorCount = ci_multiprocessors(model, p, slices)
         attrs.sharedCopyEngineCount, attrs.sharedDecoderCount = p.copy_engine_count, p.decoder_count
         attrs.sharedEncoderCount, attrs.sharedJpegCount = p.encoder_count, p.jpeg_count
         attrs.sharedOfaCount = p.ofa_count

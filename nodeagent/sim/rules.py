@@ -86,6 +86,20 @@ def ci_starts(gi_slices: int, ci_slices: int) -> list[int]:
     return list(range(0, gi_slices - ci_slices + 1, step))
 
 
+def ci_multiprocessors(model: DeviceModel, gi: ProfileModel, ci_slices: int) -> int:
+    """SMs of a compute instance: the GI's own for the full CI; else `ci_slices` times the SMs
+    of one compute slice (the 1-slice profile's). Documented for A100/A30 (14 per slice) and
+    for a 1c on Hopper (16 SMs, while a 3g GI has 60, not 3 x 16: Hopper's GI counts are not
+    linear); other partial CIs on Hopper are not documented and follow the same rule."""
+    if ci_slices == gi.slice_count:
+        return gi.multiprocessor_count
+    one = min(
+        (p.multiprocessor_count for p in model.profiles if p.slice_count == 1),
+        default=gi.multiprocessor_count // gi.slice_count,
+    )
+    return one * ci_slices
+
+
 def ci_conflict(gi: GiState, gi_slices: int, profile_id: int, start: int) -> str | None:
     """Why a CI of compute-instance profile `profile_id` at `start` cannot join `gi`."""
     slices = CI_SLICES.get(profile_id)
