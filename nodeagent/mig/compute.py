@@ -105,12 +105,50 @@ def pack(gi_slices: int, sizes: Sequence[int]) -> tuple[Shape, ...] | None:
     return tuple(sorted((tuple(b) for b in bins), reverse=True))
 
 
+def partitions(gi_slices: int, sizes: Sequence[int], max_gis: int) -> list[tuple[Shape, ...]]:
+    """Every way to group a demand of CI sizes into at most `max_gis` GIs whose CIs can all be
+    placed (each a multiset of shapes, largest first); the same MIG devices, grouped
+    differently. Used when the preferred packing would destroy a compute instance in use."""
+    return sorted(_partitions(gi_slices, tuple(sorted(sizes, reverse=True)), max_gis))
+
+
+@lru_cache(maxsize=1024)
+def _partitions(gi_slices: int, sizes: Shape, max_gis: int) -> frozenset[tuple[Shape, ...]]:
+    if not sizes:
+        return frozenset({()})
+    if max_gis <= 0:
+        return frozenset()
+    first, rest = sizes[0], sizes[1:]
+    found: set[tuple[Shape, ...]] = set()
+    for n in range(len(rest) + 1):  # the first CI's GI takes `first` and n of the others
+        for others in set(combinations(rest, n)):
+            shape = (first, *others)
+            if place(gi_slices, shape) is None:
+                continue
+            left = list(rest)
+            for size in others:
+                left.remove(size)
+            for tail in _partitions(gi_slices, tuple(left), max_gis - 1):
+                found.add(tuple(sorted(((*shape,), *tail), reverse=True)))
+    return frozenset(found)
+
+
 def keepable(
     gi_slices: int, shape: Shape, existing: Sequence[CiPlacement], required: Sequence[CiPlacement]
 ) -> tuple[CiPlacement, ...] | None:
     """The existing CIs to keep when a GI changes to `shape`: every `required` one (in use),
     then as many of the others as still let the rest be placed; None if the required ones
     cannot stay."""
+    return _keepable(gi_slices, tuple(shape), tuple(existing), tuple(required))
+
+
+@lru_cache(maxsize=8192)
+def _keepable(
+    gi_slices: int,
+    shape: Shape,
+    existing: tuple[CiPlacement, ...],
+    required: tuple[CiPlacement, ...],
+) -> tuple[CiPlacement, ...] | None:
     if place(gi_slices, shape, required) is None:
         return None
     optional = [p for p in existing if p not in required]

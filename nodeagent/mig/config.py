@@ -378,9 +378,10 @@ def _mig_devices(
         try:
             profile = parse_profile(name)
         except ProfileFormatError as err:
+            shown = repr(name) if len(name) <= 64 else repr(name[:60]) + "..."
             errors.add(
                 knode,
-                f"{what}: {name!r} is not a MIG profile name like '1g.18gb', '1g.18gb+me' or"
+                f"{what}: {shown} is not a MIG profile name like '1g.18gb', '1g.18gb+me' or"
                 f" '1c.3g.71gb': {err}",
             )
             continue

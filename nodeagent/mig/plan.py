@@ -13,7 +13,9 @@ compares them) gets no operation, however its compute instances are grouped.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cache
+from itertools import product
 from typing import Any
 
 from nodeagent.errors import GeometryInvalid, SliceInUse
@@ -182,6 +184,32 @@ def _reshape(gi: _Gi, shape: Shape) -> tuple[int, tuple[CiPlacement, ...]] | Non
     return (len(have) - len(kept)) + (len(shape) - len(kept)), kept
 
 
+def _best_shapes(
+    kept: list[_Gi], shapes: tuple[Shape, ...]
+) -> tuple[int, tuple[tuple[Shape, tuple[CiPlacement, ...]], ...]] | None:
+    """The cheapest one-to-one choice of wanted shapes for the kept GIs of one profile (the
+    shapes left over go to new GIs): exact, over every assignment (a profile has at most a few
+    GIs); None when some GI cannot keep its busy compute instances under any choice."""
+
+    @cache
+    def go(i: int, left: tuple[Shape, ...]) -> tuple[int, tuple[Any, ...]] | None:
+        if i == len(kept):
+            return sum(1 + len(s) for s in left), ()
+        best: tuple[int, tuple[Any, ...]] | None = None
+        for shape in sorted(set(left)):
+            step = _reshape(kept[i], shape)
+            if step is None:
+                continue
+            rest = list(left)
+            rest.remove(shape)
+            tail = go(i + 1, tuple(rest))
+            if tail is not None and (best is None or step[0] + tail[0] < best[0]):
+                best = (step[0] + tail[0], ((shape, step[1]), *tail[1]))
+        return best
+
+    return go(0, tuple(sorted(shapes, reverse=True)))
+
+
 def _assign(
     geometry: Geometry, layout: Layout, want: Desired, existing: dict[Instance, _Gi]
 ) -> _Target | None:
@@ -191,33 +219,49 @@ def _assign(
     keep: dict[Instance, tuple[CiPlacement, ...]] = {}
     cost = sum(gi.destroy_cost for inst, gi in existing.items() if inst not in layout)
     for pid in sorted({inst.profile_id for inst in layout}):
-        left = list(want.shapes_of(geometry.profile(pid)))
+        wanted = want.shapes_of(geometry.profile(pid))
         insts = [i for i in layout if i.profile_id == pid]
-        kept = sorted(
-            (i for i in insts if i in existing), key=lambda i: (not existing[i].in_use, i)
-        )
-        for inst in kept:  # the same CIs already: nothing to do
-            if existing[inst].shape in left:
-                left.remove(existing[inst].shape)
-                shapes[inst] = existing[inst].shape
-                keep[inst] = tuple(sorted(where for _, where in existing[inst].cis))
-        for inst in kept:
-            if inst in shapes:
-                continue
-            options = [
-                (r, shape) for shape in sorted(set(left)) if (r := _reshape(existing[inst], shape))
-            ]
-            if not options:
-                return None
-            (step, kept_cis), shape = min(options, key=lambda o: (o[0][0], o[1]))
-            left.remove(shape)
+        kept = [i for i in insts if i in existing]
+        best = _best_shapes([existing[i] for i in kept], wanted)
+        if best is None:
+            return None
+        step, chosen = best
+        cost += step
+        left = list(wanted)
+        for inst, (shape, kept_cis) in zip(kept, chosen, strict=True):
             shapes[inst], keep[inst] = shape, kept_cis
-            cost += step
+            left.remove(shape)
         for inst in insts:
             if inst not in shapes:
                 shapes[inst] = left.pop(0)
-                cost += 1 + len(shapes[inst])
     return _Target(layout, shapes, keep, cost)
+
+
+MAX_REGROUPINGS = 256
+
+
+def _regroupings(geometry: Geometry, want: Desired) -> list[Desired]:
+    """`want` with its compute instances grouped into GIs in every other way that fits (at
+    most MAX_REGROUPINGS of them)."""
+    options: list[list[tuple[int, tuple[Shape, ...]]]] = []
+    for pid, wanted in sorted(want.shapes.items()):
+        p = geometry.profile(pid)
+        full = compute.full(p.slice_count)
+        fulls = tuple(s for s in wanted if s == full)
+        sizes = [c for s in wanted if s != full for c in s]
+        groups = compute.partitions(p.slice_count, sizes, p.instance_count - len(fulls))
+        options.append([(pid, tuple(sorted(fulls + g, reverse=True))) for g in groups])
+    out: list[Desired] = []
+    for combo in product(*options):
+        if len(out) >= MAX_REGROUPINGS:
+            break
+        shapes = dict(want.shapes) | dict(combo)
+        if shapes == want.shapes:
+            continue
+        counts = dict(want.counts) | {pid: len(s) for pid, s in combo}
+        if geometry.fits_counts(counts):
+            out.append(replace(want, counts=counts, shapes=shapes))
+    return out
 
 
 def choose_target(geometry: Geometry, want: Desired, existing: list[_Gi]) -> _Target | None:
@@ -293,6 +337,13 @@ def plan_gpu(gpu: Gpu, want: Desired, in_use: Mapping[str, str] | None = None) -
         return GpuPlan(gpu.index, ())  # the wanted MIG devices, however they are grouped
     geometry = Geometry.of(gpu)
     chosen = choose_target(geometry, want, existing)
+    if chosen is None and any(gi.busy_cis for gi in existing):
+        # The preferred grouping of the compute instances would destroy one in use: the same
+        # MIG devices grouped otherwise count as applied too (mig-parted compares devices).
+        for other in _regroupings(geometry, want):
+            found = choose_target(geometry, other, existing)
+            if found is not None and (chosen is None or found.cost < chosen.cost):
+                chosen = found
     if chosen is None:
         names = want.named_counts(gpu)
         blockers = _blockers(geometry, want.counts, existing)

@@ -63,7 +63,7 @@ def _field(text: str, unit: str) -> int:
     if not text.endswith(unit):
         raise ProfileFormatError(f"missing {unit!r} in '%d{unit}'")
     digits = text[: -len(unit)]
-    if not _NUMBER.fullmatch(digits):
+    if not _NUMBER.fullmatch(digits) or len(digits) > 9:  # Go's Atoi overflows past int
         raise ProfileFormatError(f"malformed number in '%d{unit}'")
     return int(digits)
 

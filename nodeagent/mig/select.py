@@ -241,6 +241,13 @@ def _ci_demand(
             f" {offered}"
         )
         return False
+    most = profile.instance_count * len(compute.starts(g, c))
+    if pc.count > most:  # before packing: a huge count must not build a huge list
+        errors.append(
+            f"{pc.mark}: {_gpu_label(gpus)} {'hold' if len(gpus) > 1 else 'holds'} at most"
+            f" {most}x{pc.name}; asked for {pc.count}"
+        )
+        return False
     if pc.count:
         demand.setdefault(profile.id, []).extend([c] * pc.count)
     return True

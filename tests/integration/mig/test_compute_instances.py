@@ -196,3 +196,66 @@ def test_export_names_compute_instances_and_applies_back() -> None:
     assert exported["current"][0]["mig-devices"] == {"1c.3g.71gb": 2, "2c.3g.71gb": 2}
     back = parse_config(dump_config(exported), "current.yaml")
     assert reconfigure(session, back, "current", lib.reset).done == ()
+
+
+def _busy(lib: SimulatedNvml, session: NvmlSession, where: set[tuple[int, int]]) -> set[str]:
+    """Start a process on each (GI id, CI start); returns their MIG UUIDs."""
+    uuids = set()
+    for pid, s in enumerate(read_inventory(session).gpus[0].slices, start=100):
+        if (s.gi_id, s.ci_start) in where and s.mig_uuid:
+            lib.attach(s.mig_uuid, pid, MIB)
+            uuids.add(s.mig_uuid)
+    return uuids
+
+
+def _devices_of(session: NvmlSession) -> set[str]:
+    return {s.mig_uuid for s in read_inventory(session).gpus[0].slices if s.mig_uuid}
+
+
+@pytest.mark.parametrize(
+    ("first", "busy", "second"),
+    [
+        # The GI whose CIs already match must not take the only shape a busy GI can have.
+        ({"1c.3g.71gb": 6}, {(1, 1), (2, 0), (2, 2)}, {"1c.3g.71gb": 4}),
+        ({"2c.3g.71gb": 2, "1c.3g.71gb": 1}, {(2, 0)}, {"2c.3g.71gb": 1, "1c.3g.71gb": 4}),
+        # The preferred grouping (3 + 1) would destroy a busy CI; 2 + 2 is the same devices.
+        ({"1c.3g.71gb": 6}, {(1, 0), (1, 1), (2, 0), (2, 1)}, {"1c.3g.71gb": 4}),
+    ],
+)
+def test_busy_compute_instances_are_kept_when_any_grouping_allows(
+    first: dict[str, int], busy: set[tuple[int, int]], second: dict[str, int]
+) -> None:
+    """Found by a second read: a greedy choice of shapes, or one fixed grouping, refused
+    changes that can be made without touching a busy compute instance."""
+
+    def config(name: str, devices: dict[str, int]) -> str:
+        return f"  {name}:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {devices}\n"
+
+    cfg = parse_config(
+        "version: v1\nmig-configs:\n" + config("first", first) + config("second", second), "c.yaml"
+    )
+    lib, session = _node()
+    reconfigure(session, cfg, "first", lib.reset)
+    kept = _busy(lib, session, busy)
+    assert len(kept) == len(busy)
+    reconfigure(session, cfg, "second", lib.reset)
+    assert kept <= _devices_of(session)
+    assert assert_config(session, cfg, "second")[0] == []
+    assert reconfigure(session, cfg, "second", lib.reset).done == ()
+
+
+def test_huge_numbers_are_one_sentence() -> None:
+    big = parse_config(
+        "version: v1\nmig-configs:\n  b:\n    - devices: all\n      mig-enabled: true\n"
+        '      mig-devices: {"1c.3g.71gb": 100000}\n',
+        "b.yaml",
+    )
+    lib, session = _node()
+    with pytest.raises(ConfigError, match=r"holds at most 6x1c.3g.71gb; asked for 100000"):
+        reconfigure(session, big, "b", lib.reset)
+    with pytest.raises(ConfigError, match="malformed number"):
+        parse_config(
+            "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n"
+            f'      mig-devices:\n        ? "{"1" * 5000}g.5gb"\n        : 1\n',  # a long key
+            "a.yaml",
+        )
