@@ -132,6 +132,10 @@ def test_unknown_config_fails_with_a_reason_and_changes_nothing(
     reason = cluster.annotations(NODE)[REASON]
     assert "no config named 'all-9g.999gb'" in reason and "all-balanced" in reason
     assert _slices(lib) == [0, 0] and not any(g.mig_current for g in lib.state.gpus)
+    # The Event follows the state label (a separate call): wait for it too.
+    cluster.wait(
+        lambda: any(e["reason"] == "MigConfigFailed" for e in cluster.events()), what="event"
+    )
     warning = [e for e in cluster.events() if e["reason"] == "MigConfigFailed"]
     assert warning and warning[0]["type"] == "Warning" and "all-9g.999gb" in warning[0]["message"]
     # A new value is tried again.
