@@ -161,15 +161,17 @@ def test_a_kubelet_error_keeps_the_last_answer(
     assert agent.store.snapshot is not None and agent.store.snapshot.allocations_error is None
 
 
-# The queries README documents under Metrics ("memory used per pod").
-PER_CONTAINER_SLICE = "nodeagent_slice_pod_info * on(gpu, gi_id, ci_id) group_left() nodeagent_slice_memory_used_bytes"
-PER_POD = (
-    "sum by (namespace, pod) ("
-    "max by (namespace, pod, gpu, gi_id, ci_id) (nodeagent_slice_pod_info * on(gpu, gi_id, ci_id)"
-    " group_left() nodeagent_slice_memory_used_bytes)"
-    " or max by (namespace, pod, gpu) (nodeagent_gpu_pod_info * on(gpu) group_left()"
-    " nodeagent_gpu_memory_used_bytes))"
-)
+README = Path(__file__).resolve().parents[3] / "README.md"
+
+
+def documented_queries() -> list[str]:
+    """The queries of README's "memory used per pod" block (Metrics), as written there."""
+    text = README.read_text()
+    block = text[text.index("```promql\n", text.index("**Which pod holds what.**")) + 10 :]
+    block = block[: block.index("```")]
+    return [" ".join(q.split()) for q in block.split("\n\n") if q.strip()]
+
+
 ONE_HOLDER_PER_SLICE = (
     "nodeagent_slice_memory_used_bytes * on(gpu, gi_id, ci_id)"
     " group_left(namespace, pod, container) nodeagent_slice_pod_info"
@@ -198,6 +200,7 @@ def test_memory_per_pod_in_prometheus(
     prometheus: str,  # noqa: F811
     running_agent: tuple[Agent, SimulatedNvml],
 ) -> None:
+    per_container_slice, per_pod_query = documented_queries()
     agent, _ = running_agent
     snap = agent.store.snapshot
     assert snap is not None
@@ -213,12 +216,12 @@ def test_memory_per_pod_in_prometheus(
     assert len(want) == 7 and len(set(want.values())) > 2  # pods on distinct, loaded devices
 
     def per_pod() -> dict[tuple[str, str], float]:
-        rows = _query(prometheus, PER_POD)
+        rows = _query(prometheus, per_pod_query)
         return {(r["metric"]["namespace"], r["metric"]["pod"]): float(r["value"][1]) for r in rows}
 
     # A shared GPU's or slice's memory counts for each pod holding it, once per pod.
     _wait(lambda: per_pod() == want, 60, f"memory per pod {want}")
-    rows = _query(prometheus, PER_CONTAINER_SLICE)
+    rows = _query(prometheus, per_container_slice)
     assert {(r["metric"]["pod"], r["metric"]["container"]) for r in rows} == {
         ("asr-0", "server"),
         ("tts-0", "main"),
