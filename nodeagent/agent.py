@@ -31,6 +31,7 @@ from nodeagent.metrics.collectorset import CollectorSet
 from nodeagent.metrics.exposition import ExpositionCache
 from nodeagent.metrics.gpus import GpuCollector
 from nodeagent.metrics.mps import MpsCollector
+from nodeagent.metrics.pods import PodCollector
 from nodeagent.metrics.sampling import GpmSampler
 from nodeagent.metrics.server import MetricsServer
 from nodeagent.metrics.sharing import SharingCollector
@@ -43,7 +44,7 @@ from nodeagent.nvml.gpm import GpmReader
 from nodeagent.nvml.write import ComputeModeWriter
 from nodeagent.reconcile import Pipeline, SettingsDesire
 from nodeagent.settings import Settings, merge_reload
-from nodeagent.snapshot import Snapshot, Store
+from nodeagent.snapshot import Allocations, Snapshot, Store
 from nodeagent.workers import Worker
 
 log = get_logger("nodeagent.agent")
@@ -75,7 +76,7 @@ class Agent:
         reset: Callable[[Settings], Reset],
         lock_path: Any = None,
         clock: Callable[[], float] = time.time,
-        allocations: Callable[[], Mapping[str, str]] | None = None,
+        allocations: Allocations | None = None,
     ) -> None:
         self.session = session
         self.settings = settings
@@ -93,6 +94,7 @@ class Agent:
                 [
                     GpuCollector(self.store),
                     SliceCollector(self.store),
+                    PodCollector(self.store),
                     AgentCollector(
                         self.stats,
                         self.store,
@@ -158,7 +160,7 @@ class Agent:
             ensure_node,
         )
         from nodeagent.kube.nodefeature import NodeFeatureSink, PodRef
-        from nodeagent.kube.podresources import allocated_devices
+        from nodeagent.kube.podresources import pod_devices
 
         k = self.settings.kube
         assert k.node_name is not None
@@ -188,7 +190,7 @@ class Agent:
 
         socket = k.pod_resources_socket
         if socket is not None and self.pipeline.allocations is None:
-            self.pipeline.allocations = lambda: allocated_devices(socket)
+            self.pipeline.allocations = lambda: pod_devices(socket)
         self.pipeline.desire = desire
         self.held_failure = desire.failure
         self.pipeline.reporter = KubeReporter(api, view, desire)

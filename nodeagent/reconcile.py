@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from nodeagent.errors import AgentError, ConfigError, MigError
+from nodeagent.errors import AgentError, ConfigError, KubeError, MigError
 from nodeagent.files import atomic_write_text
 from nodeagent.hooks import HooksFile, load_hooks, run_hook
 from nodeagent.labels.machine import gfd_options
@@ -150,6 +150,16 @@ class Run:
     done: list[dict[str, Any]] = field(default_factory=list)
     step: str = ""
     took_ms: dict[str, float] = field(default_factory=dict)  # step -> milliseconds
+
+
+def refuse_unknown_holders(snapshot: Snapshot, mig_plan: Plan) -> None:
+    """A MIG change needs to know which slices pods hold: when the kubelet could not be asked in
+    this read, refuse rather than guess from an older answer. Raises KubeError."""
+    if snapshot.allocations_error is not None and mig_plan.operations:
+        raise KubeError(
+            f"cannot tell which slices pods hold ({snapshot.allocations_error}); nothing was"
+            " changed"
+        )
 
 
 @dataclass
@@ -366,6 +376,7 @@ class Pipeline:
         assert run.snapshot is not None
         if run.desired is not None:
             run.mig_plan = plan(run.snapshot.inventory, run.desired, run.snapshot.allocated)
+            refuse_unknown_holders(run.snapshot, run.mig_plan)
         run.mps_change = self.mps.plan(run.mps_intent)
         if run.settings.mig.hooks_file:  # a bad file fails here, before anything changes
             run.hooks = self.hook_files.load(run.settings.mig.hooks_file)
@@ -424,6 +435,7 @@ class Pipeline:
                 # NVML says now (cheap), under the lock, and execute that.
                 snap = self.store.observe(self.allocations)
                 current = plan(snap.inventory, run.desired, snap.allocated)
+                refuse_unknown_holders(snap, current)
                 run.done = execute(current, MigWriter(self.store.session), self.reset(run.settings))
         if change.action != "none":
             if run.done and change.intent is not None:  # validated against the GPUs as now

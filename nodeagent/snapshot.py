@@ -20,7 +20,37 @@ from nodeagent.nvml.gpm import read_utilization
 
 log = get_logger("nodeagent.snapshot")
 Clock = Callable[[], float]
-Allocations = Callable[[], Mapping[str, str]]
+
+
+@dataclass(frozen=True, order=True)
+class Holder:
+    """The container a device was allocated to (kubelet pod-resources)."""
+
+    namespace: str
+    pod: str
+    container: str
+
+    def __str__(self) -> str:
+        return f"pod {self.namespace}/{self.pod}"
+
+
+# Device id (GPU UUID, MIG UUID, or `<uuid>::<n>` for a replica of a shared device) -> holder.
+Holders = Mapping[str, Holder]
+Allocations = Callable[[], Holders]
+
+
+def device_uuid(device_id: str) -> str:
+    """'MIG-abc::3' -> 'MIG-abc' (a replica of a shared device is its device)."""
+    return device_id.split("::", 1)[0]
+
+
+def in_use_view(holders: Holders) -> dict[str, str]:
+    """{device UUID: 'pod NAMESPACE/NAME'}: what the MIG planner counts as in use. Replicas fold
+    into their device; the first holder (in the kubelet's order) names it."""
+    held: dict[str, str] = {}
+    for device_id, holder in holders.items():
+        held.setdefault(device_uuid(device_id), str(holder))
+    return held
 
 
 @dataclass(frozen=True)
@@ -44,9 +74,12 @@ class Snapshot:
 
     inventory: Inventory
     telemetry: Telemetry
-    allocated: Mapping[str, str]  # device UUID -> the pod holding it
+    allocated: Mapping[str, str]  # device UUID -> the pod holding it (in_use_view of holders)
     taken_at: float  # wall clock, when the read began
     generation: int
+    holders: Holders = field(default_factory=dict)  # device id -> the container holding it
+    # Why the kubelet could not be asked in this read (allocated/holders are the last answer).
+    allocations_error: str | None = None
 
 
 class Store:
@@ -64,7 +97,8 @@ class Store:
     def observe(self, allocations: Allocations | None = None) -> Snapshot:
         """Read every GPU (under the session's NVML lock), ask `allocations` which devices pods
         hold, and publish the result unless a newer read was published meanwhile. Returns the
-        snapshot now published. Raises NvmlError; a failing `allocations` keeps the last answer."""
+        snapshot now published. Raises NvmlError; a failing `allocations` keeps the last answer
+        and says why in `allocations_error` (a MIG change then refuses to guess)."""
         with self.session.lock:
             generation = next(self._generations)
             taken_at = self.clock()
@@ -74,13 +108,23 @@ class Store:
                 for g in inventory.gpus
             }
         previous = self.snapshot
-        allocated: Mapping[str, str] = previous.allocated if previous else {}
+        holders: Holders = previous.holders if previous else {}
+        error: str | None = None
         if allocations is not None:
             try:
-                allocated = allocations()
-            except AgentError as err:  # metrics keep the last answer; changes still fail safe
-                log.warning("podresources.failed", error=str(err))
-        snap = Snapshot(inventory, Telemetry(utilization), allocated, taken_at, generation)
+                holders = allocations()
+            except AgentError as err:  # metrics keep the last answer; a MIG change refuses
+                error = str(err)
+                log.warning("podresources.failed", error=error)
+        snap = Snapshot(
+            inventory,
+            Telemetry(utilization),
+            in_use_view(holders),
+            taken_at,
+            generation,
+            holders,
+            error,
+        )
         return self.offer(snap)
 
     def offer(self, snap: Snapshot) -> Snapshot:

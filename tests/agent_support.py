@@ -10,6 +10,7 @@ from typing import Any
 from nodeagent.agent import Agent
 from nodeagent.nvml import NvmlSession
 from nodeagent.settings import Settings
+from nodeagent.snapshot import Allocations
 
 
 def make_settings(base: Settings | None = None, **groups: Mapping[str, Any]) -> Settings:
@@ -24,7 +25,7 @@ def make_agent(
     session: NvmlSession,
     reset: Callable[[int], None],
     lock_path: Path | None = None,
-    allocations: Callable[[], Mapping[str, str]] | None = None,
+    allocations: Allocations | None = None,
     **groups: Mapping[str, Any],
 ) -> Agent:
     metrics = {"address": "127.0.0.1:0", **groups.pop("metrics", {})}

@@ -3,6 +3,7 @@ and an allocated slice treated as in use even with no process on it."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -11,7 +12,7 @@ import grpc
 import pytest
 
 from nodeagent.errors import KubeError, SliceInUse
-from nodeagent.kube.podresources import allocated_devices
+from nodeagent.kube.podresources import allocated_devices, pod_devices
 from nodeagent.kube.proto import podresources_pb2 as pb
 from nodeagent.kube.proto import podresources_pb2_grpc as pb_grpc
 from nodeagent.mig.apply import reconfigure
@@ -19,6 +20,7 @@ from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
+from nodeagent.snapshot import Holder
 
 GPU = "GPU-1cc80f35-c91b-531f-a6bc-4db77760f20e"
 
@@ -89,6 +91,18 @@ def kubelet(tmp_path: Path) -> Iterator[tuple[Kubelet, Path]]:
     server.stop(0)
 
 
+def test_pod_devices_name_the_container_of_every_device_and_replica(
+    kubelet: tuple[Kubelet, Path],
+) -> None:
+    service, socket = kubelet
+    service.answer = _answer("MIG-45461d2e-e081-5cfb-abad-bf4fcdc28757")
+    assert pod_devices(socket) == {
+        "MIG-45461d2e-e081-5cfb-abad-bf4fcdc28757": Holder("speech", "asr-0", "server"),
+        f"{GPU}::1": Holder("search", "embed-1", "main"),
+        f"{GPU}::3": Holder("search", "embed-1", "main"),
+    }
+
+
 def test_allocated_devices(kubelet: tuple[Kubelet, Path]) -> None:
     service, socket = kubelet
     service.answer = _answer("MIG-45461d2e-e081-5cfb-abad-bf4fcdc28757")
@@ -123,7 +137,6 @@ def test_a_slice_held_by_a_pod_is_never_destroyed(kubelet: tuple[Kubelet, Path])
 def test_metrics_count_a_pod_allocated_slice_as_used(kubelet: tuple[Kubelet, Path]) -> None:
     from prometheus_client import generate_latest
 
-    from nodeagent.kube.podresources import allocated_devices
     from tests.agent_support import make_agent
 
     service, socket = kubelet
@@ -134,8 +147,52 @@ def test_metrics_count_a_pod_allocated_slice_as_used(kubelet: tuple[Kubelet, Pat
     held = next(s for s in read_inventory(session).gpus[0].slices if s.profile == "3g.71gb")
     assert held.mig_uuid
     service.answer = _answer(held.mig_uuid)
-    agent = make_agent(session, lib.reset, allocations=lambda: allocated_devices(socket))
+    agent = make_agent(session, lib.reset, allocations=lambda: pod_devices(socket))
     agent.refresh()
     text = generate_latest(agent.registry).decode()
     assert 'nodeagent_gpu_slices{gpu="0",profile="3g.71gb",state="used"} 1.0' in text
     assert 'nodeagent_gpu_slices{gpu="0",profile="1g.18gb",state="free"} 2.0' in text
+
+
+def test_no_mig_change_while_the_kubelet_cannot_be_asked(tmp_path: Path) -> None:
+    """README: "If the kubelet cannot be asked, the change fails rather than guess" — whether it
+    never answered or answered before (its last answer may be stale)."""
+    from tests.agent_support import make_agent
+    from tests.fake_kubelet.podresources import serve
+
+    lib = SimulatedNvml(parse_spec("h200"))
+    session = NvmlSession(lib)
+    mig = tmp_path / "mig.yaml"
+    mig.write_text(dump_config(generate_configs(read_inventory(session))))
+    socket = tmp_path / "kubelet.sock"
+
+    def layout() -> list[str]:
+        return sorted(s.profile for s in read_inventory(session).gpus[0].slices)
+
+    with serve(socket) as kubelet:
+        kubelet.error = grpc.StatusCode.UNAVAILABLE
+        agent = make_agent(
+            session,
+            lib.reset,
+            allocations=lambda: pod_devices(socket),
+            mig={"config_file": str(mig), "config": "all-balanced"},
+        )
+        agent.reconcile()
+        report = agent.pipeline.last_report
+        assert report is not None and report.result == "failure"
+        assert report.reason.startswith("plan: cannot tell which slices pods hold (kubelet")
+        assert "UNAVAILABLE" in report.reason and layout() == []  # nothing was changed
+        kubelet.error = None
+        agent.reconcile()
+        assert agent.pipeline.last_report.result == "success"  # type: ignore[union-attr]
+        assert layout() == ["1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb"]
+        kubelet.error = grpc.StatusCode.UNAVAILABLE  # it answered once; still no guessing
+        agent.settings = dataclasses.replace(
+            agent.settings, mig=dataclasses.replace(agent.settings.mig, config="all-7g.141gb")
+        )
+        agent.reconcile()
+        report = agent.pipeline.last_report
+        assert report is not None and report.result == "failure"
+        assert "cannot tell which slices pods hold" in report.reason
+        assert layout() == ["1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb"]
+        agent.stop()
