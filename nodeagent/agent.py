@@ -2,7 +2,8 @@
 
 Workers, each a `Worker` (catches every exception, backs off, keeps a heartbeat):
 
-    refresh     every metrics.refresh-interval: a new Snapshot, a new exposition
+    refresh     every metrics.refresh-interval: a new Snapshot, health counters and XIDs, a
+                new exposition
     gpm         every metrics.gpm-interval: GPM samples per GPU and GPU instance
     reconcile   every reconcile.interval, and at once when woken (node label change, SIGHUP):
                 the pipeline (nodeagent.reconcile)
@@ -30,8 +31,9 @@ from nodeagent.metrics.agent import AgentCollector, AgentStats
 from nodeagent.metrics.collectorset import CollectorSet
 from nodeagent.metrics.exposition import ExpositionCache
 from nodeagent.metrics.gpus import GpuCollector
+from nodeagent.metrics.health import HealthCollector
 from nodeagent.metrics.mps import MpsCollector
-from nodeagent.metrics.sampling import GpmSampler
+from nodeagent.metrics.sampling import GpmSampler, HealthSampler
 from nodeagent.metrics.server import MetricsServer
 from nodeagent.metrics.sharing import SharingCollector
 from nodeagent.metrics.slices import SliceCollector
@@ -84,6 +86,7 @@ class Agent:
         self.store = Store(session, clock)
         self.stats = AgentStats()
         self.gpm = GpmSampler(GpmReader(session), self.store, time.monotonic)
+        self.health = HealthSampler(session, self.store)
         self.mps = MpsManager(ComputeModeWriter(session))
         self.supervisor = MpsSupervisor()
         self.workers: dict[str, Worker] = {}
@@ -93,6 +96,7 @@ class Agent:
                 [
                     GpuCollector(self.store),
                     SliceCollector(self.store),
+                    HealthCollector(lambda: self.health.values),
                     AgentCollector(
                         self.stats,
                         self.store,
@@ -128,7 +132,10 @@ class Agent:
 
     def refresh(self) -> None:
         self.store.observe(self.pipeline.allocations)
-        self.exposition.render()
+        try:
+            self.health.tick()  # health and XIDs with each new snapshot
+        finally:
+            self.exposition.render()
 
     def sample_gpm(self) -> None:
         self.gpm.tick()
@@ -340,3 +347,4 @@ class Agent:
         self.mps.shutdown(stop_daemon=stop_mps)
         with self.session.lock:
             self.gpm.close()
+            self.health.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pynvml
 
 from nodeagent.errors import NothingMatched, NvmlError, SimError
@@ -11,6 +13,7 @@ from nodeagent.sim.base import (
     SimBase,
     _handle,
 )
+from nodeagent.sim.health import checkpoint_energy
 from nodeagent.sim.models import (
     MIB,
 )
@@ -54,6 +57,7 @@ class UserActions(SimBase):
                     f"device {device} has {free // MIB} MiB free; "
                     f"cannot attach {memory_bytes // MIB} MiB"
                 )
+            checkpoint_energy(state, time.time())  # the load, and so the power, changes
             state.processes.append(
                 ProcessState(
                     pid=pid,
@@ -73,6 +77,7 @@ class UserActions(SimBase):
         _check_pid(pid)
         with self.edit() as state:
             before = len(state.processes)
+            checkpoint_energy(state, time.time())
             state.processes = [p for p in state.processes if p.pid != pid]
             if len(state.processes) == before:
                 raise NothingMatched(f"no emulated process with pid {pid} is attached")
