@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pynvml
 
 from nodeagent.errors import NothingMatched, NvmlError, SimError
@@ -57,7 +55,7 @@ class UserActions(SimBase):
                     f"device {device} has {free // MIB} MiB free; "
                     f"cannot attach {memory_bytes // MIB} MiB"
                 )
-            checkpoint_energy(state, time.time())  # the load, and so the power, changes
+            checkpoint_energy(state, self.health_clock())  # the load, and so the power, changes
             state.processes.append(
                 ProcessState(
                     pid=pid,
@@ -77,7 +75,7 @@ class UserActions(SimBase):
         _check_pid(pid)
         with self.edit() as state:
             before = len(state.processes)
-            checkpoint_energy(state, time.time())
+            checkpoint_energy(state, self.health_clock())
             state.processes = [p for p in state.processes if p.pid != pid]
             if len(state.processes) == before:
                 raise NothingMatched(f"no emulated process with pid {pid} is attached")

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pynvml
@@ -51,8 +49,6 @@ MAX_COUNT = 1_000_000
 
 
 class HealthCalls(SimBase):
-    # Wall clock: energy must grow across the separate processes that share a state file.
-    health_clock: Callable[[], float] = time.time
     _event_serial = itertools.count(1)
     _xid_sets: dict[int, dict[int, int]]
 
