@@ -258,12 +258,22 @@ class Agent:
             if self.settings.kube.enabled:
                 self._setup_kube()
             self.reconcile()
+            self._first_health()
             if self.server is not None:
                 self.server.start()
             self._start_workers()
         except BaseException:
             self._shutdown(stop_mps=self.mps.started_by_us, wait_seconds=STOP_SECONDS)
             raise
+
+    def _first_health(self) -> None:
+        """Health and the XID watch from the start, not one refresh interval later; a GPU
+        fault here is the refresh worker's to retry, not a reason to refuse to start."""
+        try:
+            self.health.tick()
+        except AgentError as err:
+            log.warning("health.failed", error=str(err))
+        self.exposition.render()
 
     def _start_workers(self) -> None:
         # Intervals are read at every wait: a reload takes effect without a restart.

@@ -184,3 +184,20 @@ def test_bad_sim_health_input_changes_nothing(cli: Cli, tmp_path: Path) -> None:
     assert_one_error(
         cli("--simulate", "h200", "sim", "xid", "--gpu", "0", "--xid", "79"), 2, "--sim-state"
     )
+
+
+def test_a_state_file_without_health_still_loads(cli: Cli, tmp_path: Path) -> None:
+    """State files of an older nodeagent have no health: the emulated driver loads then."""
+    import json
+
+    state = tmp_path / "node.json"
+    sim = ("--simulate", "h200", "--sim-state", str(state))
+    assert cli(*sim, "status").returncode == 0
+    data = json.loads(state.read_text())
+    for gpu in data["gpus"]:
+        del gpu["health"]
+    state.write_text(json.dumps(data))
+    assert cli(*sim, "sim", "xid", "--gpu", "0", "--xid", "13").returncode == 0
+    res = cli(*sim, "metrics")
+    assert res.returncode == 0, res.stderr
+    assert 'nodeagent_gpu_temperature_celsius{gpu="0"} 30.0' in res.stdout
