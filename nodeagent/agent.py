@@ -2,7 +2,8 @@
 
 Workers, each a `Worker` (catches every exception, backs off, keeps a heartbeat):
 
-    refresh     every metrics.refresh-interval: a new Snapshot, a new exposition
+    refresh     every metrics.refresh-interval: a new Snapshot, health counters and XIDs, a
+                new exposition
     gpm         every metrics.gpm-interval: GPM samples per GPU and GPU instance
     reconcile   every reconcile.interval, and at once when woken (node label change, SIGHUP):
                 the pipeline (nodeagent.reconcile)
@@ -30,9 +31,10 @@ from nodeagent.metrics.agent import AgentCollector, AgentStats
 from nodeagent.metrics.collectorset import CollectorSet
 from nodeagent.metrics.exposition import ExpositionCache
 from nodeagent.metrics.gpus import GpuCollector
+from nodeagent.metrics.health import HealthCollector
 from nodeagent.metrics.mps import MpsCollector
 from nodeagent.metrics.pods import PodCollector
-from nodeagent.metrics.sampling import GpmSampler
+from nodeagent.metrics.sampling import GpmSampler, HealthSampler
 from nodeagent.metrics.server import MetricsServer
 from nodeagent.metrics.sharing import SharingCollector
 from nodeagent.metrics.slices import SliceCollector
@@ -85,6 +87,7 @@ class Agent:
         self.store = Store(session, clock)
         self.stats = AgentStats()
         self.gpm = GpmSampler(GpmReader(session), self.store, time.monotonic)
+        self.health = HealthSampler(session, self.store)
         self.mps = MpsManager(ComputeModeWriter(session))
         self.supervisor = MpsSupervisor()
         self.workers: dict[str, Worker] = {}
@@ -95,6 +98,7 @@ class Agent:
                     GpuCollector(self.store),
                     SliceCollector(self.store),
                     PodCollector(self.store),
+                    HealthCollector(lambda: self.health.values),
                     AgentCollector(
                         self.stats,
                         self.store,
@@ -130,7 +134,10 @@ class Agent:
 
     def refresh(self) -> None:
         self.store.observe(self.pipeline.allocations)
-        self.exposition.render()
+        try:
+            self.health.tick()  # health and XIDs with each new snapshot
+        finally:
+            self.exposition.render()
 
     def sample_gpm(self) -> None:
         self.gpm.tick()
@@ -253,12 +260,22 @@ class Agent:
             if self.settings.kube.enabled:
                 self._setup_kube()
             self.reconcile()
+            self._first_health()
             if self.server is not None:
                 self.server.start()
             self._start_workers()
         except BaseException:
             self._shutdown(stop_mps=self.mps.started_by_us, wait_seconds=STOP_SECONDS)
             raise
+
+    def _first_health(self) -> None:
+        """Health and the XID watch from the start, not one refresh interval later; a GPU
+        fault here is the refresh worker's to retry, not a reason to refuse to start."""
+        try:
+            self.health.tick()
+        except AgentError as err:
+            log.warning("health.failed", error=str(err))
+        self.exposition.render()
 
     def _start_workers(self) -> None:
         # Intervals are read at every wait: a reload takes effect without a restart.
@@ -342,3 +359,4 @@ class Agent:
         self.mps.shutdown(stop_daemon=stop_mps)
         with self.session.lock:
             self.gpm.close()
+            self.health.close()

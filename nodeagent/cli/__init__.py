@@ -17,7 +17,13 @@ from nodeagent.cli.mig import add_mig_parser
 from nodeagent.cli.plan import add_plan_parser
 from nodeagent.cli.run import add_run_parsers
 from nodeagent.cli.sharing import add_sharing_parser
-from nodeagent.cli.status import cmd_sim_attach, cmd_sim_detach, cmd_sim_reset, cmd_status
+from nodeagent.cli.status import (
+    add_sim_health_parsers,
+    cmd_sim_attach,
+    cmd_sim_detach,
+    cmd_sim_reset,
+    cmd_status,
+)
 from nodeagent.errors import AgentError
 from nodeagent.logs import configure_logging
 
@@ -61,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = simsub.add_parser("reset", help="reset one emulated GPU (nvidia-smi -r -i N)")
     p.add_argument("--gpu", "-i", required=True, type=int)
     p.set_defaults(func=cmd_sim_reset)
+    add_sim_health_parsers(simsub)
     return parser
 
 

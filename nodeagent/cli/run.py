@@ -82,6 +82,7 @@ def cmd_metrics(ctx: Context) -> int:
     time.sleep(0.12)
     agent.gpm.tick()
     agent.gpm.close()
+    agent.health.close()
     sys.stdout.write(generate_latest(agent.registry).decode())
     return 0
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import Any
 
 from nodeagent.cli.common import (
     MIB,
@@ -76,4 +78,85 @@ def cmd_sim_reset(ctx: Context) -> int:
     """Exit 3 (the GPU refused) when processes run on the GPU, as `nvidia-smi -r` would."""
     ctx.emulator("reset").reset(ctx.args.gpu)
     print(f"GPU {ctx.args.gpu} reset")
+    return 0
+
+
+def add_sim_health_parsers(simsub: Any) -> None:
+    p = simsub.add_parser("health", help="set an emulated GPU's health counters")
+    p.add_argument("--gpu", "-i", required=True, type=int)
+    p.add_argument("--temperature", type=int, help="degrees C (else it follows the load)")
+    p.add_argument("--power-watts", type=float, help="power draw (else it follows the load)")
+    p.add_argument("--sm-clock-mhz", type=int)
+    p.add_argument("--memory-clock-mhz", type=int)
+    p.add_argument(
+        "--throttle",
+        help="clock-event reasons in force, comma-separated (e.g. sw_thermal_slowdown), or none",
+    )
+    p.add_argument("--ecc-corrected", type=int, help="corrected ECC errors to add")
+    p.add_argument("--ecc-uncorrected", type=int, help="uncorrected ECC errors to add")
+    p.add_argument("--pcie-replays", type=int, help="PCIe replays to add")
+    p.add_argument("--row-remap-pending", type=int, choices=(0, 1))
+    p.add_argument("--row-remap-failure", type=int, choices=(0, 1))
+    p.add_argument("--clear", action="store_true", help="drop the values set before first")
+    p.set_defaults(func=cmd_sim_health)
+    p = simsub.add_parser("xid", help="make an emulated GPU report an XID error")
+    p.add_argument("--gpu", "-i", required=True, type=int)
+    p.add_argument("--xid", required=True, type=int, help="the XID code, e.g. 79")
+    p.add_argument("--count", type=int, default=1, help="how many times (1 to 1000)")
+    p.set_defaults(func=cmd_sim_xid)
+
+
+def _check_gpu(ctx: Context, index: int) -> None:
+    from nodeagent.sim import parse_spec
+
+    count = len(parse_spec(ctx.simulate)) if ctx.simulate else 0
+    if ctx.simulate and not 0 <= index < count:
+        raise ConfigError(f"GPU {index} does not exist (this node has {count} GPUs)")
+
+
+def _throttle(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",")]
+    return [] if names == ["none"] else names
+
+
+def cmd_sim_health(ctx: Context) -> int:
+    """Exit 2 for a bad value or GPU (nothing changes)."""
+    a: argparse.Namespace = ctx.args
+    values = {
+        "temperature_celsius": a.temperature,
+        "power_watts": a.power_watts,
+        "sm_clock_mhz": a.sm_clock_mhz,
+        "memory_clock_mhz": a.memory_clock_mhz,
+        "throttle": _throttle(a.throttle),
+        "ecc_corrected": a.ecc_corrected,
+        "ecc_uncorrected": a.ecc_uncorrected,
+        "pcie_replays": a.pcie_replays,
+        "row_remap_pending": a.row_remap_pending,
+        "row_remap_failure": a.row_remap_failure,
+        "clear": a.clear,
+    }
+    if not a.clear and all(v is None for k, v in values.items() if k != "clear"):
+        raise ConfigError("'nodeagent sim health' needs at least one value to set (see --help)")
+    from nodeagent.sim.healthcalls import check_health
+
+    check_health(values)  # before the emulator opens (and creates its state file)
+    _check_gpu(ctx, a.gpu)
+    ctx.emulator("health").set_health(a.gpu, **values)
+    print(f"GPU {a.gpu} health set")
+    return 0
+
+
+def cmd_sim_xid(ctx: Context) -> int:
+    """Exit 2 for a bad XID, count or GPU (nothing changes)."""
+    from nodeagent.sim.healthcalls import check_xid
+
+    check_xid(ctx.args.xid, ctx.args.count)
+    _check_gpu(ctx, ctx.args.gpu)
+    ctx.emulator("xid").inject_xid(ctx.args.gpu, ctx.args.xid, ctx.args.count)
+    print(
+        f"GPU {ctx.args.gpu} reported XID {ctx.args.xid}"
+        + (f" {ctx.args.count} times" if ctx.args.count != 1 else "")
+    )
     return 0

@@ -1,12 +1,16 @@
-"""GPM sampling off the scrape path."""
+"""GPM and health sampling off the scrape path."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from nodeagent.errors import NvmlError
+from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.gpm import GpmReader
+from nodeagent.nvml.health import Health, XidWatcher, gpu_handle, mig_handle, read_health
 from nodeagent.snapshot import GpmValues, Store
 
 Clock = Callable[[], float]
@@ -93,3 +97,64 @@ class GpmSampler:
         for _, sample in self._samples.values():
             self.reader.free(sample)
         self._samples.clear()
+
+
+@dataclass(frozen=True)
+class HealthValues:
+    """The latest health reads: per GPU, per MIG device (gpu, gi_id, ci_id), and the XIDs seen
+    since the agent started on each GPU it watches (a GPU that cannot report XIDs is absent)."""
+
+    by_gpu: Mapping[int, Health] = field(default_factory=dict)
+    by_slice: Mapping[tuple[int, int, int], Health] = field(default_factory=dict)
+    xid_counts: Mapping[int, Mapping[int, int]] = field(default_factory=dict)
+    last_xid: Mapping[int, int] = field(default_factory=dict)  # 0: none yet
+
+
+class HealthSampler:
+    """Reads every GPU's and MIG device's health counters and drains the XID event set; run by
+    the refresh worker after each new snapshot, never by a scrape."""
+
+    def __init__(self, session: NvmlSession, store: Store) -> None:
+        self.session = session
+        self.store = store
+        self.xids = XidWatcher(session)
+        self.values = HealthValues()
+        self._counts: dict[int, Counter[int]] = {}
+        self._last: dict[int, int] = {}
+        self._tried: set[int] = set()
+
+    def tick(self) -> None:
+        """One read of everything; raises NvmlError on a GPU fault (the last values stay)."""
+        snap = self.store.snapshot
+        if snap is None:
+            return
+        by_gpu: dict[int, Health] = {}
+        by_slice: dict[tuple[int, int, int], Health] = {}
+        with self.session.lock:
+            for gpu in snap.inventory.gpus:
+                if gpu.index not in self._tried:  # once: a GPU without XID events stays so
+                    self._tried.add(gpu.index)
+                    if self.xids.watch(gpu.index):
+                        self._counts[gpu.index] = Counter()
+                        self._last[gpu.index] = 0
+                by_gpu[gpu.index] = read_health(self.session, gpu_handle(self.session, gpu.index))
+                for s in gpu.slices:
+                    if s.mig_uuid is None or s.ci_id is None:
+                        continue
+                    handle = mig_handle(self.session, s.mig_uuid)
+                    if handle is not None:  # else destroyed since the snapshot
+                        by_slice[(gpu.index, s.gi_id, s.ci_id)] = read_health(self.session, handle)
+            for event in self.xids.poll():
+                if event.gpu in self._counts:
+                    self._counts[event.gpu][event.xid] += 1
+                    self._last[event.gpu] = event.xid
+        self.values = HealthValues(
+            by_gpu=by_gpu,
+            by_slice=by_slice,
+            xid_counts={g: dict(c) for g, c in self._counts.items()},
+            last_xid=dict(self._last),
+        )
+
+    def close(self) -> None:
+        with self.session.lock:
+            self.xids.close()

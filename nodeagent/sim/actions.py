@@ -11,6 +11,7 @@ from nodeagent.sim.base import (
     SimBase,
     _handle,
 )
+from nodeagent.sim.health import checkpoint_energy
 from nodeagent.sim.models import (
     MIB,
 )
@@ -54,6 +55,7 @@ class UserActions(SimBase):
                     f"device {device} has {free // MIB} MiB free; "
                     f"cannot attach {memory_bytes // MIB} MiB"
                 )
+            checkpoint_energy(state, self.health_clock())  # the load, and so the power, changes
             state.processes.append(
                 ProcessState(
                     pid=pid,
@@ -73,6 +75,7 @@ class UserActions(SimBase):
         _check_pid(pid)
         with self.edit() as state:
             before = len(state.processes)
+            checkpoint_energy(state, self.health_clock())
             state.processes = [p for p in state.processes if p.pid != pid]
             if len(state.processes) == before:
                 raise NothingMatched(f"no emulated process with pid {pid} is attached")

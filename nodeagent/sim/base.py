@@ -16,6 +16,7 @@ import fcntl
 import functools
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -104,6 +105,10 @@ def nvml_call(mutating: bool = False) -> Callable[[F], F]:
 
 class SimBase:
     """State, plumbing and shared helpers of the emulator; the NVML calls are in the mixins."""
+
+    # Wall clock of the health counters: energy must grow across the separate processes that
+    # share a state file. Tests replace it per instance.
+    health_clock: Callable[[], float] = time.time
 
     def __init__(
         self,

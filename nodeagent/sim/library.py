@@ -11,8 +11,9 @@ from __future__ import annotations
 from nodeagent.sim.actions import UserActions
 from nodeagent.sim.devices import DeviceCalls
 from nodeagent.sim.gpmcalls import GpmCalls
+from nodeagent.sim.healthcalls import HealthCalls
 from nodeagent.sim.instances import InstanceCalls
 
 
-class SimulatedNvml(DeviceCalls, InstanceCalls, GpmCalls, UserActions):
+class SimulatedNvml(DeviceCalls, InstanceCalls, GpmCalls, HealthCalls, UserActions):
     """A drop-in for the pynvml module over emulated GPUs (see the module docstring)."""

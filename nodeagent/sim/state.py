@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -58,6 +59,29 @@ class ProcessState:
     load: float = 1.0
 
 
+XID_LOG = 64  # the newest XIDs a GPU keeps for event sets that have not read them yet
+
+
+@dataclass
+class HealthState:
+    """What `nodeagent sim health` / `sim xid` set; None values follow the emulated load."""
+
+    temperature_celsius: int | None = None
+    power_watts: float | None = None
+    sm_clock_mhz: int | None = None
+    memory_clock_mhz: int | None = None
+    throttle: list[str] | None = None  # reason names; None: from load, temperature and power
+    ecc_corrected: int = 0  # since the emulated driver loaded (volatile = aggregate)
+    ecc_uncorrected: int = 0
+    row_remap_pending: int = 0
+    row_remap_failure: int = 0
+    pcie_replays: int = 0
+    energy_mj: int = 0  # energy used up to energy_at (wall clock)
+    energy_at: float = field(default_factory=time.time)
+    xid_serial: int = 0  # XIDs injected so far
+    xids: list[int] = field(default_factory=list)  # the newest XID_LOG codes, oldest first
+
+
 @dataclass
 class GpuState:
     index: int
@@ -69,6 +93,7 @@ class GpuState:
     gis: dict[int, GiState] = field(default_factory=dict)
     compute_mode: int = 0
     uuid_serial: int = 0
+    health: HealthState = field(default_factory=HealthState)
 
     def new_mig_uuid(self) -> str:
         self.uuid_serial += 1

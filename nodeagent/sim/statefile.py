@@ -18,13 +18,16 @@ from typing import Any, NoReturn
 from nodeagent.errors import SimError
 from nodeagent.files import atomic_write_text
 from nodeagent.sim.check import state_problems
+from nodeagent.sim.health import MAX_TEMPERATURE, MAX_WATTS, REASON_NAMES
 from nodeagent.sim.models import MODEL_NAMES
 from nodeagent.sim.rules import CI_IDS, COMPUTE_MODES, GI_IDS, MAX_PID
 from nodeagent.sim.state import (
     STATE_VERSION,
+    XID_LOG,
     CiState,
     GiState,
     GpuState,
+    HealthState,
     ProcessState,
     SimState,
     to_json,
@@ -129,10 +132,52 @@ def _gi(raw: Any, where: str) -> GiState:
     )
 
 
+def _number(value: Any, where: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        _fail(f"{where} must be a number from {low:g} to {high:g}, not {_show(value)}")
+    return float(value)
+
+
+def _optional(value: Any, where: str, allowed: range) -> int | None:
+    return None if value is None else _int(value, where, allowed)
+
+
+def _health(raw: Any, where: str) -> HealthState:
+    counters = ("ecc_corrected", "ecc_uncorrected", "pcie_replays", "energy_mj", "xid_serial")
+    overrides = ("temperature_celsius", "power_watts", "sm_clock_mhz", "memory_clock_mhz")
+    flags = ("row_remap_pending", "row_remap_failure")
+    _object(raw, where, (), (*counters, *overrides, *flags, "throttle", "energy_at", "xids"))
+    health = HealthState()  # a file of an older nodeagent: the emulated driver loads now
+    if "energy_at" in raw:
+        health.energy_at = _number(raw["energy_at"], f"{where}.energy_at", 0, 1e12)
+    for key in counters:
+        setattr(health, key, _int(raw.get(key, 0), f"{where}.{key}", range(0, _I64)))
+    for key in flags:
+        setattr(health, key, _int(raw.get(key, 0), f"{where}.{key}", (0, 1)))
+    health.temperature_celsius = _optional(
+        raw.get("temperature_celsius"), f"{where}.temperature_celsius", range(0, MAX_TEMPERATURE)
+    )
+    for key in ("sm_clock_mhz", "memory_clock_mhz"):
+        setattr(health, key, _optional(raw.get(key), f"{where}.{key}", range(0, 100_000)))
+    if raw.get("power_watts") is not None:
+        health.power_watts = _number(raw["power_watts"], f"{where}.power_watts", 0, MAX_WATTS)
+    if raw.get("throttle") is not None:
+        reasons = _list(raw["throttle"], f"{where}.throttle")
+        for i, name in enumerate(reasons):
+            if name not in REASON_NAMES:
+                _fail(f"{where}.throttle[{i}] {_show(name)} is no clock-event reason")
+        health.throttle = list(reasons)
+    xids = _list(raw.get("xids", []), f"{where}.xids")
+    if len(xids) > min(XID_LOG, health.xid_serial):
+        _fail(f"{where}.xids holds {len(xids)} codes, more than {min(XID_LOG, health.xid_serial)}")
+    health.xids = [_int(x, f"{where}.xids[{i}]", range(1, 2**32)) for i, x in enumerate(xids)]
+    return health
+
+
 def _gpu(raw: Any, index: int) -> GpuState:
     where = f"gpus[{index}]"
     required = ("index", "model", "uuid", "pci_bus_id", "mig_current", "mig_pending", "gis")
-    _object(raw, where, (*required, "uuid_serial"), ("compute_mode",))
+    _object(raw, where, (*required, "uuid_serial"), ("compute_mode", "health"))
     _int(raw["index"], f"{where}.index", range(index, index + 1))
     if raw["model"] not in MODEL_NAMES:
         _fail(f"{where}.model {_show(raw['model'])} is none of {', '.join(MODEL_NAMES)}")
@@ -147,6 +192,7 @@ def _gpu(raw: Any, index: int) -> GpuState:
         gis={gi.id: gi for gi in (_gi(g, f"{where}.gis.{k}") for k, g in gis.items())},
         compute_mode=_int(raw.get("compute_mode", 0), f"{where}.compute_mode", COMPUTE_MODES),
         uuid_serial=_int(raw["uuid_serial"], f"{where}.uuid_serial", range(0, _I64)),
+        health=_health(raw.get("health", {}), f"{where}.health"),
     )
 
 

@@ -25,7 +25,8 @@ from tests.integration.metrics.conftest import sample
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 # Series whose values depend on the clock or the interpreter, not on the GPUs.
 VOLATILE = re.compile(
-    r"^nodeagent_(collector_duration_seconds|inventory_timestamp_seconds|build_info)\b"
+    r"^nodeagent_(collector_duration_seconds|inventory_timestamp_seconds|build_info"
+    r"|gpu_energy_joules_total)\b"
 )
 
 LAYOUTS = {

@@ -264,6 +264,24 @@ ROWS = {
         "process 7",
         "GI 5 CI 0, which does not exist",
     ),
+    "health-unknown-key": _corrupt(
+        _edit(_gpu0("health", {"fan": 3})), "gpus[0].health has an unknown key 'fan'"
+    ),
+    "health-temperature-hot": _corrupt(
+        _edit(_gpu0("health", {"temperature_celsius": 900})), "health.temperature_celsius"
+    ),
+    "health-power-nan": _corrupt(
+        _edit(_gpu0("health", {"power_watts": "nan"})), "health.power_watts must be a number"
+    ),
+    "health-ecc-negative": _corrupt(
+        _edit(_gpu0("health", {"ecc_uncorrected": -1})), "health.ecc_uncorrected"
+    ),
+    "health-throttle-unknown": _corrupt(
+        _edit(_gpu0("health", {"throttle": ["hot"]})), "health.throttle[0]"
+    ),
+    "health-xids-without-serial": _corrupt(
+        _edit(_gpu0("health", {"xids": [79]})), "health.xids holds 1 codes"
+    ),
     "gi-key-not-its-id": _corrupt(
         _edit(_gpu0("gis", {"2": _gi(1, 19, 0, 1)}), MIG_GPU), "gis.2 holds the id 1"
     ),
