@@ -65,6 +65,7 @@ class GpuView:
     candidates: tuple[int, ...]  # profile ids the planner may create
     idle: frozenset[Instance]
     busy: frozenset[Instance]
+    usable_mib: int = 0  # what MPS clients or a whole-GPU job can have (0: memory_mib)
 
     @classmethod
     def of(cls, gpu: Gpu) -> GpuView:
@@ -73,14 +74,35 @@ class GpuView:
         busy = frozenset(gi.instance for gi in existing if gi.in_use)
         plain = [p.id for p in gpu.profiles if "+" not in p.name and "-" not in p.name]
         ids = sorted(set(plain) | {i.profile_id for i in idle | busy})
-        geometry = Geometry.of(gpu) if gpu.mig_capable and gpu.profiles else None
+        # MIG cannot be enabled under running processes (the change stays pending): a MIG-off
+        # GPU with processes (MPS clients, an exclusive job) is offered no MIG layout.
+        running = not gpu.mig_current and bool(gpu.processes)
+        geometry = Geometry.of(gpu) if gpu.mig_capable and gpu.profiles and not running else None
         sms = max((p.multiprocessor_count for p in gpu.profiles), default=0) or None
-        return cls(gpu.index, gpu.memory_total_bytes // MIB, sms, geometry, tuple(ids), idle, busy)
+        # What clients can have: the total less what the driver holds (memory used beyond the
+        # processes' own; 0.6 GiB on an idle H200).
+        held = sum(p.memory_bytes or 0 for p in gpu.processes)
+        reserved = max(gpu.memory_used_bytes - held, 0) if not gpu.mig_current else 0
+        usable = (gpu.memory_total_bytes - reserved) // MIB
+        total = gpu.memory_total_bytes // MIB
+        return cls(gpu.index, total, sms, geometry, tuple(ids), idle, busy, usable)
+
+    @property
+    def usable(self) -> int:
+        return self.usable_mib or self.memory_mib
 
     @property
     def key(self) -> tuple[object, ...]:
         """GPUs with equal keys have equal options."""
-        return (self.memory_mib, self.sms, self.geometry, self.candidates, self.idle, self.busy)
+        return (
+            self.memory_mib,
+            self.usable_mib,
+            self.sms,
+            self.geometry,
+            self.candidates,
+            self.idle,
+            self.busy,
+        )
 
     def profile(self, profile_id: int) -> GiProfile:
         assert self.geometry is not None
@@ -131,7 +153,7 @@ def fits_whole(d: Demand, view: GpuView) -> bool:
     need = d.sms_on(view.sms)
     return (
         d.isolation != "mig"
-        and d.memory_mib <= view.memory_mib
+        and d.memory_mib <= view.usable
         and need is not None
         and (need == 0 or (view.sms is not None and need <= view.sms))
     )
@@ -257,7 +279,7 @@ def mig_greedy(view: GpuView, demands: tuple[Demand, ...], left: Vec) -> list[Op
 
 def _admitted(view: GpuView, demands: tuple[Demand, ...], replicas: int) -> list[tuple[int, int]]:
     """The classes an MPS client of this GPU can be, with their thread percentage."""
-    pinned = view.memory_mib // replicas
+    pinned = view.usable // replicas
     admitted: list[tuple[int, int]] = []
     for k, d in enumerate(demands):
         pct = d.percent_on(view.sms)

@@ -175,7 +175,7 @@ def _gpu(
     if option.mode == "mps":
         assert mps_replicas is not None
         a = GpuAssignment(
-            gpu.index, gpu.name, "mps", True, (), view.memory_mib // mps_replicas, stranded,
+            gpu.index, gpu.name, "mps", True, (), view.usable // mps_replicas, stranded,
             max(gpu_sms - needed_sms, 0) if needed_sms else 0,
         )  # fmt: skip
         return a, [Placed(name, r, gpu.index, "mps") for _, name, r in replicas]

@@ -16,7 +16,7 @@ where a class stops fitting under memory // replicas, at most 48, the device plu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nodeagent.mps.settings import MAX_PLUGIN_REPLICAS
 from nodeagent.plan.options import (
@@ -108,7 +108,7 @@ def mps_candidates(views: Sequence[GpuView], demands: Sequence[Demand]) -> list[
     found: set[int] = set()
     for view in views:
         for d in shared:
-            t = min(view.memory_mib // max(d.memory_mib, 1), ceiling)
+            t = min(view.usable // max(d.memory_mib, 1), ceiling)
             if t >= 2:
                 found.add(t)
     return [*sorted(found)] if found else [None]
@@ -117,8 +117,8 @@ def mps_candidates(views: Sequence[GpuView], demands: Sequence[Demand]) -> list[
 # Options of one GPU (MIG; MPS for one client count), in vectors times classes squared (what
 # the frontier costs): 2,000,000 is 125,000 vectors of 4 classes, 31,250 of 8.
 LIMIT = 2_000_000
-SEARCH_LIMIT = 100_000  # option evaluations of the whole search (about half a second)
-GREEDY_COUNTS = 6  # MPS client counts the greedy plan tries (the largest among them)
+SEARCH_LIMIT = 100_000  # option evaluations of one MPS client count (about half a second)
+TOTAL_SEARCHES = 4  # all client counts together may use this many times SEARCH_LIMIT
 
 
 def solve(
@@ -133,6 +133,10 @@ def solve(
     cap = tuple(d.count for d in demands)
     candidates = mps_candidates(views, demands)
     best: Solution | None = None
+    exact = True  # every client count was searched exactly
+    # Each client count has its own budget (a shared one ran out on a 7-kind, 3-GPU file after
+    # two counts and threw away their exact results); all counts together have a cap.
+    total = TOTAL_SEARCHES * search_limit
     try:
         base: dict[tuple[object, ...], dict[Vec, Option]] = {}
         for view in views:
@@ -140,25 +144,29 @@ def solve(
                 base[view.key] = merge(
                     mig_options(view, demands, cap, limit), whole_options(view, demands, cap)
                 )
-        budget = [search_limit]
-        for replicas in candidates:
-            tables = []
-            for view in views:
-                mps = mps_options(view, demands, cap, replicas, limit) if replicas else {}
-                options = merge(base[view.key], mps)
-                tables.append(Table(options, frontier(options), unused_option(view, len(cap))))
-            found = _search(views, demands, tables, cap, replicas, budget)
-            if best is None or found.objective.key > best.objective.key:
-                best = found
     except TooLarge:
-        best = None
-        step = -(-len(candidates) // GREEDY_COUNTS)  # at most that many client counts
-        for replicas in candidates[::-1][::step]:
+        base = {}
+    for replicas in candidates:
+        found: Solution | None = None
+        if base and total > 0:
+            budget = [min(search_limit, total)]
+            try:
+                tables = []
+                for view in views:
+                    mps = mps_options(view, demands, cap, replicas, limit) if replicas else {}
+                    options = merge(base[view.key], mps)
+                    tables.append(Table(options, frontier(options), unused_option(view, len(cap))))
+                found = _search(views, demands, tables, cap, replicas, budget)
+            except TooLarge:
+                pass
+            total -= min(search_limit, total) - max(budget[0], 0)
+        if found is None:  # too large for an exact search: this count gets the greedy plan
+            exact = False
             found = _greedy(views, demands, cap, replicas)
-            if best is None or found.objective.key > best.objective.key:
-                best = found
+        if best is None or found.objective.key > best.objective.key:
+            best = found
     assert best is not None
-    return best
+    return best if exact else replace(best, exact=False)
 
 
 def _greedy(

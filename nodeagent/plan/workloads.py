@@ -17,6 +17,7 @@ alone. `exclusive`: a whole GPU (MIG off). All errors of a file are raised toget
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 import yaml
@@ -157,6 +158,12 @@ def _name(fields: Fields, node: yaml.Node, errors: _Errors, what: str) -> str | 
     value = _scalar(vnode) if isinstance(vnode, yaml.ScalarNode) else None
     if not isinstance(value, str) or not value.strip():
         errors.add(vnode, f"{what}: name must be a text, not {_kind(vnode)}")
+        return None
+    if any(unicodedata.category(ch) in ("Cc", "Cf") for ch in value) or len(value) > 253:
+        # A terminal escape or a bidi override would reach the user's terminal and the plan.
+        errors.add(
+            vnode, f"{what}: name must be at most 253 printable characters (no control characters)"
+        )
         return None
     return value
 

@@ -19,8 +19,8 @@ VOICE = """\
 version: nodeagent/v1
 workloads:
   - {name: llm, replicas: 4, memory: 38G, isolation: mig, priority: 10}
-  - {name: asr, replicas: 8, memory: 10G, isolation: shared, compute: 0.1}
-  - {name: tts, replicas: 8, memory: 10G, isolation: shared, compute: 0.1}
+  - {name: asr, replicas: 8, memory: 9G, isolation: shared, compute: 0.1}
+  - {name: tts, replicas: 8, memory: 9G, isolation: shared, compute: 0.1}
 """
 MIG_ONLY = """\
 version: nodeagent/v1

@@ -87,11 +87,17 @@ def brute_mig(
     return best
 
 
+def _usable(gpu: Gpu) -> int:
+    """MiB an MPS client or a whole-GPU job can have: on a MIG-off GPU without processes, what
+    the driver does not hold (its memory used); the total on a MIG GPU (going whole frees it)."""
+    return (gpu.memory_total_bytes - (0 if gpu.mig_current else gpu.memory_used_bytes)) // MIB
+
+
 def brute_mps(
     gpu: Gpu, demands: tuple[Demand, ...], cap: tuple[int, ...], r: int
 ) -> set[tuple[int, ...]]:
     gpu_sms = max(p.multiprocessor_count for p in gpu.profiles)
-    limit = gpu.memory_total_bytes // MIB // r
+    limit = _usable(gpu) // r
     out = set()
     for vec in product(*(range(c + 1) for c in cap)):
         ok = all(
@@ -108,7 +114,7 @@ def brute_whole(
     gpu: Gpu, demands: tuple[Demand, ...], cap: tuple[int, ...]
 ) -> set[tuple[int, ...]]:
     gpu_sms = max(p.multiprocessor_count for p in gpu.profiles)
-    memory = gpu.memory_total_bytes // MIB
+    memory = _usable(gpu)
     return {
         tuple(int(i == k) for i in range(len(demands)))
         for k, d in enumerate(demands)

@@ -10,7 +10,8 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nodeagent.nvml import Gpu, Inventory
+from nodeagent.nvml import Gpu, Inventory, Process
+from nodeagent.plan.options import GpuView
 from nodeagent.plan.planner import NodePlan, plan_node
 from nodeagent.plan.render import mig_parted_document, sharing_document
 from nodeagent.plan.workloads import Workload
@@ -52,7 +53,11 @@ def check_valid(inv: Inventory, workloads: list[Workload], plan: NodePlan) -> No
             seen_slices.add((p.gpu, p.placement.start, p.placement.size))  # type: ignore[union-attr]
         elif p.mode == "mps":
             assert w.isolation == "shared" and plan.mps_replicas is not None
-            assert g.pinned_mib == gpus[p.gpu].memory_total_bytes // MIB // plan.mps_replicas
+            assert g.pinned_mib == GpuView.of(gpus[p.gpu]).usable // plan.mps_replicas
+            used = gpus[p.gpu].memory_used_bytes  # what the driver holds on the idle GPU
+            assert (
+                g.pinned_mib * plan.mps_replicas <= (gpus[p.gpu].memory_total_bytes - used) // MIB
+            )
             assert w.memory_bytes <= (g.pinned_mib or 0) * MIB
         else:
             assert w.isolation in ("exclusive", "shared")
@@ -138,7 +143,8 @@ def test_mps_limits_follow_memory_and_compute() -> None:
     # MIG holds 7 at most; MPS holds 8 embed + 1 guard within 100 % (10 % each, 20 %).
     assert g.strategy == "mps" and len(plan.placed) == 9
     assert plan.mps_replicas == 9 and plan.thread_percentage == 20
-    assert g.pinned_mib == 81559 // 9
+    # Each client gets the memory the driver does not hold on the idle GPU, split 9 ways.
+    assert g.pinned_mib == GpuView.of(inv.gpus[0]).usable // 9 < 81559 // 9
 
 
 def test_mixed_models_use_the_smaller_gpu_on_a_tie() -> None:
@@ -207,3 +213,42 @@ def test_past_the_search_limits_a_greedy_plan_is_said_so() -> None:
     plan = plan_node(inv, many)  # 180 replicas of six kinds, MPS up to 48 clients a GPU
     check_valid(inv, many, plan)
     assert not plan.exact and len(plan.placed) > 4 * 7  # more than MIG slices alone hold
+
+
+# From a second read of the planner.
+
+
+def test_each_mps_client_count_is_searched_exactly() -> None:
+    """Seven kinds on three H200s: a budget shared by every client count ran out and the plan
+    fell back to greedy (16 placed); each count searched on its own places 17, exactly."""
+    ws = [
+        W("a", 30, "mig", 3),
+        W("b", 15, "mig", 3),
+        W("c", 8, "shared", 6, compute=0.2),
+        W("d", 20, "shared", 6, compute=0.3),
+        W("e", 60, "shared", 2),
+        W("f", 3, "shared", 4, compute=0.05),
+        W("g", 100, "exclusive", 2),
+    ]
+    inv = node(fresh("h200"), fresh("h200"), fresh("h200"))
+    plan = plan_node(inv, ws)
+    check_valid(inv, ws, plan)
+    assert plan.exact and len(plan.placed) == 17
+
+
+def test_mps_clients_get_only_the_memory_the_driver_leaves() -> None:
+    """14 clients of 10 GiB fit an H200's 141 GiB total but not what is free on an idle one."""
+    inv = node(fresh("h200"))
+    plan = plan_node(inv, [W("asr", 10, "shared", 14)])
+    check_valid(inv, [W("asr", 10, "shared", 14)], plan)
+    assert plan.mps_replicas is None or plan.mps_replicas <= 13
+    (g,) = plan.gpus
+    if g.strategy == "mps":
+        assert g.pinned_mib is not None and g.pinned_mib >= 10 * 1024
+
+
+def test_a_gpu_running_processes_is_not_turned_to_mig() -> None:
+    busy = replace(fresh("h200"), processes=(Process(4242, 1 << 30),))
+    inv = node(busy)
+    plan = plan_node(inv, [W("slice", 30, "mig", 2)])
+    assert not plan.placed and all(g.strategy != "mig" for g in plan.gpus)

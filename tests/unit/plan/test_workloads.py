@@ -66,6 +66,8 @@ BAD = [
     ("item-not-mapping", _w("llm"), "workload 1 must be a mapping", "3:5"),
     ("missing-name", _w("{memory: 1G, isolation: mig}"), "workload 1: missing 'name'", "3:5"),
     ("name-number", _w("{name: 3, memory: 1G, isolation: mig}"), "name must be a text, not int", "3:12"),
+    ("name-escape", _w('{name: "x\\e[31mred", memory: 1G, isolation: mig}'), "no control characters", "3:12"),
+    ("name-bidi", _w('{name: "a\\u202eb", memory: 1G, isolation: mig}'), "no control characters", "3:12"),
     ("unknown-key", _w("{name: a, memory: 1G, isolation: mig, gpus: 2}"), "workload 'a': unknown key 'gpus'", "3:43"),
     ("missing-memory", _w("{name: a, isolation: mig}"), "workload 'a': missing 'memory'", "3:5"),
     ("memory-bad", _w("{name: a, memory: lots, isolation: mig}"), "memory 'lots' is not a size", "3:23"),
