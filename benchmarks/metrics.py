@@ -16,6 +16,7 @@ import http.client
 import json
 import multiprocessing
 import os
+import random
 import re
 import shutil
 import statistics
@@ -86,8 +87,9 @@ def _count_series(body: bytes) -> int:
     return sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
 
 
-def _scraper(port: int, n: int, go: Any, out: Any) -> None:
-    """One scraper process: a keep-alive connection, `n` scrapes back to back after `go`."""
+def _scraper(port: int, n: int, period: float, go: Any, out: Any) -> None:
+    """One scraper process: a keep-alive connection, `n` scrapes after `go`: back to back
+    (period 0), or one every `period` seconds from a random phase."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     for _ in range(3):
         conn.request("GET", "/metrics")
@@ -95,7 +97,11 @@ def _scraper(port: int, n: int, go: Any, out: Any) -> None:
     go.wait()
     latencies = []
     start = time.monotonic()
+    due = start + random.uniform(0, period)
     for _ in range(n):
+        if period:
+            time.sleep(max(due - time.monotonic(), 0))
+            due += period
         t0 = time.perf_counter()
         conn.request("GET", "/metrics")
         conn.getresponse().read()
@@ -104,14 +110,19 @@ def _scraper(port: int, n: int, go: Any, out: Any) -> None:
     conn.close()
 
 
-def _concurrent(pid: int, port: int, scrapers: int, total: int, idle_rate: float) -> Row:
-    """`scrapers` processes (own GILs, as separate Prometheus servers are) scrape at once, each
-    closed-loop: its next scrape as soon as the last answer is read. Saturating: on a machine of
-    few cores the per-scrape latency is mostly waiting for CPU behind the other scrapers."""
+def _concurrent(
+    pid: int, port: int, scrapers: int, period: float, total: int, idle_rate: float
+) -> Row:
+    """`scrapers` processes (own GILs, as separate Prometheus servers are) scrape at once.
+    Period 0, closed-loop: each its next scrape as soon as the last answer is read, saturating:
+    on a machine of few cores the latency is then mostly waiting for CPU behind the other
+    scrapers. Period > 0: each scrapes every `period` s, phases random (Prometheus servers)."""
     ctx = multiprocessing.get_context("spawn")
     go, out = ctx.Event(), ctx.Queue()
     each = max(total // scrapers, 1)
-    procs = [ctx.Process(target=_scraper, args=(port, each, go, out)) for _ in range(scrapers)]
+    procs = [
+        ctx.Process(target=_scraper, args=(port, each, period, go, out)) for _ in range(scrapers)
+    ]
     for proc in procs:
         proc.start()
     time.sleep(1.0 + 0.1 * scrapers)  # all started and connected
@@ -127,6 +138,7 @@ def _concurrent(pid: int, port: int, scrapers: int, total: int, idle_rate: float
     cpu = cpu1 - cpu0 - idle_rate * (end - start)
     return {
         "scrapers": scrapers,
+        "period": period,
         "scrapes": len(lat),
         **_percentiles(lat),
         "rate": len(lat) / (end - start),
@@ -148,7 +160,7 @@ def measure(
     prefix: list[str],
     env: dict[str, str],
     n: int,
-    sweep: tuple[int, ...] = (),
+    sweep: tuple[tuple[int, float], ...] = (),
     flags: tuple[str, ...] = (),
 ) -> Row:
     """Start the agent, warm it up, then: RSS, 1 scraper x `n` scrapes (with the exposition's
@@ -166,7 +178,7 @@ def measure(
         lat, size, series = _scrape(port, n)
         elapsed = time.monotonic() - t0
         cpu = _cpu_seconds(proc.pid) - cpu0 - idle_rate * elapsed
-        levels = [_concurrent(proc.pid, port, c, n, idle_rate) for c in sweep]
+        levels = [_concurrent(proc.pid, port, c, t, n, idle_rate) for c, t in sweep]
         rss_after = _rss_mib(proc.pid)
         pods = _pod_series(port)
     finally:
@@ -298,7 +310,8 @@ def nvidia_smi(n: int) -> dict[str, object] | None:
     }
 
 
-SWEEP = (1, 4, 16)
+# (scrapers, seconds between one scraper's scrapes; 0: back to back)
+SWEEP = ((1, 0.0), (4, 0.0), (16, 0.0), (16, 0.1))
 
 
 def main() -> None:
@@ -359,12 +372,13 @@ def main() -> None:
     swept = [r for r in rows if r["sweep"]]
     if swept:
         print(
-            f"\nconcurrent scrapers (separate processes, each closed-loop: the next scrape as soon"
-            f" as the answer is read), {args.scrapes} scrapes in all per level, {os.cpu_count()}"
-            " CPUs shared by the agent and the scrapers"
+            f"\nconcurrent scrapers (separate processes, keep-alive), {args.scrapes} scrapes in"
+            " all per level; every: back to back (closed loop, the next scrape as soon as the"
+            " answer is read) or one scrape per scraper every N ms, random phases;"
+            f" {os.cpu_count()} CPUs shared by the agent and the scrapers"
         )
         head = (
-            f"{'target':<38}{'scrapers':>9}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}"
+            f"{'target':<38}{'scrapers':>9}{'every':>8}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}"
             f"{'scrapes/s':>10}{'CPU ms/scrape':>14}"
         )
         print(head)
@@ -372,11 +386,16 @@ def main() -> None:
         for r in swept:
             for level in r["sweep"]:
                 print(
-                    f"{r['label']:<38}{level['scrapers']:>9}{level['p50']:>8.2f}"
+                    f"{r['label']:<38}{level['scrapers']:>9}"
+                    f"{_every(level['period']):>8}{level['p50']:>8.2f}"
                     f"{level['p99']:>8.2f}{level['max']:>8.2f}{level['rate']:>10.0f}"
                     f"{level['cpu']:>14.3f}"
                 )
         plot(swept, args.plot)
+
+
+def _every(period: float) -> str:
+    return f"{period * 1e3:.0f} ms" if period else "b2b"
 
 
 def plot(rows: list[Row], path: str) -> None:
@@ -390,10 +409,11 @@ def plot(rows: list[Row], path: str) -> None:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
-        levels = [x["scrapers"] for x in r["sweep"]]
+        closed = [x for x in r["sweep"] if not x["period"]]
+        levels = [x["scrapers"] for x in closed]
         for key, style in (("p50", "o-"), ("p99", "s--")):
-            ax.plot(levels, [x[key] for x in r["sweep"]], style, label=f"{r['label']} {key}")
-    ax.set_xlabel("concurrent scrapers")
+            ax.plot(levels, [x[key] for x in closed], style, label=f"{r['label']} {key}")
+    ax.set_xlabel("concurrent scrapers, back to back")
     ax.set_ylabel("ms per scrape")
     ax.set_xscale("log", base=2)
     ax.legend(fontsize=7)
