@@ -2,11 +2,16 @@
 
 1. Emulated 8xH200 node, 7 slices each (56 slices), some under load: 1000 scrapes of a
    `nodeagent run` process over loopback HTTP (keep-alive, as Prometheus scrapes).
-2. Where a real NVIDIA driver is present (the GPU machine): the same against the real GPUs,
+2. The same node with `--kube`: a loopback API server (kmock, from the tests) and the tests'
+   fake kubelet pod-resources socket with one pod on each slice (56 attributed). Then 1, 4, 16
+   concurrent scrapers back to back, and 16 each scraping every 100 ms.
+3. Where a real NVIDIA driver is present (the GPU machine): the same against the real GPUs,
    and `nvidia-smi --query-gpu=...` for the same fields, in one run.
 
-Run (in the project's .venv): .venv/bin/python benchmarks/metrics.py [--scrapes N]
-Prints tables; never passes or fails on time.
+Run (in the project's .venv, from the repository root with it on PYTHONPATH):
+    .venv/bin/python benchmarks/metrics.py [--scrapes N] [--plot FILE]
+Prints tables (a plot of the sweep where matplotlib is importable); never passes or fails on
+time.
 """
 
 from __future__ import annotations
