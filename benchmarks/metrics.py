@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -276,6 +277,8 @@ def kube(
     """What `nodeagent run --kube` needs, on loopback: an API server (kmock, as the tests use)
     with this Node, and the kubelet's pod-resources socket (the tests' fake) listing one pod on
     each slice. Yields the `run` flags and the environment."""
+    if importlib.util.find_spec("kmock") is None:  # the conftest would skip, not raise
+        raise ImportError("kmock (the `test` extra) is not installed")
     from tests.fake_kubelet.podresources import pod, serve
     from tests.integration.kube.conftest import Cluster
 
