@@ -2,18 +2,27 @@
 
 1. Emulated 8xH200 node, 7 slices each (56 slices), some under load: 1000 scrapes of a
    `nodeagent run` process over loopback HTTP (keep-alive, as Prometheus scrapes).
-2. Where a real NVIDIA driver is present (the GPU machine): the same against the real GPUs,
+2. The same node with `--kube`: a loopback API server (kmock, from the tests) and the tests'
+   fake kubelet pod-resources socket with one pod on each slice (56 attributed). Then 1, 4, 16
+   concurrent scrapers back to back, and 16 each scraping every 100 ms.
+3. Where a real NVIDIA driver is present (the GPU machine): the same against the real GPUs,
    and `nvidia-smi --query-gpu=...` for the same fields, in one run.
 
-Run (in the project's .venv): .venv/bin/python benchmarks/metrics.py [--scrapes N]
-Prints tables; never passes or fails on time.
+Run (in the project's .venv, from the repository root with it on PYTHONPATH):
+    .venv/bin/python benchmarks/metrics.py [--scrapes N] [--plot FILE]
+Prints tables (a plot of the sweep where matplotlib is importable); never passes or fails on
+time.
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import importlib.util
+import json
+import multiprocessing
 import os
+import random
 import re
 import shutil
 import statistics
@@ -21,7 +30,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+Row = dict[str, Any]
 
 NVIDIA_SMI_FIELDS = "index,uuid,name,pci.bus_id,memory.total,memory.used,memory.free,utilization.gpu,mig.mode.current"
 
@@ -40,9 +54,11 @@ def _rss_mib(pid: int) -> float:
     return int(match.group(1)) / 1024 if match else float("nan")
 
 
-def _start_agent(prefix: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], int]:
+def _start_agent(
+    prefix: list[str], env: dict[str, str], flags: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
-        _nodeagent(*prefix, "run", "--metrics-address", "127.0.0.1:0"),
+        _nodeagent(*prefix, "run", "--metrics-address", "127.0.0.1:0", *flags),
         stderr=subprocess.PIPE,
         text=True,
         env=env,
@@ -63,23 +79,103 @@ def _start_agent(prefix: list[str], env: dict[str, str]) -> tuple[subprocess.Pop
 def _scrape(port: int, n: int) -> tuple[list[float], int, int]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     latencies = []
-    size = series = 0
+    body = b""
     for _ in range(n):
         t0 = time.perf_counter()
         conn.request("GET", "/metrics")
         body = conn.getresponse().read()
         latencies.append(time.perf_counter() - t0)
-        size = len(body)
-    series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
     conn.close()
-    return latencies, size, series
+    return latencies, len(body), _count_series(body)
 
 
-def measure(label: str, prefix: list[str], env: dict[str, str], n: int) -> dict[str, object]:
-    proc, port = _start_agent(prefix, env)
+def _count_series(body: bytes) -> int:
+    return sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
+
+
+def _scraper(port: int, n: int, period: float, go: Any, out: Any) -> None:
+    """One scraper process: a keep-alive connection, `n` scrapes after `go`: back to back
+    (period 0), or one every `period` seconds from a random phase."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    for _ in range(3):
+        conn.request("GET", "/metrics")
+        conn.getresponse().read()
+    go.wait()
+    latencies = []
+    start = time.monotonic()
+    due = start + random.uniform(0, period)
+    for _ in range(n):
+        if period:
+            time.sleep(max(due - time.monotonic(), 0))
+            due += period
+        t0 = time.perf_counter()
+        conn.request("GET", "/metrics")
+        conn.getresponse().read()
+        latencies.append(time.perf_counter() - t0)
+    out.put((start, time.monotonic(), latencies))
+    conn.close()
+
+
+def _concurrent(
+    pid: int, port: int, scrapers: int, period: float, total: int, idle_rate: float
+) -> Row:
+    """`scrapers` processes (own GILs, as separate Prometheus servers are) scrape at once.
+    Period 0, closed-loop: each its next scrape as soon as the last answer is read, saturating:
+    on a machine of few cores the latency is then mostly waiting for CPU behind the other
+    scrapers. Period > 0: each scrapes every `period` s, phases random (Prometheus servers)."""
+    ctx = multiprocessing.get_context("spawn")
+    go, out = ctx.Event(), ctx.Queue()
+    each = max(total // scrapers, 1)
+    procs = [
+        ctx.Process(target=_scraper, args=(port, each, period, go, out)) for _ in range(scrapers)
+    ]
+    for proc in procs:
+        proc.start()
+    time.sleep(1.0 + 0.1 * scrapers)  # all started and connected
+    cpu0 = _cpu_seconds(pid)
+    go.set()
+    results = [out.get(timeout=300) for _ in procs]
+    cpu1 = _cpu_seconds(pid)
+    for proc in procs:
+        proc.join(30)
+    start = min(r[0] for r in results)
+    end = max(r[1] for r in results)
+    lat = sorted(x for r in results for x in r[2])
+    cpu = cpu1 - cpu0 - idle_rate * (end - start)
+    return {
+        "scrapers": scrapers,
+        "period": period,
+        "scrapes": len(lat),
+        **_percentiles(lat),
+        "rate": len(lat) / (end - start),
+        "cpu": max(cpu, 0.0) / len(lat) * 1e3,
+    }
+
+
+def _percentiles(lat: list[float]) -> Row:
+    lat = sorted(lat)
+    return {
+        "p50": statistics.median(lat) * 1e3,
+        "p99": lat[max(int(0.99 * len(lat)) - 1, 0)] * 1e3,
+        "max": lat[-1] * 1e3,
+    }
+
+
+def measure(
+    label: str,
+    prefix: list[str],
+    env: dict[str, str],
+    n: int,
+    sweep: tuple[tuple[int, float], ...] = (),
+    flags: tuple[str, ...] = (),
+) -> Row:
+    """Start the agent, warm it up, then: RSS, 1 scraper x `n` scrapes (with the exposition's
+    size), and for each level of `sweep` that many concurrent scrapers, `n` scrapes in all."""
+    proc, port = _start_agent(prefix, env, flags)
     try:
         time.sleep(3)  # samplers warm: inventory read, two GPM samples
-        _scrape(port, 20)
+        _scrape(port, 50)
+        rss = _rss_mib(proc.pid)
         idle0 = _cpu_seconds(proc.pid)
         t0 = time.monotonic()
         time.sleep(2)
@@ -88,24 +184,37 @@ def measure(label: str, prefix: list[str], env: dict[str, str], n: int) -> dict[
         lat, size, series = _scrape(port, n)
         elapsed = time.monotonic() - t0
         cpu = _cpu_seconds(proc.pid) - cpu0 - idle_rate * elapsed
-        rss = _rss_mib(proc.pid)
+        levels = [_concurrent(proc.pid, port, c, t, n, idle_rate) for c, t in sweep]
+        rss_after = _rss_mib(proc.pid)
+        pods = _pod_series(port)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    lat.sort()
     return {
         "label": label,
         "series": series,
+        "pods": pods,
         "bytes": size,
-        "p50": statistics.median(lat) * 1e3,
-        "p99": lat[int(0.99 * len(lat)) - 1] * 1e3,
-        "max": lat[-1] * 1e3,
+        **_percentiles(lat),
+        "rate": n / elapsed,
         "cpu": max(cpu, 0.0) / n * 1e3,
         "rss": rss,
+        "rss_after": rss_after,
+        "sweep": levels,
     }
 
 
-def emulated_node(tmp: Path) -> tuple[list[str], dict[str, str]]:
+def _pod_series(port: int) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/metrics")
+    body = conn.getresponse().read().decode()
+    conn.close()
+    return sum(1 for line in body.splitlines() if line.startswith("nodeagent_slice_pod_info{"))
+
+
+def emulated_node(tmp: Path) -> tuple[list[str], dict[str, str], list[str]]:
+    """The node: 8 emulated H200 in all-1g.18gb (56 slices), 3 slices of each GPU under load.
+    Returns the global flags, the environment and the slices' MIG UUIDs."""
     state = tmp / "node.json"
     prefix = ["--simulate", "h200x8", "--sim-state", str(state)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
@@ -125,8 +234,6 @@ def emulated_node(tmp: Path) -> tuple[list[str], dict[str, str]]:
         capture_output=True,
         env=env,
     )
-    import json
-
     status = json.loads(
         subprocess.run(
             _nodeagent(*prefix, "status", "-o", "json"),
@@ -158,9 +265,36 @@ def emulated_node(tmp: Path) -> tuple[list[str], dict[str, str]]:
                 env=env,
             )
             pid += 1
-    slices = sum(len(g["slices"]) for g in status["gpus"])
-    assert slices == 56, slices
-    return prefix, env
+    uuids = [s["mig_uuid"] for g in status["gpus"] for s in g["slices"]]
+    assert len(uuids) == 56, uuids
+    return prefix, env, uuids
+
+
+@contextmanager
+def kube(
+    tmp: Path, uuids: list[str], env: dict[str, str]
+) -> Iterator[tuple[list[str], dict[str, str]]]:
+    """What `nodeagent run --kube` needs, on loopback: an API server (kmock, as the tests use)
+    with this Node, and the kubelet's pod-resources socket (the tests' fake) listing one pod on
+    each slice. Yields the `run` flags and the environment."""
+    if importlib.util.find_spec("kmock") is None:  # the conftest would skip, not raise
+        raise ImportError("kmock (the `test` extra) is not installed")
+    from tests.fake_kubelet.podresources import pod, serve
+    from tests.integration.kube.conftest import Cluster
+
+    cluster = Cluster()
+    socket = tmp / "kubelet.sock"
+    try:
+        cluster.add_node("bench-node", {})
+        with serve(socket) as kubelet:
+            kubelet.pods = [  # type: ignore[assignment]
+                pod("bench", f"infer-{i}", {"main": {"nvidia.com/mig-1g.18gb": [uuid]}})
+                for i, uuid in enumerate(uuids)
+            ]
+            flags = ["--kube", "--kube-host", cluster.url, "--pod-resources-socket", str(socket)]
+            yield flags, {**env, "NODE_NAME": "bench-node"}
+    finally:
+        cluster.close()
 
 
 def nvidia_smi(n: int) -> dict[str, object] | None:
@@ -184,41 +318,116 @@ def nvidia_smi(n: int) -> dict[str, object] | None:
     }
 
 
+# (scrapers, seconds between one scraper's scrapes; 0: back to back)
+SWEEP = ((1, 0.0), (4, 0.0), (16, 0.0), (16, 0.1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--scrapes", type=int, default=1000)
+    parser.add_argument("--scrapes", type=int, default=1000, help="per row and per sweep level")
     parser.add_argument("--smi-runs", type=int, default=100)
     parser.add_argument("--skip-emulated", action="store_true")
+    parser.add_argument("--plot", default="metrics-sweep.png", help="(with matplotlib)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_emulated:
-            prefix, env = emulated_node(Path(tmp))
-            rows.append(measure("emulated h200x8, 56 slices", prefix, env, args.scrapes))
+            prefix, env, uuids = emulated_node(Path(tmp))
+            rows.append(measure("emulated 56 slices", prefix, env, args.scrapes))
+            try:
+                with kube(Path(tmp), uuids, env) as (flags, kenv):
+                    rows.append(
+                        measure(
+                            "emulated 56 slices, 56 pods, --kube",
+                            prefix,
+                            kenv,
+                            args.scrapes,
+                            SWEEP,
+                            tuple(flags),
+                        )
+                    )
+            except ImportError as err:  # kmock or grpc missing: the `test` extra
+                print(f"(no --kube row: {err})", file=sys.stderr)
         smi = None
         if shutil.which("nvidia-smi"):
             env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
             count = subprocess.run(
                 ["nvidia-smi", "-L"], capture_output=True, text=True
             ).stdout.count("GPU ")
-            rows.append(measure(f"real NVML, {count} GPU", [], env, args.scrapes))
+            rows.append(measure(f"real NVML, {count} GPU", [], env, args.scrapes, SWEEP))
             smi = nvidia_smi(args.smi_runs)
     print(
-        f"/metrics over loopback HTTP, {args.scrapes} scrapes each (agent = a `nodeagent run` process)"
+        f"/metrics over loopback HTTP, {args.scrapes} scrapes from one keep-alive client"
+        " (agent = a `nodeagent run` process; RSS after warm-up / after all scrapes)"
     )
-    head = f"{'target':<30}{'series':>8}{'bytes':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'CPU ms/scrape':>15}{'RSS MiB':>9}"
+    head = (
+        f"{'target':<38}{'series':>7}{'pods':>5}{'bytes':>7}{'p50 ms':>8}{'p99 ms':>8}"
+        f"{'max ms':>8}{'CPU ms/scrape':>14}{'RSS MiB':>13}"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
         print(
-            f"{r['label']:<30}{r['series']:>8}{r['bytes']:>9}{r['p50']:>9.2f}{r['p99']:>9.2f}"
-            f"{r['max']:>9.2f}{r['cpu']:>15.3f}{r['rss']:>9.1f}"
+            f"{r['label']:<38}{r['series']:>7}{r['pods']:>5}{r['bytes']:>7}{r['p50']:>8.2f}"
+            f"{r['p99']:>8.2f}{r['max']:>8.2f}{r['cpu']:>14.3f}"
+            f"{r['rss']:>7.1f}/{r['rss_after']:<5.1f}"
         )
     if smi:
         print(
-            f"{'nvidia-smi --query-gpu (same fields)':<30}{'':>8}{'':>9}{smi['p50']:>9.2f}{smi['p99']:>9.2f}{smi['max']:>9.2f}"
-            f"   ({args.smi_runs} runs)"
+            f"{'nvidia-smi --query-gpu (same fields)':<38}{'':>19}{smi['p50']:>8.2f}"
+            f"{smi['p99']:>8.2f}{smi['max']:>8.2f}   ({args.smi_runs} runs)"
         )
+    swept = [r for r in rows if r["sweep"]]
+    if swept:
+        print(
+            f"\nconcurrent scrapers (separate processes, keep-alive), {args.scrapes} scrapes in"
+            " all per level; every: back to back (closed loop, the next scrape as soon as the"
+            " answer is read) or one scrape per scraper every N ms, random phases;"
+            f" {os.cpu_count()} CPUs shared by the agent and the scrapers"
+        )
+        head = (
+            f"{'target':<38}{'scrapers':>9}{'every':>8}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}"
+            f"{'scrapes/s':>10}{'CPU ms/scrape':>14}"
+        )
+        print(head)
+        print("-" * len(head))
+        for r in swept:
+            for level in r["sweep"]:
+                print(
+                    f"{r['label']:<38}{level['scrapers']:>9}"
+                    f"{_every(level['period']):>8}{level['p50']:>8.2f}"
+                    f"{level['p99']:>8.2f}{level['max']:>8.2f}{level['rate']:>10.0f}"
+                    f"{level['cpu']:>14.3f}"
+                )
+        plot(swept, args.plot)
+
+
+def _every(period: float) -> str:
+    return f"{period * 1e3:.0f} ms" if period else "b2b"
+
+
+def plot(rows: list[Row], path: str) -> None:
+    """p50/p99 per concurrency level, if matplotlib (the `bench` extra) is importable."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in rows:
+        closed = [x for x in r["sweep"] if not x["period"]]
+        levels = [x["scrapers"] for x in closed]
+        for key, style in (("p50", "o-"), ("p99", "s--")):
+            ax.plot(levels, [x[key] for x in closed], style, label=f"{r['label']} {key}")
+    ax.set_xlabel("concurrent scrapers, back to back")
+    ax.set_ylabel("ms per scrape")
+    ax.set_xscale("log", base=2)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":

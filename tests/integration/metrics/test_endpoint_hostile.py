@@ -361,6 +361,25 @@ def test_many_parallel_scrapers_all_succeed(endpoint: tuple[str, int], keep_aliv
     assert results == [(200, EXPOSITION)] * 32 * 20
 
 
+def test_handler_threads_are_kept_for_the_next_connection_and_end_with_the_server() -> None:
+    """30 scrapes one after the other, each on a new connection, are served by a few kept
+    threads (not one thread each); stopping the server ends them."""
+    server = make_server()
+    port = server.port
+    seen: set[threading.Thread] = set()  # the objects, so that no two share an id
+    try:
+        for _ in range(30):
+            assert scrape("127.0.0.1", port) == (200, EXPOSITION)
+            seen.update(t for t in threading.enumerate() if t.name == f"metrics-http-{port}-conn")
+        assert 1 <= len(seen) <= 5
+    finally:
+        server.stop()
+    deadline = time.monotonic() + TIMEOUT
+    while connection_threads(port) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert connection_threads(port) == 0
+
+
 def test_idle_connections_hold_no_thread_and_are_closed(
     serve: Callable[..., tuple[str, int]],
 ) -> None:
