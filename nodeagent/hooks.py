@@ -33,6 +33,7 @@ import yaml
 
 from nodeagent.errors import AgentError, ConfigError
 from nodeagent.logs import get_logger
+from nodeagent.mig.config import compose
 
 log = get_logger("nodeagent.hooks")
 VERSION = "v1"
@@ -166,17 +167,7 @@ def _empty(node: yaml.Node) -> bool:
 
 def parse_hooks(text: str, source: str) -> HooksFile:
     """Parse a hooks file; raise ConfigError listing every problem with its position."""
-    try:
-        root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{where}: not valid YAML: {problem}") from err
-    except RecursionError as err:
-        raise ConfigError(f"{source}: not valid YAML: nested too deeply") from err
-    if root is None:
-        raise ConfigError(f"{source}: the file is empty; expected 'version: {VERSION}' and 'hooks'")
+    root = compose(text, source, f"'version: {VERSION}' and 'hooks'")
     errors = _Errors(source)
     hooks: dict[str, tuple[Hook, ...]] = {}
     fields = {name: (key, value) for name, key, value in _pairs(root, errors, "the hooks file")}

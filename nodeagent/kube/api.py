@@ -123,6 +123,20 @@ def make_core_api(settings: KubeSettings) -> Any:
     return client.CoreV1Api()
 
 
+def _none_on(status: int, call: Callable[[], T]) -> Callable[[], T | None]:
+    """`call`, answering None where the API server answers `status` (404 absent, 409 exists)."""
+
+    def run() -> T | None:
+        try:
+            return call()
+        except ApiException as err:
+            if err.status == status:
+                return None
+            raise
+
+    return run
+
+
 class NodeApi:
     """The agent's own Node and what happens on it."""
 
@@ -284,17 +298,12 @@ class NodeApi:
         """A pod as plain JSON, or None when there is no such pod."""
         timeout = self.settings.request_timeout_seconds
 
-        def read() -> dict[str, Any] | None:
-            try:
-                return self._plain(
-                    self.core.read_namespaced_pod(name, namespace, _request_timeout=timeout)
-                )
-            except ApiException as err:
-                if err.status == 404:
-                    return None
-                raise
+        def read() -> dict[str, Any]:
+            return self._plain(
+                self.core.read_namespaced_pod(name, namespace, _request_timeout=timeout)
+            )
 
-        return self._call(f"read pod {namespace}/{name}", read)
+        return self._call(f"read pod {namespace}/{name}", _none_on(404, read))
 
     # -- custom resources (NFD's NodeFeature) -------------------------------------------------
 
@@ -305,19 +314,13 @@ class NodeApi:
         """A namespaced custom object, or None when it does not exist."""
         timeout = self.settings.request_timeout_seconds
 
-        def get() -> dict[str, Any] | None:
-            try:
-                obj: dict[str, Any] = self._custom().get_namespaced_custom_object(
-                    ref.group, ref.version, ref.namespace, ref.plural, name,
-                    _request_timeout=timeout,
-                )  # fmt: skip
-                return obj
-            except ApiException as err:
-                if err.status == 404:
-                    return None
-                raise
+        def get() -> dict[str, Any]:
+            obj: dict[str, Any] = self._custom().get_namespaced_custom_object(
+                ref.group, ref.version, ref.namespace, ref.plural, name, _request_timeout=timeout
+            )
+            return obj
 
-        return self._call(f"read {ref.plural} {ref.namespace}/{name}", get)
+        return self._call(f"read {ref.plural} {ref.namespace}/{name}", _none_on(404, get))
 
     def create_custom(self, ref: CustomRef, body: dict[str, Any]) -> dict[str, Any] | None:
         """Create a namespaced custom object; None when it exists already (an earlier attempt
@@ -325,19 +328,13 @@ class NodeApi:
         timeout = self.settings.request_timeout_seconds
         name = body["metadata"]["name"]
 
-        def create() -> dict[str, Any] | None:
-            try:
-                obj: dict[str, Any] = self._custom().create_namespaced_custom_object(
-                    ref.group, ref.version, ref.namespace, ref.plural, body,
-                    _request_timeout=timeout,
-                )  # fmt: skip
-                return obj
-            except ApiException as err:
-                if err.status == 409:
-                    return None
-                raise
+        def create() -> dict[str, Any]:
+            obj: dict[str, Any] = self._custom().create_namespaced_custom_object(
+                ref.group, ref.version, ref.namespace, ref.plural, body, _request_timeout=timeout
+            )
+            return obj
 
-        return self._call(f"create {ref.plural} {ref.namespace}/{name}", create)
+        return self._call(f"create {ref.plural} {ref.namespace}/{name}", _none_on(409, create))
 
     def patch_custom(self, ref: CustomRef, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """A JSON merge patch (custom resources take no strategic merge patch)."""

@@ -41,6 +41,7 @@ from nodeagent.mig.config import (
     _mapping,
     _mig_devices,
     _scalar,
+    compose,
     parse_config,
 )
 from nodeagent.mps.settings import parse_size
@@ -101,7 +102,7 @@ class SharingFile:
 def parse_sharing(text: str, source: str) -> SharingFile:
     """Parse a nodeagent/v1 sharing file, or a mig-parted v1 file as MIG only. Raises
     ConfigError listing every problem with its position."""
-    root = _compose(text, source)
+    root = compose(text, source, f"'version: {VERSION}' and 'sharing-configs'")
     if _is_mig_parted(root):
         return from_mig_parted(parse_config(text, source))
     errors = _Errors(source)
@@ -151,23 +152,6 @@ def from_mig_parted(cfg: MigConfigFile) -> SharingFile:
         for name, entries in cfg.configs.items()
     }
     return SharingFile(cfg.source, configs, mig_parted=True)
-
-
-def _compose(text: str, source: str) -> yaml.Node:
-    try:
-        root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{where}: not valid YAML: {problem}") from err
-    except RecursionError as err:
-        raise ConfigError(f"{source}: not valid YAML: nested too deeply") from err
-    if root is None:
-        raise ConfigError(
-            f"{source}: the file is empty; expected 'version: {VERSION}' and 'sharing-configs'"
-        )
-    return root
 
 
 def _is_mig_parted(root: yaml.Node) -> bool:
