@@ -16,6 +16,7 @@ from nodeagent.cli.common import (
 )
 from nodeagent.errors import AgentError, ConfigError
 from nodeagent.lock import lock_path, mig_writer_lock
+from nodeagent.mig.profile import profile_or_none
 from nodeagent.nvml import read_inventory
 
 if TYPE_CHECKING:
@@ -53,7 +54,8 @@ def _describe_op(op: dict[str, Any]) -> str:
         text += " enabled" if op["enabled"] else " disabled"
     if "profile" in op:
         slices = op.get("compute_slices")
-        full = str(op["profile"]).startswith(f"{slices}g.")
+        gi = profile_or_none(str(op["profile"]))
+        full = gi is None or slices == gi.g
         text += f" {op['profile']}" if slices is None or full else f" {slices}c.{op['profile']}"
         if slices is not None and not full:
             text += f" (compute slice {op.get('ci_start', 0)})"

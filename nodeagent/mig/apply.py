@@ -21,6 +21,7 @@ from nodeagent.errors import ConfigError, MigError, ModeChangePending, NvmlError
 from nodeagent.logs import get_logger
 from nodeagent.mig.config import MigConfigFile, parse_config
 from nodeagent.mig.plan import Operation, Plan, mismatches, plan
+from nodeagent.mig.profile import profile_or_none
 from nodeagent.mig.select import Desired, covered, resolve
 from nodeagent.nvml import Inventory, MigWriter, NvmlSession, Placement, read_inventory
 
@@ -193,9 +194,10 @@ class _Executor:
     def _create_ci(self, op: Operation) -> dict[str, Any]:
         assert op.placement is not None and op.slice_count is not None
         gi_id = op.gi_id if op.gi_id is not None else self.new_gis[(op.gpu, op.placement)]
-        gi_slices = int(op.profile.split("g.", 1)[0]) if op.profile else op.slice_count
+        gi = profile_or_none(op.profile or "")
+        full = gi is None or op.slice_count == gi.g
         ci_id = self.writer.create_compute_instance(
-            op.gpu, gi_id, op.slice_count, op.ci_start or 0, full=op.slice_count == gi_slices
+            op.gpu, gi_id, op.slice_count, op.ci_start or 0, full=full
         )
         return {**op.to_dict(), "gi_id": gi_id, "ci_id": ci_id}
 

@@ -93,12 +93,15 @@ class _Gi:
     profile_id: int
     profile: str
     placement: Placement
-    ci_ids: tuple[int, ...]
     slices: tuple[Slice, ...]
     holders: tuple[str, ...]  # who uses it: "pid 1234", "pod ns/name"
     slice_count: int = 0  # the GI's compute slices
     cis: tuple[tuple[int, CiPlacement], ...] = ()  # (ci id, (start, size)) of each CI
     busy_cis: tuple[CiPlacement, ...] = ()  # the CIs in use
+
+    @property
+    def ci_ids(self) -> tuple[int, ...]:
+        return tuple(ci for ci, _ in self.cis)
 
     @property
     def shape(self) -> Shape:
@@ -153,7 +156,6 @@ def existing_instances(gpu: Gpu, in_use: Mapping[str, str] | None = None) -> lis
                 profile_id=first.profile_id,
                 profile=first.profile,
                 placement=first.placement,
-                ci_ids=tuple(s.ci_id for s in slices if s.ci_id is not None),
                 slices=tuple(slices),
                 holders=tuple(holders),
                 slice_count=g,
