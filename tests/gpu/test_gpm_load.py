@@ -3,38 +3,14 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
-from nodeagent.errors import NvmlError
-from nodeagent.nvml import NvmlSession, load_real_library, open_session, read_inventory
+from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.nvml.gpm import GpmReader
 
 pytestmark = pytest.mark.gpu
-
-LOAD = """
-import sys, time, torch
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
-b = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
-keep = torch.empty(4 * 1024**3, dtype=torch.uint8, device="cuda")  # 4 GiB more in use
-print("ready", flush=True)
-end = time.time() + float(sys.argv[1])
-while time.time() < end:
-    for _ in range(20):
-        c = a @ b
-    torch.cuda.synchronize()
-"""
-
-
-@pytest.fixture(scope="module")
-def session() -> NvmlSession:
-    try:
-        return open_session(load_real_library())
-    except NvmlError as err:
-        pytest.skip(f"no NVML here: {err}")
 
 
 def _gpm(reader: GpmReader, index: int, window: float = 0.5) -> dict[str, float]:
@@ -46,18 +22,6 @@ def _gpm(reader: GpmReader, index: int, window: float = 0.5) -> dict[str, float]
     finally:
         reader.free(first)
         reader.free(second)
-
-
-@pytest.fixture
-def load() -> Iterator[subprocess.Popen[str]]:
-    pytest.importorskip("torch")
-    proc = subprocess.Popen([sys.executable, "-c", LOAD, "20"], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready"
-    time.sleep(1.0)
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 def test_gpm_and_memory_follow_a_cuda_load(

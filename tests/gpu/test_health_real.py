@@ -4,51 +4,16 @@ load, the XID event set registered. Read-only: no setting of the GPU is changed.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 from prometheus_client import generate_latest
 
-from nodeagent.errors import NvmlError
-from nodeagent.nvml import NvmlSession, load_real_library, open_session, read_inventory
+from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.nvml.health import XidWatcher, gpu_handle, read_health
 from tests.agent_support import make_agent
 
 pytestmark = pytest.mark.gpu
-
-LOAD = """
-import sys, time, torch
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
-b = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
-print("ready", flush=True)
-end = time.time() + float(sys.argv[1])
-while time.time() < end:
-    for _ in range(20):
-        c = a @ b
-    torch.cuda.synchronize()
-"""
-
-
-@pytest.fixture(scope="module")
-def session() -> NvmlSession:
-    try:
-        return open_session(load_real_library())
-    except NvmlError as err:
-        pytest.skip(f"no NVML here: {err}")
-
-
-@pytest.fixture
-def load() -> Iterator[subprocess.Popen[str]]:
-    pytest.importorskip("torch")
-    proc = subprocess.Popen([sys.executable, "-c", LOAD, "20"], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready"
-    time.sleep(2.0)
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 def test_health_reads_are_plausible(session: NvmlSession) -> None:
