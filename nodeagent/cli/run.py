@@ -185,7 +185,8 @@ def wait_for_nvml(
 def status_line(agent: Any) -> str:
     """systemd's STATUS= (one line, `systemctl status`): GPUs, the last reconcile, health."""
     snap = agent.store.snapshot
-    gpus = f"{len(snap.inventory.gpus)} GPUs" if snap is not None else "no GPU read yet"
+    count = len(snap.inventory.gpus) if snap is not None else 0
+    gpus = f"{count} GPU{'' if count == 1 else 's'}" if snap is not None else "no GPU read yet"
     report = agent.pipeline.last_report
     if report is None:
         reconcile = "first reconcile running"

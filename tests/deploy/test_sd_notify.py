@@ -131,7 +131,7 @@ def test_ready_after_nvml_and_first_reconcile_watchdog_status_reload_stopping(
     before = [m for m in unit.messages[:-1] if "STATUS" in m]
     assert [m["STATUS"] for m in before][-1] == "first reconcile"  # nothing else in between
     status = unit.until("STATUS", "reconcile ok")["STATUS"]
-    assert status == "1 GPUs; reconcile ok (config none); healthy"
+    assert status == "1 GPU; reconcile ok (config none); healthy"
     unit.until("WATCHDOG", "1")
     began = time.monotonic()
     for _ in range(5):
