@@ -168,7 +168,10 @@ def wait_for_nvml(
         except NvmlError as err:
             waited = clock() - began
             if waited >= wait_seconds:
-                raise
+                if not wait_seconds:
+                    raise
+                context = f"still refused after the {wait_seconds:g} s node.nvml-wait"
+                raise NvmlError(err.code, err.function, err.nvml_message, context) from err
             log.warning(
                 "nvml.waiting",
                 error=str(err),

@@ -70,6 +70,10 @@ def test_gives_up_with_the_last_error_when_the_wait_is_over() -> None:
     with pytest.raises(NvmlError) as err:
         wait_for_nvml(lambda: open_session(_library(99)), 12, clock.sleep, lambda: False, clock)
     assert err.value.code == DRIVER_NOT_LOADED
+    assert str(err.value) == (
+        "NVML nvmlInit failed (still refused after the 12 s node.nvml-wait): Driver Not Loaded"
+        " (NVML error 9)"
+    )
     assert clock.sleeps == [5.0, 5.0, 2.0]  # never past the wait it was given
 
 

@@ -149,6 +149,27 @@ def test_ready_after_nvml_and_first_reconcile_watchdog_status_reload_stopping(
     assert wait_line["level"] == "warning" and "Driver Not Loaded" in wait_line["error"]
 
 
+def test_nvml_never_answering_ends_the_wait_with_one_sentence_and_exit_3(tmp_path: Path) -> None:
+    """Every nvmlInit refused: after node.nvml-wait the agent exits 3 (a restart's business:
+    Restart=on-failure, the kubelet), saying why in one sentence, never READY=1."""
+    faults = [{"function": "nvmlInit", "error": "DRIVER_NOT_LOADED"}]
+    env = {"NODEAGENT_SIM_FAULTS": json.dumps(faults), "NODEAGENT_NVML_WAIT": "0.5"}
+    unit = Unit(tmp_path, [], env)
+    try:
+        assert unit.proc.wait(timeout=30) == 3
+        while unit.receive(0.1) is not None:
+            pass
+        assert [m for m in unit.messages if "READY" in m] == []
+        lines = unit.stderr.read_text().splitlines()
+        assert lines[-1].startswith(
+            "nodeagent: NVML nvmlInit failed (still refused after the 0.5 s node.nvml-wait): "
+            "Driver Not Loaded"
+        )
+        assert "Traceback" not in "\n".join(lines)
+    finally:
+        unit.close()
+
+
 def test_ready_waits_for_a_successful_reconcile(tmp_path: Path, units: list[Unit]) -> None:
     """A first reconcile that fails (a config the file lacks) is no start: no READY=1, STATUS
     says why, the watchdog is still fed (the agent is healthy); once the file has the config,
