@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 SIM ?= h200x2
 
-.PHONY: run test lint gpu bench proto system-deps clean
+.PHONY: run test lint gpu bench proto system-deps clean install-systemd
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,9 +36,23 @@ system-deps:
 	  apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null; }; \
 	else echo "note: install the Debian package 'prometheus'; the Prometheus tests skip without it"; fi
+	@# tests/deploy/test_systemd.py verifies the unit with systemd-analyze (Debian package systemd).
+	@if command -v systemd-analyze >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends systemd >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends systemd >/dev/null; }; \
+	else echo "note: install the Debian package 'systemd'; the unit's verify test skips without it"; fi
 
 test: lint system-deps
 	$(BIN)/python -m pytest -n auto
+
+# Bare metal: nodeagent as a systemd service (systemd/install.sh: a venv under PREFIX, the
+# settings under /etc/nodeagent, kept when they exist; the unit, enabled). As root:
+#   make install-systemd [PREFIX=/opt/nodeagent] [DESTDIR=/staging/root]
+PREFIX ?= /opt/nodeagent
+install-systemd:
+	PREFIX='$(PREFIX)' DESTDIR='$(DESTDIR)' PYTHON='$(PYTHON)' systemd/install.sh
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'

@@ -50,6 +50,7 @@ class Node:
     run_dir: Path = DEFAULT_RUN_DIR
     log_level: str = "warning"
     log_format: str = "auto"
+    nvml_wait_seconds: float = 0.0  # `run` only: how long to wait for NVML at start
 
 
 @dataclass(frozen=True)
@@ -516,6 +517,9 @@ SPECS: tuple[Spec, ...] = (
     _spec("node", "log-format", "NODEAGENT_LOG_FORMAT", "--log-format",
           choice("auto", "json", "console"),
           "log format (auto: JSON unless stderr is a terminal)"),
+    _spec("node", "nvml-wait", "NODEAGENT_NVML_WAIT", "--nvml-wait", seconds(0, inclusive=True),
+          "nodeagent run: seconds to wait at start for NVML to answer (a driver still loading),"
+          " retrying every 5 s; 0 fails at once", field="nvml_wait_seconds"),
     _spec("metrics", "address", "NODEAGENT_METRICS_ADDRESS", "--metrics-address", address,
           "HOST:PORT of /metrics, /healthz, /readyz"),
     _spec("metrics", "refresh-interval", "NODEAGENT_REFRESH_INTERVAL", "--refresh-interval",

@@ -16,7 +16,7 @@ from typing import Any
 from nodeagent.cli.common import Context, add_setting_flags, log, output_flag, print_json, reset_for
 from nodeagent.cli.mps import cmd_mps
 from nodeagent.cli.sharing import SHARING_FLAG_NAMES
-from nodeagent.errors import AgentError
+from nodeagent.errors import AgentError, NvmlError
 from nodeagent.labels.machine import gfd_options
 from nodeagent.labels.render import render_labels, slice_usage
 from nodeagent.lock import lock_path
@@ -128,10 +128,11 @@ class _Signals:
         self.wake.set()
 
 
-def _reload(ctx: Context, agent: Any, notify: Notifier) -> None:
-    notify.send(
-        "RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}"
-    )
+def _reload(ctx: Context, agent: Any, notify: Notifier, announced: bool) -> None:
+    # Before READY=1 there is no started service to reload: systemd hears nothing.
+    if announced:
+        monotonic_usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        notify.send("RELOADING=1", f"MONOTONIC_USEC={monotonic_usec}")
     log_settings = ctx.settings.node
     try:
         new = ctx.load_settings()  # the file again, the same environment and flags
@@ -141,17 +142,95 @@ def _reload(ctx: Context, agent: Any, notify: Notifier) -> None:
         agent.reload(new)
         if new.node.log_level != log_settings.log_level:
             configure_logging(new.node.log_level, log_settings.log_format)
-    notify.send("READY=1")
+    if announced:
+        notify.send("READY=1")
+
+
+NVML_RETRY_SECONDS = 5.0
+
+
+def wait_for_nvml(
+    open_session: Callable[[], Any],
+    wait_seconds: float,
+    sleep: Callable[[float], object],
+    stopped: Callable[[], bool],
+    clock: Callable[[], float] = time.monotonic,
+    status: Callable[[str], object] = lambda _: None,
+) -> Any:
+    """Open the NVML session; while NVML refuses (a driver still loading, the GPU operator's
+    driver container not done), retry every NVML_RETRY_SECONDS for up to `wait_seconds`, one
+    log line per attempt, instead of exiting into a crash loop. Returns the session, or None
+    when `stopped()` (SIGTERM) during the wait. Raises the last NvmlError once the time is up."""
+    began = clock()
+    while True:
+        try:
+            return open_session()
+        except NvmlError as err:
+            waited = clock() - began
+            if waited >= wait_seconds:
+                if not wait_seconds:
+                    raise
+                context = f"still refused after the {wait_seconds:g} s node.nvml-wait"
+                raise NvmlError(err.code, err.function, err.nvml_message, context) from err
+            log.warning(
+                "nvml.waiting",
+                error=str(err),
+                waited_seconds=round(waited),
+                wait_seconds=wait_seconds,
+                retry_seconds=NVML_RETRY_SECONDS,
+            )
+            status(f"waiting for NVML ({waited:.0f} s of {wait_seconds:g} s): {err}")
+            sleep(min(NVML_RETRY_SECONDS, wait_seconds - waited))
+            if stopped():
+                return None
+
+
+def status_line(agent: Any) -> str:
+    """systemd's STATUS= (one line, `systemctl status`): GPUs, the last reconcile, health."""
+    snap = agent.store.snapshot
+    count = len(snap.inventory.gpus) if snap is not None else 0
+    gpus = f"{count} GPU{'' if count == 1 else 's'}" if snap is not None else "no GPU read yet"
+    report = agent.pipeline.last_report
+    if report is None:
+        reconcile = "first reconcile running"
+    elif report.result == "success":
+        reconcile = f"reconcile ok (config {report.wanted.mig_config or 'none'})"
+    else:
+        reconcile = f"reconcile failed: {report.reason}"
+    healthy, why = agent.healthy()
+    text = f"{gpus}; {reconcile}; {'healthy' if healthy else 'unhealthy: ' + why}"
+    return " ".join(text.split())[:300]
 
 
 def cmd_run(ctx: Context) -> int:
     """The daemon: metrics endpoint, samplers, the reconcile pipeline; SIGHUP reloads."""
-    agent = _agent(ctx)
     notify = Notifier(ctx.environ)
-    signals = _Signals(agent.stop_event.set)
+    signals = _Signals(lambda: None)  # the agent's stop event once it exists
+
+    def pause(seconds: float) -> None:  # in short slices: see the main loop below
+        deadline = time.monotonic() + seconds
+        while not signals.stop and (left := deadline - time.monotonic()) > 0:
+            signals.wake.wait(min(left, SIGNAL_POLL_SECONDS))
+            signals.wake.clear()
+
+    session = wait_for_nvml(
+        lambda: ctx.session,
+        ctx.settings.node.nvml_wait_seconds,
+        pause,
+        lambda: signals.stop,
+        status=lambda text: notify.send(f"STATUS={text}"),
+    )
+    if session is None:
+        notify.send("STOPPING=1")
+        return 0
+    agent = _agent(ctx)
+    signals.on_stop = agent.stop_event.set
+    if signals.stop:
+        agent.stop_event.set()
     # Samplers and renders are Python work on other threads; a short GIL switch interval
     # keeps a scrape from queueing behind them (5 ms by default).
     sys.setswitchinterval(0.0005)
+    notify.send("STATUS=first reconcile")
     agent.start()
     # Everything loaded so far (modules, the Kubernetes client's models: 1.1e5 objects)
     # lives as long as the process: out of the collector's sight, a full collection no longer
@@ -160,6 +239,7 @@ def cmd_run(ctx: Context) -> int:
     gc.freeze()
     assert agent.server is not None
     if signals.stop:  # asked to stop while starting
+        notify.send("STOPPING=1")
         agent.stop()
         return 0
     print(
@@ -168,9 +248,23 @@ def cmd_run(ctx: Context) -> int:
         file=sys.stderr,
         flush=True,
     )
-    notify.send("READY=1", f"MAINPID={os.getpid()}")
     beat = notify.watchdog_seconds / 2 if notify.watchdog_seconds else None
-    while not signals.stop:
+    announced, shown = False, ""
+    while True:
+        # READY=1 once a reconcile succeeded (the first one, or a later retry of it);
+        # WATCHDOG=1 only while /healthz would answer 200: a dead or wedged worker stops the
+        # pings and systemd restarts the agent.
+        if not announced and agent.ready()[0]:
+            notify.send("READY=1", f"MAINPID={os.getpid()}")
+            announced = True
+        line = status_line(agent)
+        if line != shown:
+            notify.send(f"STATUS={line}")
+            shown = line
+        if beat is not None and agent.healthy()[0]:
+            notify.send("WATCHDOG=1")
+        if signals.stop:
+            break
         # Never block for long: CPython runs a signal's handler only when the main thread runs
         # bytecode, and a signal the kernel hands to a worker thread does not wake a main
         # thread blocked on a lock (seen: a SIGHUP under CPU load waited until SIGTERM).
@@ -178,10 +272,8 @@ def cmd_run(ctx: Context) -> int:
         signals.wake.clear()
         if signals.reload and not signals.stop:
             signals.reload = False
-            _reload(ctx, agent, notify)
-        if beat is not None and agent.healthy()[0]:
-            notify.send("WATCHDOG=1")  # a wedged or unhealthy agent is restarted by systemd
-    notify.send("STOPPING=1")
+            _reload(ctx, agent, notify, announced)
+    notify.send("STOPPING=1", "STATUS=stopping")
     log.info("agent.stopping")
     agent.stop()
     if not agent.stopped_cleanly():

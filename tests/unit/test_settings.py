@@ -85,7 +85,7 @@ def _takes_seconds(spec: Spec) -> bool:
 # Every interval/timeout setting, found by what its parser does: a new one is covered here
 # without touching this file.
 SECONDS_SPECS = [s for s in SPECS if _takes_seconds(s)]
-ZERO_ALLOWED = {"mig.lock-timeout"}  # 0: do not wait for another MIG writer
+ZERO_ALLOWED = {"mig.lock-timeout", "node.nvml-wait"}  # 0: do not wait (MIG writer, NVML)
 
 
 def test_seconds_settings_are_found() -> None:

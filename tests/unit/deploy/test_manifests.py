@@ -32,8 +32,7 @@ def test_rbac_is_minimal() -> None:
         (("",), ("nodes",), ("get", "list", "watch", "patch")),
         (("",), ("events",), ("create",)),
         (("",), ("pods",), ("list",)),
-        (("",), ("pods",), ("delete",)),  # its own role, only for --restart-pods
-    ]
+    ]  # no pod delete cluster-wide: a Role in each overlay's one namespace
     assert not any("*" in part for rule in rules for items in rule for part in items)
     # In the agent's namespace only: its NodeFeature object and its own pod.
     (role,) = [d for d in _docs() if d["kind"] == "Role"]
@@ -124,7 +123,7 @@ def test_overlays_use_the_base_without_a_cycle_and_rewrite_every_image() -> None
     root = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
     overlay = yaml.safe_load((DEPLOY / "overlays" / "with-mps" / "kustomization.yaml").read_text())
     assert root["resources"] == ["base"] and overlay["resources"] == ["../../base"]
-    assert overlay["components"] == ["../../components/mps"]
+    assert overlay["components"] == ["../../components/nvidia-runtime", "../../components/mps"]
     assert root["images"] == overlay["images"] and root["images"][0]["name"] == "nodeagent"
     assert "images" not in yaml.safe_load((BASE / "kustomization.yaml").read_text())
     component = yaml.safe_load((DEPLOY / "components" / "mps" / "kustomization.yaml").read_text())
