@@ -7,13 +7,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+
+from tests.deploy.test_kustomize import kubectl
 
 DEPLOY = Path(__file__).resolve().parents[3] / "daemonset"
 MONITORING = DEPLOY / "monitoring"
@@ -141,11 +141,8 @@ def test_servicemonitor_keeps_pod_labels_and_names_the_node() -> None:
 
 
 def test_kustomize_builds_the_overlay() -> None:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl not installed")
     out = subprocess.run(
-        [kubectl, "kustomize", str(DEPLOY / "overlays" / "with-monitoring")],
+        [kubectl(), "kustomize", str(DEPLOY / "overlays" / "with-monitoring")],
         capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
