@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 SIM ?= h200x2
 
-.PHONY: run test lint gpu bench proto system-deps clean
+.PHONY: run test lint gpu bench proto system-deps clean image
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ system-deps:
 
 test: lint system-deps
 	$(BIN)/python -m pytest -n auto
+
+# The container image, built from the Dockerfile and smoke-run offline (buildah, root; installs the
+# Debian packages buildah and mmdebstrap when missing): image/build.sh says how and what it takes.
+image: $(STAMP)
+	PYTHON=$(BIN)/python HADOLINT=$(BIN)/hadolint image/build.sh
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
