@@ -55,8 +55,9 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
 # Non-root by default: reading GPUs (status, labels, metrics, `run` without MIG or MPS) needs only
 # the /dev/nvidia* device files. Root is needed for MIG mode changes and GPU/compute instance
 # create/destroy (NVML refuses them to other users), GPU resets, compute-mode changes, starting
-# the MPS control daemon (it serves every user's clients) and the node-wide MIG writer lock in
-# /run/nodeagent: the DaemonSet runs as root (runAsUser: 0), as does `docker run --user 0`.
+# the MPS control daemon (it serves every user's clients), the node-wide MIG writer lock in
+# /run/nodeagent and the kubelet's pod-resources socket (root's): the DaemonSet runs as root
+# (runAsUser: 0), as does `docker run --user 0`.
 # 65532 as distroless's "nonroot"; -K lifts useradd's ceiling for system uids (999).
 RUN groupadd --system --gid 65532 nodeagent \
     && useradd --system --no-log-init --uid 65532 --gid 65532 -K SYS_UID_MAX=65532 \
