@@ -40,8 +40,11 @@ Row = dict[str, Any]
 NVIDIA_SMI_FIELDS = "index,uuid,name,pci.bus_id,memory.total,memory.used,memory.free,utilization.gpu,mig.mode.current"
 
 
+AGENT_PYTHON = [sys.executable]  # --agent-python: e.g. a venv with only the runtime dependencies
+
+
 def _nodeagent(*args: str) -> list[str]:
-    return [sys.executable, "-m", "nodeagent", *args]
+    return [*AGENT_PYTHON, "-m", "nodeagent", *args]
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -328,7 +331,15 @@ def main() -> None:
     parser.add_argument("--smi-runs", type=int, default=100)
     parser.add_argument("--skip-emulated", action="store_true")
     parser.add_argument("--plot", default="metrics-sweep.png", help="(with matplotlib)")
+    parser.add_argument(
+        "--agent-python",
+        help="the Python that runs the agent (default: this one). RSS depends on what is "
+        "installed: a venv with the test tools makes structlog import rich (~5 MiB); "
+        "`python3 -m venv V && V/bin/pip install .` is the agent as the image ships it",
+    )
     args = parser.parse_args()
+    if args.agent_python:
+        AGENT_PYTHON[:] = [args.agent_python]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_emulated:

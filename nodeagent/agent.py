@@ -156,7 +156,7 @@ class Agent:
     # -- Kubernetes (imported only when asked for) ---------------------------------------------
 
     def _setup_kube(self) -> None:
-        from nodeagent.kube.api import KubeSettings, NodeApi, make_core_api
+        from nodeagent.kube.api import KubeSettings, NodeApi, make_api_client
         from nodeagent.kube.clients import ClientSettings, GpuClients
         from nodeagent.kube.controller import (
             KubeReporter,
@@ -177,7 +177,7 @@ class Agent:
             kubeconfig=k.kubeconfig,
             watch_timeout_seconds=k.watch_timeout_seconds,
         )
-        api = NodeApi(make_core_api(kube_settings), kube_settings, self.stop_event)
+        api = NodeApi(make_api_client(kube_settings), kube_settings, self.stop_event)
         view = NodeView()
         view.update(ensure_node(api))
         desire = NodeLabelDesire(view, k.mig_config_label)

@@ -2,6 +2,11 @@
 
 Every call has a timeout and is retried with exponential backoff (tenacity) on conflicts,
 throttling, server errors, timeouts and dropped connections; what still fails is a KubeError.
+
+Requests go through the official client's `ApiClient` (its configuration, authentication,
+TLS and connection pool) as plain JSON, not through `CoreV1Api`: since kubernetes 37 every
+`CoreV1Api` method is validated with pydantic against the model classes, and the first call
+imports ~250 of them (~21 MiB of the agent's memory) for objects nodeagent reads as dicts.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import urllib3
 import yaml
@@ -89,12 +95,12 @@ class KubeSettings:
     event_namespace: str = "default"
 
 
-def make_core_api(settings: KubeSettings) -> Any:
-    """A CoreV1Api for the cluster: in-cluster service account, a kubeconfig, or a host."""
+def make_api_client(settings: KubeSettings) -> Any:
+    """An ApiClient for the cluster: in-cluster service account, a kubeconfig, or a host."""
     if settings.host:
         cfg = client.Configuration()
         cfg.host = settings.host.rstrip("/")
-        return client.CoreV1Api(client.ApiClient(cfg))
+        return client.ApiClient(cfg)
     path = settings.kubeconfig
     if path:
         # Read it ourselves first: the client's own errors for a missing, binary or malformed
@@ -120,7 +126,21 @@ def make_core_api(settings: KubeSettings) -> Any:
     ) as err:  # fmt: skip
         where = f"kubeconfig {path}" if path else "the in-cluster service account"
         raise ConfigError(f"cannot configure the Kubernetes client from {where}: {err}") from err
-    return client.CoreV1Api()
+    return client.ApiClient()
+
+
+def _path(template: str, **params: str) -> str:
+    """An API path with each `{name}` replaced by its URL-quoted value."""
+    return template.format(**{k: quote(v, safe="") for k, v in params.items()})
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(word.title() for word in rest)
+
+
+def _query_value(value: Any) -> Any:
+    return str(value).lower() if isinstance(value, bool) else value
 
 
 def _none_on(status: int, call: Callable[[], T]) -> Callable[[], T | None]:
@@ -141,9 +161,9 @@ class NodeApi:
     """The agent's own Node and what happens on it."""
 
     def __init__(
-        self, core: Any, settings: KubeSettings, stop: threading.Event | None = None
+        self, api_client: Any, settings: KubeSettings, stop: threading.Event | None = None
     ) -> None:
-        self.core = core
+        self.api_client = api_client
         self.settings = settings
         self.name = settings.node_name
         # Retries end when the agent stops: SIGTERM during an API outage exits at once.
@@ -177,30 +197,66 @@ class NodeApi:
         except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as err:
             raise KubeError(f"Kubernetes API: {what} failed: {_describe(err)}") from err
 
-    def _plain(self, obj: Any) -> dict[str, Any]:
-        data: dict[str, Any] = self.core.api_client.sanitize_for_serialization(obj)
-        return data
+    def _request(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | None = None,
+        stream: bool = False,
+    ) -> Any:
+        """One HTTP request through the client's ApiClient; the JSON answer as Python data, or
+        with `stream` the open urllib3 response (a watch). Raises ApiException (the client's
+        own, with status and body) on an answer that is not 2xx."""
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        method, url, headers, body, post = self.api_client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api_client.call_api(
+            method,
+            url,
+            header_params=headers,
+            body=body,
+            post_params=post,
+            _request_timeout=self.settings.request_timeout_seconds if timeout is None else timeout,
+        )
+        if stream and 200 <= response.status <= 299:
+            return response.response
+        data = response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(
+                http_resp=response, body=data.decode("utf-8", "replace"), data=None
+            )
+        return json.loads(data) if data else None
 
     def get_node(self) -> dict[str, Any]:
-        timeout = self.settings.request_timeout_seconds
-        return self._plain(
-            self._call(
-                f"read node {self.name}",
-                lambda: self.core.read_node(self.name, _request_timeout=timeout),
-            )
+        node: dict[str, Any] = self._call(
+            f"read node {self.name}",
+            lambda: self._request("GET", _path("/api/v1/nodes/{name}", name=self.name)),
         )
+        return node
 
     def patch_node(self, body: dict[str, Any]) -> dict[str, Any]:
         """A JSON merge patch: keys set to None are removed, other keys are untouched."""
-        timeout = self.settings.request_timeout_seconds
-        return self._plain(
-            self._call(
-                f"patch node {self.name}",
-                lambda: self.core.patch_node(
-                    self.name, body, _content_type=MERGE_PATCH, _request_timeout=timeout
-                ),
-            )
+        node: dict[str, Any] = self._call(
+            f"patch node {self.name}",
+            lambda: self._request(
+                "PATCH",
+                _path("/api/v1/nodes/{name}", name=self.name),
+                body=body,
+                content_type=MERGE_PATCH,
+            ),
         )
+        return node
 
     def watch_node(self, resource_version: str | None) -> Iterator[tuple[str, dict[str, Any]]]:
         """Events of this node only (field selector metadata.name). Ends when the server or the
@@ -217,10 +273,19 @@ class NodeApi:
         }
         if resource_version:
             kwargs["resource_version"] = resource_version
+
+        def list_nodes(**params: Any) -> Any:
+            """list_node's query as Watch.stream passes it (snake_case, watch=True)."""
+            params.pop("_preload_content", None)
+            request_timeout = params.pop("_request_timeout")
+            query = {_camel(k): _query_value(v) for k, v in params.items()}
+            return self._request(
+                "GET", "/api/v1/nodes", query=query, timeout=request_timeout, stream=True
+            )
+
         try:
-            for event in w.stream(self.core.list_node, **kwargs):
-                obj = event["object"]
-                data = obj if isinstance(obj, dict) else self._plain(obj)
+            for event in w.stream(list_nodes, **kwargs):
+                data = event["raw_object"]
                 if data.get("metadata", {}).get("name") == self.name:
                     yield str(event["type"]), data
         except ApiException as err:
@@ -239,46 +304,38 @@ class NodeApi:
         """A Kubernetes Event on this Node (what `kubectl describe node` shows)."""
         now = datetime.datetime.now(datetime.timezone.utc)
         stamp = now.strftime("%Y%m%d%H%M%S%f")
-        body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(name=f"{self.name}.{reason.lower()}.{stamp}"),
-            involved_object=client.V1ObjectReference(kind="Node", name=self.name, uid=self.name),
-            reason=reason,
-            message=message[:1024],
-            type=kind,
-            source=client.V1EventSource(component="nodeagent", host=self.name),
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
+        when = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{self.name}.{reason.lower()}.{stamp}"},
+            "involvedObject": {"kind": "Node", "name": self.name, "uid": self.name},
+            "reason": reason,
+            "message": message[:1024],
+            "type": kind,
+            "source": {"component": "nodeagent", "host": self.name},
+            "firstTimestamp": when,
+            "lastTimestamp": when,
+            "count": 1,
+        }
+        path = _path("/api/v1/namespaces/{ns}/events", ns=self.settings.event_namespace)
+        # 409: an earlier attempt got through before its connection dropped.
+        self._call(
+            f"create event {reason}", _none_on(409, lambda: self._request("POST", path, body=body))
         )
-        ns = self.settings.event_namespace
-        timeout = self.settings.request_timeout_seconds
-
-        def create() -> None:
-            try:
-                self.core.create_namespaced_event(ns, body, _request_timeout=timeout)
-            except ApiException as err:
-                # 409: an earlier attempt got through before its connection dropped.
-                if err.status != 409:
-                    raise
-
-        self._call(f"create event {reason}", create)
 
     def list_pods_on_node(self, selector: dict[str, str] | None = None) -> list[dict[str, Any]]:
         """The pods on this node (as plain JSON), those whose labels match `selector` if given."""
-        timeout = self.settings.request_timeout_seconds
         label_selector = ",".join(f"{k}={v}" for k, v in sorted((selector or {}).items()))
-        # Raw JSON: only names, labels and scheduling fields are needed, not full Pod models.
+        query = {"fieldSelector": f"spec.nodeName={self.name}", "labelSelector": label_selector}
         result = self._call(
             "list pods",
-            lambda: self.core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={self.name}",
-                label_selector=label_selector or None,
-                _request_timeout=timeout,
-                _preload_content=False,
+            lambda: self._request(
+                "GET", "/api/v1/pods", query={k: v for k, v in query.items() if v}
             ),
         )
         pods = []
-        for pod in json.loads(result.data or b"{}").get("items", []):
+        for pod in (result or {}).get("items", []):
             labels = pod.get("metadata", {}).get("labels") or {}
             # Filter here too: the selectors are what matters, whatever the server did.
             if pod.get("spec", {}).get("nodeName") == self.name and all(
@@ -296,67 +353,54 @@ class NodeApi:
 
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A pod as plain JSON, or None when there is no such pod."""
-        timeout = self.settings.request_timeout_seconds
-
-        def read() -> dict[str, Any]:
-            return self._plain(
-                self.core.read_namespaced_pod(name, namespace, _request_timeout=timeout)
-            )
-
-        return self._call(f"read pod {namespace}/{name}", _none_on(404, read))
+        path = _path("/api/v1/namespaces/{ns}/pods/{name}", ns=namespace, name=name)
+        pod: dict[str, Any] | None = self._call(
+            f"read pod {namespace}/{name}", _none_on(404, lambda: self._request("GET", path))
+        )
+        return pod
 
     # -- custom resources (NFD's NodeFeature) -------------------------------------------------
 
-    def _custom(self) -> Any:
-        return client.CustomObjectsApi(self.core.api_client)
+    @staticmethod
+    def _custom_path(ref: CustomRef, name: str = "") -> str:
+        path = _path(
+            "/apis/{group}/{version}/namespaces/{ns}/{plural}",
+            group=ref.group, version=ref.version, ns=ref.namespace, plural=ref.plural,
+        )  # fmt: skip
+        return path + (_path("/{name}", name=name) if name else "")
 
     def get_custom(self, ref: CustomRef, name: str) -> dict[str, Any] | None:
         """A namespaced custom object, or None when it does not exist."""
-        timeout = self.settings.request_timeout_seconds
-
-        def get() -> dict[str, Any]:
-            obj: dict[str, Any] = self._custom().get_namespaced_custom_object(
-                ref.group, ref.version, ref.namespace, ref.plural, name, _request_timeout=timeout
-            )
-            return obj
-
-        return self._call(f"read {ref.plural} {ref.namespace}/{name}", _none_on(404, get))
+        path = self._custom_path(ref, name)
+        obj: dict[str, Any] | None = self._call(
+            f"read {ref.plural} {ref.namespace}/{name}",
+            _none_on(404, lambda: self._request("GET", path)),
+        )
+        return obj
 
     def create_custom(self, ref: CustomRef, body: dict[str, Any]) -> dict[str, Any] | None:
         """Create a namespaced custom object; None when it exists already (an earlier attempt
         got through before its connection dropped: the caller reads it again next time)."""
-        timeout = self.settings.request_timeout_seconds
         name = body["metadata"]["name"]
-
-        def create() -> dict[str, Any]:
-            obj: dict[str, Any] = self._custom().create_namespaced_custom_object(
-                ref.group, ref.version, ref.namespace, ref.plural, body, _request_timeout=timeout
-            )
-            return obj
-
-        return self._call(f"create {ref.plural} {ref.namespace}/{name}", _none_on(409, create))
+        path = self._custom_path(ref)
+        obj: dict[str, Any] | None = self._call(
+            f"create {ref.plural} {ref.namespace}/{name}",
+            _none_on(409, lambda: self._request("POST", path, body=body)),
+        )
+        return obj
 
     def patch_custom(self, ref: CustomRef, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """A JSON merge patch (custom resources take no strategic merge patch)."""
-        timeout = self.settings.request_timeout_seconds
-
-        def patch() -> dict[str, Any]:
-            obj: dict[str, Any] = self._custom().patch_namespaced_custom_object(
-                ref.group, ref.version, ref.namespace, ref.plural, name, body,
-                _content_type=MERGE_PATCH, _request_timeout=timeout,
-            )  # fmt: skip
-            return obj
-
-        return self._call(f"patch {ref.plural} {ref.namespace}/{name}", patch)
+        path = self._custom_path(ref, name)
+        obj: dict[str, Any] = self._call(
+            f"patch {ref.plural} {ref.namespace}/{name}",
+            lambda: self._request("PATCH", path, body=body, content_type=MERGE_PATCH),
+        )
+        return obj
 
     def delete_pod(self, namespace: str, name: str) -> None:
-        timeout = self.settings.request_timeout_seconds
-
-        def delete() -> None:
-            try:
-                self.core.delete_namespaced_pod(name, namespace, _request_timeout=timeout)
-            except ApiException as err:
-                if err.status != 404:  # already gone is what we wanted
-                    raise
-
-        self._call(f"delete pod {namespace}/{name}", delete)
+        path = _path("/api/v1/namespaces/{ns}/pods/{name}", ns=namespace, name=name)
+        # 404: already gone is what we wanted.
+        self._call(
+            f"delete pod {namespace}/{name}", _none_on(404, lambda: self._request("DELETE", path))
+        )
