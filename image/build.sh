@@ -103,12 +103,16 @@ phase wheelhouse
 IMAGE=${IMAGE:-localhost/nodeagent:$version}
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD 2>/dev/null || revision="$revision-dirty"
+log=$(mktemp)
 previous=$(buildah inspect --type image --format '{{.FromImageID}}' "$IMAGE" 2>/dev/null || :)
-buildah bud --quiet --isolation chroot --pull=never --layers=false \
+buildah bud --isolation chroot --pull=never --layers=false \
     --build-arg "BASE=$BASE_IMAGE" --build-arg PIP_NO_INDEX=true \
     --build-arg "VERSION=$version" --build-arg "REVISION=$revision" \
     --build-arg "CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
-    --tag "$IMAGE" --file Dockerfile . >/dev/null
+    --tag "$IMAGE" --file Dockerfile . >"$log" 2>&1 ||
+    { cat "$log" >&2; rm -f "$log"; fail "buildah could not build the image (its log is above)"; }
+grep '^slim:' "$log" || :
+rm -f "$log"
 # The image this tag named before, now untagged: removed, so that rebuilds do not fill the disk.
 if [ -n "$previous" ] && [ "$previous" != "$(buildah inspect --type image --format '{{.FromImageID}}' "$IMAGE")" ]; then
     buildah rmi "$previous" >/dev/null 2>&1 || :

@@ -23,11 +23,12 @@ echo "smoke: nodeagent --simulate h200x2 run --metrics-address 127.0.0.1:$port"
 nodeagent --simulate h200x2 run --metrics-address "127.0.0.1:$port" &
 agent=$!
 trap 'kill -KILL "$agent" 2>/dev/null || :' EXIT
-python3 - "$port" <<'EOF'
+python3 - "$port" "$agent" <<'EOF'
 """Scrape /metrics once the agent serves it: both emulated GPUs must appear."""
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -39,6 +40,9 @@ while True:
             text = response.read().decode()
         break
     except OSError as err:
+        stat = Path(f"/proc/{sys.argv[2]}/stat")
+        if not stat.exists() or stat.read_text().rpartition(")")[2].split()[0] == "Z":
+            sys.exit("smoke: the agent exited before it served /metrics")
         if time.monotonic() > deadline:
             sys.exit(f"smoke: {url} did not answer in 60 s: {err}")
         time.sleep(0.2)
