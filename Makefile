@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 SIM ?= h200x2
 
-.PHONY: run test lint gpu bench proto system-deps clean install-systemd
+.PHONY: run test lint gpu bench proto system-deps clean install-systemd image
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,11 @@ test: lint system-deps
 PREFIX ?= /opt/nodeagent
 install-systemd:
 	PREFIX='$(PREFIX)' DESTDIR='$(DESTDIR)' PYTHON='$(PYTHON)' systemd/install.sh
+
+# The container image, built from the Dockerfile and smoke-run offline (buildah, root; installs the
+# Debian packages buildah and mmdebstrap when missing): image/build.sh says how and what it takes.
+image: $(STAMP)
+	PYTHON=$(BIN)/python HADOLINT=$(BIN)/hadolint image/build.sh
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'

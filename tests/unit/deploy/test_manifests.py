@@ -130,3 +130,14 @@ def test_overlays_use_the_base_without_a_cycle_and_rewrite_every_image() -> None
     for resource in component["resources"]:
         doc = yaml.safe_load((DEPLOY / "components" / "mps" / resource).read_text())
         assert doc["kind"] == "ConfigMap" and "config.yaml" in doc["data"]
+
+
+def test_the_agent_container_runs_as_root_over_the_images_non_root_user() -> None:
+    """The image's USER is 65532 (read-only commands need nothing more); the DaemonSet's agent
+    writes MIG, runs the MPS daemon and reads the kubelet's root-owned socket."""
+    dockerfile = (DEPLOY.parent / "Dockerfile").read_text()
+    assert "\nUSER 65532:65532\n" in dockerfile
+    (daemonset,) = [d for d in _docs() if d["kind"] == "DaemonSet"]
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    context = container["securityContext"]
+    assert (context["runAsUser"], context["runAsGroup"], context["privileged"]) == (0, 0, True)

@@ -1,0 +1,32 @@
+"""The Dockerfile passes hadolint (from the test extras). `make image` builds and runs the image
+itself; that needs root and buildah, so it is a make target, not a test."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HADOLINT = Path(sys.executable).parent / "hadolint"
+
+
+def hadolint(dockerfile: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(HADOLINT), "--no-color", str(dockerfile)], capture_output=True, text=True, check=False
+    )
+
+
+def test_the_dockerfile_is_hadolint_clean() -> None:
+    result = hadolint(ROOT / "Dockerfile")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_flags_a_bad_dockerfile(tmp_path: Path) -> None:
+    """The check above can fail: an unpinned base and a root user are findings."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM debian:latest\nUSER root\nCMD python3\n")
+    result = hadolint(bad)
+    assert result.returncode == 1
+    for code in ("DL3007", "DL3002", "DL3025"):  # :latest, last USER root, CMD not JSON
+        assert code in result.stdout, result.stdout
