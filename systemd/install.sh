@@ -40,6 +40,15 @@ say "venv $DESTDIR$PREFIX, pip install $SOURCE"
 "$PYTHON" -m venv "$DESTDIR$PREFIX"
 # shellcheck disable=SC2086 # PIP_ARGS is a list of arguments
 "$DESTDIR$PREFIX/bin/python" -m pip install --quiet --upgrade $PIP_ARGS "$SOURCE"
+if [ -n "$DESTDIR" ]; then
+    # pip wrote the staging path into its scripts' shebangs: they must name where the venv runs
+    # once the staged tree is in place ($PREFIX/bin/python), or ExecStart fails with 203/EXEC.
+    for script in "$DESTDIR$PREFIX"/bin/*; do
+        if [ -f "$script" ] && [ ! -L "$script" ] && head -c 2 "$script" | grep -q '^#!'; then
+            sed -i "1s|^#!$DESTDIR$PREFIX/|#!$PREFIX/|" "$script"
+        fi
+    done
+fi
 
 install -d -m 0755 "$etc/nodeagent" "$etc/default" "$etc/systemd/system"
 keep_or_install() { # SOURCE DEST: a file the admin edits is theirs once it exists

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import signal
 import sys
@@ -225,8 +226,9 @@ def cmd_run(ctx: Context) -> int:
         return 0
     agent = _agent(ctx)
     signals.on_stop = agent.stop_event.set
-    if signals.stop:
-        agent.stop_event.set()
+    if signals.stop:  # asked to stop while NVML was answering: no reconcile, nothing changed
+        notify.send("STOPPING=1")
+        return 0
     # Samplers and renders are Python work on other threads; a short GIL switch interval
     # keeps a scrape from queueing behind them (5 ms by default).
     sys.setswitchinterval(0.0005)
@@ -249,7 +251,7 @@ def cmd_run(ctx: Context) -> int:
         flush=True,
     )
     beat = notify.watchdog_seconds / 2 if notify.watchdog_seconds else None
-    announced, shown = False, ""
+    announced, shown, pinged = False, "", -math.inf
     while True:
         # READY=1 once a reconcile succeeded (the first one, or a later retry of it);
         # WATCHDOG=1 only while /healthz would answer 200: a dead or wedged worker stops the
@@ -261,8 +263,9 @@ def cmd_run(ctx: Context) -> int:
         if line != shown:
             notify.send(f"STATUS={line}")
             shown = line
-        if beat is not None and agent.healthy()[0]:
+        if beat is not None and time.monotonic() - pinged >= beat and agent.healthy()[0]:
             notify.send("WATCHDOG=1")
+            pinged = time.monotonic()
         if signals.stop:
             break
         # Never block for long: CPython runs a signal's handler only when the main thread runs

@@ -63,7 +63,11 @@ def test_install_makes_the_venv_settings_and_unit_and_enables_it(dest: Path) -> 
     venv = dest / PREFIX.lstrip("/")
     script = venv / "bin" / "nodeagent"
     assert os.access(script, os.X_OK)
-    assert script.read_text().startswith(f"#!{venv}/bin/python")
+    # Staged: the scripts name the venv where it will run, not the staging root.
+    assert script.read_text().startswith(f"#!{PREFIX}/bin/python")
+    for path in (venv / "bin").iterdir():
+        if path.is_file() and not path.is_symlink() and path.read_bytes().startswith(b"#!"):
+            assert str(dest) not in path.read_text().splitlines()[0], path
     version = subprocess.run([str(venv / "bin" / "python"), "-c",
                               "import nodeagent; print(nodeagent.__version__)"],
                              capture_output=True, text=True, check=True)  # fmt: skip
