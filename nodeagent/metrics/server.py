@@ -8,6 +8,15 @@ selector to wait for the next keep-alive request. Handler threads are kept for t
 connection (starting one costs 0.2-0.5 ms, more than answering a scrape) and end after
 `WORKER_IDLE_SECONDS` without work. A connection idle for `idle_timeout_seconds`,
 or whose request line and headers take longer than that to arrive (slowloris), is closed.
+
+A plain scrape is answered on the selector thread itself: when the readable connection holds
+exactly one whole `GET /metrics HTTP/1.1` request with none of the headers that change its
+handling (Connection, Expect, a body), the cached exposition is sent without blocking and the
+connection goes straight back to the selector. No thread hand-off: on an idle VM each thread
+wake-up costs ~0.3 ms, and a hand-off took three (selector -> handler -> selector). What the
+socket does not take at once is finished by a handler thread, so a client that stops reading
+never holds the selector. Everything else (HEAD, health checks, errors, pipelining, HTTP/1.0)
+takes the handler path.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import errno
 import io
 import math
 import queue
+import re
 import selectors
 import socket
 import sys
@@ -24,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +63,13 @@ _BUSY = (
     b"Retry-After: 1\r\nConnection: close\r\n\r\nbusy\n"
 )
 Check = Callable[[], tuple[bool, str]]
+FAST_PEEK_BYTES = 8192  # a scrape's request line and headers are a few hundred bytes
+FAST_MAX_LINES = 34  # and a handful of headers (Prometheus: 5); more take the handler's limits
+_FAST_SCRAPE = re.compile(
+    rb"GET /metrics HTTP/1\.1\r\n(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[^\r\n]*\r\n)*\r\n"
+)
+_NOT_FAST = re.compile(rb"(?im)^(?:connection|expect|content-length|transfer-encoding):")
+Work = tuple[socket.socket, Any, bytes]  # a connection, its address, a response's unsent rest
 
 
 @dataclass(frozen=True)
@@ -148,7 +166,7 @@ class _Server(HTTPServer):
         self._slots = threading.BoundedSemaphore(max_connections)
         self._lock = threading.Lock()  # guards the counts below, _stopping, _returned
         self.max_connections = max_connections
-        self._work: queue.SimpleQueue[tuple[socket.socket, Any] | None] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
         self._workers = 0  # handler threads alive
         self._waiting = 0  # of them, waiting on _work
         self._pending = 0  # connections put on _work and not yet taken
@@ -268,8 +286,53 @@ class _Server(HTTPServer):
     def _dispatch(self, sock: socket.socket, addr: Any) -> None:
         self._selector.unregister(sock)
         del self._idle[sock]
+        state, rest = self._answer_scrape(sock)
+        if state == "answered":  # wait for the next request here
+            self._park(sock, addr)
+        elif state == "gone":
+            self.shutdown_request(sock)
+        else:  # "handler": no plain scrape; "rest": what the socket did not take at once
+            self._hand_over((sock, addr, rest))
+
+    def _answer_scrape(self, sock: socket.socket) -> tuple[str, bytes]:
+        """Answer a plain scrape on this thread (see the module's doc), never blocking.
+        Returns ("answered", b""), ("rest", the answer's unsent rest), ("handler", b"") when
+        this is no plain scrape, or ("gone", b"") when the client went away."""
+        try:
+            head = sock.recv(FAST_PEEK_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except OSError:  # nothing yet, or the peer is gone: the handler path sees which
+            return "handler", b""
+        match = _FAST_SCRAPE.match(head)
+        if (
+            not match
+            or match.end() != len(head)
+            or head.count(b"\n") > FAST_MAX_LINES
+            or _NOT_FAST.search(head)
+        ):
+            return "handler", b""
+        body = self.endpoints.exposition()
+        answer = b"".join((
+            b"HTTP/1.1 200 OK\r\nServer: ", _SERVER_VERSION,
+            b"\r\nDate: ", formatdate(usegmt=True).encode(),
+            b"\r\nContent-Type: ", CONTENT_TYPE_LATEST.encode(),
+            b"\r\nContent-Length: ", str(len(body)).encode(), b"\r\n\r\n", body,
+        ))  # fmt: skip
+        try:
+            sock.recv(len(head), socket.MSG_DONTWAIT)  # the peeked request, now taken
+            sent = sock.send(answer, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            sent = 0
+        except OSError as err:  # reset by the peer
+            log.debug("http.connection_lost", error=err.strerror or str(err))
+            return "gone", b""
+        return ("rest", answer[sent:]) if sent < len(answer) else ("answered", b"")
+
+    def _hand_over(self, work: Work) -> None:
+        """A handler thread takes the connection: reads and answers its request, or finishes
+        sending an answer's rest; at most max_connections at once, beyond that 503."""
+        sock = work[0]
         if not self._slots.acquire(blocking=False):
-            log.debug("http.busy", client=str(addr))
+            log.debug("http.busy", client=str(work[1]))
             _refuse(sock)
             return
         with self._lock:
@@ -280,11 +343,11 @@ class _Server(HTTPServer):
                 self._workers += 1
             else:
                 self._pending += 1
-                self._work.put((sock, addr))
+                self._work.put(work)
         if not spawn:
             return
         name = f"metrics-http-{self.server_port}-conn"
-        thread = threading.Thread(target=self._worker, args=(sock, addr), name=name, daemon=True)
+        thread = threading.Thread(target=self._worker, args=(work,), name=name, daemon=True)
         try:
             thread.start()
         except RuntimeError:  # can't start new thread
@@ -295,13 +358,12 @@ class _Server(HTTPServer):
 
     # -- a handler thread --------------------------------------------------------------------
 
-    def _worker(self, sock: socket.socket, addr: Any) -> None:
-        work: tuple[socket.socket, Any] | None = (sock, addr)
+    def _worker(self, work: Work | None) -> None:
         while work is not None:
             self._serve(*work)
             work = self._next_work()
 
-    def _next_work(self) -> tuple[socket.socket, Any] | None:
+    def _next_work(self) -> Work | None:
         """The next connection to serve, or None: the thread ends (stopping, or idle)."""
         with self._lock:
             if self._stopping:
@@ -326,11 +388,16 @@ class _Server(HTTPServer):
                     self._pending -= 1
             return work
 
-    def _serve(self, sock: socket.socket, addr: Any) -> None:
+    def _serve(self, sock: socket.socket, addr: Any, rest: bytes) -> None:
         keep_alive = linger = False
         try:
-            handler = _Handler(sock, addr, self)
-            keep_alive, linger = handler.keep_alive, handler.linger
+            if rest:  # a plain scrape's answer the socket did not take at once
+                sock.settimeout(WRITE_TIMEOUT_SECONDS)
+                sock.sendall(rest)
+                keep_alive = True
+            else:
+                handler = _Handler(sock, addr, self)
+                keep_alive, linger = handler.keep_alive, handler.linger
         except Exception:  # logged without a traceback; the thread must end quietly
             self.handle_error(sock, addr)
         try:
@@ -435,6 +502,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         log.debug("http.request", client=str(self.client_address[0]), line=format % args)
+
+
+# As the handler path's send_response writes it (BaseHTTP/0.6 Python/3.x.y).
+_SERVER_VERSION = f"{_Handler.server_version} {_Handler.sys_version}".encode()
 
 
 class _HeadReader(io.RawIOBase):

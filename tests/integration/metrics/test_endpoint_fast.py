@@ -1,0 +1,91 @@
+"""A plain scrape is answered on the selector thread (no hand-off to a handler thread): the
+same answer as the handler path, keep-alive kept, and a client that stops reading a big
+answer holds a handler thread, never the selector."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from nodeagent.metrics.server import MetricsServer
+from tests.integration.metrics.test_endpoint_hostile import TIMEOUT, scrape
+
+BIG = b"# TYPE filler gauge\n" + b"".join(b'filler{i="%d"} 1.0\n' % i for i in range(400_000))
+
+
+def read_answer(sock: socket.socket) -> tuple[list[bytes], bytes]:
+    """One HTTP answer from a keep-alive connection: its header lines and its body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "closed before the headers"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    (length,) = [int(x.split(b":")[1]) for x in lines if x.lower().startswith(b"content-length")]
+    while len(body) < length:
+        chunk = sock.recv(1 << 20)
+        assert chunk, "closed before the whole body"
+        body += chunk
+    return lines, body
+
+
+@pytest.fixture
+def server() -> MetricsServer:
+    srv = MetricsServer("127.0.0.1:0", lambda: BIG, lambda: (True, "ok"), lambda: (True, "ok"))
+    srv.start()
+    yield srv  # type: ignore[misc]
+    srv.stop()
+
+
+def without_date(lines: list[bytes]) -> list[bytes]:
+    return [x for x in lines if not x.startswith(b"Date: ")]
+
+
+def test_the_plain_scrape_answer_equals_the_handler_paths(server: MetricsServer) -> None:
+    plain = b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n"
+    # A Connection header takes the handler path (BaseHTTPRequestHandler).
+    handled = b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT) as sock:
+        sock.sendall(plain)
+        fast_lines, fast_body = read_answer(sock)
+        sock.sendall(handled)
+        slow_lines, slow_body = read_answer(sock)
+        sock.sendall(plain)  # the same connection again: it was kept alive both times
+        again_lines, again_body = read_answer(sock)
+    assert fast_body == slow_body == again_body == BIG
+    assert without_date(fast_lines) == without_date(slow_lines) == without_date(again_lines)
+    assert fast_lines[0] == b"HTTP/1.1 200 OK"
+    assert any(x.startswith(b"Date: ") and x.endswith(b" GMT") for x in fast_lines)
+
+
+def test_a_client_that_stops_reading_holds_no_other_scrape(server: MetricsServer) -> None:
+    assert len(BIG) > 8 << 20  # more than the socket buffers take at once
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small
+    stalled.settimeout(TIMEOUT)  # window from the start (shrunk later, loopback can stall)
+    stalled.connect(("127.0.0.1", server.port))
+    try:
+        stalled.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        # The rest of its answer waits on a handler thread; the selector serves the others.
+        deadline = time.monotonic() + TIMEOUT
+        while server.active_connections != 1:
+            assert time.monotonic() < deadline, "the stalled answer never reached a thread"
+            time.sleep(0.01)
+        results = []
+        threads = [
+            threading.Thread(target=lambda: results.append(scrape("127.0.0.1", server.port)))
+            for _ in range(4)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT * 4)
+        assert results == [(200, BIG)] * 4
+        _lines, body = read_answer(stalled)  # and the stalled client still gets it whole
+        assert body == BIG
+    finally:
+        stalled.close()
