@@ -105,7 +105,7 @@ revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD 2>/dev/null || revision="$revision-dirty"
 log=$(mktemp)
 previous=$(buildah inspect --type image --format '{{.FromImageID}}' "$IMAGE" 2>/dev/null || :)
-buildah bud --isolation chroot --pull=never --layers=false \
+buildah bud --isolation chroot --pull=never --layers=false --force-rm \
     --build-arg "BASE=$BASE_IMAGE" --build-arg PIP_NO_INDEX=true \
     --build-arg "VERSION=$version" --build-arg "REVISION=$revision" \
     --build-arg "CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
@@ -146,7 +146,10 @@ read -r raw_bytes gzip_bytes < <("$PYTHON" image/layers.py "$oci/manifests.json"
 rm -rf "$oci"
 trap - EXIT
 phase size
-if [ "$CLEANUP" = 1 ]; then buildah rmi "$IMAGE" "$BASE_IMAGE" >/dev/null; fi
+if [ "$CLEANUP" = 1 ]; then
+    buildah rmi "$IMAGE" "$BASE_IMAGE" >/dev/null ||
+        echo "image: warning: could not remove $IMAGE and $BASE_IMAGE from buildah's storage" >&2
+fi
 
 echo
 echo "image: $IMAGE built and smoke-run in $(($(date +%s) - started)) s"

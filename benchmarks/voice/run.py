@@ -333,8 +333,8 @@ def nodeagent_mps(
     daemon = MpsDaemon(
         settings, validate(settings, read_inventory(open_session(load_real_library())))
     )
-    status = daemon.start()
     try:
+        status = daemon.start()  # inside: an interrupt while it starts still quits the daemon
         env = {
             "CUDA_MPS_PIPE_DIRECTORY": str(settings.pipe_dir),
             "CUDA_MPS_LOG_DIRECTORY": str(settings.log_dir),
@@ -373,6 +373,7 @@ class Activity:
 
     def __init__(self, device: str) -> None:
         self.reader: Any = None
+        self.session: Any = None
         if device.startswith("cuda"):
             from nodeagent.nvml import load_real_library, open_session
             from nodeagent.nvml.gpm import GpmReader
@@ -391,7 +392,7 @@ class Activity:
                 second = self.reader.sample(0)
                 out.update(self.reader.ratios(first, second))
                 self.reader.free(second)
-            if self.reader:
+            if self.session is not None:  # also where GPM is not supported: the fallback
                 from nodeagent.nvml.gpm import read_utilization
 
                 utilization = read_utilization(self.session, 0)

@@ -65,7 +65,8 @@ def percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return math.nan
     ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    # q * n / 100, not q / 100 * n: 99.9 / 100 * 1000 is 999.0000000000001 (one rank high)
+    rank = max(1, math.ceil(q * len(ordered) / 100 - 1e-9))
     return ordered[rank - 1]
 
 

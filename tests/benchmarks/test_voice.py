@@ -42,6 +42,8 @@ def test_poisson_arrivals_are_seeded_and_have_the_asked_rate() -> None:
         ([1.0] * 99 + [INF], 99, 1.0),
         ([1.0] * 98 + [INF, INF], 99, INF),
         ([2.0], 99.9, 2.0),
+        # 99.9 / 100 * 1000 is 999.0000000000001 in floating point: still rank 999
+        ([float(i) for i in range(1, 1001)], 99.9, 999.0),
     ],
 )
 def test_percentile_is_nearest_rank(values: list[float], q: float, expected: float) -> None:

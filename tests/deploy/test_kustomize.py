@@ -156,3 +156,15 @@ def test_beside_the_gpu_operator_labels_follow_its_mig_strategy() -> None:
     args = build_parser().parse_args(container["args"])
     settings, _ = load(vars(args), {**env, "NODE_NAME": "n"}, None, args.groups)
     assert settings.labels.mig_strategy == "single" and not settings.mps.enabled
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_nodeagent_container_runs_as_root(target: str) -> None:
+    """The image's USER is 65532; every container of the DaemonSet runs the agent's root work
+    (MIG writes, the MPS daemon, mounting the MPS tmpfs, the kubelet's socket)."""
+    pod = _pod(render(target))
+    containers = pod.get("initContainers", []) + pod["containers"]
+    for container in containers:
+        assert container["image"] == IMAGE, container["name"]
+        context = container.get("securityContext", {})
+        assert (context.get("runAsUser"), context.get("runAsGroup")) == (0, 0), container["name"]
