@@ -4,12 +4,14 @@
    `nodeagent run` process over loopback HTTP (keep-alive, as Prometheus scrapes).
 2. The same node with `--kube`: a loopback API server (kmock, from the tests) and the tests'
    fake kubelet pod-resources socket with one pod on each slice (56 attributed). Then 1, 4, 16
-   concurrent scrapers back to back, and 16 each scraping every 100 ms.
+   concurrent scrapers back to back, and 16 each scraping every 100 ms: as 16 processes, and
+   as 16 connections of one client process (the scrapers' own CPU out of the agent's latency,
+   as for Prometheus servers on other machines); also 16 every 15 ms from one process.
 3. Where a real NVIDIA driver is present (the GPU machine): the same against the real GPUs,
    and `nvidia-smi --query-gpu=...` for the same fields, in one run.
 
-Run (in the project's .venv, from the repository root with it on PYTHONPATH):
-    .venv/bin/python benchmarks/metrics.py [--scrapes N] [--plot FILE]
+Run (in the project's .venv, from the repository root):
+    .venv/bin/python benchmarks/metrics.py [--scrapes N] [--plot FILE] [--agent-python PY]
 Prints tables (a plot of the sweep where matplotlib is importable); never passes or fails on
 time.
 """
