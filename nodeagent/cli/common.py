@@ -86,8 +86,9 @@ class Context:
                     raise NvmlError(
                         err.code,
                         err.function,
-                        f"{err.nvml_message}; no NVIDIA driver on this machine"
-                        " (use --simulate SPEC to run on the built-in emulator)",
+                        f"{err.nvml_message}; no NVIDIA driver is loaded here (one still"
+                        " loading: node.nvml-wait waits for it; no GPU: --simulate SPEC runs"
+                        " on the built-in emulator)",
                     ) from err
                 raise
         return self._session
