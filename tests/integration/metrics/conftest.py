@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -16,6 +22,48 @@ from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.agent_support import make_agent
 
 GIB = 1024**3
+
+
+def prometheus_tool(name: str) -> str:
+    """`prometheus` or `promtool` (Debian package prometheus): where CI requires them
+    (NODEAGENT_REQUIRE_PROMETHEUS) a missing one fails the test, elsewhere it skips."""
+    found = shutil.which(name)
+    if found is None:
+        if os.environ.get("NODEAGENT_REQUIRE_PROMETHEUS"):
+            pytest.fail(
+                f"{name} is not installed (Debian package prometheus); make test installs it"
+            )
+        pytest.skip(f"{name} not installed (Debian package prometheus)")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str, timeout: float = 5) -> tuple[int, str]:
+    """Status and body, error statuses included."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 60) -> Any:
+    """Poll `predicate` (OSError counts as not yet) until it is truthy; its value."""
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 def build_agent(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +19,7 @@ from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import read_inventory
 from nodeagent.nvml.session import IN_USE
 from nodeagent.sim import Fault, SimulatedNvml
-from tests.integration.metrics.conftest import sample
+from tests.integration.metrics.conftest import prometheus_tool, sample
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 # Series whose values depend on the clock or the interpreter, not on the GPUs.
@@ -62,17 +61,6 @@ def test_golden_exposition(
     assert got == path.read_text()
 
 
-def _promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        if os.environ.get("NODEAGENT_REQUIRE_PROMETHEUS"):
-            pytest.fail(
-                "promtool is not installed (Debian package prometheus); make test installs it"
-            )
-        pytest.skip("promtool not installed (Debian package prometheus)")
-    return found
-
-
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_promtool_check_metrics_is_clean(
     agent_factory: Callable[..., tuple[Agent, SimulatedNvml]], name: str
@@ -81,7 +69,7 @@ def test_promtool_check_metrics_is_clean(
     agent, _ = agent_factory(spec, config, loads)
     agent.reconcile()  # fill the agent's own series too
     proc = subprocess.run(
-        [_promtool(), "check", "metrics"],
+        [prometheus_tool("promtool"), "check", "metrics"],
         input=exposition(agent),
         capture_output=True,
         text=True,

@@ -10,16 +10,12 @@ every series it names is exposed."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import socket
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +29,7 @@ from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.agent_support import make_agent
+from tests.integration.metrics.conftest import free_port, http_get, prometheus_tool, wait_for
 
 MONITORING = Path(__file__).resolve().parents[3] / "daemonset" / "monitoring"
 GIB = 1024**3
@@ -49,53 +46,15 @@ NOT_OURS = {"up", "kube_node_labels"}  # Prometheus' own, kube-state-metrics'
 NAME = re.compile(r"\b(nodeagent_[a-z0-9_]+|up|kube_node_labels)\b(?!\s*\()")
 
 
-def _executable(name: str) -> str:
-    found = shutil.which(name)
-    if found is None:
-        if os.environ.get("NODEAGENT_REQUIRE_PROMETHEUS"):
-            pytest.fail(
-                f"{name} is not installed (Debian package prometheus); make test installs it"
-            )
-        pytest.skip(f"{name} not installed (Debian package prometheus)")
-    return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-
-
-def _wait(predicate: Callable[[], Any], what: str, timeout: float = 60) -> Any:
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-            if last:
-                return last
-        except OSError:
-            pass
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-
-
 def _query(base: str, promql: str) -> tuple[int, dict[str, Any]]:
-    status, body = _get(base + "/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+    status, body = http_get(base + "/api/v1/query?" + urllib.parse.urlencode({"query": promql}), 10)
     return status, json.loads(body)
 
 
 def _exposed(agent: Agent) -> set[str]:
     """The names of the samples the agent serves."""
     assert agent.server is not None
-    status, body = _get(f"http://127.0.0.1:{agent.server.port}/metrics")
+    status, body = http_get(f"http://127.0.0.1:{agent.server.port}/metrics", 10)
     assert status == 200
     return {re.split(r"[{ ]", line, maxsplit=1)[0] for line in body.splitlines()
             if line and not line.startswith("#")}  # fmt: skip
@@ -138,7 +97,7 @@ def monitored(
     """Prometheus (with rules.yaml) scraping a MIG node and an MPS node, as the ServiceMonitor
     does: honor_labels, and the node, namespace, pod and container of the agent as target
     labels. Yields Prometheus' URL and the agents by node."""
-    binary = _executable("prometheus")
+    binary = prometheus_tool("prometheus")
     monkeypatch.setenv("FAKE_MPS_SERVER", "1")
     agents = {"mig-node": _mig_node(), "mps-node": _mps_node(tmp_path, fake_mps_control)}
     started: list[Agent] = []
@@ -161,16 +120,16 @@ def monitored(
             "scrape_configs:\n  - job_name: nodeagent\n    honor_labels: true\n"
             f"    static_configs:\n{targets}"
         )
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen(
             [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
              f"--web.listen-address=127.0.0.1:{port}"],
             stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"),
         )  # fmt: skip
         base = f"http://127.0.0.1:{port}"
-        _wait(lambda: _get(base + "/-/ready")[0] == 200, "Prometheus to be ready")
+        wait_for(lambda: http_get(base + "/-/ready", 10)[0] == 200, "Prometheus to be ready")
         # Enough scrapes of both nodes for rate() and increase() (two samples in the window).
-        _wait(
+        wait_for(
             lambda: len(_query(base, 'count_over_time(up{job="nodeagent"}[1m]) >= 4')[1]["data"]["result"]) == 2,
             "four scrapes of both agents",
         )  # fmt: skip
@@ -235,20 +194,20 @@ def test_rules_evaluate_cleanly_and_stay_quiet_on_healthy_nodes(
             assert not unknown, f"{rule['alert']}: {sorted(unknown)} is no series nodeagent exposes"
 
     def evaluated() -> list[dict[str, Any]]:
-        status, body = _get(base + "/api/v1/rules")
+        status, body = http_get(base + "/api/v1/rules", 10)
         assert status == 200
         loaded = [r for g in json.loads(body)["data"]["groups"] for r in g["rules"]]
         return loaded if all(r.get("lastEvaluation", "").startswith("2") and
                              r["evaluationTime"] > 0 for r in loaded) else []  # fmt: skip
 
-    loaded = _wait(evaluated, "every rule to be evaluated")
+    loaded = wait_for(evaluated, "every rule to be evaluated")
     assert len(loaded) == sum(len(g["rules"]) for g in rules["groups"])
     assert [(r["name"], r.get("lastError")) for r in loaded if r["health"] != "ok"] == []
     assert [(r["name"], r["alerts"]) for r in loaded if r["alerts"]] == []
 
 
 def test_promtool_checks_and_unit_tests_the_rules() -> None:
-    promtool = _executable("promtool")
+    promtool = prometheus_tool("promtool")
     check = subprocess.run(
         [promtool, "check", "rules", str(MONITORING / "rules.yaml")],
         capture_output=True, text=True, timeout=60,

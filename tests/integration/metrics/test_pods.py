@@ -21,9 +21,9 @@ from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.agent_support import make_agent
 from tests.fake_kubelet.podresources import FakePodResources, pod, serve
-from tests.integration.metrics.conftest import GIB, sample
-from tests.integration.metrics.test_exposition import GOLDEN, _promtool, exposition, stable
-from tests.integration.metrics.test_prometheus import _get, _query, _wait, prometheus  # noqa: F401
+from tests.integration.metrics.conftest import GIB, http_get, prometheus_tool, sample, wait_for
+from tests.integration.metrics.test_exposition import GOLDEN, exposition, stable
+from tests.integration.metrics.test_prometheus import _query, prometheus  # noqa: F401
 
 # GPU 0 in MIG (one 3g, one 2g, two 1g), GPUs 1 and 2 whole: one for a pod, one shared.
 MIG_CONFIG = """\
@@ -108,7 +108,11 @@ def test_golden_exposition_with_pods(node: tuple[Agent, FakePodResources, dict[s
     assert got == path.read_text()
     assert kubelet.calls == 1  # one List per refresh
     proc = subprocess.run(
-        [_promtool(), "check", "metrics"], input=got, capture_output=True, text=True, timeout=60
+        [prometheus_tool("promtool"), "check", "metrics"],
+        input=got,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0 and not (proc.stdout + proc.stderr).strip(), (
         proc.stdout + proc.stderr
@@ -220,7 +224,7 @@ def test_memory_per_pod_in_prometheus(
         return {(r["metric"]["namespace"], r["metric"]["pod"]): float(r["value"][1]) for r in rows}
 
     # A shared GPU's or slice's memory counts for each pod holding it, once per pod.
-    _wait(lambda: per_pod() == want, 60, f"memory per pod {want}")
+    wait_for(lambda: per_pod() == want, f"memory per pod {want}")
     rows = _query(prometheus, per_container_slice)
     assert {(r["metric"]["pod"], r["metric"]["container"]) for r in rows} == {
         ("asr-0", "server"),
@@ -235,5 +239,7 @@ def test_memory_per_pod_in_prometheus(
     single = {(r["metric"]["pod"], float(r["value"][1])) for r in _query(prometheus, one)}
     assert single == {("asr-0", want[("speech", "asr-0")]), ("tts-0", want[("speech", "tts-0")])}
     # ... and Prometheus refuses it where two pods share a slice (search's 1g): README says so.
-    status, body = _get(f"{prometheus}/api/v1/query?" + urlencode({"query": ONE_HOLDER_PER_SLICE}))
+    status, body = http_get(
+        f"{prometheus}/api/v1/query?" + urlencode({"query": ONE_HOLDER_PER_SLICE})
+    )
     assert status == 422 and "many-to-many matching not allowed" in body, body

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -23,34 +19,7 @@ from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.agent_support import make_agent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str, timeout: float = 5) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-
-
-def _wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-            if last:
-                return last
-        except OSError:
-            pass
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+from tests.integration.metrics.conftest import free_port, http_get, prometheus_tool, wait_for
 
 
 @pytest.fixture
@@ -73,25 +42,19 @@ def test_endpoints(running_agent: tuple[Agent, SimulatedNvml]) -> None:
     agent, _ = running_agent
     assert agent.server is not None
     base = f"http://127.0.0.1:{agent.server.port}"
-    status, body = _get(base + "/metrics")
+    status, body = http_get(base + "/metrics")
     assert status == 200 and "nodeagent_slice_info{" in body
-    assert _get(base + "/healthz") == (200, "ok\n")
-    assert _get(base + "/readyz") == (200, "ok\n")
-    assert _get(base + "/nope")[0] == 404
+    assert http_get(base + "/healthz") == (200, "ok\n")
+    assert http_get(base + "/readyz") == (200, "ok\n")
+    assert http_get(base + "/nope")[0] == 404
 
 
 @pytest.fixture
 def prometheus(tmp_path: Path, running_agent: tuple[Agent, SimulatedNvml]) -> Iterator[str]:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        if os.environ.get("NODEAGENT_REQUIRE_PROMETHEUS"):
-            pytest.fail(
-                "prometheus is not installed (Debian package prometheus); make test installs it"
-            )
-        pytest.skip("prometheus not installed (Debian package prometheus)")
+    binary = prometheus_tool("prometheus")
     agent, _ = running_agent
     assert agent.server is not None
-    port = _free_port()
+    port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
@@ -110,7 +73,7 @@ def prometheus(tmp_path: Path, running_agent: tuple[Agent, SimulatedNvml]) -> It
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait(lambda: _get(base + "/-/ready")[0] == 200, 60, "Prometheus to be ready")
+        wait_for(lambda: http_get(base + "/-/ready")[0] == 200, "Prometheus to be ready")
         yield base
     finally:
         proc.terminate()
@@ -121,7 +84,7 @@ def prometheus(tmp_path: Path, running_agent: tuple[Agent, SimulatedNvml]) -> It
 
 
 def _query(base: str, promql: str) -> list[dict[str, Any]]:
-    status, body = _get(base + "/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+    status, body = http_get(base + "/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
     assert status == 200, body
     data = json.loads(body)
     assert data["status"] == "success", data
@@ -142,7 +105,7 @@ def test_prometheus_sees_every_slice_and_forgets_destroyed_ones(
         rows = _query(prometheus, "nodeagent_slice_memory_total_bytes")
         return {(r["metric"]["gpu"], r["metric"]["gi_id"]) for r in rows}
 
-    _wait(lambda: memory_series() == want, 60, "every slice's memory series")
+    wait_for(lambda: memory_series() == want, "every slice's memory series")
     joined = _query(
         prometheus,
         'nodeagent_slice_memory_total_bytes * on(gpu, gi_id, ci_id) group_left(profile) nodeagent_slice_info{profile="3g.71gb"}',
@@ -150,14 +113,12 @@ def test_prometheus_sees_every_slice_and_forgets_destroyed_ones(
     assert {float(r["value"][1]) for r in joined} == {71424 * 1024 * 1024}
     cfg = parse_config(dump_config(generate_configs(inv)), "generated")
     reconfigure(agent.session, cfg, "all-7g.141gb", lib.reset)
-    _wait(
+    wait_for(
         lambda: _query(prometheus, 'count(nodeagent_slice_info{profile="7g.141gb"})'),
-        60,
         "the new slices",
     )
-    _wait(
+    wait_for(
         lambda: not _query(prometheus, 'nodeagent_slice_info{profile!="7g.141gb"}'),
-        60,
         "the old slices to go",
     )
     assert len(_query(prometheus, "nodeagent_slice_memory_total_bytes")) == 2
