@@ -147,15 +147,24 @@ def _concurrent(
         proc.join(30)
     start = min(r[0] for r in results)
     end = max(r[1] for r in results)
-    lat = sorted(x for r in results for x in r[2])
-    cpu = cpu1 - cpu0 - idle_rate * (end - start)
+    lat = [x for r in results for x in r[2]]
+    return _level(
+        scrapers, period, "processes", lat, end - start, cpu1 - cpu0 - idle_rate * (end - start)
+    )
+
+
+def _level(
+    scrapers: int, period: float, client: str, lat: list[float], seconds: float, cpu: float
+) -> Row:
+    """One row of the sweep: `lat` the scrapes' latencies over `seconds`, `cpu` the agent's
+    CPU seconds for them (idle work taken out)."""
     return {
         "scrapers": scrapers,
         "period": period,
-        "client": "processes",
+        "client": client,
         "scrapes": len(lat),
         **_percentiles(lat),
-        "rate": len(lat) / (end - start),
+        "rate": len(lat) / seconds,
         "cpu": max(cpu, 0.0) / len(lat) * 1e3,
     }
 
@@ -212,15 +221,7 @@ def _multiplexed(
     cpu = _cpu_seconds(pid) - cpu0 - idle_rate * (end - start)
     for c in conns:
         c["sock"].close()
-    return {
-        "scrapers": scrapers,
-        "period": period,
-        "client": "1 process",
-        "scrapes": len(lat),
-        **_percentiles(lat),
-        "rate": len(lat) / (end - start),
-        "cpu": max(cpu, 0.0) / len(lat) * 1e3,
-    }
+    return _level(scrapers, period, "1 process", lat, end - start, cpu)
 
 
 def _percentiles(lat: list[float]) -> Row:
