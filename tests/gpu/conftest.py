@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from nodeagent.errors import NvmlError
-from nodeagent.nvml import NvmlSession, load_real_library, open_session
+from nodeagent.nvml import Inventory, NvmlSession, load_real_library, open_session, read_inventory
 
 LOAD = """
 import sys, time, torch
@@ -33,6 +33,11 @@ def session() -> NvmlSession:
         return open_session(load_real_library())
     except NvmlError as err:
         pytest.skip(f"no NVML here: {err}")
+
+
+@pytest.fixture(scope="module")
+def real_inventory(session: NvmlSession) -> Inventory:
+    return read_inventory(session)
 
 
 @pytest.fixture

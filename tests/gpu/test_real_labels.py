@@ -9,20 +9,10 @@ import re
 
 import pytest
 
-from nodeagent.errors import NvmlError
 from nodeagent.labels.gfd import GfdOptions, gfd_labels
-from nodeagent.nvml import Inventory, load_real_library, open_session, read_inventory
+from nodeagent.nvml import Inventory
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def real_inventory() -> Inventory:
-    try:
-        session = open_session(load_real_library())
-    except NvmlError as err:
-        pytest.skip(f"no NVML here: {err}")
-    return read_inventory(session)
 
 
 def test_data_centre_gpus_are_3d_controllers(real_inventory: Inventory) -> None:

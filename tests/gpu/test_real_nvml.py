@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodeagent.errors import NvmlError
-from nodeagent.nvml import Inventory, load_real_library, open_session, read_inventory
+from nodeagent.nvml import Inventory
 from nodeagent.sim.models import MIB, load_model
 
 pytestmark = pytest.mark.gpu
@@ -20,15 +19,6 @@ MODEL_BY_NAME = {
     "NVIDIA A100-SXM4-80GB": "a100-80gb",
     "NVIDIA A30": "a30",
 }
-
-
-@pytest.fixture(scope="module")
-def real_inventory() -> Inventory:
-    try:
-        session = open_session(load_real_library())
-    except NvmlError as err:
-        pytest.skip(f"no NVML here: {err}")
-    return read_inventory(session)
 
 
 def test_every_gpu_matches_its_emulator_model(real_inventory: Inventory) -> None:
