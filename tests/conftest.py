@@ -9,14 +9,17 @@ import os
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import pytest
 import structlog
+from structlog.testing import capture_logs
 
+from nodeagent.logs import configure_logging
 from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.session import _sessions as session_registry
 from nodeagent.sim import SimulatedNvml, parse_spec
@@ -78,6 +81,19 @@ def _clean_env(env: dict[str, str] | None) -> dict[str, str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
     full_env.update(env or {})
     return full_env
+
+
+@contextlib.contextmanager
+def captured_logs(level: str) -> Iterator[list[dict[str, Any]]]:
+    """The events logged at `level` and above while inside, with JSON logging configured as
+    the agent does; the logging configuration before is restored after."""
+    before = structlog.get_config()
+    configure_logging(level, "json")
+    try:
+        with capture_logs() as events:
+            yield events
+    finally:
+        structlog.configure(**before)
 
 
 @pytest.fixture

@@ -7,15 +7,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import structlog
-from structlog.testing import capture_logs
 
 from nodeagent.cli.run import NVML_RETRY_SECONDS, wait_for_nvml
 from nodeagent.errors import NvmlError
-from nodeagent.logs import configure_logging
 from nodeagent.nvml import NvmlSession, open_session
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.sim.faults import Fault, FaultPlan
+from tests.conftest import captured_logs
 
 DRIVER_NOT_LOADED = 9
 
@@ -37,13 +35,8 @@ class Clock:
 
 @pytest.fixture(autouse=True)
 def logs() -> Iterator[list[dict[str, Any]]]:
-    before = structlog.get_config()
-    configure_logging("info", "json")
-    try:
-        with capture_logs() as events:
-            yield events
-    finally:
-        structlog.configure(**before)
+    with captured_logs("info") as events:
+        yield events
 
 
 def _library(failures: int) -> SimulatedNvml:

@@ -13,14 +13,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import structlog
 from prometheus_client import CONTENT_TYPE_LATEST
-from structlog.testing import capture_logs
 
 from nodeagent.errors import ConfigError
-from nodeagent.logs import configure_logging
 from nodeagent.metrics.server import MetricsServer
-from tests.conftest import Result, assert_one_error
+from tests.conftest import Result, assert_one_error, captured_logs
 
 EXPOSITION = b"# HELP up Whether up.\n# TYPE up gauge\nup 1.0\n"
 TIMEOUT = 5.0  # a bound on waits that normally end in milliseconds; never a timing assert
@@ -80,13 +77,8 @@ def endpoint(
 @pytest.fixture(autouse=True)
 def quiet_logs(capfd: pytest.CaptureFixture[str]) -> Iterator[list[dict[str, object]]]:
     """Every test: no traceback on stderr and no warning or error logged, whatever was sent."""
-    before = structlog.get_config()
-    configure_logging("debug", "json")
-    try:
-        with capture_logs() as events:
-            yield events
-    finally:
-        structlog.configure(**before)
+    with captured_logs("debug") as events:
+        yield events
     loud = [e for e in events if e["log_level"] not in ("debug", "info") or "exc_info" in e]
     assert not loud
     assert "Traceback" not in capfd.readouterr().err
