@@ -302,13 +302,8 @@ class _Server(HTTPServer):
             head = sock.recv(FAST_PEEK_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except OSError:  # nothing yet, or the peer is gone: the handler path sees which
             return "handler", b""
-        match = _FAST_SCRAPE.match(head)
-        if (
-            not match
-            or match.end() != len(head)
-            or head.count(b"\n") > FAST_MAX_LINES
-            or _NOT_FAST.search(head)
-        ):
+        plain = _FAST_SCRAPE.fullmatch(head) and not _NOT_FAST.search(head)
+        if not plain or head.count(b"\n") > FAST_MAX_LINES:
             return "handler", b""
         body = self.endpoints.exposition()
         answer = b"".join((
