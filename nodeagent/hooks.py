@@ -26,14 +26,13 @@ import signal
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
 
+from nodeagent.configfile import compose, read_text
 from nodeagent.errors import AgentError, ConfigError
 from nodeagent.logs import get_logger
-from nodeagent.mig.config import compose
 
 log = get_logger("nodeagent.hooks")
 VERSION = "v1"
@@ -194,18 +193,10 @@ def parse_hooks(text: str, source: str) -> HooksFile:
 
 
 def load_hooks(path: str | None) -> HooksFile:
-    """Read and parse a hooks file. Raises ConfigError."""
+    """Read and parse a hooks file (bounded: nodeagent.configfile). Raises ConfigError."""
     if not path:
         raise ConfigError("no hooks file: pass --hooks-file FILE")
-    try:
-        data = Path(path).read_bytes()
-    except OSError as err:
-        raise ConfigError(f"cannot read hooks file {path}: {err.strerror}") from err
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from err
-    return parse_hooks(text, path)
+    return parse_hooks(read_text(path, "hooks file"), "<stdin>" if path == "-" else path)
 
 
 def _tail(output: bytes) -> str:

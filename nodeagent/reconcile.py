@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from nodeagent.configfile import ConfigCache
 from nodeagent.errors import AgentError, ConfigError, KubeError, MigError
 from nodeagent.files import atomic_write_text
 from nodeagent.hooks import HooksFile, load_hooks, run_hook
@@ -44,8 +45,8 @@ from nodeagent.labels.plugin import plugin_config
 from nodeagent.labels.render import SharingState, render_labels
 from nodeagent.logs import get_logger
 from nodeagent.metrics.agent import AgentStats
-from nodeagent.mig.apply import ConfigCache, Reset, execute
-from nodeagent.mig.config import MigConfigFile
+from nodeagent.mig.apply import Reset, execute
+from nodeagent.mig.config import MigConfigFile, load_config
 from nodeagent.mig.plan import Plan, mismatches, plan
 from nodeagent.mig.select import Desired, resolve
 from nodeagent.mps.manager import MpsChange, MpsIntent, MpsManager
@@ -178,7 +179,9 @@ class Pipeline:
     clients: Callable[[Settings], Clients | None] = lambda _s: None
     reporter: Reporter | None = None
     on_published: Callable[[], None] = lambda: None
-    configs: ConfigCache[MigConfigFile] = field(default_factory=ConfigCache)
+    configs: ConfigCache[MigConfigFile] = field(
+        default_factory=lambda: ConfigCache(load_config, "MIG config file")
+    )
     sharing_files: ConfigCache[SharingFile] = field(
         default_factory=lambda: ConfigCache(load_sharing_file, "sharing config file")
     )

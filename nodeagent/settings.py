@@ -651,10 +651,12 @@ def _read_file(file: str, errors: list[str]) -> dict[str, FileValue]:
     """Every `group.key` of the file with its raw value and position."""
     import yaml  # only when there is a file: the import costs 10 ms of every command
 
+    from nodeagent.configfile import read_bytes
+
     try:
-        data = Path(file).read_bytes()
-    except OSError as err:
-        errors.append(f"cannot read settings file {file}: {err.strerror}")
+        data = read_bytes(file, "settings file")
+    except ConfigError as err:
+        errors.append(str(err))
         return {}
     try:
         source = data.decode("utf-8")

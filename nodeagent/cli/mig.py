@@ -30,7 +30,7 @@ MIG_FLAG_NAMES = {
 
 
 def _read_config(ctx: Context) -> MigConfigFile:
-    from nodeagent.mig.apply import load_config
+    from nodeagent.mig.config import load_config
 
     return load_config(ctx.settings.mig.config_file)
 

@@ -43,7 +43,7 @@ def cmd_labels(ctx: Context) -> int:
     offers = {g.index: ("mig" if g.mig_current else "whole", 1) for g in inventory.gpus}
     sharing = SharingState()
     if s.sharing.config:
-        from nodeagent.mig.apply import load_config
+        from nodeagent.mig.config import load_config
         from nodeagent.sharing.config import load_sharing_file
         from nodeagent.sharing.resolve import resolve_sharing
 

@@ -8,18 +8,15 @@ NVML reports, including GIs left without their CI.
 
 from __future__ import annotations
 
-import os
 import shlex
 import subprocess
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-from nodeagent.errors import ConfigError, MigError, ModeChangePending, NvmlError, SliceInUse
+from nodeagent.errors import MigError, ModeChangePending, NvmlError, SliceInUse
 from nodeagent.logs import get_logger
-from nodeagent.mig.config import MigConfigFile, parse_config
+from nodeagent.mig.config import MigConfigFile
 from nodeagent.mig.plan import Operation, Plan, mismatches, plan
 from nodeagent.mig.profile import profile_or_none
 from nodeagent.mig.select import Desired, covered, resolve
@@ -29,75 +26,6 @@ log = get_logger("nodeagent.mig")
 IN_USE = 19
 DEFAULT_RESET_COMMAND = "nvidia-smi -r -i {index}"
 Reset = Callable[[int], None]
-T = TypeVar("T")
-
-
-def load_config(path: str | None) -> MigConfigFile:
-    """Read and parse a v1 config file (`-` reads stdin). Raises ConfigError (no path, an
-    unreadable file, or every problem in it)."""
-    if not path:
-        raise ConfigError("no MIG config file: pass -f FILE or set NODEAGENT_MIG_CONFIG_FILE")
-    if path == "-":
-        stream = getattr(sys.stdin, "buffer", None)  # bytes: a bad byte is one sentence
-        data = stream.read() if stream is not None else sys.stdin.read().encode()
-        return parse_config(_decode(data, "<stdin>"), "<stdin>")
-    try:
-        data = Path(path).read_bytes()
-    except OSError as err:
-        raise ConfigError(f"cannot read MIG config file {path}: {err.strerror}") from err
-    return parse_config(_decode(data, path), path)
-
-
-def _decode(data: bytes, path: str, what: str = "MIG config file") -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(
-            f"{what} {path} is not UTF-8 text (bad byte at offset {err.start})"
-        ) from err
-
-
-class ConfigCache(Generic[T]):
-    """A config file the agent reads every reconcile, parsed again only when it changed
-    (path, size, mtime). `loader` reads and parses; the default is the MIG config file."""
-
-    def __init__(
-        self,
-        loader: Callable[[str | None], T] = load_config,  # type: ignore[assignment]
-        what: str = "MIG config file",
-    ) -> None:
-        self.loader = loader
-        self.what = what
-        self._key: tuple[str, int, int] | None = None
-        self._config: T | None = None
-
-    def load(self, path: str | None) -> T:
-        """Like the loader; a file that did not change is not read again."""
-        if not path or path == "-":
-            return self.loader(path)
-        try:
-            st = os.stat(path)
-        except OSError as err:
-            raise ConfigError(f"cannot read {self.what} {path}: {err.strerror}") from err
-        key = (path, st.st_size, st.st_mtime_ns)
-        if key != self._key or self._config is None:
-            self._config, self._key = None, None
-            self._config = self.loader(path)
-            self._key = key
-        return self._config
-
-
-def read_config_text(path: str, what: str) -> str:
-    """A config file's text (`-` reads stdin), read as bytes: a bad byte is one sentence."""
-    if path == "-":
-        stream = getattr(sys.stdin, "buffer", None)
-        data = stream.read() if stream is not None else sys.stdin.read().encode()
-        return _decode(data, "<stdin>", what)
-    try:
-        data = Path(path).read_bytes()
-    except OSError as err:
-        raise ConfigError(f"cannot read {what} {path}: {err.strerror}") from err
-    return _decode(data, path, what)
 
 
 def command_reset(template: str = DEFAULT_RESET_COMMAND, timeout_seconds: float = 300) -> Reset:
@@ -273,4 +201,4 @@ def assert_config(
     return mismatches(inventory, desired) + missing, desired
 
 
-__all__ = ["ConfigCache", "Outcome", "assert_config", "command_reset", "execute", "reconfigure"]
+__all__ = ["Outcome", "assert_config", "command_reset", "execute", "reconfigure"]

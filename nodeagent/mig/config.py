@@ -21,22 +21,22 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from nodeagent.configfile import (
+    Errors,
+    Mark,
+    check_tags,
+    compose,
+    kind,
+    mapping,
+    read_text,
+    scalar,
+)
 from nodeagent.errors import ConfigError
 from nodeagent.mig.profile import ProfileFormatError, ProfileName, parse_profile
 
 PCI_ID_RE = re.compile(r"^0x([0-9a-fA-F]{1,8})(?::0x([0-9a-fA-F]{1,8}))?$")
 E = TypeVar("E")
 ENTRY_KEYS = ("devices", "device-filter", "mig-enabled", "mig-devices")
-
-
-@dataclass(frozen=True)
-class Mark:
-    source: str
-    line: int
-    column: int
-
-    def __str__(self) -> str:
-        return f"{self.source}:{self.line}:{self.column}"
 
 
 @dataclass(frozen=True)
@@ -76,141 +76,15 @@ class MigConfigFile:
     marks: dict[str, Mark] = field(default_factory=dict)
 
 
-class _Errors:
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.located: list[tuple[Mark, str]] = []
-
-    @property
-    def items(self) -> list[str]:
-        return [
-            f"{m}: {msg}" for m, msg in sorted(self.located, key=lambda x: (x[0].line, x[0].column))
-        ]
-
-    def mark(self, node: yaml.Node) -> Mark:
-        return Mark(self.source, node.start_mark.line + 1, node.start_mark.column + 1)
-
-    def add(self, node: yaml.Node | Mark, message: str) -> None:
-        mark = node if isinstance(node, Mark) else self.mark(node)
-        self.located.append((mark, message))
-
-    def raise_if_any(self) -> None:
-        if self.items:
-            raise config_error(self.source, self.items)
-
-
-MAX_ERRORS = 20  # a file of 200,000 configs aliasing one bad entry must not print 19 MB
-
-
-def config_error(source: str, items: list[str]) -> ConfigError:
-    if len(items) == 1:
-        return ConfigError(items[0])
-    shown = "\n  ".join(items[:MAX_ERRORS])
-    more = f"\n  ... and {len(items) - MAX_ERRORS} more" if len(items) > MAX_ERRORS else ""
-    return ConfigError(f"{source} has {len(items)} errors:\n  {shown}{more}")
-
-
-def _mapping(node: yaml.Node, errors: _Errors, what: str) -> list[tuple[yaml.Node, yaml.Node]]:
-    """The (key, value) pairs of a mapping node; reports duplicate and non-string keys."""
-    if not isinstance(node, yaml.MappingNode):
-        errors.add(node, f"{what} must be a mapping, not {_kind(node)}")
-        return []
-    seen: set[str] = set()
-    pairs: list[tuple[yaml.Node, yaml.Node]] = []
-    for key, value in node.value:
-        if not isinstance(key, yaml.ScalarNode):
-            errors.add(key, f"{what} has a key that is not a string")
-            continue
-        if key.value in seen:
-            errors.add(key, f"{what} has key {key.value!r} twice")
-            continue
-        seen.add(key.value)
-        pairs.append((key, value))
-    return pairs
-
-
-def _kind(node: yaml.Node) -> str:
-    if isinstance(node, yaml.MappingNode):
-        return "a mapping"
-    if isinstance(node, yaml.SequenceNode):
-        return "a list"
-    value = _scalar(node)
-    if value is None:
-        return "empty"
-    return f"{type(value).__name__} {node.value!r}"
-
-
-def _scalar(node: yaml.Node) -> Any:
-    """The plain YAML value of a scalar node (int, bool, str, None...); None for others. A value
-    its tag cannot build (`!!int abc`) is its text: `_check_tags` has reported it."""
-    if not isinstance(node, yaml.ScalarNode):
-        return None
-    try:
-        return yaml.constructor.SafeConstructor().construct_object(node)
-    except (yaml.YAMLError, ValueError, TypeError, OverflowError):
-        return node.value
-
-
-STANDARD_TAG = "tag:yaml.org,2002:"
-
-
-def _check_tags(root: yaml.Node, errors: _Errors, what: str = "a MIG config") -> None:
-    """Every node once (aliases share nodes), without recursion: a tag other than YAML's own
-    (`!custom`) and a scalar its tag cannot build (`!!int abc`, `!!timestamp 2001-99-99`) are
-    errors at their position."""
-    seen: set[int] = set()
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if not node.tag.startswith(STANDARD_TAG):
-            errors.add(node, f"tag {node.tag!r} is not allowed in {what}")
-        elif isinstance(node, yaml.ScalarNode):
-            try:
-                yaml.constructor.SafeConstructor().construct_object(node)
-            except (yaml.YAMLError, ValueError, TypeError, OverflowError) as err:
-                problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-                errors.add(
-                    node,
-                    f"{node.value!r} is not a valid {node.tag[len(STANDARD_TAG) :]}: {problem}",
-                )
-        elif isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                stack += (value, key)
-        elif isinstance(node, yaml.SequenceNode):
-            stack += reversed(node.value)
-
-
-def compose(text: str, source: str, expected: str) -> yaml.Node:
-    """The YAML node tree of a config file, with marks. Raises ConfigError (one sentence with
-    the position) for text that is not YAML, and for an empty file (`expected` says what a
-    file holds: "'version: v1' and 'mig-configs'")."""
-    try:
-        # libyaml when present: ~20x faster than the pure-Python reader, marks kept.
-        root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{where}: not valid YAML: {problem}") from err
-    except RecursionError as err:
-        raise ConfigError(f"{source}: not valid YAML: nested too deeply") from err
-    if root is None:
-        raise ConfigError(f"{source}: the file is empty; expected {expected}")
-    return root
-
-
 def parse_config(text: str, source: str) -> MigConfigFile:
     """Parse a v1 MIG config file; raise ConfigError listing every problem with its position."""
-    errors = _Errors(source)
+    errors = Errors(source)
     root = compose(text, source, "'version: v1' and 'mig-configs'")
-    _check_tags(root, errors)
+    check_tags(root, errors)
     if not isinstance(root, yaml.MappingNode):
-        errors.add(root, f"the file must be a mapping, not {_kind(root)}")
+        errors.add(root, f"the file must be a mapping, not {kind(root)}")
         errors.raise_if_any()
-    top = dict((k.value, (k, v)) for k, v in _mapping(root, errors, "the file"))
+    top = dict((k.value, (k, v)) for k, v in mapping(root, errors, "the file"))
     for key, (knode, _) in top.items():
         if key not in ("version", "mig-configs"):
             errors.add(knode, f"unknown key {key!r}; expected 'version' and 'mig-configs'")
@@ -219,7 +93,7 @@ def parse_config(text: str, source: str) -> MigConfigFile:
     else:
         vnode = top["version"][1]
         if not (isinstance(vnode, yaml.ScalarNode) and vnode.value == "v1"):
-            errors.add(vnode, f"version must be v1, not {_kind(vnode)}")
+            errors.add(vnode, f"version must be v1, not {kind(vnode)}")
     configs: dict[str, tuple[Entry, ...]] = {}
     marks: dict[str, Mark] = {}
     if "mig-configs" not in top:
@@ -227,7 +101,7 @@ def parse_config(text: str, source: str) -> MigConfigFile:
             errors.add(root, "missing 'mig-configs'")
     else:
         cnode = top["mig-configs"][1]
-        pairs = _mapping(cnode, errors, "mig-configs")
+        pairs = mapping(cnode, errors, "mig-configs")
         if isinstance(cnode, yaml.MappingNode) and not pairs and not cnode.value:
             errors.add(cnode, "mig-configs is empty; define at least one config")
         for knode, vnode in pairs:
@@ -237,19 +111,27 @@ def parse_config(text: str, source: str) -> MigConfigFile:
     return MigConfigFile(source, configs, marks)
 
 
-def _entries(node: yaml.Node, errors: _Errors, what: str) -> tuple[Entry, ...]:
+def load_config(path: str | None) -> MigConfigFile:
+    """Read and parse a v1 config file (`-` reads stdin). Raises ConfigError (no path, a file
+    that cannot be read (nodeagent.configfile), or every problem in it)."""
+    if not path:
+        raise ConfigError("no MIG config file: pass -f FILE or set NODEAGENT_MIG_CONFIG_FILE")
+    return parse_config(read_text(path, "MIG config file"), "<stdin>" if path == "-" else path)
+
+
+def _entries(node: yaml.Node, errors: Errors, what: str) -> tuple[Entry, ...]:
     return _entry_list(node, errors, what, _entry)
 
 
 def _entry_list(
     node: yaml.Node,
-    errors: _Errors,
+    errors: Errors,
     what: str,
-    parse_entry: Callable[[yaml.Node, _Errors, str], E | None],
+    parse_entry: Callable[[yaml.Node, Errors, str], E | None],
 ) -> tuple[E, ...]:
     """A config's list of entries, each read by `parse_entry` (MIG and sharing configs)."""
     if not isinstance(node, yaml.SequenceNode):
-        errors.add(node, f"{what} must be a list of entries (- devices: ...), not {_kind(node)}")
+        errors.add(node, f"{what} must be a list of entries (- devices: ...), not {kind(node)}")
         return ()
     if not node.value:
         errors.add(node, f"{what} has no entries")
@@ -261,14 +143,14 @@ def _entry_list(
     return tuple(entries)
 
 
-def _entry(node: yaml.Node, errors: _Errors, what: str) -> Entry | None:
+def _entry(node: yaml.Node, errors: Errors, what: str) -> Entry | None:
     before = len(errors.located)
     if not isinstance(node, yaml.MappingNode):
         errors.add(
-            node, f"{what} must be a mapping (devices: ..., mig-enabled: ...), not {_kind(node)}"
+            node, f"{what} must be a mapping (devices: ..., mig-enabled: ...), not {kind(node)}"
         )
         return None
-    fields = dict((k.value, (k, v)) for k, v in _mapping(node, errors, what))
+    fields = dict((k.value, (k, v)) for k, v in mapping(node, errors, what))
     for key, (knode, _) in fields.items():
         if key not in ENTRY_KEYS:
             errors.add(
@@ -281,9 +163,9 @@ def _entry(node: yaml.Node, errors: _Errors, what: str) -> Entry | None:
         errors.add(node, f"{what}: missing 'mig-enabled' (true or false)")
     else:
         enode = fields["mig-enabled"][1]
-        value = _scalar(enode) if isinstance(enode, yaml.ScalarNode) else None
+        value = scalar(enode) if isinstance(enode, yaml.ScalarNode) else None
         if not isinstance(value, bool):
-            errors.add(enode, f"{what}: mig-enabled must be true or false, not {_kind(enode)}")
+            errors.add(enode, f"{what}: mig-enabled must be true or false, not {kind(enode)}")
         else:
             enabled = value
     counts = _mig_devices(fields, errors, what)
@@ -310,7 +192,7 @@ def _entry(node: yaml.Node, errors: _Errors, what: str) -> Entry | None:
 
 
 def _devices(
-    fields: dict[str, tuple[yaml.Node, yaml.Node]], node: yaml.Node, errors: _Errors, what: str
+    fields: dict[str, tuple[yaml.Node, yaml.Node]], node: yaml.Node, errors: Errors, what: str
 ) -> Literal["all"] | tuple[int, ...] | None:
     if "devices" not in fields:
         errors.add(node, f"{what}: missing 'devices' ('all' or a list of GPU indices)")
@@ -320,7 +202,7 @@ def _devices(
         return "all"
     if not isinstance(dnode, yaml.SequenceNode):
         errors.add(
-            dnode, f"{what}: devices must be 'all' or a list of GPU indices, not {_kind(dnode)}"
+            dnode, f"{what}: devices must be 'all' or a list of GPU indices, not {kind(dnode)}"
         )
         return None
     if not dnode.value:
@@ -328,9 +210,9 @@ def _devices(
         return None
     indices: list[int] = []
     for item in dnode.value:
-        value = _scalar(item) if isinstance(item, yaml.ScalarNode) else None
+        value = scalar(item) if isinstance(item, yaml.ScalarNode) else None
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            errors.add(item, f"{what}: device index must be an integer >= 0, not {_kind(item)}")
+            errors.add(item, f"{what}: device index must be an integer >= 0, not {kind(item)}")
         elif value in indices:
             errors.add(item, f"{what}: device index {value} is listed twice")
         else:
@@ -339,7 +221,7 @@ def _devices(
 
 
 def _device_filter(
-    fields: dict[str, tuple[yaml.Node, yaml.Node]], errors: _Errors, what: str
+    fields: dict[str, tuple[yaml.Node, yaml.Node]], errors: Errors, what: str
 ) -> tuple[DeviceId, ...] | None:
     if "device-filter" not in fields:
         return None
@@ -354,7 +236,7 @@ def _device_filter(
             errors.add(
                 item,
                 f"{what}: device-filter must be a PCI device id like '0x233510DE' (optionally"
-                f" with ':0x' and a subsystem id), not {_kind(item)}",
+                f" with ':0x' and a subsystem id), not {kind(item)}",
             )
         else:
             sub = m.group(2)
@@ -363,17 +245,17 @@ def _device_filter(
 
 
 def _mig_devices(
-    fields: dict[str, tuple[yaml.Node, yaml.Node]], errors: _Errors, what: str
+    fields: dict[str, tuple[yaml.Node, yaml.Node]], errors: Errors, what: str
 ) -> tuple[ProfileCount, ...]:
     if "mig-devices" not in fields:
         return ()
     mnode = fields["mig-devices"][1]
-    if isinstance(mnode, yaml.ScalarNode) and _scalar(mnode) is None:
+    if isinstance(mnode, yaml.ScalarNode) and scalar(mnode) is None:
         errors.add(mnode, f"{what}: mig-devices is empty; write {{}} for no slices")
         return ()
     counts: list[ProfileCount] = []
     seen: dict[ProfileName, str] = {}
-    for knode, vnode in _mapping(mnode, errors, f"{what} mig-devices"):
+    for knode, vnode in mapping(mnode, errors, f"{what} mig-devices"):
         name = str(knode.value)
         try:
             profile = parse_profile(name)
@@ -389,11 +271,9 @@ def _mig_devices(
             errors.add(knode, f"{what}: {name!r} names the same profile as {seen[profile]!r}")
             continue
         seen[profile] = name
-        value = _scalar(vnode) if isinstance(vnode, yaml.ScalarNode) else None
+        value = scalar(vnode) if isinstance(vnode, yaml.ScalarNode) else None
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            errors.add(
-                vnode, f"{what}: count of {name} must be an integer >= 0, not {_kind(vnode)}"
-            )
+            errors.add(vnode, f"{what}: count of {name} must be an integer >= 0, not {kind(vnode)}")
             continue
         counts.append(ProfileCount(name, value, errors.mark(knode), profile))
     return tuple(counts)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nodeagent.configfile import config_error
 from nodeagent.errors import ConfigError, NothingMatched
 from nodeagent.logs import get_logger
 from nodeagent.mig import compute
 from nodeagent.mig.compute import Shape
-from nodeagent.mig.config import Entry, MigConfigFile, ProfileCount, config_error
+from nodeagent.mig.config import Entry, MigConfigFile, ProfileCount
 from nodeagent.mig.geometry import Geometry
 from nodeagent.mig.profile import profile_or_none
 from nodeagent.nvml.inventory import GiProfile, Gpu, Inventory

@@ -25,6 +25,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from nodeagent.configfile import read_bytes
 from nodeagent.errors import ConfigError, MpsError
 
 RESOURCE_NAME = re.compile(  # a DNS subdomain, '/', a label name (no '..', no absolute path)
@@ -75,14 +76,13 @@ def read_plugin_config(path: Path) -> PluginMps:
     ConfigError naming the file when it is missing, invalid, or has no usable MPS resource."""
     import yaml
 
+    data = read_bytes(str(path), "device plugin config")
     try:
-        document = yaml.safe_load(path.read_bytes().decode("utf-8"))
+        document = yaml.safe_load(data.decode("utf-8"))
     except (ValueError, TypeError) as err:  # a tag its value cannot build (!!int abc)
         if isinstance(err, UnicodeDecodeError):
             raise ConfigError(f"device plugin config {path} is not UTF-8 text") from err
         raise ConfigError(f"device plugin config {path}: a value cannot be read: {err}") from err
-    except OSError as err:
-        raise ConfigError(f"cannot read the device plugin's config {path}: {err.strerror}") from err
     except UnicodeDecodeError as err:
         raise ConfigError(f"device plugin config {path} is not UTF-8 text") from err
     except (yaml.YAMLError, RecursionError) as err:

@@ -25,23 +25,22 @@ from typing import Literal
 
 import yaml
 
+from nodeagent.configfile import Errors as _Errors
+from nodeagent.configfile import Mark, compose
+from nodeagent.configfile import check_tags as _check_tags
+from nodeagent.configfile import kind as _kind
+from nodeagent.configfile import mapping as _mapping
+from nodeagent.configfile import read_text as read_config_text
+from nodeagent.configfile import scalar as _scalar
 from nodeagent.errors import ConfigError
-from nodeagent.mig.apply import read_config_text
 from nodeagent.mig.config import (
     DeviceId,
-    Mark,
     MigConfigFile,
     ProfileCount,
-    _check_tags,
     _device_filter,
     _devices,
     _entry_list,
-    _Errors,
-    _kind,
-    _mapping,
     _mig_devices,
-    _scalar,
-    compose,
     parse_config,
 )
 from nodeagent.mps.settings import parse_size

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nodeagent.configfile import config_error
 from nodeagent.errors import ConfigError, NothingMatched
-from nodeagent.mig.config import Entry, MigConfigFile, config_error
+from nodeagent.mig.config import Entry, MigConfigFile
 from nodeagent.mig.select import Desired, _gpu_label, resolve
 from nodeagent.mps.settings import parse_size
 from nodeagent.nvml.inventory import Gpu, Inventory

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from nodeagent.agent import Agent
-from nodeagent.mig.apply import load_config, reconfigure
-from nodeagent.mig.config import dump_config
+from nodeagent.mig.apply import reconfigure
+from nodeagent.mig.config import dump_config, load_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
