@@ -15,7 +15,7 @@ from itertools import product
 from nodeagent.errors import SliceInUse
 from nodeagent.logs import configure_logging
 from nodeagent.mig import geometry
-from nodeagent.mig.apply import execute, reconfigure
+from nodeagent.mig.apply import execute
 from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.mig.plan import mismatches, plan
@@ -24,6 +24,12 @@ from nodeagent.nvml import MigWriter, NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 
 MIB = 1024 * 1024
+
+
+def setup(session, cfg, name, reset) -> None:  # type: ignore[no-untyped-def]
+    """Bring the node to config `name` (the starting point of a measurement)."""
+    inventory = read_inventory(session)
+    execute(plan(inventory, resolve(cfg, name, inventory)), MigWriter(session), reset)
 
 
 def baseline(inventory, desired) -> int:  # type: ignore[no-untyped-def]
@@ -52,7 +58,7 @@ def run(spec: str, busy: bool) -> dict[str, object]:
     for a, b in product(names, names):
         lib = SimulatedNvml(parse_spec(spec))
         session = NvmlSession(lib)
-        reconfigure(session, cfg, a, lib.reset)
+        setup(session, cfg, a, lib.reset)
         if busy:
             for gpu in read_inventory(session).gpus:
                 if gpu.slices:
@@ -110,7 +116,7 @@ def incremental(spec: str, steps: int = 200, seed: int = 7) -> tuple[int, int, i
     cfg = parse_config(dump_config(generate_configs(read_inventory(probe))), "generated")
     lib = SimulatedNvml(parse_spec(spec))
     session = NvmlSession(lib)
-    reconfigure(session, cfg, "all-balanced", lib.reset)
+    setup(session, cfg, "all-balanced", lib.reset)
     ours = base = done_steps = skipped = 0
     while done_steps < steps:
         inventory = read_inventory(session)

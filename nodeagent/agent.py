@@ -25,7 +25,6 @@ from prometheus_client.registry import CollectorRegistry
 
 from nodeagent.errors import AgentError, KubeError
 from nodeagent.labels.nfd import write_features
-from nodeagent.lock import mig_writer_lock
 from nodeagent.logs import get_logger
 from nodeagent.metrics.agent import AgentCollector, AgentStats
 from nodeagent.metrics.collectorset import CollectorSet
@@ -44,7 +43,7 @@ from nodeagent.mps.supervisor import MpsSupervisor
 from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.gpm import GpmReader
 from nodeagent.nvml.write import ComputeModeWriter
-from nodeagent.reconcile import Pipeline, SettingsDesire
+from nodeagent.reconcile import Pipeline, agent_pipeline
 from nodeagent.settings import Settings, merge_reload
 from nodeagent.snapshot import Allocations, Snapshot, Store
 from nodeagent.workers import Worker
@@ -115,19 +114,23 @@ class Agent:
         self.watcher: Any = None  # kube.controller.NodeWatcher with Kubernetes
         self.held_failure: Callable[[], str | None] = lambda: None
 
-        def writer_lock(s: Settings) -> Any:
-            return mig_writer_lock(lock_path, s.mig.lock_timeout_seconds)
+        self._reset, self._lock_path, self._allocations = reset, lock_path, allocations
+        self.pipeline = self._pipeline()
 
-        self.pipeline = Pipeline(
-            store=self.store,
-            settings=lambda: self.settings,
-            desire=SettingsDesire(),
-            reset=reset,
-            mps=self.mps,
-            stats=self.stats,
-            writer_lock=writer_lock,
-            sinks=[NfdSink(lambda: self.settings)],
-            allocations=allocations,
+    def _pipeline(self, **kube: Any) -> Pipeline:
+        """The reconcile pipeline, with the Kubernetes ports when given (`_setup_kube`)."""
+        sinks = [NfdSink(lambda: self.settings), *kube.pop("sinks", ())]
+        socket_allocations = kube.pop("allocations", None)  # a test's own allocations win
+        return agent_pipeline(
+            self.store,
+            lambda: self.settings,
+            self._reset,
+            self._lock_path,
+            self.mps,
+            self.stats,
+            sinks,
+            allocations=self._allocations or socket_allocations,
+            **kube,
         )
 
     # -- work ---------------------------------------------------------------------------------
@@ -196,17 +199,20 @@ class Agent:
             return GpuClients(api, cs, sleep=interruptible_sleep)
 
         socket = k.pod_resources_socket
-        if socket is not None and self.pipeline.allocations is None:
-            self.pipeline.allocations = lambda: pod_devices(socket)
-        self.pipeline.desire = desire
-        self.held_failure = desire.failure
-        self.pipeline.reporter = KubeReporter(api, view, desire)
-        self.pipeline.sinks.append(NodeLabelSink(api, view))
+        sinks: list[Any] = [NodeLabelSink(api, view)]
         if k.node_feature_api:
             assert k.pod_namespace is not None  # the settings checked it
             pod = PodRef(k.pod_name, k.pod_uid) if k.pod_name else None
-            self.pipeline.sinks.append(NodeFeatureSink(api, k.pod_namespace, pod))
-        self.pipeline.clients = clients
+            sinks.append(NodeFeatureSink(api, k.pod_namespace, pod))
+        # The pipeline with the Node's ports, built before its first run.
+        self.pipeline = self._pipeline(
+            desire=desire,
+            reporter=KubeReporter(api, view, desire),
+            sinks=sinks,
+            clients=clients,
+            allocations=(lambda: pod_devices(socket)) if socket is not None else None,
+        )
+        self.held_failure = desire.failure
         self.watcher = NodeWatcher(api, view, self._wake_reconcile, self.stop_event)
 
     def _wake_reconcile(self) -> None:

@@ -110,7 +110,7 @@ def read_text(path: str, what: str) -> str:
 
 class ConfigCache(Generic[T]):
     """A config file read every reconcile, parsed again only when it changed (path, size,
-    mtime). `loader` reads and parses it; `-` (stdin) is never cached."""
+    mtime). `loader` reads and parses it; `-` (stdin) is read once and kept."""
 
     def __init__(self, loader: Callable[[str | None], T], what: str) -> None:
         self.loader = loader
@@ -120,13 +120,16 @@ class ConfigCache(Generic[T]):
 
     def load(self, path: str | None) -> T:
         """Like the loader; a file that did not change is not read again."""
-        if not path or path == "-":
+        if not path:
             return self.loader(path)
-        try:
-            st = os.stat(path)
-        except OSError as err:
-            raise ConfigError(f"cannot read {self.what} {path}: {err.strerror}") from err
-        key = (path, st.st_size, st.st_mtime_ns)
+        if path == "-":
+            key = ("-", 0, 0)
+        else:
+            try:
+                st = os.stat(path)
+            except OSError as err:
+                raise ConfigError(f"cannot read {self.what} {path}: {err.strerror}") from err
+            key = (path, st.st_size, st.st_mtime_ns)
         if key != self._key or self._config is None:
             self._config, self._key = None, None
             self._config = self.loader(path)

@@ -199,6 +199,29 @@ def load_hooks(path: str | None) -> HooksFile:
     return parse_hooks(read_text(path, "hooks file"), "<stdin>" if path == "-" else path)
 
 
+def hook_env(
+    name: str,
+    hooks: HooksFile,
+    config_file: str | None,
+    mig_config: str | None,
+    sharing_config: str | None,
+    result: str | None = None,
+) -> dict[str, str]:
+    """What a hook command is told: mig-parted's variables (the config file, the selected
+    config, the hooks file), nodeagent's own, and for apply-exit the outcome."""
+    env = {
+        "MIG_PARTED_CONFIG_FILE": config_file or "",
+        "MIG_PARTED_SELECTED_CONFIG": mig_config or sharing_config or "",
+        "MIG_PARTED_HOOKS_FILE": hooks.source,
+        "NODEAGENT_HOOK": name,
+        "NODEAGENT_MIG_CONFIG": mig_config or "",
+        "NODEAGENT_SHARING_CONFIG": sharing_config or "",
+    }
+    if result is not None:
+        env["NODEAGENT_RESULT"] = result
+    return env
+
+
 def _tail(output: bytes) -> str:
     lines = output.decode("utf-8", "replace").strip().splitlines()
     return " | ".join(lines[-OUTPUT_LINES:])

@@ -25,12 +25,9 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from nodeagent.errors import ConfigError
-
-if TYPE_CHECKING:
-    from nodeagent.mps.settings import MpsSettings
 
 VERSION = "nodeagent/v1"
 DEFAULT_METRICS_ADDRESS = "0.0.0.0:9401"  # dcgm-exporter keeps 9400: both can run on a node
@@ -355,7 +352,7 @@ def devices(raw: Any) -> tuple[int, ...]:
 
 def size(raw: Any) -> str:
     """A size in the MPS daemon's notation (2G, 2048M, 512MiB), at least 1 MiB."""
-    from nodeagent.mps.settings import parse_size
+    from nodeagent.units import parse_size
 
     value = _text(raw).strip()
     try:
@@ -848,46 +845,6 @@ def _error(errors: list[str]) -> ConfigError:
     shown = errors[:MAX_ERRORS]
     more = f"\n  ... and {len(errors) - MAX_ERRORS} more" if len(errors) > MAX_ERRORS else ""
     return ConfigError(f"{len(errors)} settings errors:\n  " + "\n  ".join(shown) + more)
-
-
-def mps_layout(mps: Mps, kube_enabled: bool) -> str:
-    if mps.layout != "auto":
-        return mps.layout
-    return "device-plugin" if kube_enabled else "flat"
-
-
-def mps_daemon_settings(
-    mps: Mps, devices: tuple[int, ...], kube_enabled: bool = False
-) -> MpsSettings:
-    """What the MPS daemon is started with, once its GPUs are known: the layout's paths, and
-    the resource name and replicas of the device plugin's config when one is given. Raises
-    ConfigError for a bad plugin config."""
-    from nodeagent.mps.layout import DEFAULT_RESOURCE, paths, read_plugin_config
-    from nodeagent.mps.settings import MpsSettings, parse_pinned
-
-    layout = mps_layout(mps, kube_enabled)
-    resource, replicas = DEFAULT_RESOURCE, mps.replicas
-    if mps.device_plugin_config is not None:
-        plugin = read_plugin_config(mps.device_plugin_config)
-        resource, replicas = plugin.resource, plugin.replicas
-    where = paths(layout, mps.root, resource)
-    exclusive = mps.exclusive_process
-    return MpsSettings(
-        devices=devices,
-        replicas=replicas,
-        thread_percentage=mps.thread_percentage,
-        pinned_memory=parse_pinned(mps.pinned_memory, devices),
-        pipe_dir=mps.pipe_dir or where.pipe_dir,
-        log_dir=mps.log_dir or where.log_dir,
-        ready_file=mps.ready_file or where.ready_file,
-        control_binary=mps.control,
-        exclusive_process=layout == "device-plugin" if exclusive is None else exclusive,
-        probe_interval_seconds=mps.probe_interval_seconds,
-        layout=layout,
-        started_file=where.started_file,
-        shm_dir=where.shm_dir,
-        shm_size=mps.shm_size,
-    )
 
 
 # -- reload --------------------------------------------------------------------------------

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import sys
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from nodeagent.cli.common import (
@@ -15,24 +14,19 @@ from nodeagent.cli.common import (
     reset_for,
 )
 from nodeagent.errors import AgentError, ConfigError
-from nodeagent.lock import lock_path, mig_writer_lock
+from nodeagent.lock import lock_path
 from nodeagent.mig.profile import profile_or_none
 from nodeagent.nvml import read_inventory
 
 if TYPE_CHECKING:
     from nodeagent.mig.config import MigConfigFile
+    from nodeagent.reconcile import Pipeline, Report
 
 # mig-parted's own flag names work too: -f/--config-file and -c/--selected-config.
 MIG_FLAG_NAMES = {
     "mig.config-file": ("-f", "--file", "--config-file"),
     "mig.config": ("-c", "--config", "--selected-config"),
 }
-
-
-def _read_config(ctx: Context) -> MigConfigFile:
-    from nodeagent.mig.config import load_config
-
-    return load_config(ctx.settings.mig.config_file)
 
 
 def _config_name(ctx: Context, cfg: MigConfigFile) -> str:
@@ -73,73 +67,39 @@ def _print_progress(op: dict[str, Any]) -> None:
     print(_describe_op(op), flush=True)
 
 
-@contextlib.contextmanager
-def _hooks_around(ctx: Context, cfg: MigConfigFile, name: str) -> Iterator[None]:
-    """mig-parted's `apply --hooks-file`: apply-start and apply-exit always, pre-apply-mode
-    and pre-apply-config when the plan changes the mode or the instances. A failing hook before
-    the change stops it (nothing changed); apply-exit runs once apply-start did."""
-    mig = ctx.settings.mig
-    if not mig.hooks_file:
-        yield
-        return
-    from nodeagent.hooks import load_hooks, run_hook
-    from nodeagent.mig.apply import reconfigure
-
-    hooks = load_hooks(mig.hooks_file)
-    env = {
-        "MIG_PARTED_CONFIG_FILE": mig.config_file or "",
-        "MIG_PARTED_SELECTED_CONFIG": name,
-        "MIG_PARTED_HOOKS_FILE": mig.hooks_file,
-    }
-
-    def hook(which: str, **extra: str) -> None:
-        run_hook(hooks, which, {**env, "NODEAGENT_HOOK": which, **extra}, mig.hook_timeout_seconds)
-
-    hook("apply-start")
-    result = "failure"
-    try:
-        planned = reconfigure(
-            ctx.session, cfg, name, reset_for(ctx.settings, ctx.lib), dry_run=True
-        )
-        kinds = {op.op for op in planned.plan.operations}
-        if "set-mig-mode" in kinds:
-            hook("pre-apply-mode")
-        if kinds - {"set-mig-mode"}:
-            hook("pre-apply-config")
-        yield
-        result = "success"
-    finally:
-        if result == "success":
-            hook("apply-exit", NODEAGENT_RESULT=result)
-        else:  # the change's own error is the one to report
-            try:
-                hook("apply-exit", NODEAGENT_RESULT=result)
-            except AgentError as err:
-                print(f"nodeagent: {err}", file=sys.stderr)
-
-
-def cmd_mig_apply(ctx: Context) -> int:
-    cfg = _read_config(ctx)
-    name = _config_name(ctx, cfg)
-    from nodeagent.mig.apply import reconfigure
+def _pipeline(ctx: Context, progress: bool = False) -> tuple[Pipeline, str]:
+    """The command's pipeline for the MIG config of -f/-c, and that config's name (-c, or
+    the one config of a file that holds one, as mig-parted)."""
+    from nodeagent.reconcile import command_pipeline, mig_config_cache
 
     settings = ctx.settings
     node = settings.node
+    # Text output shows each operation as it completes: a slow mode change or reset shows
+    # where it is, and a killed apply shows how far it got.
+    show = _print_progress if progress and ctx.args.output != "json" else None
+    path = lock_path(node.run_dir, node.sim_state, bool(node.simulate))
+    configs = mig_config_cache()  # the one read of the file, kept for the run (stdin too)
+    name = settings.mig.config or _config_name(ctx, configs.load(settings.mig.config_file))
+    named = dataclasses.replace(settings, mig=dataclasses.replace(settings.mig, config=name))
     reset = reset_for(settings, ctx.lib)
-    if ctx.args.dry_run:
-        outcome = reconfigure(ctx.session, cfg, name, reset, dry_run=True)
-    else:
-        # One MIG writer per node: this waits for (or fails naming) an agent or another apply.
-        path = lock_path(node.run_dir, node.sim_state, bool(node.simulate))
-        with mig_writer_lock(path, settings.mig.lock_timeout_seconds):
-            # Text output shows each operation as it completes: a slow mode change or reset
-            # shows where it is, and a killed apply shows how far it got.
-            progress = None if ctx.args.output == "json" else _print_progress
-            with _hooks_around(ctx, cfg, name):
-                outcome = reconfigure(ctx.session, cfg, name, reset, on_done=progress)
-    ops = (
-        [op.to_dict() for op in outcome.plan.operations] if ctx.args.dry_run else list(outcome.done)
-    )
+    return command_pipeline(ctx.session, named, reset, path, show, configs), name
+
+
+def failed(report: Report) -> None:
+    """Raise the error a failed run ended with (the CLI says it in one sentence)."""
+    if report.error is not None:
+        raise report.error
+    if report.result != "success":
+        raise AgentError(report.reason or "the config could not be applied")
+
+
+def cmd_mig_apply(ctx: Context) -> int:
+    if not ctx.settings.mig.config_file:
+        raise ConfigError("no MIG config file: pass -f FILE or set NODEAGENT_MIG_CONFIG_FILE")
+    pipeline, name = _pipeline(ctx, progress=True)
+    report = pipeline.run_once(dry_run=ctx.args.dry_run)
+    failed(report)
+    ops = list(report.done)
     if ctx.args.output == "json":
         print_json({"config": name, "dry_run": ctx.args.dry_run, "operations": ops})
         return 0
@@ -155,14 +115,15 @@ def cmd_mig_apply(ctx: Context) -> int:
 
 
 def cmd_mig_assert(ctx: Context) -> int:
-    cfg = _read_config(ctx)
-    name = _config_name(ctx, cfg)
-    from nodeagent.mig.apply import assert_config
-
-    problems, _ = assert_config(ctx.session, cfg, name)
-    for problem in problems:
+    """As mig-parted's assert: a GPU the config does not select is a difference too."""
+    if not ctx.settings.mig.config_file:
+        raise ConfigError("no MIG config file: pass -f FILE or set NODEAGENT_MIG_CONFIG_FILE")
+    pipeline, name = _pipeline(ctx)
+    report = pipeline.run_once(compare=True)
+    failed(report)
+    for problem in report.differences:
         print(problem)
-    if problems:
+    if report.differences:
         return 1
     print(f"config {name!r}: the GPUs match")
     return 0

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 from nodeagent.cli.common import Context, print_json
 from nodeagent.errors import NothingMatched
+from nodeagent.mps.intent import mps_daemon_settings
 from nodeagent.nvml import read_inventory
-from nodeagent.settings import mps_daemon_settings
 
 if TYPE_CHECKING:
     from nodeagent.mps.daemon import MpsDaemon, MpsStatus

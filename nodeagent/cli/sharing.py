@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodeagent.cli.common import Context, add_setting_flags, output_flag, print_json, reset_for
+from nodeagent.cli.mig import failed
 from nodeagent.errors import AgentError, ConfigError
 from nodeagent.lock import lock_path
+
+if TYPE_CHECKING:
+    from nodeagent.reconcile import Pipeline, Report
 
 SHARING_FLAG_NAMES = {
     "sharing.config-file": ("-f", "--file"),
@@ -19,8 +23,8 @@ SHARING_FLAG_NAMES = {
 GROUPS = ("node", "mig", "mps", "sharing")
 
 
-def _pipeline(ctx: Context) -> Any:
-    from nodeagent.agent import Agent
+def _pipeline(ctx: Context) -> Pipeline:
+    from nodeagent.reconcile import command_pipeline
 
     settings = ctx.settings
     if not settings.sharing.config:
@@ -30,18 +34,11 @@ def _pipeline(ctx: Context) -> Any:
             "no sharing config file: pass -f FILE or set NODEAGENT_SHARING_CONFIG_FILE"
         )
     node = settings.node
-    agent = Agent(
-        ctx.session,
-        settings,
-        lambda s: reset_for(s, ctx.lib),
-        lock_path=lock_path(node.run_dir, node.sim_state, bool(node.simulate)),
-    )
-    agent.pipeline.sinks = []  # a command publishes nothing
-    agent.pipeline.log_failures = False
-    return agent.pipeline
+    path = lock_path(node.run_dir, node.sim_state, bool(node.simulate))
+    return command_pipeline(ctx.session, settings, reset_for(settings, ctx.lib), path)
 
 
-def _print(ctx: Context, report: Any, dry_run: bool) -> None:
+def _print(ctx: Context, report: Report, dry_run: bool) -> None:
     from nodeagent.cli.mig import _describe_op
 
     name = report.wanted.sharing_config
@@ -66,24 +63,16 @@ def _print(ctx: Context, report: Any, dry_run: bool) -> None:
     print(f"sharing config {name!r}: {verb} {n} NVML operation{'s' if n != 1 else ''}")
 
 
-def _raise(report: Any) -> None:
-    if report.result != "success":
-        err = report.error
-        if isinstance(err, AgentError):
-            raise err
-        raise AgentError(report.reason or "the sharing config could not be applied")
-
-
 def cmd_sharing_apply(ctx: Context) -> int:
     report = _pipeline(ctx).run_once(dry_run=ctx.args.dry_run)
-    _raise(report)
+    failed(report)
     _print(ctx, report, ctx.args.dry_run)
     if ctx.args.dry_run and ctx.args.output != "json":
         _print_label_changes(ctx, report)
     return 0
 
 
-def _print_label_changes(ctx: Context, report: Any) -> None:
+def _print_label_changes(ctx: Context, report: Report) -> None:
     """The per-GPU labels the plan changes (what GPUs show now: MIG, an MPS daemon, whole)."""
     from nodeagent.cli.status import current_sharing
     from nodeagent.labels.render import GPU_SHARING_PREFIX
@@ -98,8 +87,8 @@ def _print_label_changes(ctx: Context, report: Any) -> None:
 
 def cmd_sharing_assert(ctx: Context) -> int:
     """Exit 0 when the node is as the config says (no MIG operation, no MPS change needed)."""
-    report = _pipeline(ctx).run_once(dry_run=True)
-    _raise(report)
+    report = _pipeline(ctx).run_once(compare=True)
+    failed(report)
     name = report.wanted.sharing_config
     differences = [f"GPU {op['gpu']}: needs {op['op']}" for op in report.done]
     if report.mps_change not in ("none", "adopt"):  # adopt: it runs as wanted already
@@ -120,8 +109,8 @@ def cmd_sharing_export(ctx: Context) -> int:
 
     from nodeagent.mig.generate import export_current
     from nodeagent.mps.control import MpsControl
+    from nodeagent.mps.intent import mps_daemon_settings
     from nodeagent.nvml import read_inventory
-    from nodeagent.settings import mps_daemon_settings
 
     inventory = read_inventory(ctx.session)
     mps = mps_daemon_settings(ctx.settings.mps, ())

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nodeagent.labels.gfd import GfdOptions, Replication, gfd_labels
-from nodeagent.labels.plugin import plugin_config
 from nodeagent.nvml.inventory import Inventory
+from nodeagent.sharing.plugin import plugin_config
 
 DEFAULT_PREFIX = "nvidia.com/"
 GPU_SHARING_PREFIX = "nodeagent.io/gpu."

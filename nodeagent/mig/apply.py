@@ -1,26 +1,22 @@
-"""Execute a MIG plan through nodeagent.nvml, then read the GPUs again and verify.
-
-`reconfigure()` is the whole sequence as named steps (observe, resolve, plan, apply, verify):
-nothing touches a GPU until the config is valid and every GPU is planned. It is idempotent
-and converges after a failure or a kill at any mutation, because each run plans from what
-NVML reports, including GIs left without their CI.
+"""Execute a MIG plan through nodeagent.nvml: each operation in order, a pending mode change
+reset for its GPU only. The sequence around it (observe, resolve, plan, apply, verify) is the
+pipeline's (nodeagent.reconcile), for the agent and `mig apply` alike: idempotent, and it
+converges after a failure or a kill at any mutation, because each run plans from what NVML
+reports, including GIs left without their CI.
 """
 
 from __future__ import annotations
 
 import shlex
 import subprocess
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
-from nodeagent.errors import MigError, ModeChangePending, NvmlError, SliceInUse
+from nodeagent.errors import ModeChangePending, NvmlError, SliceInUse
 from nodeagent.logs import get_logger
-from nodeagent.mig.config import MigConfigFile
-from nodeagent.mig.plan import Operation, Plan, mismatches, plan
+from nodeagent.mig.plan import Operation, Plan
 from nodeagent.mig.profile import profile_or_none
-from nodeagent.mig.select import Desired, covered, resolve
-from nodeagent.nvml import Inventory, MigWriter, NvmlSession, Placement, read_inventory
+from nodeagent.nvml import MigWriter, Placement
 
 log = get_logger("nodeagent.mig")
 IN_USE = 19
@@ -56,14 +52,6 @@ def command_reset(template: str = DEFAULT_RESET_COMMAND, timeout_seconds: float 
             )
 
     return reset
-
-
-@dataclass(frozen=True)
-class Outcome:
-    plan: Plan
-    done: tuple[dict[str, Any], ...]
-    inventory: Inventory
-    desired: Mapping[int, Desired]
 
 
 class _Executor:
@@ -147,58 +135,4 @@ def execute(
     return done
 
 
-def reconfigure(
-    session: NvmlSession,
-    cfg: MigConfigFile,
-    name: str,
-    reset: Reset,
-    in_use: Mapping[str, str] | None = None,
-    dry_run: bool = False,
-    on_step: Callable[[str], None] | None = None,
-    on_done: Callable[[dict[str, Any]], None] | None = None,
-) -> Outcome:
-    """Bring the node to config `name` of `cfg`. Raises ConfigError, NothingMatched,
-    SliceInUse, GeometryInvalid, ModeChangePending, NvmlError, or MigError when the GPUs
-    read back differ from what was asked."""
-
-    def step(name_: str) -> None:
-        log.debug("mig.step", step=name_)
-        if on_step:
-            on_step(name_)
-
-    step("observe")
-    inventory = read_inventory(session)
-    step("resolve")
-    desired = resolve(cfg, name, inventory)
-    step("plan")
-    the_plan = plan(inventory, desired, in_use)
-    if dry_run:
-        return Outcome(the_plan, (), inventory, desired)
-    step("apply")
-    done = execute(the_plan, MigWriter(session), reset, on_done)
-    step("verify")
-    after = read_inventory(session)
-    problems = mismatches(after, desired)
-    if problems:
-        raise MigError("after applying, the GPUs do not match: " + "; ".join(problems))
-    log.info("mig.applied", config=name, operations=len(done))
-    return Outcome(the_plan, tuple(done), after, desired)
-
-
-def assert_config(
-    session: NvmlSession, cfg: MigConfigFile, name: str
-) -> tuple[list[str], Mapping[int, Desired]]:
-    """The differences between the node and config `name` (empty when they match). As
-    mig-parted asserts, a GPU that no entry of the config selects is a difference."""
-    inventory = read_inventory(session)
-    desired = resolve(cfg, name, inventory)
-    selected = covered(cfg, name, inventory)
-    missing = [
-        f"GPU {g.index} ({g.name}): config {name!r} does not specify it"
-        for g in inventory.gpus
-        if g.index not in selected
-    ]
-    return mismatches(inventory, desired) + missing, desired
-
-
-__all__ = ["Outcome", "assert_config", "command_reset", "execute", "reconfigure"]
+__all__ = ["command_reset", "execute"]

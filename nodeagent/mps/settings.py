@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodeagent.errors import ConfigError
 from nodeagent.nvml.inventory import Inventory
+from nodeagent.units import parse_size as parse_size
 
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-SIZE_RE = re.compile(r"^(\d+)\s*([KMGT]?)(?:I?B)?$", re.IGNORECASE)
 DEFAULT_ROOT = Path("/run/nvidia/mps")
 MAX_PIPE_DIR_BYTES = 96  # + "/" + socket names within a 108-byte sun_path
 MAX_PLUGIN_REPLICAS = 48  # k8s-device-plugin internal/rm/device.go (16 before Turing)
-
-
-def parse_size(text: str, what: str = "size") -> int:
-    """'2G', '2048M', '512MiB', '4GB' -> bytes (binary units, as the MPS daemon reads them)."""
-    match = SIZE_RE.match(text.strip())
-    if not match or int(match.group(1)) == 0:
-        raise ConfigError(f"{what} {text!r} is not a size like 2G, 2048M or 512MiB")
-    return int(match.group(1)) * UNITS[match.group(2).upper()]
 
 
 def mps_size(n: int) -> str:

@@ -7,6 +7,7 @@ off for the others) and the MIG resolution maps back to the entries by their pos
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from nodeagent.configfile import config_error
@@ -15,6 +16,7 @@ from nodeagent.mig.config import Entry, MigConfigFile
 from nodeagent.mig.select import Desired, _gpu_label, resolve
 from nodeagent.mps.settings import parse_size
 from nodeagent.nvml.inventory import Gpu, Inventory
+from nodeagent.settings import Mps
 from nodeagent.sharing.config import (
     MigShare,
     MpsShare,
@@ -207,3 +209,20 @@ def _intent(gpu: int, entry: SharingEntry) -> GpuIntent:
     if isinstance(share, Whole):
         return GpuIntent(gpu, "whole", 1, source)
     return GpuIntent(gpu, "mig", 1, source)
+
+
+def sharing_mps(mps: Mps, res: Resolution) -> Mps:
+    """The `mps` settings group as a resolved sharing config sets it: its MPS GPUs, the
+    daemon-wide replicas and thread percentage, the pinned limits per GPU. The sharing config
+    is then the source of replicas (not the device plugin's config)."""
+    share = res.mps
+    pinned = ",".join(f"{i}={size}" for i, size in sorted(res.pinned.items())) or None
+    return dataclasses.replace(
+        mps,
+        enabled=bool(res.mps_devices),
+        devices=res.mps_devices or None,
+        replicas=share.replicas if share else mps.replicas,
+        thread_percentage=share.thread_percentage if share else None,
+        pinned_memory=pinned,
+        device_plugin_config=None,
+    )

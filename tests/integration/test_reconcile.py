@@ -195,7 +195,7 @@ def test_a_slice_in_use_fails_plan_and_changes_nothing(
     pipeline, lib, rec = node("node-label", "all-balanced")
     _in_use(pipeline, lib)
     before = read_inventory(pipeline.store.session)
-    pipeline.desire = LabelDesire("all-7g.141gb")
+    pipeline.desire.name = "all-7g.141gb"  # type: ignore[attr-defined]  # the label changes
     report = pipeline.run_once()
     assert report.step == "plan" and "4242" in (report.reason or "")
     assert read_inventory(pipeline.store.session).gpus == before.gpus

@@ -16,13 +16,13 @@ import pytest
 import yaml
 
 from nodeagent.agent import Agent
-from nodeagent.mig.apply import reconfigure
 from nodeagent.mig.config import dump_config, load_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.agent_support import make_agent
 from tests.integration.kube.conftest import NODES, PODS, Cluster
+from tests.mig_apply import reconfigure
 
 NODE = "gpu-node-1"
 CONFIG = "nvidia.com/mig.config"

@@ -15,12 +15,12 @@ from nodeagent.errors import KubeError, SliceInUse
 from nodeagent.kube.podresources import allocated_devices, pod_devices
 from nodeagent.kube.proto import podresources_pb2 as pb
 from nodeagent.kube.proto import podresources_pb2_grpc as pb_grpc
-from nodeagent.mig.apply import reconfigure
 from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.snapshot import Holder
+from tests.mig_apply import reconfigure
 
 GPU = "GPU-1cc80f35-c91b-531f-a6bc-4db77760f20e"
 

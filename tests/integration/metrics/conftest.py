@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from nodeagent.agent import Agent
-from nodeagent.mig.apply import reconfigure
 from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.agent_support import make_agent
+from tests.mig_apply import reconfigure
 
 GIB = 1024**3
 

@@ -13,13 +13,13 @@ from prometheus_client import generate_latest
 
 from nodeagent.agent import Agent
 from nodeagent.metrics.collectorset import CollectorSet
-from nodeagent.mig.apply import reconfigure
 from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import read_inventory
 from nodeagent.nvml.session import IN_USE
 from nodeagent.sim import Fault, SimulatedNvml
 from tests.integration.metrics.conftest import prometheus_tool, sample
+from tests.mig_apply import reconfigure
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 # Series whose values depend on the clock or the interpreter, not on the GPUs.

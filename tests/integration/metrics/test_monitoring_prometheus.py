@@ -23,13 +23,13 @@ import pytest
 import yaml
 
 from nodeagent.agent import Agent
-from nodeagent.mig.apply import reconfigure
 from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.agent_support import make_agent
 from tests.integration.metrics.conftest import free_port, http_get, prometheus_tool, wait_for
+from tests.mig_apply import reconfigure
 
 MONITORING = Path(__file__).resolve().parents[3] / "daemonset" / "monitoring"
 GIB = 1024**3

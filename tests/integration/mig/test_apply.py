@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from nodeagent.errors import ConfigError, ModeChangePending, NothingMatched, NvmlError, SliceInUse
-from nodeagent.mig.apply import reconfigure
 from nodeagent.mig.config import MigConfigFile, dump_config, parse_config
 from nodeagent.mig.generate import export_current, generate_configs
 from nodeagent.mig.plan import mismatches
@@ -18,6 +17,7 @@ from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import Fault, FaultPlan, SimulatedNvml
 from nodeagent.sim.faults import SimulatedCrash
 from nodeagent.sim.models import MIB, parse_spec
+from tests.mig_apply import reconfigure
 
 MODELS = ["a100-40gb", "h100-80gb", "h200", "a30"]
 

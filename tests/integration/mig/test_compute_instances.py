@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from nodeagent.errors import ConfigError, NvmlError, SliceInUse
-from nodeagent.mig.apply import assert_config, reconfigure
 from nodeagent.mig.config import MigConfigFile, parse_config
 from nodeagent.mig.plan import device_counts
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import Fault, FaultPlan, SimulatedNvml
 from nodeagent.sim.faults import SimulatedCrash
 from nodeagent.sim.models import MIB, parse_spec
+from tests.mig_apply import assert_config, reconfigure
 
 CONFIGS = """\
 version: v1

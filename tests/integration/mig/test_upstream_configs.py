@@ -12,13 +12,13 @@ import pytest
 import yaml
 
 from nodeagent.errors import ConfigError, NothingMatched
-from nodeagent.mig.apply import reconfigure
 from nodeagent.mig.config import MigConfigFile, parse_config
 from nodeagent.mig.plan import mismatches, plan
 from nodeagent.mig.select import resolve
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import MODEL_NAMES
+from tests.mig_apply import reconfigure
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "fixtures" / "upstream"
 OPERATOR = UPSTREAM / "gpu-operator" / "assets" / "state-mig-manager" / "0400_configmap.yaml"

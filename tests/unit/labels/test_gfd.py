@@ -19,7 +19,6 @@ from nodeagent.labels.gfd import (
 )
 from nodeagent.labels.machine import gfd_options, read_machine_type
 from nodeagent.labels.render import SharingState, render_labels
-from nodeagent.mig.apply import reconfigure
 from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
@@ -27,6 +26,7 @@ from nodeagent.nvml.inventory import MigAttributes
 from nodeagent.settings import Labels
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.sim.models import MODEL_NAMES, load_model
+from tests.mig_apply import reconfigure
 
 
 def node(spec: str, config: str | None = None, text: str | None = None) -> Inventory:

@@ -25,12 +25,12 @@ import pytest
 
 from nodeagent.labels.gfd import GfdOptions
 from nodeagent.labels.render import render_labels
-from nodeagent.mig.apply import reconfigure
 from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.sim.models import MODEL_NAMES
+from tests.mig_apply import reconfigure
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "fixtures/upstream/k8s-device-plugin/tests"
 PREFIX = "nvidia.com/"

@@ -11,11 +11,11 @@ import pytest
 from nodeagent.labels.gfd import GfdOptions
 from nodeagent.labels.nfd import render_features, write_features
 from nodeagent.labels.render import SharingState, render_labels, slice_usage
-from nodeagent.mig.apply import reconfigure
 from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
+from tests.mig_apply import reconfigure
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 

@@ -1,0 +1,147 @@
+"""The pipeline's changing half: pause, apply, restore. Runs only once resolve and plan
+succeeded for the whole node and every prerequisite held (nodeagent.reconcile.pipeline)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+from nodeagent.errors import AgentError
+from nodeagent.hooks import hook_env, run_hook
+from nodeagent.logs import get_logger
+from nodeagent.mig.apply import Reset, execute
+from nodeagent.mig.plan import plan
+from nodeagent.mps.manager import MpsChange, MpsManager
+from nodeagent.mps.settings import validate
+from nodeagent.nvml import MigWriter
+from nodeagent.reconcile.ports import Clients, Reporter
+from nodeagent.reconcile.run import Run, refuse_unknown_holders
+from nodeagent.settings import Settings
+from nodeagent.snapshot import Allocations, Store
+
+log = get_logger("nodeagent.reconcile")
+
+
+class Changer:
+    """Pauses the GPU clients around a MIG change (with the hooks file's hooks), applies the
+    MIG plan and the MPS change under the node-wide MIG writer lock, and restores the clients.
+
+    `one_shot`: a command's single run (`mig apply`): as mig-parted's apply, apply-start and
+    apply-exit run around every run, not only around a change.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        mps: MpsManager,
+        reset: Callable[[Settings], Reset],
+        writer_lock: Callable[[Settings], AbstractContextManager[None]],
+        allocations: Allocations | None,
+        clients: Callable[[Settings], Clients | None],
+        reporter: Reporter | None,
+        on_operation: Callable[[dict[str, Any]], None] | None,
+        one_shot: bool,
+    ) -> None:
+        self.store = store
+        self.mps = mps
+        self.reset = reset
+        self.writer_lock = writer_lock
+        self.allocations = allocations
+        self.clients = clients
+        self.reporter = reporter
+        self.on_operation = on_operation
+        self.one_shot = one_shot
+        self.applying = False  # a MIG change holds the NVML lock: readers wait, by design
+
+    def pause(self, run: Run) -> None:
+        """Take the MIG writer lock (held until restore ends), then, for a MIG change: report
+        "pending", apply-start, pause the clients, pre-apply-mode / pre-apply-config."""
+        operations = run.mig_plan.operations
+        hooks = run.hooks is not None and (bool(operations) or self.one_shot)
+        if not (operations or run.mps_change.action != "none" or hooks):
+            return
+        run.held.enter_context(self.writer_lock(run.settings))
+        if operations and self.reporter is not None:
+            self.reporter.changing(run.wanted, len(operations))
+        if hooks:
+            self.hook(run, "apply-start")
+            run.hooks_started = True
+        if not operations:
+            return
+        run.clients = self.clients(run.settings)
+        if run.clients is not None:
+            run.paused = True  # before the call: a half-done pause is restored too
+            run.clients.pause()
+        kinds = {op.op for op in operations}
+        if "set-mig-mode" in kinds:
+            self.hook(run, "pre-apply-mode")
+        if kinds - {"set-mig-mode"}:
+            self.hook(run, "pre-apply-config")
+
+    def hook(self, run: Run, name: str) -> None:
+        """Run hook `name` of the hooks file, if any. Raises HookError."""
+        if run.hooks is None:
+            return
+        w, s = run.wanted, run.settings
+        result = run.outcome if name == "apply-exit" else None
+        env = hook_env(name, run.hooks, s.mig.config_file, w.mig_config, w.sharing_config, result)
+        if run_hook(run.hooks, name, env, s.mig.hook_timeout_seconds):
+            log.info("hook.done", hook=name)
+
+    def apply(self, run: Run) -> None:
+        change = run.mps_change
+        enabling = {i for i, d in (run.desired or {}).items() if d.mig_enabled}
+        if change.action in ("stop", "restart") and enabling & set(self.mps.serving):
+            # A GPU leaves MPS for MIG: the daemon lets go of it before MIG is enabled there
+            # (the plan refused this already if the daemon has clients).
+            self.mps.apply(MpsChange("stop", reason="its GPUs change"))
+            change = (
+                MpsChange("start", change.intent)
+                if change.action == "restart"
+                else MpsChange("none")
+            )
+        if run.mig_plan.operations and run.desired is not None:
+            with self.store.session.lock, self._applying():
+                # Another writer may have acted between plan and lock: plan again from what
+                # NVML says now (cheap), under the lock, and execute that.
+                snap = self.store.observe(self.allocations)
+                current = plan(snap.inventory, run.desired, snap.allocated)
+                refuse_unknown_holders(snap, current)
+                writer = MigWriter(self.store.session)
+                run.done = execute(current, writer, self.reset(run.settings), self.on_operation)
+        if change.action != "none":
+            if run.done and change.intent is not None:  # validated against the GPUs as now
+                snap = self.store.observe(self.allocations)
+                validate(change.intent.settings, snap.inventory)
+            self.mps.apply(change)
+
+    @contextlib.contextmanager
+    def _applying(self) -> Iterator[None]:
+        self.applying = True
+        try:
+            yield
+        finally:
+            self.applying = False
+
+    def restore(self, run: Run) -> None:
+        """apply-exit (once apply-start ran), then the clients back; both are tried."""
+        errors: list[AgentError] = []
+        if run.hooks_started:
+            run.hooks_started = False
+            try:
+                self.hook(run, "apply-exit")
+            except AgentError as err:
+                errors.append(err)
+        if run.paused:
+            assert run.clients is not None
+            run.paused = False
+            try:
+                run.clients.restore()
+            except AgentError as err:
+                errors.append(err)
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            raise AgentError("; ".join(str(e) for e in errors))

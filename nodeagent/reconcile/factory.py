@@ -1,0 +1,87 @@
+"""The one way a pipeline is built, for the agent and for the commands that change the node
+(`mig apply|assert`, `sharing apply|assert`): the same steps, hooks, lock and checks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from nodeagent.configfile import ConfigCache
+from nodeagent.lock import mig_writer_lock
+from nodeagent.metrics.agent import AgentStats
+from nodeagent.mig.apply import Reset
+from nodeagent.mig.config import MigConfigFile
+from nodeagent.mps.manager import MpsManager
+from nodeagent.nvml import NvmlSession
+from nodeagent.nvml.write import ComputeModeWriter
+from nodeagent.reconcile.pipeline import Pipeline, mig_config_cache
+from nodeagent.reconcile.ports import Clients, DesireSource, LabelSink, Reporter, SettingsDesire
+from nodeagent.settings import Settings
+from nodeagent.sharing.offers import Offers
+from nodeagent.sharing.plugin import PluginConfigSink
+from nodeagent.snapshot import Allocations, Store
+
+
+def agent_pipeline(
+    store: Store,
+    settings: Callable[[], Settings],
+    reset: Callable[[Settings], Reset],
+    lock_path: Path | None,
+    mps: MpsManager,
+    stats: AgentStats,
+    sinks: Sequence[LabelSink] = (),
+    desire: DesireSource | None = None,
+    allocations: Allocations | None = None,
+    clients: Callable[[Settings], Clients | None] | None = None,
+    reporter: Reporter | None = None,
+    on_published: Callable[[], None] = lambda: None,
+) -> Pipeline:
+    """The agent's pipeline: its sinks, then the device plugin's config (when
+    sharing.plugin-config-out is set), under the MIG writer lock at `lock_path`."""
+    offers = Offers()
+    plugin = PluginConfigSink(lambda: settings().sharing.plugin_config_out, lambda: offers.per_gpu)
+    return Pipeline(
+        store=store,
+        settings=settings,
+        desire=desire or SettingsDesire(),
+        reset=reset,
+        mps=mps,
+        stats=stats,
+        writer_lock=lambda s: mig_writer_lock(lock_path, s.mig.lock_timeout_seconds),
+        sinks=(*sinks, plugin),
+        allocations=allocations,
+        clients=clients or (lambda _s: None),
+        reporter=reporter,
+        on_published=on_published,
+        offers=offers,
+    )
+
+
+def command_pipeline(
+    session: NvmlSession,
+    settings: Settings,
+    reset: Reset,
+    lock_path: Path | None,
+    on_operation: Callable[[dict[str, Any]], None] | None = None,
+    configs: ConfigCache[MigConfigFile] | None = None,
+    allocations: Allocations | None = None,
+) -> Pipeline:
+    """One command's run: no sinks (a command publishes nothing), failures said once by the
+    command, hooks around every run as mig-parted's apply, each NVML operation reported to
+    `on_operation` as it completes. `configs`: the MIG config file as the command read it;
+    `allocations`: which devices pods hold (none known: nothing counts as held)."""
+    return Pipeline(
+        store=Store(session, lambda: 0.0),
+        settings=lambda: settings,
+        desire=SettingsDesire(),
+        reset=lambda _s: reset,
+        mps=MpsManager(ComputeModeWriter(session)),
+        stats=AgentStats(),
+        writer_lock=lambda s: mig_writer_lock(lock_path, s.mig.lock_timeout_seconds),
+        log_failures=False,
+        one_shot=True,
+        on_operation=on_operation,
+        configs=configs or mig_config_cache(),
+        allocations=allocations,
+    )

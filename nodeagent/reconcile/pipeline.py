@@ -1,0 +1,283 @@
+"""The reconcile pipeline: run_once() runs the named steps (nodeagent.reconcile) in order and
+turns the first failure into the report. The changing steps are nodeagent.reconcile.change's."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+from nodeagent.configfile import ConfigCache
+from nodeagent.errors import AgentError, ConfigError, MigError
+from nodeagent.hooks import HooksFile, load_hooks
+from nodeagent.labels.machine import gfd_options
+from nodeagent.labels.render import SharingState, render_labels
+from nodeagent.logs import get_logger
+from nodeagent.metrics.agent import AgentStats
+from nodeagent.mig.apply import Reset
+from nodeagent.mig.config import MigConfigFile, load_config
+from nodeagent.mig.plan import mismatches, plan
+from nodeagent.mig.select import covered, resolve
+from nodeagent.mps.intent import check_startable, mps_intent
+from nodeagent.mps.manager import MpsManager
+from nodeagent.plan.hook import PLANNED, WorkloadPlanner
+from nodeagent.reconcile.change import Changer
+from nodeagent.reconcile.ports import Clients, DesireSource, LabelSink, Report, Reporter
+from nodeagent.reconcile.report import report_of
+from nodeagent.reconcile.run import Run, refuse_unknown_holders
+from nodeagent.settings import Settings
+from nodeagent.sharing.config import SharingFile, load_sharing_file
+from nodeagent.sharing.offers import Offer, Offers
+from nodeagent.sharing.resolve import resolve_sharing, sharing_mps
+from nodeagent.snapshot import Allocations, Store
+
+log = get_logger("nodeagent.reconcile")
+Step = Callable[[Run], None]
+
+
+def mig_config_cache() -> ConfigCache[MigConfigFile]:
+    """The MIG config file, parsed again only when it changed."""
+    return ConfigCache(load_config, "MIG config file")
+
+
+@dataclass
+class Pipeline:
+    """The reconcile pipeline. `settings` is read at the start of each run (reload). Every
+    collaborator comes in here; nothing is assigned after construction."""
+
+    store: Store
+    settings: Callable[[], Settings]
+    desire: DesireSource
+    reset: Callable[[Settings], Reset]
+    mps: MpsManager
+    stats: AgentStats
+    writer_lock: Callable[[Settings], AbstractContextManager[None]]
+    sinks: tuple[LabelSink, ...] = ()
+    allocations: Allocations | None = None
+    clients: Callable[[Settings], Clients | None] = lambda _s: None
+    reporter: Reporter | None = None
+    on_published: Callable[[], None] = lambda: None
+    offers: Offers = field(default_factory=Offers)
+    clock: Callable[[], float] = time.monotonic
+    log_failures: bool = True  # a one-shot command says it once, on stderr, itself
+    one_shot: bool = False  # a command's run: hooks around every run (mig-parted's apply)
+    on_operation: Callable[[dict[str, Any]], None] | None = None  # each NVML operation done
+    configs: ConfigCache[MigConfigFile] = field(default_factory=lambda: mig_config_cache())
+    last_report: Report | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.sharing_files = ConfigCache[SharingFile](load_sharing_file, "sharing config file")
+        self.hook_files = ConfigCache[HooksFile](load_hooks, "hooks file")
+        self.workloads = WorkloadPlanner()  # sharing.workload-file
+        self.change = Changer(
+            self.store, self.mps, self.reset, self.writer_lock, self.allocations,
+            self.clients, self.reporter, self.on_operation, self.one_shot,
+        )  # fmt: skip
+        # One run at a time: the reconcile worker, a reload's wake-up and a caller (a test, a
+        # one-shot command) must never interleave their steps on the same node.
+        self._running = threading.Lock()
+
+    @property
+    def per_gpu(self) -> dict[int, Offer]:
+        """What each GPU offers, as last published."""
+        return self.offers.per_gpu
+
+    @property
+    def applying(self) -> bool:
+        return self.change.applying
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def run_once(self, dry_run: bool = False, compare: bool = False) -> Report:
+        """Run every step once; returns the report (also kept in `last_report`). Never raises
+        for a failing step: the failure is the report. A dry run stops after `plan`: the report
+        lists the planned operations (and, for a MIG config, how the GPUs differ from it) and
+        changes nothing. `compare` (an assert) is a dry run that does not ask whether the
+        change could start (the MPS control program). Runs one at a time."""
+        with self._running:
+            run = Run(self.settings())
+            try:
+                return self._run_once(run, dry_run or compare, compare)
+            finally:
+                run.held.close()
+
+    def _run_once(self, run: Run, dry_run: bool, compare: bool) -> Report:
+        start = self.clock()
+        failure: tuple[str, BaseException] | None = None
+        steps: list[tuple[str, Step]] = [
+            ("observe", self.observe),
+            ("desire", self.desire_step),
+            ("resolve", self.resolve_step),
+            ("plan", lambda r: self.plan_step(r, compare)),
+        ]
+        if not dry_run:
+            steps += [("pause", self.change.pause), ("apply", self.change.apply)]
+            steps += [("verify", self.verify)]
+        try:
+            for name, step in steps:
+                self._step(run, name, step)
+        except Exception as err:  # every failure becomes the report, named by its step
+            failure = (run.step, err)
+        if dry_run:
+            return report_of(run, failure, self.per_gpu, self.log_failures, dry_run=True)
+        if run.paused or run.hooks_started:
+            run.outcome = "success" if failure is None else "failure"
+            try:
+                self._step(run, "restore", self.change.restore)
+            except Exception as err:
+                failure = failure or (run.step, err)
+        run.held.close()  # the MIG writer lock, once the clients are back
+        if failure is None or failure[0] != "observe":
+            try:
+                self._step(run, "publish", self.publish)
+            except Exception as err:
+                failure = failure or (run.step, err)
+        report = report_of(run, failure, self.per_gpu, self.log_failures)
+        self._step(run, "report", lambda r: self._send_report(report))
+        self.stats.record(report.result, self.clock() - start, time.time())
+        self.last_report = report
+        return report
+
+    def _step(self, run: Run, name: str, step: Step) -> None:
+        run.step = name
+        began = self.clock()
+        log.debug("reconcile.step", step=name)
+        try:
+            step(run)
+        finally:
+            seconds = self.clock() - began
+            run.took_ms[name] = round(seconds * 1000, 1)
+            self.stats.record_step(name, seconds)
+
+    def _send_report(self, report: Report) -> None:
+        if self.reporter is not None:
+            try:
+                self.reporter.finished(report)
+            except AgentError as err:  # the change itself is done (or failed) either way
+                log.warning("report.failed", error=str(err))
+
+    # -- the steps ----------------------------------------------------------------------------
+
+    def observe(self, run: Run) -> None:
+        run.snapshot = self.store.observe(self.allocations)
+
+    def desire_step(self, run: Run) -> None:
+        run.wanted = self.desire.wanted(run.settings)
+        s = run.settings
+        if s.sharing.workload_file and not (run.wanted.sharing_config or run.wanted.mig_config):
+            # No config wanted by name: the one planned from the workload file, applied as a
+            # named sharing config is (nodeagent.plan.hook).
+            assert run.snapshot is not None
+            path = self.workloads.sharing_file(
+                s.sharing.workload_file, run.snapshot.inventory, s.node.run_dir
+            )
+            sharing = dataclasses.replace(s.sharing, config_file=str(path), config=PLANNED)
+            run.settings = dataclasses.replace(s, sharing=sharing)
+            run.wanted = dataclasses.replace(run.wanted, sharing_config=PLANNED)
+        if run.wanted.sharing_config is not None and not run.settings.sharing.config_file:
+            raise ConfigError(
+                f"sharing config {run.wanted.sharing_config!r} is wanted but no sharing config"
+                " file is set (sharing.config-file, --sharing-file)"
+            )
+        if run.wanted.mig_config is not None and not run.settings.mig.config_file:
+            raise ConfigError(
+                f"MIG config {run.wanted.mig_config!r} is wanted but no MIG config file is set"
+                " (mig.config-file, -f, NODEAGENT_MIG_CONFIG_FILE)"
+            )
+
+    def resolve_step(self, run: Run) -> None:
+        """Per GPU: the MIG state the config asks for, and the MPS daemon. A sharing config
+        says what each GPU it names becomes; the MPS daemon follows its MPS GPUs."""
+        assert run.snapshot is not None
+        inventory, s = run.snapshot.inventory, run.settings
+        serving = self.mps.serving
+        if run.wanted.sharing_config is not None:
+            sharing_name = run.wanted.sharing_config
+            cfg = self.sharing_files.load(s.sharing.config_file)
+            mig_file = self.configs.load(s.mig.config_file) if s.mig.config_file else None
+            run.sharing = resolve_sharing(cfg, sharing_name, inventory, mig_file)
+            run.desired = run.sharing.mig
+            with_mps = dataclasses.replace(s, mps=sharing_mps(s.mps, run.sharing))
+            run.mps_intent = mps_intent(
+                with_mps, inventory, run.desired, sharing_name, serving, moving=True
+            )
+            return
+        name = run.wanted.mig_config
+        if name is not None:
+            mig_file = self.configs.load(s.mig.config_file)
+            run.desired = resolve(mig_file, name, inventory)
+            selected = covered(mig_file, name, inventory)
+            run.uncovered = [
+                f"GPU {g.index} ({g.name}): config {name!r} does not specify it"
+                for g in inventory.gpus
+                if g.index not in selected
+            ]
+        run.mps_intent = mps_intent(s, inventory, run.desired, name, serving)
+
+    def plan_step(self, run: Run, compare: bool = False) -> None:
+        """The fewest NVML operations and the one MPS change; then every prerequisite of the
+        change (the hooks file, what an MPS start needs), so a run that cannot finish fails
+        here, before anything changed."""
+        assert run.snapshot is not None
+        if run.desired is not None:
+            run.mig_plan = plan(run.snapshot.inventory, run.desired, run.snapshot.allocated)
+            refuse_unknown_holders(run.snapshot, run.mig_plan)
+        run.mps_change = self.mps.plan(run.mps_intent)
+        if run.settings.mig.hooks_file:  # a bad file fails here, before anything changes
+            run.hooks = self.hook_files.load(run.settings.mig.hooks_file)
+        if not compare:
+            check_startable(run.mps_change)
+
+    def verify(self, run: Run) -> None:
+        if run.done:
+            run.snapshot = self.store.observe(self.allocations)
+        assert run.snapshot is not None
+        if run.desired is not None:
+            problems = mismatches(run.snapshot.inventory, run.desired)
+            if problems:
+                raise MigError("the GPUs do not match the config: " + "; ".join(problems))
+        if run.mps_intent is not None:
+            self.mps.verify()
+
+    def publish(self, run: Run) -> None:
+        """Labels to every sink, all from the one snapshot the run ends with."""
+        snap = self.store.snapshot
+        if snap is None:
+            return
+        daemon = self.mps.daemon
+        self.offers.update(
+            snap.inventory,
+            run.sharing.intents if run.sharing is not None else None,
+            run.wanted.sharing_config is not None,
+            self.mps.serving,
+            daemon.settings.replicas if daemon is not None else 0,
+        )
+        if not self.sinks:  # a command's run: nothing to publish to
+            self.on_published()
+            return
+        labels = render_labels(
+            snap.inventory,
+            self.sharing(),
+            run.settings.labels.prefix,
+            self.per_gpu,
+            gfd_options(run.settings.labels),
+        )
+        errors = []
+        for sink in self.sinks:
+            try:
+                sink.publish(labels, snap)
+            except AgentError as err:  # one sink failing does not keep the others stale
+                errors.append(f"{sink.name}: {err}")
+        self.on_published()
+        if errors:
+            raise AgentError("; ".join(errors))
+
+    def sharing(self) -> SharingState:
+        status = self.mps.status
+        if status is not None and status.running and self.mps.daemon is not None:
+            return SharingState("mps", self.mps.daemon.settings.replicas)
+        return SharingState()

@@ -1,0 +1,50 @@
+"""One pass through the pipeline: what each step found, for the next."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from nodeagent.errors import KubeError
+from nodeagent.hooks import HooksFile
+from nodeagent.mig.plan import Plan
+from nodeagent.mig.select import Desired
+from nodeagent.mps.manager import MpsChange, MpsIntent
+from nodeagent.reconcile.ports import Clients, Wanted
+from nodeagent.settings import Settings
+from nodeagent.sharing.resolve import Resolution
+from nodeagent.snapshot import Snapshot
+
+
+@dataclass
+class Run:
+    settings: Settings
+    snapshot: Snapshot | None = None
+    wanted: Wanted = field(default_factory=lambda: Wanted("settings", None))
+    desired: dict[int, Desired] | None = None
+    uncovered: list[str] = field(default_factory=list)  # GPUs a MIG config does not select
+    mps_intent: MpsIntent | None = None
+    sharing: Resolution | None = None
+    mig_plan: Plan = field(default_factory=Plan)
+    mps_change: MpsChange = field(default_factory=lambda: MpsChange("none"))
+    clients: Clients | None = None
+    paused: bool = False
+    hooks: HooksFile | None = None
+    hooks_started: bool = False  # apply-start ran: apply-exit runs, whatever happens next
+    outcome: str = "success"  # what apply-exit is told
+    done: list[dict[str, Any]] = field(default_factory=list)
+    step: str = ""
+    took_ms: dict[str, float] = field(default_factory=dict)  # step -> milliseconds
+    # The MIG writer lock, from the start of pause to the end of restore.
+    held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+
+def refuse_unknown_holders(snapshot: Snapshot, mig_plan: Plan) -> None:
+    """A MIG change needs to know which slices pods hold: when the kubelet could not be asked in
+    this read, refuse rather than guess from an older answer. Raises KubeError."""
+    if snapshot.allocations_error is not None and mig_plan.operations:
+        raise KubeError(
+            f"cannot tell which slices pods hold ({snapshot.allocations_error}); nothing was"
+            " changed"
+        )

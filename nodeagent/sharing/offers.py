@@ -1,0 +1,51 @@
+"""What each GPU offers, as published: MIG (read from NVML), MPS (the daemon's GPUs),
+time-slicing (only the sharing config says so: nothing on a GPU does), or whole."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from nodeagent.nvml.inventory import Inventory
+from nodeagent.sharing.resolve import GpuIntent
+
+Offer = tuple[str, int]  # (strategy, replicas)
+
+
+class Offers:
+    """The offers last published, kept between runs: time-slicing is remembered from the last
+    sharing config resolved until a run wants no sharing config at all."""
+
+    def __init__(self) -> None:
+        self.per_gpu: dict[int, Offer] = {}
+        self._time_sliced: dict[int, int] = {}
+
+    def update(
+        self,
+        inventory: Inventory,
+        intents: Mapping[int, GpuIntent] | None,
+        sharing_wanted: bool,
+        mps_devices: tuple[int, ...],
+        mps_replicas: int,
+    ) -> dict[int, Offer]:
+        """The offers now (also kept in `per_gpu`). `intents`: the sharing config resolved in
+        this run, if any; `sharing_wanted`: whether a sharing config is wanted (one that failed
+        to resolve keeps the time-slicing last published)."""
+        if intents is not None:
+            self._time_sliced = {
+                i: it.replicas for i, it in intents.items() if it.strategy == "time-slicing"
+            }
+        elif not sharing_wanted:
+            self._time_sliced = {}
+        offers: dict[int, Offer] = {}
+        for gpu in inventory.gpus:
+            i = gpu.index
+            if gpu.mig_current:
+                offers[i] = ("mig", 1)
+            elif i in mps_devices:
+                offers[i] = ("mps", mps_replicas)
+            elif i in self._time_sliced:
+                offers[i] = ("time-slicing", self._time_sliced[i])
+            else:
+                offers[i] = ("whole", 1)
+        self.per_gpu = offers
+        return offers
