@@ -33,7 +33,6 @@ from nodeagent.metrics.gpus import GpuCollector
 from nodeagent.metrics.health import HealthCollector
 from nodeagent.metrics.mps import MpsCollector
 from nodeagent.metrics.pods import PodCollector
-from nodeagent.metrics.sampling import GpmSampler, HealthSampler
 from nodeagent.metrics.server import MetricsServer
 from nodeagent.metrics.sharing import SharingCollector
 from nodeagent.metrics.slices import SliceCollector
@@ -44,6 +43,7 @@ from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.gpm import GpmReader
 from nodeagent.nvml.write import ComputeModeWriter
 from nodeagent.reconcile import Pipeline, agent_pipeline
+from nodeagent.sampling import GpmSampler, HealthSampler
 from nodeagent.settings import Settings, merge_reload
 from nodeagent.snapshot import Allocations, Snapshot, Store
 from nodeagent.workers import Worker
@@ -97,7 +97,7 @@ class Agent:
                     GpuCollector(self.store),
                     SliceCollector(self.store),
                     PodCollector(self.store),
-                    HealthCollector(lambda: self.health.values),
+                    HealthCollector(lambda: self.store.health),
                     AgentCollector(
                         self.stats,
                         self.store,

@@ -17,6 +17,24 @@ from nodeagent.errors import AgentError
 from nodeagent.logs import get_logger
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.nvml.gpm import read_utilization
+from nodeagent.nvml.health import THROTTLE_REASONS, Health
+
+# The NVML value types the collectors read, named here: metrics/ reads the store, never nvml/.
+__all__ = [
+    "THROTTLE_REASONS",
+    "Allocations",
+    "GpmValues",
+    "Health",
+    "HealthValues",
+    "Holder",
+    "Holders",
+    "Inventory",
+    "Snapshot",
+    "Store",
+    "Telemetry",
+    "device_uuid",
+    "in_use_view",
+]
 
 log = get_logger("nodeagent.snapshot")
 Clock = Callable[[], float]
@@ -69,6 +87,17 @@ class GpmValues:
 
 
 @dataclass(frozen=True)
+class HealthValues:
+    """The latest health reads: per GPU, per MIG device (gpu, gi_id, ci_id), and the XIDs seen
+    since the agent started on each GPU it watches (a GPU that cannot report XIDs is absent)."""
+
+    by_gpu: Mapping[int, Health] = field(default_factory=dict)
+    by_slice: Mapping[tuple[int, int, int], Health] = field(default_factory=dict)
+    xid_counts: Mapping[int, Mapping[int, int]] = field(default_factory=dict)
+    last_xid: Mapping[int, int] = field(default_factory=dict)  # 0: none yet
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """One read of the node: GPUs, their telemetry, which devices pods hold (kubelet)."""
 
@@ -83,13 +112,16 @@ class Snapshot:
 
 
 class Store:
-    """Holds the latest Snapshot and GPM values; `observe()` is the only way to make one."""
+    """Holds the latest Snapshot, GPM values and health values: `observe()` is the only way to
+    make a snapshot; the samplers hand theirs over with `publish_gpm` / `publish_health`. Each
+    is replaced in one assignment: a reader takes the attribute once."""
 
     def __init__(self, session: NvmlSession, clock: Clock) -> None:
         self.session = session
         self.clock = clock
         self.snapshot: Snapshot | None = None
         self.gpm = GpmValues()
+        self.health = HealthValues()
         self.dropped = 0  # reads that finished after a newer one and were not published
         self._generations = itertools.count(1)
         self._publish_lock = threading.Lock()
@@ -126,6 +158,14 @@ class Store:
             error,
         )
         return self.offer(snap)
+
+    def publish_gpm(self, values: GpmValues) -> None:
+        """The GPM sampler's latest ratios."""
+        self.gpm = values
+
+    def publish_health(self, values: HealthValues) -> None:
+        """The health sampler's latest reads."""
+        self.health = values
 
     def offer(self, snap: Snapshot) -> Snapshot:
         """Publish `snap` if it is newer than the published one; return the published one."""

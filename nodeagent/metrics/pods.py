@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from nodeagent.nvml import Inventory
-from nodeagent.snapshot import Holder, Holders, Store
+from nodeagent.snapshot import Holder, Holders, Inventory, Store
 
 
 @dataclass(frozen=True)

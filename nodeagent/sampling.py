@@ -1,17 +1,18 @@
-"""GPM and health sampling off the scrape path."""
+"""GPM and health sampling off the scrape path: the refresh and GPM workers read NVML here and
+publish what they read through the snapshot store (its one owner), where the collectors of
+nodeagent.metrics read it. metrics/ itself never calls NVML."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from nodeagent.errors import NvmlError
 from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.gpm import GpmReader
 from nodeagent.nvml.health import Health, XidWatcher, gpu_handle, mig_handle, read_health
-from nodeagent.snapshot import GpmValues, Store
+from nodeagent.snapshot import GpmValues, HealthValues, Store
 
 Clock = Callable[[], float]
 MIN_GPM_WINDOW_SECONDS = 0.1
@@ -65,9 +66,11 @@ class GpmSampler:
                 self._values.pop(gone, None)
             for key in keys:
                 self._sample(key)
-        self.store.gpm = GpmValues(
-            by_gpu={k[1]: v for k, v in self._values.items() if k[0] == "gpu"},
-            by_gi={(k[1], k[2]): v for k, v in self._values.items() if k[0] == "gi"},
+        self.store.publish_gpm(
+            GpmValues(
+                by_gpu={k[1]: v for k, v in self._values.items() if k[0] == "gpu"},
+                by_gi={(k[1], k[2]): v for k, v in self._values.items() if k[0] == "gi"},
+            )
         )
 
     def _sample(self, key: tuple[Any, ...]) -> None:
@@ -99,17 +102,6 @@ class GpmSampler:
         self._samples.clear()
 
 
-@dataclass(frozen=True)
-class HealthValues:
-    """The latest health reads: per GPU, per MIG device (gpu, gi_id, ci_id), and the XIDs seen
-    since the agent started on each GPU it watches (a GPU that cannot report XIDs is absent)."""
-
-    by_gpu: Mapping[int, Health] = field(default_factory=dict)
-    by_slice: Mapping[tuple[int, int, int], Health] = field(default_factory=dict)
-    xid_counts: Mapping[int, Mapping[int, int]] = field(default_factory=dict)
-    last_xid: Mapping[int, int] = field(default_factory=dict)  # 0: none yet
-
-
 class HealthSampler:
     """Reads every GPU's and MIG device's health counters and drains the XID event set; run by
     the refresh worker after each new snapshot, never by a scrape."""
@@ -118,7 +110,6 @@ class HealthSampler:
         self.session = session
         self.store = store
         self.xids = XidWatcher(session)
-        self.values = HealthValues()
         self._counts: dict[int, Counter[int]] = {}
         self._last: dict[int, int] = {}
         self._tried: set[int] = set()
@@ -148,11 +139,13 @@ class HealthSampler:
                 if event.gpu in self._counts:
                     self._counts[event.gpu][event.xid] += 1
                     self._last[event.gpu] = event.xid
-        self.values = HealthValues(
-            by_gpu=by_gpu,
-            by_slice=by_slice,
-            xid_counts={g: dict(c) for g, c in self._counts.items()},
-            last_xid=dict(self._last),
+        self.store.publish_health(
+            HealthValues(
+                by_gpu=by_gpu,
+                by_slice=by_slice,
+                xid_counts={g: dict(c) for g, c in self._counts.items()},
+                last_xid=dict(self._last),
+            )
         )
 
     def close(self) -> None:
