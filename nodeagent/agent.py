@@ -78,14 +78,18 @@ class Agent:
         lock_path: Any = None,
         clock: Callable[[], float] = time.time,
         allocations: Allocations | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.session = session
         self.settings = settings
+        # Wall time dates the snapshots; `monotonic` is the one clock every worker, the GPM
+        # sampler and the pipeline measure intervals with (a test may pass a virtual one).
         self.clock = clock
+        self.monotonic = monotonic
         self.stop_event = threading.Event()
         self.store = Store(session, clock)
         self.stats = AgentStats()
-        self.gpm = GpmSampler(GpmReader(session), self.store, time.monotonic)
+        self.gpm = GpmSampler(GpmReader(session), self.store, monotonic)
         self.health = HealthSampler(session, self.store)
         self.mps = MpsManager(ComputeModeWriter(session))
         self.supervisor = MpsSupervisor()
@@ -130,6 +134,7 @@ class Agent:
             self.stats,
             sinks,
             allocations=self._allocations or socket_allocations,
+            clock=self.monotonic,
             **kube,
         )
 
@@ -289,14 +294,14 @@ class Agent:
         workers = [
             # start() just refreshed and reconciled: those wait one period first.
             Worker("refresh", self.refresh, lambda: self.settings.metrics.refresh_interval_seconds,
-                   self.stop_event, wait_first=True),
+                   self.stop_event, wait_first=True, clock=self.monotonic),
             Worker("gpm", self.sample_gpm, lambda: self.settings.metrics.gpm_interval_seconds,
-                   self.stop_event),
+                   self.stop_event, clock=self.monotonic),
             Worker("reconcile", self.reconcile, lambda: self.settings.reconcile.interval_seconds,
                    self.stop_event, wait_first=True,
-                   busy_allowance_seconds=self._reconcile_allowance),
+                   busy_allowance_seconds=self._reconcile_allowance, clock=self.monotonic),
             Worker("mps-probe", self.probe_mps, lambda: self.settings.mps.probe_interval_seconds,
-                   self.stop_event, wait_first=True),
+                   self.stop_event, wait_first=True, clock=self.monotonic),
         ]  # fmt: skip
         if self.watcher is not None:
             workers.append(
@@ -307,6 +312,7 @@ class Agent:
                     self.stop_event,
                     busy_allowance_seconds=kube.watch_timeout_seconds * 1.5 + 120,
                     max_backoff_seconds=30,
+                    clock=self.monotonic,
                 )
             )
         for worker in workers:

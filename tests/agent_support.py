@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,14 @@ def make_agent(
     reset: Callable[[int], None],
     lock_path: Path | None = None,
     allocations: Allocations | None = None,
+    clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
     **groups: Mapping[str, Any],
 ) -> Agent:
+    """An Agent on `session`; `clock` dates its snapshots, `monotonic` drives its workers (a
+    test passes virtual ones)."""
     metrics = {"address": "127.0.0.1:0", **groups.pop("metrics", {})}
     settings = make_settings(metrics=metrics, **groups)
-    return Agent(session, settings, lambda _s: reset, lock_path, allocations=allocations)
+    return Agent(
+        session, settings, lambda _s: reset, lock_path, clock, allocations, monotonic=monotonic
+    )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,11 @@ def agent_pipeline(
     clients: Callable[[Settings], Clients | None] | None = None,
     reporter: Reporter | None = None,
     on_published: Callable[[], None] = lambda: None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Pipeline:
     """The agent's pipeline: its sinks, then the device plugin's config (when
-    sharing.plugin-config-out is set), under the MIG writer lock at `lock_path`."""
+    sharing.plugin-config-out is set), under the MIG writer lock at `lock_path`; step
+    durations measured with `clock` (the agent's one monotonic clock)."""
     offers = Offers()
     plugin = PluginConfigSink(lambda: settings().sharing.plugin_config_out, lambda: offers.per_gpu)
     return Pipeline(
@@ -55,6 +58,7 @@ def agent_pipeline(
         reporter=reporter,
         on_published=on_published,
         offers=offers,
+        clock=clock,
     )
 
 

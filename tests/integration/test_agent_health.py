@@ -34,15 +34,15 @@ def test_a_long_reset_keeps_the_agent_healthy(tmp_path: Path) -> None:
         assert release.wait(30)
         lib.reset(index)
 
-    clock = Clock()
+    clock = Clock()  # the inventory's age, as the health check sees it
     agent = make_agent(
         session,
         slow_reset,
+        clock=clock,
         mig={"config_file": str(mig)},
         metrics={"refresh_interval_seconds": 0.05},
         reconcile={"interval_seconds": 3600},
     )
-    agent.clock = agent.store.clock = clock  # the inventory's age, as the health check sees it
     agent.start()
     try:
         assert agent.healthy() == (True, "ok")

@@ -267,14 +267,19 @@ def test_a_custom_label_key_leaves_mig_managers_label_alone(
     """Beside the operator's mig-manager: nodeagent follows its own key and its own state label;
     the operator's `nvidia.com/mig.config` (and its state) are never acted on or written."""
     own, own_state = "nodeagent.io/mig.config", "nodeagent.io/mig.config.state"
-    _, lib = start_agent({CONFIG: "all-disabled", STATE: "success"}, kube={"mig_config_label": own})
+    agent, lib = start_agent(
+        {CONFIG: "all-disabled", STATE: "success"}, kube={"mig_config_label": own}
+    )
     cluster.label(NODE, {own: "all-balanced"})
     cluster.wait(lambda: cluster.labels(NODE).get(own_state) == "success", what="own success")
     assert _slices(lib) == [4, 4]
     assert "pending" in _history(cluster, own_state)
     # mig-manager's label changes: nodeagent does not act on it.
     cluster.label(NODE, {CONFIG: "all-7g.141gb"})
-    time.sleep(1.5)  # a watch cycle: the change is seen (and must be ignored)
+    # The watch has delivered the change; a reconcile now (as any wake-up would run) ignores it.
+    wanted = "all-7g.141gb"
+    cluster.wait(lambda: agent.watcher.view.labels().get(CONFIG) == wanted, what="seen")
+    agent.reconcile()
     assert _slices(lib) == [4, 4]
     assert set(_history(cluster, STATE)) <= {None, "success"}
     assert cluster.labels(NODE)[STATE] == "success"  # as mig-manager left it
@@ -304,8 +309,7 @@ def test_hooks_run_in_order_around_the_change(
     record = tmp_path / "record"
     hooks = _hooks_file(tmp_path, record)
     _, lib = start_agent(mig={"hooks_file": str(hooks)})
-    time.sleep(0.5)
-    assert not record.exists()  # nothing to change at start: no hook
+    assert not record.exists()  # start() ran the first reconcile: nothing to change, no hook
     cluster.label(NODE, {CONFIG: "all-balanced"})
     cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="success")
     assert _slices(lib) == [4, 4]

@@ -297,13 +297,15 @@ def test_restart_with_the_config_already_applied_writes_nothing(
     agent, lib = start_agent()
     cluster.label(NODE, {CONFIG: "all-balanced"})
     cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="success")
-    time.sleep(1)
+    cluster.wait(lambda: "nvidia.com/mig-3g.71gb.count" in cluster.labels(NODE), what="labels")
     agent.stop()
     before = cluster.writes()
     again = Agent(agent.session, agent.settings, lambda _s: lib.reset)
-    again.start()
+    again.start()  # the first reconcile and publish are done when start() returns
     try:
-        time.sleep(3)
+        # Two watch cycles (1 s each) and inventory refreshes (0.5 s) later: still no write.
+        watches = _watches(cluster)
+        cluster.wait(lambda: _watches(cluster) - watches >= 2, what="two more watches")
         assert cluster.writes() == before
         assert cluster.labels(NODE)[STATE] == "success"
     finally:
