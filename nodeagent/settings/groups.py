@@ -1,0 +1,141 @@
+"""The settings groups: frozen dataclasses with every default, and the names of the groups."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+VERSION = "nodeagent/v1"
+DEFAULT_METRICS_ADDRESS = "0.0.0.0:9401"  # dcgm-exporter keeps 9400: both can run on a node
+DEFAULT_LABEL_PREFIX = "nvidia.com/"
+DEFAULT_MPS_ROOT = Path("/run/nvidia/mps")
+DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+DEFAULT_RUN_DIR = Path("/run/nodeagent")
+MAX_ERRORS = 20
+
+
+@dataclass(frozen=True)
+class Node:
+    """Where nodeagent runs: the emulator instead of NVML, its run directory, logging."""
+
+    simulate: str | None = None
+    sim_state: Path | None = None
+    run_dir: Path = DEFAULT_RUN_DIR
+    log_level: str = "warning"
+    log_format: str = "auto"
+    nvml_wait_seconds: float = 0.0  # `run` only: how long to wait for NVML at start
+
+
+@dataclass(frozen=True)
+class Metrics:
+    address: str = DEFAULT_METRICS_ADDRESS
+    refresh_interval_seconds: float = 5.0
+    gpm_interval_seconds: float = 1.0
+
+
+@dataclass(frozen=True)
+class Reconcile:
+    interval_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class Mig:
+    config_file: str | None = None
+    config: str | None = None
+    reset_command: str | None = None  # None: `nvidia-smi -r -i {index}` (the emulator's reset)
+    lock_timeout_seconds: float = 60.0
+    hooks_file: str | None = None  # mig-parted's hooks file (v1): commands around a change
+    hook_timeout_seconds: float = 300.0
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """The per-GPU sharing config (nodeagent/v1): MIG here, MPS there, time-slicing elsewhere."""
+
+    config_file: str | None = None
+    config: str | None = None
+    plugin_config_out: Path | None = None  # write NVIDIA's device plugin config here
+    workload_file: str | None = None  # plan the sharing from this workload file (nodeagent.plan)
+
+
+@dataclass(frozen=True)
+class Labels:
+    prefix: str = DEFAULT_LABEL_PREFIX
+    nfd_features_file: Path | None = None
+    mig_strategy: str = "mixed"  # GFD's --mig-strategy: none, single or mixed
+    machine_type_file: Path = Path("/sys/class/dmi/id/product_name")  # gpu.machine (GFD's)
+
+
+@dataclass(frozen=True)
+class Mps:
+    enabled: bool = False
+    devices: tuple[int, ...] | None = None  # None: every GPU left without MIG
+    replicas: int = 2
+    thread_percentage: int | None = None  # None: 100 // replicas
+    pinned_memory: str | None = None  # SIZE or INDEX=SIZE,...; None: memory / replicas
+    layout: str = "auto"  # device-plugin with Kubernetes, flat without (nodeagent.mps.layout)
+    root: Path = DEFAULT_MPS_ROOT
+    device_plugin_config: Path | None = None  # the plugin's config: resource name, replicas
+    shm_size: str | None = None  # device-plugin layout: <root>/shm tmpfs; None: half the memory
+    pipe_dir: Path | None = None  # None: from the layout
+    log_dir: Path | None = None
+    ready_file: Path | None = None
+    control: str = "nvidia-cuda-mps-control"
+    exclusive_process: bool | None = None  # None: on with the device-plugin layout
+    probe_interval_seconds: float = 5.0
+    stop_on_exit: bool = False
+
+
+# What mig-manager pauses around a MIG change (mig-parted pkg/mig/reconfigure): the GPU
+# operator's deploy labels nvidia.com/gpu.deploy.<name>; `client` only where the node has it.
+DEFAULT_PAUSE_COMPONENTS = (
+    "device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "nvsm", "client",
+)  # fmt: skip
+DEFAULT_MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+
+
+@dataclass(frozen=True)
+class Kube:
+    enabled: bool = False
+    node_name: str | None = None
+    kubeconfig: str | None = None
+    host: str | None = None
+    # component -> selector of pods to wait for ({}: only DaemonSet pods selecting its label)
+    pause_components: Mapping[str, Mapping[str, str]] = field(
+        default_factory=lambda: {name: {} for name in DEFAULT_PAUSE_COMPONENTS}
+    )
+    restart_pods: tuple[Mapping[str, str], ...] = ()
+    clients_wait_seconds: float = 300.0
+    pod_resources_socket: Path | None = DEFAULT_POD_RESOURCES_SOCKET
+    watch_timeout_seconds: float = 60.0
+    mig_config_label: str = DEFAULT_MIG_CONFIG_LABEL  # state: <label>.state
+    node_feature_api: bool = False  # publish an NFD NodeFeature object too
+    pod_namespace: str | None = None  # the downward API: the NodeFeature's namespace
+    pod_name: str | None = None  # its owner
+    pod_uid: str | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    node: Node = field(default_factory=Node)
+    metrics: Metrics = field(default_factory=Metrics)
+    reconcile: Reconcile = field(default_factory=Reconcile)
+    mig: Mig = field(default_factory=Mig)
+    labels: Labels = field(default_factory=Labels)
+    mps: Mps = field(default_factory=Mps)
+    kube: Kube = field(default_factory=Kube)
+    sharing: Sharing = field(default_factory=Sharing)
+    file: str | None = None  # the settings file read, if any
+
+
+GROUPS: dict[str, type] = {
+    "node": Node,
+    "metrics": Metrics,
+    "reconcile": Reconcile,
+    "mig": Mig,
+    "labels": Labels,
+    "mps": Mps,
+    "kube": Kube,
+    "sharing": Sharing,
+}
