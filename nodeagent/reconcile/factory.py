@@ -76,7 +76,7 @@ def command_pipeline(
     `on_operation` as it completes. `configs`: the MIG config file as the command read it;
     `allocations`: which devices pods hold (none known: nothing counts as held)."""
     return Pipeline(
-        store=Store(session, lambda: 0.0),
+        store=Store(session, time.time),
         settings=lambda: settings,
         desire=SettingsDesire(),
         reset=lambda _s: reset,
