@@ -178,7 +178,8 @@ class Agent:
             kubeconfig=k.kubeconfig,
             watch_timeout_seconds=k.watch_timeout_seconds,
         )
-        api = NodeApi(make_api_client(kube_settings), kube_settings, self.stop_event)
+        api_client = make_api_client(kube_settings, self.stop_event)
+        api = NodeApi(api_client, kube_settings, self.stop_event)
         view = NodeView()
         view.update(ensure_node(api))
         desire = NodeLabelDesire(view, k.mig_config_label)

@@ -16,7 +16,7 @@ from nodeagent.cli.common import Context, add_setting_flags, log, output_flag, p
 from nodeagent.cli.mps import cmd_mps
 from nodeagent.cli.sharing import SHARING_FLAG_NAMES
 from nodeagent.cli.signals import Reloader, Signals
-from nodeagent.errors import NvmlError
+from nodeagent.errors import AgentError, NvmlError
 from nodeagent.labels.machine import gfd_options
 from nodeagent.labels.render import render_labels, slice_usage
 from nodeagent.lock import lock_path
@@ -198,7 +198,16 @@ def _serve(ctx: Context, notify: Notifier, signals: Signals) -> int:
     # keeps a scrape from queueing behind them (5 ms by default).
     sys.setswitchinterval(0.0005)
     notify.send("STATUS=first reconcile")
-    agent.start()
+    try:
+        agent.start()
+    except AgentError as err:
+        if not signals.stop:
+            raise
+        # Asked to stop while starting: the call it cut short (an API server that does not
+        # answer, an exec plugin, GPU clients) is the stop's doing, not a failure.
+        notify.send("STOPPING=1")
+        log.warning("agent.stopped_while_starting", interrupted=str(err))
+        return 0
     # Everything loaded so far (modules, the Kubernetes client's models: 1.1e5 objects)
     # lives as long as the process: out of the collector's sight, a full collection no longer
     # walks them holding the GIL (with --kube: 85 ms, a scrape stalled as long).

@@ -29,8 +29,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Signals:
-    """Install the handlers (main thread only); `close()` ends the thread (later signals are
-    noted and ignored: the agent is on its way out).
+    """Install the handlers (main thread only); `close()` puts the previous ones back and ends
+    the thread.
 
     `stop` and `reload` are flags the main loop reads; `wake` is set after each signal;
     `on_stop` is called (on the `signals` thread) when a stop is asked for, so that retries
@@ -45,8 +45,7 @@ class Signals:
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)  # a full pipe drops a byte, never blocks
         self._previous_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
-        for signum in (*STOP_SIGNALS, signal.SIGHUP):
-            signal.signal(signum, self._note)
+        self._previous = {s: signal.signal(s, self._note) for s in (*STOP_SIGNALS, signal.SIGHUP)}
         self._thread = threading.Thread(target=self._read, name="signals", daemon=True)
         self._thread.start()
 
@@ -77,6 +76,8 @@ class Signals:
 
     def close(self) -> None:
         signal.set_wakeup_fd(self._previous_fd)
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
         os.close(self._write_fd)  # the thread reads end-of-file
         self._thread.join(1)
         with contextlib.suppress(OSError):

@@ -17,12 +17,10 @@ import json
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 import urllib3
-import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 from tenacity import (
@@ -35,6 +33,7 @@ from tenacity import (
 )
 
 from nodeagent.errors import ConfigError, KubeError
+from nodeagent.kube.kubeconfig import configure
 from nodeagent.logs import get_logger
 
 log = get_logger("nodeagent.kube")
@@ -90,43 +89,34 @@ class KubeSettings:
     host: str | None = None  # tests: the emulator's URL; else in-cluster or kubeconfig
     kubeconfig: str | None = None
     request_timeout_seconds: float = 10.0
+    exec_timeout_seconds: float = 30.0  # a kubeconfig's exec credential plugin
     retry_seconds: float = 30.0
     watch_timeout_seconds: float = 60.0
     event_namespace: str = "default"
 
 
-def make_api_client(settings: KubeSettings) -> Any:
-    """An ApiClient for the cluster: in-cluster service account, a kubeconfig, or a host."""
+def make_api_client(settings: KubeSettings, stop: threading.Event | None = None) -> Any:
+    """An ApiClient for the cluster: a host (tests), a kubeconfig, or the in-cluster service
+    account. Raises ConfigError for a kubeconfig or service account that cannot be used,
+    KubeError for a kubeconfig's exec plugin that fails, hangs, or is stopped by `stop`."""
+    cfg = client.Configuration()
     if settings.host:
-        cfg = client.Configuration()
         cfg.host = settings.host.rstrip("/")
-        return client.ApiClient(cfg)
-    path = settings.kubeconfig
-    if path:
-        # Read it ourselves first: the client's own errors for a missing, binary or malformed
-        # file are tracebacks or sentences without the path.
+    elif settings.kubeconfig:
+        configure(
+            cfg, settings.kubeconfig, settings.exec_timeout_seconds, stop or threading.Event()
+        )
+    else:
         try:
-            text = Path(path).read_bytes().decode("utf-8")
-            document = yaml.safe_load(text)
-        except OSError as err:
-            raise ConfigError(f"cannot read kubeconfig {path}: {err.strerror}") from err
-        except UnicodeDecodeError as err:
-            raise ConfigError(f"kubeconfig {path} is not UTF-8 text") from err
-        except (yaml.YAMLError, RecursionError, ValueError, TypeError) as err:
-            raise ConfigError(f"kubeconfig {path} is not valid YAML") from err
-        if not isinstance(document, dict):
-            raise ConfigError(f"kubeconfig {path} must be a mapping (apiVersion: v1, kind: Config)")
-    try:
-        if path:
-            config.load_kube_config(config_file=path)
-        else:
-            config.load_incluster_config()
-    except (
-        config.ConfigException, ValueError, TypeError, KeyError, AttributeError, OSError
-    ) as err:  # fmt: skip
-        where = f"kubeconfig {path}" if path else "the in-cluster service account"
-        raise ConfigError(f"cannot configure the Kubernetes client from {where}: {err}") from err
-    return client.ApiClient()
+            config.load_incluster_config(client_configuration=cfg)
+        except (config.ConfigException, ValueError, TypeError, KeyError, OSError) as err:
+            raise ConfigError(
+                f"cannot configure the Kubernetes client from the in-cluster service account: {err}"
+            ) from err
+    # Every retry is NodeApi's own (tenacity, each one logged): urllib3 would repeat a GET that
+    # timed out 3 more times, silently (a slow API server: 40 s, then the call had failed).
+    cfg.retries = False
+    return client.ApiClient(cfg)
 
 
 def _path(template: str, **params: str) -> str:
