@@ -1,4 +1,5 @@
-"""A kubeconfig file, read by nodeagent: bounded, checked, and its exec plugin run with a timeout.
+"""Where the Kubernetes client's credentials come from: a kubeconfig file (read by nodeagent:
+bounded, checked, its exec plugin run with a timeout), or the in-cluster service account.
 
 The client's own loader reads the file without a size cap (`/dev/zero` fills the memory; a FIFO
 blocks for ever) and runs a kubeconfig's exec credential plugin (`users[].user.exec`: `aws eks
@@ -248,3 +249,46 @@ def configure(cfg: Any, path: str, exec_timeout_seconds: float, stop: threading.
         ) from err
     if spec is not None:
         ExecPlugin(spec, cluster, base, exec_timeout_seconds, stop).install(cfg)
+
+
+TOKEN_REFRESH_SECONDS = 60.0  # bound service account tokens rotate; the kubelet rewrites the file
+
+
+def configure_in_cluster(cfg: Any, folder: str) -> None:
+    """The pod's service account: the API server from KUBERNETES_SERVICE_HOST/PORT, the CA and
+    the token from `folder` (read as regular files of at most MAX_BYTES), the token read again
+    every TOKEN_REFRESH_SECONDS. Raises ConfigError (one sentence) where something is missing."""
+    where = "the in-cluster service account"
+    host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "")
+    if not host or not port:
+        raise ConfigError(
+            f"cannot configure the Kubernetes client from {where}: KUBERNETES_SERVICE_HOST and"
+            " KUBERNETES_SERVICE_PORT are not set (not in a pod? give --kubeconfig)"
+        )
+    ca = os.path.join(folder, "ca.crt")
+    if not read_bounded(ca, "service account CA").strip():
+        raise ConfigError(f"service account CA {ca} is empty")
+    token_file = os.path.join(folder, "token")
+
+    def token() -> str:
+        value = read_bounded(token_file, "service account token").decode("utf-8", "replace")
+        if not value.strip():
+            raise ConfigError(f"service account token {token_file} is empty")
+        return "Bearer " + value.strip()
+
+    cfg.host = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+    cfg.ssl_ca_cert = ca
+    cfg.api_key["BearerToken"] = token()
+    read_at = [time.monotonic()]
+
+    def refresh(c: Any) -> None:
+        if time.monotonic() - read_at[0] < TOKEN_REFRESH_SECONDS:
+            return
+        read_at[0] = time.monotonic()
+        try:
+            c.api_key["BearerToken"] = token()
+        except ConfigError as err:  # the last token may still be good: keep it, say so
+            log.warning("kube.token_unreadable", error=str(err))
+
+    cfg.refresh_api_key_hook = refresh
