@@ -5,6 +5,7 @@ block the agent: that would test the pipe, not the agent)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import re
@@ -26,9 +27,12 @@ BAD = "version: nodeagent/v1\nreconcile: {interval: nan}\n"
 class Process:
     """`nodeagent --simulate h200 run --config FILE` with its stderr in a file."""
 
-    def __init__(self, tmp_path: Path, settings: Path, **popen: object) -> None:
+    def __init__(
+        self, tmp_path: Path, settings: Path, extra_env: dict[str, str], **popen: object
+    ) -> None:
         self.log = tmp_path / "stderr.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
+        env.update(extra_env)
         with self.log.open("w") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "nodeagent", "--simulate", "h200", "--log-level", "info", "run",
@@ -63,10 +67,10 @@ class Process:
 def start(tmp_path: Path) -> Iterator[Callable[..., Process]]:
     started: list[Process] = []
 
-    def run(**popen: object) -> Process:
+    def run(env: dict[str, str] | None = None, **popen: object) -> Process:
         settings = tmp_path / "nodeagent.yaml"
         settings.write_text(GOOD)
-        started.append(Process(tmp_path, settings, **popen))
+        started.append(Process(tmp_path, settings, env or {}, **popen))
         return started[-1]
 
     yield run
@@ -110,7 +114,10 @@ def test_a_reload_the_system_refuses_is_reported_and_tried_again(
     """`ulimit -n 32`, every descriptor taken by idle connections: a SIGHUP's reload cannot
     open the settings file. It is not lost: a log line, /readyz 503 with the reason (asked
     over a connection opened before), and once descriptors are free again, the reload."""
-    agent = start(preexec_fn=_limit_fds)
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # systemd's side (sd_notify)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.setblocking(False)
+    agent = start({"NOTIFY_SOCKET": str(tmp_path / "notify.sock")}, preexec_fn=_limit_fds)
     kept = http.client.HTTPConnection("127.0.0.1", agent.port, timeout=10)
 
     def readyz() -> tuple[int, str]:
@@ -139,7 +146,15 @@ def test_a_reload_the_system_refuses_is_reported_and_tried_again(
         failed = [line for line in agent.text().splitlines() if "settings.reload.failed" in line]
         assert failed and "retry_seconds" in failed[0] and "Too many open files" in failed[0]
         assert "settings.reloaded" not in agent.text()
+        # systemd still hears of the attempt: the notify socket needs no free descriptor.
+        said = []
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                said.append(notify.recv(4096).decode())
+        reloading = [i for i, m in enumerate(said) if m.startswith("RELOADING=1")]
+        assert reloading and "READY=1" in said[reloading[-1] + 1 :], said
     finally:
+        notify.close()
         for filler in fillers:
             filler.close()
     agent.until("settings.reloaded")
