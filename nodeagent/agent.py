@@ -117,6 +117,7 @@ class Agent:
         self.server: MetricsServer | None = None
         self.watcher: Any = None  # kube.controller.NodeWatcher with Kubernetes
         self.held_failure: Callable[[], str | None] = lambda: None
+        self.reload_pending: str | None = None  # why a SIGHUP's reload waits for a retry
 
         self._reset, self._lock_path, self._allocations = reset, lock_path, allocations
         self.pipeline = self._pipeline()
@@ -185,7 +186,8 @@ class Agent:
             kubeconfig=k.kubeconfig,
             watch_timeout_seconds=k.watch_timeout_seconds,
         )
-        api = NodeApi(make_api_client(kube_settings), kube_settings, self.stop_event)
+        api_client = make_api_client(kube_settings, self.stop_event)
+        api = NodeApi(api_client, kube_settings, self.stop_event)
         view = NodeView()
         view.update(ensure_node(api))
         desire = NodeLabelDesire(view, k.mig_config_label)
@@ -248,6 +250,8 @@ class Agent:
         return (False, "; ".join(bad)) if bad else (True, "ok")
 
     def ready(self) -> tuple[bool, str]:
+        if self.reload_pending is not None:
+            return False, f"settings reload not done (retrying): {self.reload_pending}"
         report = self.pipeline.last_report
         if report is None:
             return False, "first reconcile not done"
@@ -334,15 +338,19 @@ class Agent:
         for key in refused:
             log.warning("settings.reload.needs_restart", key=key)
         self.settings = merged
+        self.reload_pending = None
         self.stats.reload_success = 1.0
         log.info("settings.reloaded", file=new.file, refused=refused)
         for worker in self.workers.values():
             worker.wake()  # new intervals count from now; the reconcile applies at once
         return refused
 
-    def reload_failed(self, err: AgentError) -> None:
+    def reload_failed(self, err: AgentError, retry_seconds: float | None = None) -> None:
+        """A reload refused: for the file's content (the old settings stay), or, with
+        `retry_seconds`, by the system (tried again then; not ready meanwhile)."""
         self.stats.reload_success = 0.0
-        log.error("settings.reload.failed", error=str(err))
+        self.reload_pending = None if retry_seconds is None else str(err)
+        log.error("settings.reload.failed", error=str(err), retry_seconds=retry_seconds)
         self.exposition.render()
 
     def stop(self) -> None:

@@ -21,14 +21,27 @@ class Notifier:
         pid = environ.get("WATCHDOG_PID", "")
         mine = not pid or pid == str(os.getpid())
         self.watchdog_seconds = int(usec) / 1e6 if usec.isdigit() and mine else None
+        self._sock: socket.socket | None = None
 
     def send(self, *fields: str) -> bool:
+        """One datagram. The socket is opened once and kept: a message that matters (READY=1
+        after a reload, STOPPING=1) must not depend on a free file descriptor at that moment
+        (`ulimit -n` reached); it is opened again where the send fails (systemd re-executed)."""
         if self.address is None:
             return False
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-                sock.connect(self.address)
-                sock.sendall("\n".join(fields).encode())
-        except OSError:
-            return False
-        return True
+        data = "\n".join(fields).encode()
+        for _ in range(2):
+            try:
+                if self._sock is None:
+                    self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                    self._sock.connect(self.address)
+                self._sock.sendall(data)
+                return True
+            except OSError:
+                self.close()
+        return False
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

@@ -7,9 +7,7 @@ import argparse
 import gc
 import math
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,11 +15,11 @@ from typing import Any
 from nodeagent.cli.common import Context, add_setting_flags, log, output_flag, print_json, reset_for
 from nodeagent.cli.mps import cmd_mps
 from nodeagent.cli.sharing import SHARING_FLAG_NAMES
+from nodeagent.cli.signals import Reloader, Signals
 from nodeagent.errors import AgentError, NvmlError
 from nodeagent.labels.machine import gfd_options
 from nodeagent.labels.render import render_labels, slice_usage
 from nodeagent.lock import lock_path
-from nodeagent.logs import configure_logging
 from nodeagent.nvml import read_inventory
 from nodeagent.sdnotify import Notifier
 from nodeagent.settings import GROUPS, SETTINGS_FILE_ENV, as_document
@@ -107,46 +105,6 @@ def cmd_config_check(ctx: Context) -> int:
 SIGNAL_POLL_SECONDS = 0.5
 
 
-class _Signals:
-    """SIGTERM/SIGINT stop the agent, SIGHUP reloads its settings; the main thread waits."""
-
-    def __init__(self, on_stop: Callable[[], None]) -> None:
-        self.on_stop = on_stop
-        self.wake = threading.Event()
-        self.stop = False
-        self.reload = False
-        signal.signal(signal.SIGTERM, self._on_stop)
-        signal.signal(signal.SIGINT, self._on_stop)
-        signal.signal(signal.SIGHUP, self._on_reload)
-
-    def _on_stop(self, signum: int, _frame: object) -> None:
-        self.stop = True
-        self.on_stop()  # also while start() runs: retries and waits end at once
-        self.wake.set()
-
-    def _on_reload(self, signum: int, _frame: object) -> None:
-        self.reload = True
-        self.wake.set()
-
-
-def _reload(ctx: Context, agent: Any, notify: Notifier, announced: bool) -> None:
-    # Before READY=1 there is no started service to reload: systemd hears nothing.
-    if announced:
-        monotonic_usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
-        notify.send("RELOADING=1", f"MONOTONIC_USEC={monotonic_usec}")
-    log_settings = ctx.settings.node
-    try:
-        new = ctx.load_settings()  # the file again, the same environment and flags
-    except AgentError as err:
-        agent.reload_failed(err)
-    else:
-        agent.reload(new)
-        if new.node.log_level != log_settings.log_level:
-            configure_logging(new.node.log_level, log_settings.log_format)
-    if announced:
-        notify.send("READY=1")
-
-
 NVML_RETRY_SECONDS = 5.0
 
 
@@ -206,7 +164,14 @@ def status_line(agent: Any) -> str:
 def cmd_run(ctx: Context) -> int:
     """The daemon: metrics endpoint, samplers, the reconcile pipeline; SIGHUP reloads."""
     notify = Notifier(ctx.environ)
-    signals = _Signals(lambda: None)  # the agent's stop event once it exists
+    signals = Signals()  # on_stop: the agent's stop event once it exists
+    try:
+        return _serve(ctx, notify, signals)
+    finally:
+        signals.close()
+
+
+def _serve(ctx: Context, notify: Notifier, signals: Signals) -> int:
 
     def pause(seconds: float) -> None:  # in short slices: see the main loop below
         deadline = time.monotonic() + seconds
@@ -233,7 +198,16 @@ def cmd_run(ctx: Context) -> int:
     # keeps a scrape from queueing behind them (5 ms by default).
     sys.setswitchinterval(0.0005)
     notify.send("STATUS=first reconcile")
-    agent.start()
+    try:
+        agent.start()
+    except AgentError as err:
+        if not signals.stop:
+            raise
+        # Asked to stop while starting: the call it cut short (an API server that does not
+        # answer, an exec plugin, GPU clients) is the stop's doing, not a failure.
+        notify.send("STOPPING=1")
+        log.warning("agent.stopped_while_starting", interrupted=str(err))
+        return 0
     # Everything loaded so far (modules, the Kubernetes client's models: 1.1e5 objects)
     # lives as long as the process: out of the collector's sight, a full collection no longer
     # walks them holding the GIL (with --kube: 85 ms, a scrape stalled as long).
@@ -251,6 +225,7 @@ def cmd_run(ctx: Context) -> int:
         flush=True,
     )
     beat = notify.watchdog_seconds / 2 if notify.watchdog_seconds else None
+    reloader = Reloader(ctx, agent, notify)
     announced, shown, pinged = False, "", -math.inf
     while True:
         # READY=1 once a reconcile succeeded (the first one, or a later retry of it);
@@ -268,14 +243,12 @@ def cmd_run(ctx: Context) -> int:
             pinged = time.monotonic()
         if signals.stop:
             break
-        # Never block for long: CPython runs a signal's handler only when the main thread runs
-        # bytecode, and a signal the kernel hands to a worker thread does not wake a main
-        # thread blocked on a lock (seen: a SIGHUP under CPU load waited until SIGTERM).
+        # The signals thread sets `wake`; the timeout keeps READY=1, STATUS= and the
+        # watchdog pings current.
         signals.wake.wait(min(beat, SIGNAL_POLL_SECONDS) if beat else SIGNAL_POLL_SECONDS)
         signals.wake.clear()
-        if signals.reload and not signals.stop:
-            signals.reload = False
-            _reload(ctx, agent, notify, announced)
+        if signals.reload and not signals.stop and reloader.due(time.monotonic()):
+            signals.reload = reloader.run(announced)
     notify.send("STOPPING=1", "STATUS=stopping")
     log.info("agent.stopping")
     agent.stop()

@@ -3,10 +3,12 @@
 Every call has a timeout and is retried with exponential backoff (tenacity) on conflicts,
 throttling, server errors, timeouts and dropped connections; what still fails is a KubeError.
 
-Requests go through the official client's `ApiClient` (its configuration, authentication,
-TLS and connection pool) as plain JSON, not through `CoreV1Api`: since kubernetes 37 every
-`CoreV1Api` method is validated with pydantic against the model classes, and the first call
-imports ~250 of them (~21 MiB of the agent's memory) for objects nodeagent reads as dicts.
+Requests go through the official client's REST layer (its Configuration, authentication,
+TLS and connection pool: `kube/transport.py`) as plain JSON, not through `CoreV1Api`: since
+kubernetes 37 every `CoreV1Api` method is validated with pydantic against the model classes,
+and the first call imports ~250 of them (~21 MiB of the agent's memory) for objects nodeagent
+reads as dicts; `ApiClient` and `Watch` (pydantic, the package's `__init__`) are not loaded
+either.
 """
 
 from __future__ import annotations
@@ -17,14 +19,10 @@ import json
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 import urllib3
-import yaml
-from kubernetes import client, config, watch
-from kubernetes.client.exceptions import ApiException
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -34,7 +32,9 @@ from tenacity import (
     wait_exponential,
 )
 
-from nodeagent.errors import ConfigError, KubeError
+from nodeagent.errors import KubeError
+from nodeagent.kube.kubeconfig import configure, configure_in_cluster
+from nodeagent.kube.transport import ApiException, Configuration, Transport, json_lines
 from nodeagent.logs import get_logger
 
 log = get_logger("nodeagent.kube")
@@ -90,57 +90,35 @@ class KubeSettings:
     host: str | None = None  # tests: the emulator's URL; else in-cluster or kubeconfig
     kubeconfig: str | None = None
     request_timeout_seconds: float = 10.0
+    exec_timeout_seconds: float = 30.0  # a kubeconfig's exec credential plugin
+    service_account_dir: str = "/var/run/secrets/kubernetes.io/serviceaccount"
     retry_seconds: float = 30.0
     watch_timeout_seconds: float = 60.0
     event_namespace: str = "default"
 
 
-def make_api_client(settings: KubeSettings) -> Any:
-    """An ApiClient for the cluster: in-cluster service account, a kubeconfig, or a host."""
+def make_api_client(settings: KubeSettings, stop: threading.Event | None = None) -> Transport:
+    """The HTTP client for the cluster: a host (tests), a kubeconfig, or the in-cluster service
+    account. Raises ConfigError for a kubeconfig or service account that cannot be used,
+    KubeError for a kubeconfig's exec plugin that fails, hangs, or is stopped by `stop`."""
+    cfg = Configuration()
     if settings.host:
-        cfg = client.Configuration()
         cfg.host = settings.host.rstrip("/")
-        return client.ApiClient(cfg)
-    path = settings.kubeconfig
-    if path:
-        # Read it ourselves first: the client's own errors for a missing, binary or malformed
-        # file are tracebacks or sentences without the path.
-        try:
-            text = Path(path).read_bytes().decode("utf-8")
-            document = yaml.safe_load(text)
-        except OSError as err:
-            raise ConfigError(f"cannot read kubeconfig {path}: {err.strerror}") from err
-        except UnicodeDecodeError as err:
-            raise ConfigError(f"kubeconfig {path} is not UTF-8 text") from err
-        except (yaml.YAMLError, RecursionError, ValueError, TypeError) as err:
-            raise ConfigError(f"kubeconfig {path} is not valid YAML") from err
-        if not isinstance(document, dict):
-            raise ConfigError(f"kubeconfig {path} must be a mapping (apiVersion: v1, kind: Config)")
-    try:
-        if path:
-            config.load_kube_config(config_file=path)
-        else:
-            config.load_incluster_config()
-    except (
-        config.ConfigException, ValueError, TypeError, KeyError, AttributeError, OSError
-    ) as err:  # fmt: skip
-        where = f"kubeconfig {path}" if path else "the in-cluster service account"
-        raise ConfigError(f"cannot configure the Kubernetes client from {where}: {err}") from err
-    return client.ApiClient()
+    elif settings.kubeconfig:
+        configure(
+            cfg, settings.kubeconfig, settings.exec_timeout_seconds, stop or threading.Event()
+        )
+    else:
+        configure_in_cluster(cfg, settings.service_account_dir)
+    # Every retry is NodeApi's own (tenacity, each one logged): urllib3 would repeat a GET that
+    # timed out 3 more times, silently (a slow API server: 40 s, then the call had failed).
+    cfg.retries = False
+    return Transport(cfg)
 
 
 def _path(template: str, **params: str) -> str:
     """An API path with each `{name}` replaced by its URL-quoted value."""
     return template.format(**{k: quote(v, safe="") for k, v in params.items()})
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(word.title() for word in rest)
-
-
-def _query_value(value: Any) -> Any:
-    return str(value).lower() if isinstance(value, bool) else value
 
 
 def _none_on(status: int, call: Callable[[], T]) -> Callable[[], T | None]:
@@ -161,20 +139,19 @@ class NodeApi:
     """The agent's own Node and what happens on it."""
 
     def __init__(
-        self, api_client: Any, settings: KubeSettings, stop: threading.Event | None = None
+        self, transport: Transport, settings: KubeSettings, stop: threading.Event | None = None
     ) -> None:
-        self.api_client = api_client
+        self.transport = transport
         self.settings = settings
         self.name = settings.node_name
         # Retries end when the agent stops: SIGTERM during an API outage exits at once.
         self.stop_event = stop or threading.Event()
-        self._watch: watch.Watch | None = None
+        self._watch: Any = None  # the open response of the running watch
 
     def interrupt(self) -> None:
         """End a watch blocked in its read (from another thread, when the agent stops): shut
         the response's socket down (urllib3 >= 2.3); the watch then ends as a dropped one."""
-        resp = getattr(self._watch, "_resp", None)
-        shutdown = getattr(resp, "shutdown", None)
+        shutdown = getattr(self._watch, "shutdown", None)
         if callable(shutdown):
             with contextlib.suppress(Exception):
                 shutdown()
@@ -197,46 +174,11 @@ class NodeApi:
         except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as err:
             raise KubeError(f"Kubernetes API: {what} failed: {_describe(err)}") from err
 
-    def _request(
-        self,
-        method: str,
-        path: str,
-        query: dict[str, Any] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-        timeout: float | None = None,
-        stream: bool = False,
-    ) -> Any:
-        """One HTTP request through the client's ApiClient; the JSON answer as Python data, or
-        with `stream` the open urllib3 response (a watch). Raises ApiException (the client's
-        own, with status and body) on an answer that is not 2xx."""
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type
-        method, url, headers, body, post = self.api_client.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        response = self.api_client.call_api(
-            method,
-            url,
-            header_params=headers,
-            body=body,
-            post_params=post,
-            _request_timeout=self.settings.request_timeout_seconds if timeout is None else timeout,
-        )
-        if stream and 200 <= response.status <= 299:
-            return response.response
-        data = response.read()
-        if not 200 <= response.status <= 299:
-            raise ApiException.from_response(
-                http_resp=response, body=data.decode("utf-8", "replace"), data=None
-            )
-        return json.loads(data) if data else None
+    def _request(self, method: str, path: str, **options: Any) -> Any:
+        """`Transport.request` with this API's request timeout unless `timeout` is given."""
+        if options.get("timeout") is None:
+            options["timeout"] = self.settings.request_timeout_seconds
+        return self.transport.request(method, path, **options)
 
     def get_node(self) -> dict[str, Any]:
         node: dict[str, Any] = self._call(
@@ -261,44 +203,46 @@ class NodeApi:
     def watch_node(self, resource_version: str | None) -> Iterator[tuple[str, dict[str, Any]]]:
         """Events of this node only (field selector metadata.name). Ends when the server or the
         read timeout ends the watch; raises WatchExpired on 410 and KubeError on other errors."""
-        w = watch.Watch()
-        self._watch = w
         timeout = self.settings.watch_timeout_seconds
-        kwargs: dict[str, Any] = {
-            "field_selector": f"metadata.name={self.name}",
-            "timeout_seconds": max(int(timeout), 1),
-            # The server ends the watch at timeout_seconds; this only catches a dead one.
-            "_request_timeout": timeout * 1.5 + 1,
-            "allow_watch_bookmarks": True,
+        query = {
+            "fieldSelector": f"metadata.name={self.name}",
+            "timeoutSeconds": max(int(timeout), 1),
+            "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version or None,
+            "watch": "true",
         }
-        if resource_version:
-            kwargs["resource_version"] = resource_version
-
-        def list_nodes(**params: Any) -> Any:
-            """list_node's query as Watch.stream passes it (snake_case, watch=True)."""
-            params.pop("_preload_content", None)
-            request_timeout = params.pop("_request_timeout")
-            query = {_camel(k): _query_value(v) for k, v in params.items()}
-            return self._request(
-                "GET", "/api/v1/nodes", query=query, timeout=request_timeout, stream=True
-            )
-
+        response = None
         try:
-            for event in w.stream(list_nodes, **kwargs):
-                data = event["raw_object"]
+            # The server ends the watch at timeoutSeconds; the read timeout catches a dead one.
+            response = self._watch = self._request(
+                "GET", "/api/v1/nodes", query=query, timeout=timeout * 1.5 + 1, stream=True
+            )
+            for event in json_lines(response):
+                kind, data = str(event.get("type")), event.get("object") or {}
+                if kind == "ERROR":
+                    if data.get("code") == 410:
+                        raise WatchExpired(str(data.get("message", "")))
+                    raise KubeError(
+                        f"Kubernetes API: watch node {self.name} failed: HTTP"
+                        f" {data.get('code')} {data.get('reason', '')}: {data.get('message', '')}"
+                    )
                 if data.get("metadata", {}).get("name") == self.name:
-                    yield str(event["type"]), data
+                    yield kind, data
         except ApiException as err:
-            if err.status == 410:
+            if getattr(err, "status", None) == 410:
                 raise WatchExpired(str(err)) from err
             raise KubeError(
                 f"Kubernetes API: watch node {self.name} failed: {_describe(err)}"
             ) from err
+        except ValueError as err:
+            raise KubeError(f"Kubernetes API: watch node {self.name}: not JSON: {err}") from err
         except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError) as err:
             log.debug("watch.ended", reason=type(err).__name__)
         finally:
-            w.stop()
             self._watch = None
+            if response is not None:  # closed first: a half-read stream is never reused
+                response.close()
+                response.release_conn()
 
     def event(self, reason: str, message: str, kind: str = "Normal") -> None:
         """A Kubernetes Event on this Node (what `kubectl describe node` shows)."""

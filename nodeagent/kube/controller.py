@@ -8,7 +8,8 @@ writes what the pipeline reports:
 - `NodeLabelDesire` is the pipeline's desire source on Kubernetes: the label
   `nvidia.com/mig.config` (mig-manager's protocol; `kube.mig-config-label` names another key,
   so that nodeagent and mig-manager never act on the same label). A value that failed is not
-  tried again until the label changes or a user removes the state label.
+  tried again while the label keeps it; every change of the label (also away and back to the
+  same value) or a user removing the state label asks again.
 - `KubeReporter` writes `<label>.state` = pending | success | failed (`pending` only when
   something is about to change, as mig-manager), the reason of a failure (annotation
   `nodeagent.io/mig.config.reason`) and Events.
@@ -56,13 +57,24 @@ class NodeView:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.node: dict[str, Any] | None = None
+        self._changes: dict[str, int] = {}  # label key -> how often its value changed
 
     def update(self, node: dict[str, Any]) -> bool:
         """Keep `node`; return whether its labels or annotations changed."""
         with self._lock:
+            labels = _meta(node, "labels")
             before = (_meta(self.node, "labels"), _meta(self.node, "annotations"))
+            if self.node is not None:
+                for key in set(before[0].items()) ^ set(labels.items()):
+                    self._changes[key[0]] = self._changes.get(key[0], 0) + 1
             self.node = node
-            return before != (_meta(node, "labels"), _meta(node, "annotations"))
+            return before != (labels, _meta(node, "annotations"))
+
+    def changes(self, key: str) -> int:
+        """How often the label `key` changed value (set, changed, removed) since the first
+        Node seen: A -> B -> A counts 2, so a value that comes back is a new request."""
+        with self._lock:
+            return self._changes.get(key, 0)
 
     def labels(self) -> dict[str, str]:
         return dict(_meta(self.node, "labels"))
@@ -96,23 +108,36 @@ SHARING = LabelProtocol(
 class NodeLabelDesire:
     """The wanted config is a node label: `nodeagent.io/sharing.config` (a per-GPU sharing
     config) or else `nvidia.com/mig.config` (mig-manager's). Remembers a value that failed
-    (also across an agent restart: the state label says so), until the label changes or a
-    user removes the state label to ask again."""
+    (also across an agent restart: the state label says so) while the label keeps that value:
+    any change of the label (to another value, or away and back) or a user removing the state
+    label asks again."""
 
     def __init__(self, view: NodeView, mig_label: str = MIG_CONFIG) -> None:
         self.view = view
         self.mig = mig_protocol(mig_label)
         labels = view.labels()
-        self.failed: dict[LabelProtocol, str] = {}
+        # protocol -> (the value that failed, the label's change count when it was asked for)
+        self.failed: dict[LabelProtocol, tuple[str, int]] = {}
+        self._asked: dict[LabelProtocol, tuple[str, int]] = {}
         for proto in (self.mig, SHARING):
             if labels.get(proto.state) == "failed" and labels.get(proto.config):
-                self.failed[proto] = labels[proto.config]
+                self.failed[proto] = (labels[proto.config], view.changes(proto.config))
+
+    def _held(self, proto: LabelProtocol, name: str | None) -> bool:
+        return self.failed.get(proto) == (name, self.view.changes(proto.config))
+
+    def hold(self, proto: LabelProtocol, name: str) -> None:
+        """`name` failed: not tried again while the label keeps the value it had when the
+        pipeline asked for it (a change since then is a new request)."""
+        asked = self._asked.get(proto)
+        changes = asked[1] if asked and asked[0] == name else self.view.changes(proto.config)
+        self.failed[proto] = (name, changes)
 
     def failure(self) -> str | None:
         """Why the wanted config is not applied, while it stays failed (for /readyz)."""
         labels, notes = self.view.labels(), self.view.annotations()
-        for proto, name in self.failed.items():
-            if labels.get(proto.config) == name:
+        for proto, (name, _) in list(self.failed.items()):
+            if labels.get(proto.config) == name and self._held(proto, name):
                 reason = notes.get(proto.reason) or "see the node's events"
                 return f"{proto.what} {name!r} failed: {reason}"
         return None
@@ -126,10 +151,10 @@ class NodeLabelDesire:
         name, state = labels.get(proto.config), labels.get(proto.state)
         if not name:
             return Wanted("node-label", None)
-        if state is None:  # no state yet, or a user cleared it to ask again
-            self.failed.pop(proto, None)
-        if name == self.failed.get(proto):
-            return Wanted("node-label", None)  # waits for a new value (or a cleared state)
+        if state is not None and self._held(proto, name):
+            return Wanted("node-label", None)  # waits for a change (or a cleared state)
+        self.failed.pop(proto, None)  # a new request, or a cleared state: ask again
+        self._asked[proto] = (name, self.view.changes(proto.config))
         if proto is SHARING:
             return Wanted("node-label", None, tracked=True, sharing_config=name)
         return Wanted("node-label", name, tracked=True)
@@ -180,7 +205,7 @@ class KubeReporter:
         if report.result == "failure" and report.config_failed:
             self._set_state(proto, "failed", (report.reason or "")[:4096])
             # Only once the state says so: a lost write is reported again by the next run.
-            self.desire.failed[proto] = name
+            self.desire.hold(proto, name)
             self._event(
                 f"{proto.event}Failed", f"{proto.what} {name!r} failed: {report.reason}", "Warning"
             )

@@ -310,3 +310,27 @@ def test_restart_with_the_config_already_applied_writes_nothing(
         assert cluster.labels(NODE)[STATE] == "success"
     finally:
         again.stop()
+
+
+def test_a_failed_value_is_tried_again_whenever_the_label_returns_to_it(
+    cluster: Cluster, start_agent: Callable[..., tuple[Agent, SimulatedNvml]]
+) -> None:
+    """A ok, B refused (a slice in use), C ok, then B again: B is applied, not skipped as a
+    value that failed once (the node stayed `success` with C on its GPUs)."""
+    agent, lib = start_agent()
+    cluster.label(NODE, {CONFIG: "all-balanced"})
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="A applied")
+    busy = read_inventory(agent.session).gpus[0].slices[0].mig_uuid
+    assert busy is not None
+    lib.attach(busy, 4242, 100 * 1024 * 1024)
+    cluster.label(NODE, {CONFIG: "all-7g.141gb"})
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "failed", what="B refused")
+    assert "in use" in cluster.annotations(NODE)[REASON]
+    lib.detach(4242)
+    cluster.label(NODE, {CONFIG: "all-3g.71gb"})
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="C applied")
+    assert _slices(lib) == [2, 2]
+    cluster.label(NODE, {CONFIG: "all-7g.141gb"})
+    cluster.wait(lambda: _slices(lib) == [1, 1], what="B applied when asked again")
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="B's success")
+    assert REASON not in cluster.annotations(NODE)

@@ -103,3 +103,27 @@ def test_success_with_nothing_to_do_writes_nothing() -> None:
     api.fail_patches = 99  # any write would raise
     reporter.finished(Report("success", desire.wanted(Settings())))
     assert api.node["metadata"]["labels"] == before and not api.events
+
+
+def test_a_failed_value_is_asked_again_when_the_label_goes_away_and_back() -> None:
+    """Even when the reconcile never saw the value in between (both changes between two
+    runs): the label changed, so the value is a new request."""
+    api, view, desire, reporter = _parts({MIG_CONFIG: "x"})
+    reporter.finished(_failure(desire.wanted(Settings())))
+    assert desire.wanted(Settings()).mig_config is None
+    for value in ("y", "x"):
+        view.update(api.patch_node({"metadata": {"labels": {MIG_CONFIG: value}}}))
+    assert desire.failure() is None
+    assert desire.wanted(Settings()).mig_config == "x"
+
+
+def test_a_change_while_the_failing_run_ran_is_not_held() -> None:
+    """The label moved away and back while the run that failed was still going: the failure
+    answers the older request, the newer one is tried."""
+    api, view, desire, reporter = _parts({MIG_CONFIG: "x"})
+    wanted = desire.wanted(Settings())
+    for value in ("y", "x"):
+        view.update(api.patch_node({"metadata": {"labels": {MIG_CONFIG: value}}}))
+    reporter.finished(_failure(wanted))
+    assert desire.failure() is None
+    assert desire.wanted(Settings()).mig_config == "x"

@@ -1,0 +1,294 @@
+"""Where the Kubernetes client's credentials come from: a kubeconfig file (read by nodeagent:
+bounded, checked, its exec plugin run with a timeout), or the in-cluster service account.
+
+The client's own loader reads the file without a size cap (`/dev/zero` fills the memory; a FIFO
+blocks for ever) and runs a kubeconfig's exec credential plugin (`users[].user.exec`: `aws eks
+get-token`, `gke-gcloud-auth-plugin`, ...) with no timeout at all: a plugin that hangs held the
+agent, SIGTERM included. Here the file is read once, at most MAX_BYTES of a regular file, and
+handed to the client's `KubeConfigLoader` without its `exec` stanza; the plugin runs under
+`ExecPlugin` (the client.authentication.k8s.io ExecCredential protocol), with a timeout, killed
+when the agent stops, and again before its token expires.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import os
+import signal
+import stat
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nodeagent.errors import ConfigError, KubeError
+from nodeagent.logs import get_logger
+
+log = get_logger("nodeagent.kube")
+MAX_BYTES = 4 * 1024 * 1024  # real kubeconfigs are a few KiB; one with many clusters, 100s
+REFRESH_MARGIN_SECONDS = 60.0  # a token is fetched again this long before it expires
+POLL_SECONDS = 0.1
+
+
+def read_bounded(path: str, what: str, limit: int = MAX_BYTES) -> bytes:
+    """The bytes of the regular file `path`, at most `limit` of them. Raises ConfigError (one
+    sentence naming `what` and the path) for a missing or unreadable file, a FIFO, a device
+    (`/dev/zero`), a directory, or a file over the limit."""
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused just below.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise ConfigError(f"cannot read {what} {path}: {err.strerror}") from err
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{what} {path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    except OSError as err:
+        raise ConfigError(f"cannot read {what} {path}: {err.strerror}") from err
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ConfigError(f"{what} {path} is larger than {limit // (1024 * 1024)} MiB")
+    return data
+
+
+def read_kubeconfig(path: str) -> dict[str, Any]:
+    """The kubeconfig as a mapping. Raises ConfigError naming the path."""
+    data = read_bounded(path, "kubeconfig")
+    try:
+        document = yaml.safe_load(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"kubeconfig {path} is not UTF-8 text") from err
+    except (yaml.YAMLError, RecursionError, ValueError, TypeError) as err:
+        raise ConfigError(f"kubeconfig {path} is not valid YAML") from err
+    if not isinstance(document, dict):
+        raise ConfigError(f"kubeconfig {path} must be a mapping (apiVersion: v1, kind: Config)")
+    return document
+
+
+def _named(document: dict[str, Any], key: str, name: Any) -> dict[str, Any]:
+    for entry in document.get(key) or []:
+        if isinstance(entry, dict) and entry.get("name") == name:
+            inner = entry.get(key[:-1])  # contexts[].context, users[].user, clusters[].cluster
+            return inner if isinstance(inner, dict) else {}
+    return {}
+
+
+def split_exec(document: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None, Any]:
+    """(the kubeconfig without the current user's `exec`, that exec stanza where the client
+    would use it, the current context's cluster entry). The client tries a user's
+    auth-provider, token and tokenFile before exec: where one is there, exec is not run."""
+    doc = copy.deepcopy(document)
+    context = _named(doc, "contexts", doc.get("current-context"))
+    user = _named(doc, "users", context.get("user"))
+    spec = user.pop("exec", None)
+    if spec is None or any(k in user for k in ("auth-provider", "token", "tokenFile")):
+        return doc, None, None
+    if not isinstance(spec, dict) or not isinstance(spec.get("command"), str):
+        raise ConfigError("kubeconfig: the user's exec plugin needs a command (a string)")
+    return doc, spec, _named(doc, "clusters", context.get("cluster"))
+
+
+class ExecPlugin:
+    """A kubeconfig's exec credential plugin: run with a timeout, stopped with the agent."""
+
+    def __init__(
+        self,
+        spec: dict[str, Any],
+        cluster: dict[str, Any],
+        cwd: str,
+        timeout_seconds: float,
+        stop: threading.Event,
+    ) -> None:
+        self.spec, self.cluster, self.cwd = spec, cluster, cwd
+        self.timeout_seconds = timeout_seconds
+        self.stop_event = stop
+        self.expires_at: float | None = None  # time.time() of the token's expiry, if given
+        self._lock = threading.Lock()
+        self.command = str(spec["command"])
+
+    def _environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        for item in self.spec.get("env") or []:
+            if isinstance(item, dict) and "name" in item:
+                env[str(item["name"])] = str(item.get("value", ""))
+        info: dict[str, Any] = {
+            "apiVersion": self.spec.get("apiVersion", ""),
+            "kind": "ExecCredential",
+            "spec": {"interactive": False},
+        }
+        if self.spec.get("provideClusterInfo"):
+            info["spec"]["cluster"] = self.cluster
+        env["KUBERNETES_EXEC_INFO"] = json.dumps(info)
+        return env
+
+    def run(self) -> dict[str, Any]:
+        """The plugin's `status` (token or client certificate). Raises KubeError when it cannot
+        be started, fails, answers nonsense, runs past the timeout, or the agent stops."""
+        args = [self.command, *[str(a) for a in self.spec.get("args") or []]]
+        try:
+            proc = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                cwd=self.cwd or None, env=self._environment(), start_new_session=True,
+            )  # fmt: skip
+        except OSError as err:
+            raise KubeError(f"kubeconfig exec plugin {self.command}: {err.strerror}") from err
+        deadline = time.monotonic() + self.timeout_seconds
+        while True:
+            try:
+                out, err_text = proc.communicate(timeout=POLL_SECONDS)
+                break
+            except subprocess.TimeoutExpired:
+                if self.stop_event.is_set() or time.monotonic() >= deadline:
+                    _kill(proc)
+                    if self.stop_event.is_set():
+                        raise KubeError(
+                            f"kubeconfig exec plugin {self.command}: ended, the agent is stopping"
+                        ) from None
+                    raise KubeError(
+                        f"kubeconfig exec plugin {self.command} did not answer within"
+                        f" {self.timeout_seconds:g} s"
+                    ) from None
+        if proc.returncode != 0:
+            last = (err_text.decode("utf-8", "replace").strip().splitlines() or [""])[-1]
+            raise KubeError(
+                f"kubeconfig exec plugin {self.command} failed (exit {proc.returncode})"
+                + (f": {last[:300]}" if last else "")
+            )
+        try:
+            status = json.loads(out)["status"]
+            if not isinstance(status, dict):
+                raise TypeError
+        except (ValueError, KeyError, TypeError) as err:
+            raise KubeError(
+                f"kubeconfig exec plugin {self.command} did not answer an ExecCredential"
+            ) from err
+        self.expires_at = _expiry(status.get("expirationTimestamp"))
+        return status
+
+    def install(self, cfg: Any) -> None:
+        """Run the plugin now and put its credential into the client's Configuration; with a
+        token that expires, run it again before each request made within
+        REFRESH_MARGIN_SECONDS of the expiry."""
+        self._apply(cfg, self.run())
+        if self.expires_at is not None:
+            cfg.refresh_api_key_hook = self.refresh
+
+    def refresh(self, cfg: Any) -> None:
+        with self._lock:
+            if self.expires_at is None or time.time() < self.expires_at - REFRESH_MARGIN_SECONDS:
+                return
+            log.info("kube.exec_refresh", command=self.command)
+            self._apply(cfg, self.run())
+
+    def _apply(self, cfg: Any, status: dict[str, Any]) -> None:
+        if "token" in status:
+            cfg.api_key["BearerToken"] = f"Bearer {status['token']}"
+        elif "clientCertificateData" in status and "clientKeyData" in status:
+            # Read once: the connection pool takes the files when the ApiClient is built.
+            cfg.cert_file = _private_file(status["clientCertificateData"])
+            cfg.key_file = _private_file(status["clientKeyData"])
+            self.expires_at = None
+        else:
+            raise KubeError(
+                f"kubeconfig exec plugin {self.command} answered neither a token nor a client"
+                " certificate"
+            )
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """The plugin and whatever it started (its own session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        proc.kill()
+    proc.communicate()
+
+
+def _expiry(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return when.timestamp()
+
+
+def _private_file(data: Any) -> str:
+    fd, name = tempfile.mkstemp(prefix="nodeagent-exec-")  # mode 0600
+    with os.fdopen(fd, "w") as f:
+        f.write(str(data))
+    return name
+
+
+def configure(cfg: Any, path: str, exec_timeout_seconds: float, stop: threading.Event) -> None:
+    """Fill the client's Configuration `cfg` from the kubeconfig at `path`. Raises ConfigError
+    for the file, KubeError for its exec plugin."""
+    from kubernetes.config.config_exception import ConfigException
+    from kubernetes.config.kube_config import KubeConfigLoader
+
+    document = read_kubeconfig(path)
+    doc, spec, cluster = split_exec(document)
+    base = str(Path(path).resolve().parent)  # relative paths in it: from its folder
+    try:
+        KubeConfigLoader(config_dict=doc, config_base_path=base).load_and_set(cfg)
+    except (ConfigException, ValueError, TypeError, KeyError, AttributeError, OSError) as err:
+        raise ConfigError(
+            f"cannot configure the Kubernetes client from kubeconfig {path}: {err}"
+        ) from err
+    if spec is not None:
+        ExecPlugin(spec, cluster, base, exec_timeout_seconds, stop).install(cfg)
+
+
+TOKEN_REFRESH_SECONDS = 60.0  # bound service account tokens rotate; the kubelet rewrites the file
+
+
+def configure_in_cluster(cfg: Any, folder: str) -> None:
+    """The pod's service account: the API server from KUBERNETES_SERVICE_HOST/PORT, the CA and
+    the token from `folder` (read as regular files of at most MAX_BYTES), the token read again
+    every TOKEN_REFRESH_SECONDS. Raises ConfigError (one sentence) where something is missing."""
+    where = "the in-cluster service account"
+    host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "")
+    if not host or not port:
+        raise ConfigError(
+            f"cannot configure the Kubernetes client from {where}: KUBERNETES_SERVICE_HOST and"
+            " KUBERNETES_SERVICE_PORT are not set (not in a pod? give --kubeconfig)"
+        )
+    ca = os.path.join(folder, "ca.crt")
+    if not read_bounded(ca, "service account CA").strip():
+        raise ConfigError(f"service account CA {ca} is empty")
+    token_file = os.path.join(folder, "token")
+
+    def token() -> str:
+        value = read_bounded(token_file, "service account token").decode("utf-8", "replace")
+        if not value.strip():
+            raise ConfigError(f"service account token {token_file} is empty")
+        return "Bearer " + value.strip()
+
+    cfg.host = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+    cfg.ssl_ca_cert = ca
+    cfg.api_key["BearerToken"] = token()
+    read_at = [time.monotonic()]
+
+    def refresh(c: Any) -> None:
+        if time.monotonic() - read_at[0] < TOKEN_REFRESH_SECONDS:
+            return
+        read_at[0] = time.monotonic()
+        try:
+            c.api_key["BearerToken"] = token()
+        except ConfigError as err:  # the last token may still be good: keep it, say so
+            log.warning("kube.token_unreadable", error=str(err))
+
+    cfg.refresh_api_key_hook = refresh
