@@ -250,19 +250,19 @@ class Agent:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self, serve: bool = True) -> None:
-        """Listen, reconcile once, start the workers. On any failure, undo what was started
-        (an MPS daemon this call started is stopped again) and raise."""
+        """Listen and serve, reconcile once, start the workers. On any failure, undo what was
+        started (an MPS daemon this call started is stopped again) and raise."""
         try:
             if serve:
                 self.server = MetricsServer(
                     self.settings.metrics.address, self.exposition.latest, self.healthy, self.ready
                 )
+                # Served from now on, with what is known: a first reconcile can take minutes.
+                self.server.start()
             if self.settings.kube.enabled:
                 self._setup_kube()
             self.reconcile()
             self._first_health()
-            if self.server is not None:
-                self.server.start()
             self._start_workers()
         except BaseException:
             self._shutdown(stop_mps=self.mps.started_by_us, wait_seconds=STOP_SECONDS)
