@@ -2,8 +2,8 @@
 
 Workers, each a `Worker` (catches every exception, backs off, keeps a heartbeat):
 
-    refresh     every metrics.refresh-interval: a new Snapshot, health counters and XIDs, a
-                new exposition
+    refresh     every metrics.refresh-interval: a new Snapshot, health counters and XIDs
+                (each worker marks the exposition changed; a scrape renders it)
     gpm         every metrics.gpm-interval: GPM samples per GPU and GPU instance
     reconcile   every reconcile.interval, and at once when woken (node label change, SIGHUP):
                 the pipeline (nodeagent.reconcile)
@@ -137,21 +137,21 @@ class Agent:
         try:
             self.health.tick()  # health and XIDs with each new snapshot
         finally:
-            self.exposition.render()
+            self.exposition.changed()
 
     def sample_gpm(self) -> None:
         self.gpm.tick()
-        self.exposition.render()
+        self.exposition.changed()
 
     def reconcile(self) -> None:
         self.pipeline.run_once()
-        self.exposition.render()
+        self.exposition.changed()
 
     def probe_mps(self) -> None:
         if self.mps.daemon is None:
             return
         self.mps.probe(self.supervisor.check_once)
-        self.exposition.render()
+        self.exposition.changed()
 
     # -- Kubernetes (imported only when asked for) ---------------------------------------------
 
@@ -275,7 +275,7 @@ class Agent:
             self.health.tick()
         except AgentError as err:
             log.warning("health.failed", error=str(err))
-        self.exposition.render()
+        self.exposition.changed()
 
     def _start_workers(self) -> None:
         # Intervals are read at every wait: a reload takes effect without a restart.
@@ -331,7 +331,7 @@ class Agent:
     def reload_failed(self, err: AgentError) -> None:
         self.stats.reload_success = 0.0
         log.error("settings.reload.failed", error=str(err))
-        self.exposition.render()
+        self.exposition.changed()
 
     def stop(self) -> None:
         self._shutdown(stop_mps=self.settings.mps.stop_on_exit, wait_seconds=STOP_SECONDS)

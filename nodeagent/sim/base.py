@@ -91,7 +91,11 @@ def nvml_call(mutating: bool = False) -> Callable[[F], F]:
                 for fault in fired:
                     if fault.when == "before":
                         self._fire(fault)
-                with self._transaction(mutating, _changed_gpu(args) if mutating else None):
+                if mutating:
+                    with self._transaction(True, _changed_gpu(args)):
+                        result = fn(self, *args, **kwargs)
+                else:  # the hot path (an inventory read is ~700 calls): no context manager
+                    self._sync()
                     result = fn(self, *args, **kwargs)
                 for fault in fired:
                     if fault.when == "after":
