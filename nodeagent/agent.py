@@ -38,6 +38,7 @@ from nodeagent.metrics.sampling import GpmSampler, HealthSampler
 from nodeagent.metrics.server import MetricsServer
 from nodeagent.metrics.sharing import SharingCollector
 from nodeagent.metrics.slices import SliceCollector
+from nodeagent.metrics.webconfig import load_web_config
 from nodeagent.mig.apply import Reset
 from nodeagent.mps.manager import MpsManager
 from nodeagent.mps.supervisor import MpsSupervisor
@@ -254,9 +255,12 @@ class Agent:
         started (an MPS daemon this call started is stopped again) and raise."""
         try:
             if serve:
+                m = self.settings.metrics
+                web = load_web_config(m.web_config_file) if m.web_config_file else None
                 self.server = MetricsServer(
-                    self.settings.metrics.address, self.exposition.latest, self.healthy, self.ready
-                )
+                    m.address, self.exposition.latest, self.healthy, self.ready,
+                    web=web, details=m.health_details,
+                )  # fmt: skip
                 # Served from now on, with what is known: a first reconcile can take minutes.
                 self.server.start()
             if self.settings.kube.enabled:

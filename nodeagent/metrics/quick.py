@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from email.utils import formatdate
 
 from prometheus_client import CONTENT_TYPE_LATEST
+
+from nodeagent.metrics.webconfig import BasicAuth
 
 HEAD_LIMIT = 65536 + 2  # http.server's request-line limit: a longer head is the handler's
 _BLANK_LINE = re.compile(rb"\n\r?\n")
@@ -28,7 +31,38 @@ _KEEP = re.compile(rb"(?im)^connection:[ \t]*keep-alive[ \t]*\r?$")
 MAX_HEADER_LINES = 32  # Prometheus sends 5, kubelet's probes 4; more take the handler's limits
 MAX_QUICK_BYTES = 8192  # a scrape's head is a few hundred bytes; a longer one, the handler's
 
+_AUTHORIZATION = re.compile(rb"(?im)^authorization:[ \t]*([^\r\n]*?)[ \t]*\r?$")
+# What /healthz and /readyz must not show a stranger: absolute paths and process ids.
+_PATH = re.compile(r"(?<![\w.~-])/[^\s'\",;()]+")
+_PID = re.compile(r"\b(pids?) [0-9]+(?:, ?[0-9]+)*")
+
 Check = Callable[[], tuple[bool, str]]
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """What the server answers with: the exposition, the two checks, and who may scrape."""
+
+    exposition: Callable[[], bytes]
+    healthy: Check
+    ready: Check
+    auth: BasicAuth | None = None  # basic auth for /metrics; the checks answer without it
+
+
+def redacted(check: Check) -> Check:
+    """`check` with paths and pids taken out of its text (`metrics.health-details` off)."""
+
+    def answer() -> tuple[bool, str]:
+        ok, text = check()
+        return ok, _PID.sub(r"\1 <n>", _PATH.sub("<path>", text))
+
+    return answer
+
+
+def authorization(head: bytes) -> str | None:
+    """The Authorization header's value in a request head, or None."""
+    match = _AUTHORIZATION.search(head)
+    return match.group(1).decode("latin-1") if match else None
 
 
 def head_complete(buffer: bytes) -> bool:
@@ -41,12 +75,11 @@ def head_complete(buffer: bytes) -> bool:
     return bool(found) and len(line.split()) != 3
 
 
-def quick_answer(
-    head: bytes, server: bytes, exposition: Callable[[], bytes], healthy: Check, ready: Check
-) -> tuple[bytes, bool] | None:
+def quick_answer(head: bytes, server: bytes, e: Endpoints) -> tuple[bytes, bool] | None:
     """The whole answer to `head` and whether the connection stays open, when `head` is
-    exactly one plain HTTP/1.1 GET or HEAD of /metrics, /healthz or /readyz; else None (the
-    handler path answers it, byte for byte as http.server does)."""
+    exactly one plain HTTP/1.1 GET or HEAD of /metrics, /healthz or /readyz (a scrape under
+    basic auth: with credentials that passed before); else None (the handler path answers
+    it, byte for byte as http.server does)."""
     match = _QUICK.fullmatch(head) if len(head) <= MAX_QUICK_BYTES else None
     if match is None:
         return None
@@ -57,9 +90,11 @@ def quick_answer(
     if not closing and re.search(rb"(?im)^connection:", headers) and not _KEEP.search(headers):
         return None  # an odd Connection header: the handler's rules
     if path == b"/metrics":
-        code, body, ctype = b"200 OK", exposition(), CONTENT_TYPE_LATEST.encode()
+        if e.auth is not None and not e.auth.known(authorization(headers)):
+            return None  # bcrypt (~70 ms) or a 401: the handler's, not the selector's
+        code, body, ctype = b"200 OK", e.exposition(), CONTENT_TYPE_LATEST.encode()
     else:
-        ok, text = (healthy if path == b"/healthz" else ready)()
+        ok, text = (e.healthy if path == b"/healthz" else e.ready)()
         code = b"200 OK" if ok else b"503 Service Unavailable"
         body, ctype = (text + "\n").encode(), b"text/plain"
     parts = [

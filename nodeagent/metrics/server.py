@@ -29,11 +29,11 @@ import math
 import queue
 import selectors
 import socket
+import ssl
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +41,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from nodeagent.errors import ConfigError
 from nodeagent.logs import get_logger
-from nodeagent.metrics.quick import Check, head_complete, quick_answer
+from nodeagent.metrics.quick import (
+    Check,
+    Endpoints,
+    head_complete,
+    quick_answer,
+    redacted,
+)
+from nodeagent.metrics.webconfig import WebConfig
 from nodeagent.settings import parse_address
 
 if TYPE_CHECKING:
@@ -67,13 +74,6 @@ READ_BYTES = 8192  # a scrape's request line and headers are a few hundred bytes
 Work = tuple[socket.socket, Any, bytes, bytes]
 
 
-@dataclass(frozen=True)
-class _Endpoints:
-    exposition: Callable[[], bytes]
-    healthy: Check
-    ready: Check
-
-
 class MetricsServer:
     """Serves the registry and the health checks from a thread; `port` is the bound port."""
 
@@ -86,12 +86,20 @@ class MetricsServer:
         *,
         idle_timeout_seconds: float = IDLE_TIMEOUT_SECONDS,
         max_connections: int = MAX_CONNECTIONS,
+        web: WebConfig | None = None,
+        details: bool = False,
     ) -> None:
         """Binds `address` now (see parse_address). Raises ConfigError, naming the address, when
-        it is malformed, does not resolve, or cannot be bound (e.g. the port is in use)."""
+        it is malformed, does not resolve, or cannot be bound (e.g. the port is in use).
+
+        `web`: TLS and basic auth (webconfig.py). `details`: the health checks' texts as they
+        are; without it their paths and pids are taken out."""
         self.address = address
-        endpoints = _Endpoints(exposition, healthy, ready)
-        self.httpd = _listen(address, endpoints, idle_timeout_seconds, max_connections)
+        if not details:
+            healthy, ready = redacted(healthy), redacted(ready)
+        endpoints = Endpoints(exposition, healthy, ready, web.auth if web else None)
+        tls = web.tls if web else None
+        self.httpd = _listen(address, endpoints, tls, idle_timeout_seconds, max_connections)
         self.port = int(self.httpd.server_address[1])
         self._thread = threading.Thread(target=self.httpd.serve, name="metrics-http", daemon=True)
 
@@ -114,7 +122,11 @@ class MetricsServer:
 
 
 def _listen(
-    address: str, endpoints: _Endpoints, idle_timeout_seconds: float, max_connections: int
+    address: str,
+    endpoints: Endpoints,
+    tls: ssl.SSLContext | None,
+    idle_timeout_seconds: float,
+    max_connections: int,
 ) -> _Server:
     """A bound, listening _Server on the first of `address`'s resolved addresses that binds."""
     host, port = parse_address(address)
@@ -130,7 +142,7 @@ def _listen(
     first: OSError | None = None
     for family, _type, _proto, _name, sockaddr in candidates:
         try:
-            return _Server(family, sockaddr, endpoints, idle_timeout_seconds, max_connections)
+            return _Server(family, sockaddr, endpoints, tls, idle_timeout_seconds, max_connections)
         except OSError as err:
             first = first or err
             # Only an address this host cannot have moves on to the next one: a port in use
@@ -150,12 +162,15 @@ class _Server(HTTPServer):
         self,
         family: socket.AddressFamily,
         sockaddr: Any,
-        endpoints: _Endpoints,
+        endpoints: Endpoints,
+        tls: ssl.SSLContext | None,
         idle_timeout_seconds: float,
         max_connections: int,
     ) -> None:
         self.address_family = family
         self.endpoints = endpoints
+        self.tls = tls
+        self._handshaking: set[socket.socket] = set()  # TLS connections before the handshake
         self.idle_timeout_seconds = idle_timeout_seconds
         self.active_connections = 0
         self._slots = threading.BoundedSemaphore(max_connections)
@@ -249,6 +264,10 @@ class _Server(HTTPServer):
                 self._selector.unregister(self.socket)
                 self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE_SECONDS
                 return
+            if self.tls is not None:
+                sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                sock.setblocking(False)  # the handshake runs here, as bytes arrive
+                self._handshaking.add(sock)
             self._park(sock, addr)
 
     def _park(self, sock: socket.socket, addr: Any) -> None:
@@ -261,6 +280,7 @@ class _Server(HTTPServer):
         self._selector.unregister(sock)
         del self._idle[sock]
         self._heads.pop(sock, None)
+        self._handshaking.discard(sock)
         self.shutdown_request(sock)
 
     def _take_returned(self) -> None:
@@ -282,6 +302,8 @@ class _Server(HTTPServer):
 
     def _dispatch(self, sock: socket.socket, addr: Any) -> None:
         """Read what arrived; once the head is whole, answer it here or hand it over."""
+        if sock in self._handshaking and not self._handshake(sock):
+            return
         head = self._read_head(sock)
         if head is None:  # not whole yet: it waits here, under the deadline it had
             return
@@ -298,12 +320,31 @@ class _Server(HTTPServer):
         else:  # "handler": no quick request; "rest": what the socket did not take at once
             self._hand_over((sock, addr, rest, b"" if rest else head))
 
+    def _handshake(self, sock: socket.socket) -> bool:
+        """Go on with a TLS handshake; True once it is done. A failed one closes the
+        connection (a client of plain HTTP, a certificate refused)."""
+        assert isinstance(sock, ssl.SSLSocket)
+        try:
+            sock.do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return False
+        except OSError as err:
+            log.debug("http.tls_failed", error=str(err))
+            self._drop(sock)
+            return False
+        self._handshaking.discard(sock)
+        return True
+
     def _read_head(self, sock: socket.socket) -> bytes | None:
         """The request head read so far once it is whole (or the client stopped sending:
         EOF, reset), else None."""
         try:
-            chunk = sock.recv(READ_BYTES, socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
+            if isinstance(sock, ssl.SSLSocket):  # no flags there; back from a handler thread
+                sock.setblocking(False)
+                chunk = sock.recv(READ_BYTES)
+            else:
+                chunk = sock.recv(READ_BYTES, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return None
         except OSError:  # reset by the peer
             chunk = b""
@@ -317,8 +358,9 @@ class _Server(HTTPServer):
         """Answer a quick request on this thread (see the module's doc), never blocking.
         Returns ("answered", b""), ("rest", the answer's unsent rest), ("handler", b"") when
         this is no quick request, or ("gone", b"") when the client went away."""
-        e = self.endpoints
-        quick = quick_answer(head, _SERVER_VERSION, e.exposition, e.healthy, e.ready)
+        if self.tls is not None:  # TLS writes can block halfway: a handler thread sends
+            return "handler", b""
+        quick = quick_answer(head, _SERVER_VERSION, self.endpoints)
         if quick is None:
             return "handler", b""
         answer, keep_alive = quick
@@ -480,15 +522,22 @@ class _Handler(BaseHTTPRequestHandler):
         return True  # no request body is ever read: don't invite one
 
     def do_GET(self) -> None:
-        self._send(*self._route())
+        self._extra: tuple[tuple[str, str], ...] = ()
+        self._send(*self._route(), *self._extra)
 
     def do_HEAD(self) -> None:
-        self._send(*self._route())  # _send leaves the body out
+        self._extra = ()
+        self._send(*self._route(), *self._extra)  # _send leaves the body out
 
     def _route(self) -> tuple[int, bytes, str]:
         path = self.path.split("?", 1)[0]
         endpoints = self.server.endpoints
         if path == "/metrics":
+            if endpoints.auth is not None and not endpoints.auth.check(
+                self.headers.get("Authorization")
+            ):
+                self._extra = (("WWW-Authenticate", 'Basic realm="nodeagent"'),)
+                return 401, b"unauthorized: /metrics needs basic auth\n", "text/plain"
             return 200, endpoints.exposition(), CONTENT_TYPE_LATEST
         if path in ("/healthz", "/readyz"):
             ok, text = (endpoints.healthy if path == "/healthz" else endpoints.ready)()
@@ -545,7 +594,7 @@ class _HeadReader(io.RawIOBase):
         self.sock.settimeout(timeout)
         try:
             return self.sock.recv_into(buffer)
-        except BlockingIOError:
+        except (BlockingIOError, ssl.SSLWantReadError):
             return None  # nowait, nothing arrived: BufferedReader.peek returns b""
         finally:
             self.sock.settimeout(self.write_timeout_seconds)
