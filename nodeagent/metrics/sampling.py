@@ -97,6 +97,7 @@ class GpmSampler:
         for _, sample in self._samples.values():
             self.reader.free(sample)
         self._samples.clear()
+        self.reader.close()
 
 
 @dataclass(frozen=True)
