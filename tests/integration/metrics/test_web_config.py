@@ -23,6 +23,7 @@ from nodeagent.metrics.server import MetricsServer
 from nodeagent.metrics.webconfig import load_web_config
 from tests.conftest import Result, assert_one_error
 from tests.integration.metrics.conftest import free_port, http_get, prometheus_tool, wait_for
+from tests.integration.metrics.test_endpoint_hostile import connection_threads
 
 EXPOSITION = b"# TYPE up gauge\nup 1.0\n"
 TIMEOUT = 10.0
@@ -266,3 +267,22 @@ def test_prometheus_scrapes_over_tls_with_basic_auth(
         proc.terminate()
         proc.wait(timeout=20)
         log.close()
+
+
+def test_half_sent_tls_handshakes_hold_no_thread(
+    pki: Path, serve: Callable[[str], MetricsServer]
+) -> None:
+    """50 clients send the start of a ClientHello and stall: the handshake waits on the
+    selector thread, so a real client still gets its answer and no handler thread is held."""
+    server = serve(tls_config(pki))
+    stalled = [socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT)
+               for _ in range(50)]  # fmt: skip
+    try:
+        for sock in stalled:
+            sock.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+        assert _get(server.port, "/healthz", ctx=_client_context(pki))[:2] == (200, b"ok\n")
+        assert connection_threads(server.port) <= 1  # the one that answered, kept for reuse
+        assert server.active_connections == 0
+    finally:
+        for sock in stalled:
+            sock.close()
