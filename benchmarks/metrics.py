@@ -9,9 +9,12 @@
    as for Prometheus servers on other machines); also 16 every 15 ms from one process.
 3. Where a real NVIDIA driver is present (the GPU machine): the same against the real GPUs,
    and `nvidia-smi --query-gpu=...` for the same fields, in one run.
+4. Idle cost: the agent on the emulated node, its CPU over --idle-seconds (60) with no scrape,
+   then with one scrape every 15 s (--only-idle: this table alone).
 
 Run (in the project's .venv, from the repository root):
     .venv/bin/python benchmarks/metrics.py [--scrapes N] [--plot FILE] [--agent-python PY]
+        [--idle-seconds S] [--only-idle]
 Prints tables (a plot of the sweep where matplotlib is importable); never passes or fails on
 time.
 """
@@ -375,6 +378,30 @@ def kube(
         cluster.close()
 
 
+def idle_cpu(prefix: list[str], env: dict[str, str], seconds: float) -> Row:
+    """The agent's own cost when nothing happens: CPU seconds over `seconds` with no scrape,
+    then over `seconds` with one scrape every 15 s (Prometheus' usual interval), after a
+    warm-up of 10 s (the first reconcile, two GPM samples)."""
+    proc, port = _start_agent(prefix, env)
+    try:
+        time.sleep(10)
+        cpu0, t0 = _cpu_seconds(proc.pid), time.monotonic()
+        time.sleep(seconds)
+        quiet = (_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
+        cpu0, t0 = _cpu_seconds(proc.pid), time.monotonic()
+        due, scrapes = t0, 0
+        while (left := t0 + seconds - time.monotonic()) > 0:
+            if time.monotonic() >= due:
+                _scrape(port, 1)
+                scrapes, due = scrapes + 1, due + 15
+            time.sleep(min(left, max(due - time.monotonic(), 0)))
+        scraped = (_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return {"seconds": seconds, "quiet": quiet, "scraped": scraped, "scrapes": scrapes}
+
+
 def nvidia_smi(n: int) -> dict[str, object] | None:
     binary = shutil.which("nvidia-smi")
     if binary is None:
@@ -407,6 +434,8 @@ def main() -> None:
     parser.add_argument("--scrapes", type=int, default=1000, help="per row and per sweep level")
     parser.add_argument("--smi-runs", type=int, default=100)
     parser.add_argument("--skip-emulated", action="store_true")
+    parser.add_argument("--idle-seconds", type=float, default=60.0, help="idle CPU window")
+    parser.add_argument("--only-idle", action="store_true", help="the idle CPU table alone")
     parser.add_argument("--plot", default="metrics-sweep.png", help="(with matplotlib)")
     parser.add_argument(
         "--agent-python",
@@ -419,8 +448,13 @@ def main() -> None:
         AGENT_PYTHON[:] = [args.agent_python]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        if args.only_idle:
+            prefix, env, _ = emulated_node(Path(tmp))
+            print_idle(idle_cpu(prefix, env, args.idle_seconds))
+            return
         if not args.skip_emulated:
             prefix, env, uuids = emulated_node(Path(tmp))
+            idle = idle_cpu(prefix, env, args.idle_seconds)
             rows.append(measure("emulated 56 slices", prefix, env, args.scrapes))
             try:
                 with kube(Path(tmp), uuids, env) as (flags, kenv):
@@ -465,6 +499,8 @@ def main() -> None:
             f"{'nvidia-smi --query-gpu (same fields)':<38}{'':>19}{smi['p50']:>8.2f}"
             f"{smi['p99']:>8.2f}{smi['max']:>8.2f}   ({args.smi_runs} runs)"
         )
+    if not args.skip_emulated:
+        print_idle(idle)
     swept = [r for r in rows if r["sweep"]]
     if swept:
         print(
@@ -490,6 +526,14 @@ def main() -> None:
                     f"{level['cpu']:>14.3f}"
                 )
         plot(swept, args.plot)
+
+
+def print_idle(row: Row) -> None:
+    print(f"\nidle agent, emulated 56 slices: CPU over {row['seconds']:.0f} s, as a share of"
+          " one core (target <= 0.5 %)")  # fmt: skip
+    print(f"{'no scrape':<28}{row['quiet'] * 100:>6.2f} %  {row['quiet'] * 60:.2f} s per 60 s")
+    print(f"{'one scrape every 15 s':<28}{row['scraped'] * 100:>6.2f} %"
+          f"  {row['scraped'] * 60:.2f} s per 60 s ({row['scrapes']} scrapes)")  # fmt: skip
 
 
 def _every(period: float) -> str:

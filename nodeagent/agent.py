@@ -2,8 +2,8 @@
 
 Workers, each a `Worker` (catches every exception, backs off, keeps a heartbeat):
 
-    refresh     every metrics.refresh-interval: a new Snapshot, health counters and XIDs, a
-                new exposition
+    refresh     every metrics.refresh-interval: a new Snapshot, health counters and XIDs
+                (each worker marks the exposition changed; a scrape renders it)
     gpm         every metrics.gpm-interval: GPM samples per GPU and GPU instance
     reconcile   every reconcile.interval, and at once when woken (node label change, SIGHUP):
                 the pipeline (nodeagent.reconcile)
@@ -36,6 +36,7 @@ from nodeagent.metrics.pods import PodCollector
 from nodeagent.metrics.server import MetricsServer
 from nodeagent.metrics.sharing import SharingCollector
 from nodeagent.metrics.slices import SliceCollector
+from nodeagent.metrics.webconfig import load_web_config
 from nodeagent.mig.apply import Reset
 from nodeagent.mps.manager import MpsManager
 from nodeagent.mps.supervisor import MpsSupervisor
@@ -146,21 +147,21 @@ class Agent:
         try:
             self.health.tick()  # health and XIDs with each new snapshot
         finally:
-            self.exposition.render()
+            self.exposition.changed()
 
     def sample_gpm(self) -> None:
         self.gpm.tick()
-        self.exposition.render()
+        self.exposition.changed()
 
     def reconcile(self) -> None:
         self.pipeline.run_once()
-        self.exposition.render()
+        self.exposition.changed()
 
     def probe_mps(self) -> None:
         if self.mps.daemon is None:
             return
         self.mps.probe(self.supervisor.check_once)
-        self.exposition.render()
+        self.exposition.changed()
 
     # -- Kubernetes (imported only when asked for) ---------------------------------------------
 
@@ -265,19 +266,22 @@ class Agent:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self, serve: bool = True) -> None:
-        """Listen, reconcile once, start the workers. On any failure, undo what was started
-        (an MPS daemon this call started is stopped again) and raise."""
+        """Listen and serve, reconcile once, start the workers. On any failure, undo what was
+        started (an MPS daemon this call started is stopped again) and raise."""
         try:
             if serve:
+                m = self.settings.metrics
+                web = load_web_config(m.web_config_file) if m.web_config_file else None
                 self.server = MetricsServer(
-                    self.settings.metrics.address, self.exposition.latest, self.healthy, self.ready
-                )
+                    m.address, self.exposition.latest, self.healthy, self.ready,
+                    web=web, details=m.health_details,
+                )  # fmt: skip
+                # Served from now on, with what is known: a first reconcile can take minutes.
+                self.server.start()
             if self.settings.kube.enabled:
                 self._setup_kube()
             self.reconcile()
             self._first_health()
-            if self.server is not None:
-                self.server.start()
             self._start_workers()
         except BaseException:
             self._shutdown(stop_mps=self.mps.started_by_us, wait_seconds=STOP_SECONDS)
@@ -290,7 +294,7 @@ class Agent:
             self.health.tick()
         except AgentError as err:
             log.warning("health.failed", error=str(err))
-        self.exposition.render()
+        self.exposition.changed()
 
     def _start_workers(self) -> None:
         # Intervals are read at every wait: a reload takes effect without a restart.
@@ -351,7 +355,7 @@ class Agent:
         self.stats.reload_success = 0.0
         self.reload_pending = None if retry_seconds is None else str(err)
         log.error("settings.reload.failed", error=str(err), retry_seconds=retry_seconds)
-        self.exposition.render()
+        self.exposition.changed()
 
     def stop(self) -> None:
         self._shutdown(stop_mps=self.settings.mps.stop_on_exit, wait_seconds=STOP_SECONDS)

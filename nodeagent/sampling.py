@@ -100,6 +100,7 @@ class GpmSampler:
         for _, sample in self._samples.values():
             self.reader.free(sample)
         self._samples.clear()
+        self.reader.close()
 
 
 class HealthSampler:
@@ -113,6 +114,7 @@ class HealthSampler:
         self._counts: dict[int, Counter[int]] = {}
         self._last: dict[int, int] = {}
         self._tried: set[int] = set()
+        self._unsupported: dict[str, set[tuple[object, ...]]] = {}  # by GPU or MIG UUID
 
     def tick(self) -> None:
         """One read of everything; raises NvmlError on a GPU fault (the last values stay)."""
@@ -121,6 +123,13 @@ class HealthSampler:
             return
         by_gpu: dict[int, Health] = {}
         by_slice: dict[tuple[int, int, int], Health] = {}
+        known = self._unsupported
+        self._unsupported = {}  # of the devices that still exist
+
+        def skip(uuid: str) -> set[tuple[object, ...]]:
+            self._unsupported[uuid] = known.get(uuid, set())
+            return self._unsupported[uuid]
+
         with self.session.lock:
             for gpu in snap.inventory.gpus:
                 if gpu.index not in self._tried:  # once: a GPU without XID events stays so
@@ -128,13 +137,15 @@ class HealthSampler:
                     if self.xids.watch(gpu.index):
                         self._counts[gpu.index] = Counter()
                         self._last[gpu.index] = 0
-                by_gpu[gpu.index] = read_health(self.session, gpu_handle(self.session, gpu.index))
+                handle = gpu_handle(self.session, gpu.index)
+                by_gpu[gpu.index] = read_health(self.session, handle, skip(gpu.uuid))
                 for s in gpu.slices:
                     if s.mig_uuid is None or s.ci_id is None:
                         continue
                     handle = mig_handle(self.session, s.mig_uuid)
                     if handle is not None:  # else destroyed since the snapshot
-                        by_slice[(gpu.index, s.gi_id, s.ci_id)] = read_health(self.session, handle)
+                        health = read_health(self.session, handle, skip(s.mig_uuid))
+                        by_slice[(gpu.index, s.gi_id, s.ci_id)] = health
             for event in self.xids.poll():
                 if event.gpu in self._counts:
                     self._counts[event.gpu][event.xid] += 1

@@ -4,8 +4,8 @@ bounded, checked, its exec plugin run with a timeout), or the in-cluster service
 The client's own loader reads the file without a size cap (`/dev/zero` fills the memory; a FIFO
 blocks for ever) and runs a kubeconfig's exec credential plugin (`users[].user.exec`: `aws eks
 get-token`, `gke-gcloud-auth-plugin`, ...) with no timeout at all: a plugin that hangs held the
-agent, SIGTERM included. Here the file is read once, at most MAX_BYTES of a regular file, and
-handed to the client's `KubeConfigLoader` without its `exec` stanza; the plugin runs under
+agent, SIGTERM included. Here the file is read once (configfile.read_bytes: bounded, regular),
+and handed to the client's `KubeConfigLoader` without its `exec` stanza; the plugin runs under
 `ExecPlugin` (the client.authentication.k8s.io ExecCredential protocol), with a timeout, killed
 when the agent stops, and again before its token expires.
 """
@@ -17,7 +17,6 @@ import datetime
 import json
 import os
 import signal
-import stat
 import subprocess
 import tempfile
 import threading
@@ -27,42 +26,18 @@ from typing import Any
 
 import yaml
 
+from nodeagent.configfile import read_bytes
 from nodeagent.errors import ConfigError, KubeError
 from nodeagent.logs import get_logger
 
 log = get_logger("nodeagent.kube")
-MAX_BYTES = 4 * 1024 * 1024  # real kubeconfigs are a few KiB; one with many clusters, 100s
 REFRESH_MARGIN_SECONDS = 60.0  # a token is fetched again this long before it expires
 POLL_SECONDS = 0.1
 
 
-def read_bounded(path: str, what: str, limit: int = MAX_BYTES) -> bytes:
-    """The bytes of the regular file `path`, at most `limit` of them. Raises ConfigError (one
-    sentence naming `what` and the path) for a missing or unreadable file, a FIFO, a device
-    (`/dev/zero`), a directory, or a file over the limit."""
-    try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused just below.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as err:
-        raise ConfigError(f"cannot read {what} {path}: {err.strerror}") from err
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise ConfigError(f"{what} {path} is not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(limit + 1)
-    except OSError as err:
-        raise ConfigError(f"cannot read {what} {path}: {err.strerror}") from err
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise ConfigError(f"{what} {path} is larger than {limit // (1024 * 1024)} MiB")
-    return data
-
-
 def read_kubeconfig(path: str) -> dict[str, Any]:
     """The kubeconfig as a mapping. Raises ConfigError naming the path."""
-    data = read_bounded(path, "kubeconfig")
+    data = read_bytes(path, "kubeconfig")
     try:
         document = yaml.safe_load(data.decode("utf-8"))
     except UnicodeDecodeError as err:
@@ -256,7 +231,7 @@ TOKEN_REFRESH_SECONDS = 60.0  # bound service account tokens rotate; the kubelet
 
 def configure_in_cluster(cfg: Any, folder: str) -> None:
     """The pod's service account: the API server from KUBERNETES_SERVICE_HOST/PORT, the CA and
-    the token from `folder` (read as regular files of at most MAX_BYTES), the token read again
+    the token from `folder` (read as regular files of bounded, by configfile), the token read again
     every TOKEN_REFRESH_SECONDS. Raises ConfigError (one sentence) where something is missing."""
     where = "the in-cluster service account"
     host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
@@ -267,12 +242,12 @@ def configure_in_cluster(cfg: Any, folder: str) -> None:
             " KUBERNETES_SERVICE_PORT are not set (not in a pod? give --kubeconfig)"
         )
     ca = os.path.join(folder, "ca.crt")
-    if not read_bounded(ca, "service account CA").strip():
+    if not read_bytes(ca, "service account CA").strip():
         raise ConfigError(f"service account CA {ca} is empty")
     token_file = os.path.join(folder, "token")
 
     def token() -> str:
-        value = read_bounded(token_file, "service account token").decode("utf-8", "replace")
+        value = read_bytes(token_file, "service account token").decode("utf-8", "replace")
         if not value.strip():
             raise ConfigError(f"service account token {token_file} is empty")
         return "Bearer " + value.strip()

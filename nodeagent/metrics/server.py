@@ -9,14 +9,15 @@ connection (starting one costs 0.2-0.5 ms, more than answering a scrape) and end
 `WORKER_IDLE_SECONDS` without work. A connection idle for `idle_timeout_seconds`,
 or whose request line and headers take longer than that to arrive (slowloris), is closed.
 
-A plain scrape is answered on the selector thread itself: when the readable connection holds
-exactly one whole `GET /metrics HTTP/1.1` request with none of the headers that change its
-handling (Connection, Expect, a body), the cached exposition is sent without blocking and the
-connection goes straight back to the selector. No thread hand-off: on an idle VM each thread
-wake-up costs ~0.3 ms, and a hand-off took three (selector -> handler -> selector). What the
-socket does not take at once is finished by a handler thread, so a client that stops reading
-never holds the selector. Everything else (HEAD, health checks, errors, pipelining, HTTP/1.0)
-takes the handler path.
+The selector thread reads each connection's request head into a buffer as its bytes arrive
+(quick.py): a client that sends half a request and stalls (slowloris) holds a buffer and a file
+descriptor until the head deadline, never a handler thread. A whole head that is one plain
+`GET|HEAD /metrics|/healthz|/readyz HTTP/1.1` is answered on the selector thread itself: no
+thread hand-off (on an idle VM each thread wake-up costs ~0.3 ms, and a hand-off took three),
+and liveness never waits for a handler thread, however many are busy. What the socket does not
+take at once is finished by a handler thread, so a client that stops reading never holds the
+selector. Everything else (errors, pipelining, HTTP/1.0, bodies) takes the handler path, which
+gets the head read so far.
 """
 
 from __future__ import annotations
@@ -26,15 +27,13 @@ import errno
 import io
 import math
 import queue
-import re
 import selectors
 import socket
+import ssl
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +41,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from nodeagent.errors import ConfigError
 from nodeagent.logs import get_logger
+from nodeagent.metrics.quick import (
+    Check,
+    Endpoints,
+    head_complete,
+    quick_answer,
+    redacted,
+)
+from nodeagent.metrics.webconfig import WebConfig
 from nodeagent.settings import parse_address
 
 if TYPE_CHECKING:
@@ -62,21 +69,9 @@ _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n"
     b"Retry-After: 1\r\nConnection: close\r\n\r\nbusy\n"
 )
-Check = Callable[[], tuple[bool, str]]
-FAST_PEEK_BYTES = 8192  # a scrape's request line and headers are a few hundred bytes
-FAST_MAX_LINES = 34  # and a handful of headers (Prometheus: 5); more take the handler's limits
-_FAST_SCRAPE = re.compile(
-    rb"GET /metrics HTTP/1\.1\r\n(?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[^\r\n]*\r\n)*\r\n"
-)
-_NOT_FAST = re.compile(rb"(?im)^(?:connection|expect|content-length|transfer-encoding):")
-Work = tuple[socket.socket, Any, bytes]  # a connection, its address, a response's unsent rest
-
-
-@dataclass(frozen=True)
-class _Endpoints:
-    exposition: Callable[[], bytes]
-    healthy: Check
-    ready: Check
+READ_BYTES = 8192  # a scrape's request line and headers are a few hundred bytes
+# A connection, its address, a response's unsent rest, the request head read so far.
+Work = tuple[socket.socket, Any, bytes, bytes]
 
 
 class MetricsServer:
@@ -91,12 +86,20 @@ class MetricsServer:
         *,
         idle_timeout_seconds: float = IDLE_TIMEOUT_SECONDS,
         max_connections: int = MAX_CONNECTIONS,
+        web: WebConfig | None = None,
+        details: bool = False,
     ) -> None:
         """Binds `address` now (see parse_address). Raises ConfigError, naming the address, when
-        it is malformed, does not resolve, or cannot be bound (e.g. the port is in use)."""
+        it is malformed, does not resolve, or cannot be bound (e.g. the port is in use).
+
+        `web`: TLS and basic auth (webconfig.py). `details`: the health checks' texts as they
+        are; without it their paths and pids are taken out."""
         self.address = address
-        endpoints = _Endpoints(exposition, healthy, ready)
-        self.httpd = _listen(address, endpoints, idle_timeout_seconds, max_connections)
+        if not details:
+            healthy, ready = redacted(healthy), redacted(ready)
+        endpoints = Endpoints(exposition, healthy, ready, web.auth if web else None)
+        tls = web.tls if web else None
+        self.httpd = _listen(address, endpoints, tls, idle_timeout_seconds, max_connections)
         self.port = int(self.httpd.server_address[1])
         self._thread = threading.Thread(target=self.httpd.serve, name="metrics-http", daemon=True)
 
@@ -119,7 +122,11 @@ class MetricsServer:
 
 
 def _listen(
-    address: str, endpoints: _Endpoints, idle_timeout_seconds: float, max_connections: int
+    address: str,
+    endpoints: Endpoints,
+    tls: ssl.SSLContext | None,
+    idle_timeout_seconds: float,
+    max_connections: int,
 ) -> _Server:
     """A bound, listening _Server on the first of `address`'s resolved addresses that binds."""
     host, port = parse_address(address)
@@ -135,7 +142,7 @@ def _listen(
     first: OSError | None = None
     for family, _type, _proto, _name, sockaddr in candidates:
         try:
-            return _Server(family, sockaddr, endpoints, idle_timeout_seconds, max_connections)
+            return _Server(family, sockaddr, endpoints, tls, idle_timeout_seconds, max_connections)
         except OSError as err:
             first = first or err
             # Only an address this host cannot have moves on to the next one: a port in use
@@ -155,12 +162,15 @@ class _Server(HTTPServer):
         self,
         family: socket.AddressFamily,
         sockaddr: Any,
-        endpoints: _Endpoints,
+        endpoints: Endpoints,
+        tls: ssl.SSLContext | None,
         idle_timeout_seconds: float,
         max_connections: int,
     ) -> None:
         self.address_family = family
         self.endpoints = endpoints
+        self.tls = tls
+        self._handshaking: set[socket.socket] = set()  # TLS connections before the handshake
         self.idle_timeout_seconds = idle_timeout_seconds
         self.active_connections = 0
         self._slots = threading.BoundedSemaphore(max_connections)
@@ -173,6 +183,7 @@ class _Server(HTTPServer):
         self._stopping = False
         self._returned: list[tuple[socket.socket, Any]] = []  # back from keep-alive handlers
         self._idle: dict[socket.socket, float] = {}  # -> deadline; insertion is deadline order
+        self._heads: dict[socket.socket, bytes] = {}  # request heads being read, not yet whole
         self._accept_paused_until = 0.0
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -253,6 +264,10 @@ class _Server(HTTPServer):
                 self._selector.unregister(self.socket)
                 self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE_SECONDS
                 return
+            if self.tls is not None:
+                sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                sock.setblocking(False)  # the handshake runs here, as bytes arrive
+                self._handshaking.add(sock)
             self._park(sock, addr)
 
     def _park(self, sock: socket.socket, addr: Any) -> None:
@@ -264,6 +279,8 @@ class _Server(HTTPServer):
     def _drop(self, sock: socket.socket) -> None:
         self._selector.unregister(sock)
         del self._idle[sock]
+        self._heads.pop(sock, None)
+        self._handshaking.discard(sock)
         self.shutdown_request(sock)
 
     def _take_returned(self) -> None:
@@ -284,43 +301,79 @@ class _Server(HTTPServer):
             self._selector.register(self.socket, selectors.EVENT_READ)
 
     def _dispatch(self, sock: socket.socket, addr: Any) -> None:
+        """Read what arrived; once the head is whole, answer it here or hand it over."""
+        if sock in self._handshaking and not self._handshake(sock):
+            return
+        head = self._read_head(sock)
+        if head is None:  # not whole yet: it waits here, under the deadline it had
+            return
         self._selector.unregister(sock)
         del self._idle[sock]
-        state, rest = self._answer_scrape(sock)
+        if not head:  # the client went away without a request
+            self.shutdown_request(sock)
+            return
+        state, rest = self._answer_quick(sock, head)
         if state == "answered":  # wait for the next request here
             self._park(sock, addr)
         elif state == "gone":
             self.shutdown_request(sock)
-        else:  # "handler": no plain scrape; "rest": what the socket did not take at once
-            self._hand_over((sock, addr, rest))
+        else:  # "handler": no quick request; "rest": what the socket did not take at once
+            self._hand_over((sock, addr, rest, b"" if rest else head))
 
-    def _answer_scrape(self, sock: socket.socket) -> tuple[str, bytes]:
-        """Answer a plain scrape on this thread (see the module's doc), never blocking.
+    def _handshake(self, sock: socket.socket) -> bool:
+        """Go on with a TLS handshake; True once it is done. A failed one closes the
+        connection (a client of plain HTTP, a certificate refused)."""
+        assert isinstance(sock, ssl.SSLSocket)
+        try:
+            sock.do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return False
+        except OSError as err:
+            log.debug("http.tls_failed", error=str(err))
+            self._drop(sock)
+            return False
+        self._handshaking.discard(sock)
+        return True
+
+    def _read_head(self, sock: socket.socket) -> bytes | None:
+        """The request head read so far once it is whole (or the client stopped sending:
+        EOF, reset), else None."""
+        try:
+            if isinstance(sock, ssl.SSLSocket):  # no flags there; back from a handler thread
+                sock.setblocking(False)
+                chunk = sock.recv(READ_BYTES)
+            else:
+                chunk = sock.recv(READ_BYTES, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return None
+        except OSError:  # reset by the peer
+            chunk = b""
+        head = self._heads.pop(sock, b"") + chunk
+        if chunk and not head_complete(head):
+            self._heads[sock] = head
+            return None
+        return head
+
+    def _answer_quick(self, sock: socket.socket, head: bytes) -> tuple[str, bytes]:
+        """Answer a quick request on this thread (see the module's doc), never blocking.
         Returns ("answered", b""), ("rest", the answer's unsent rest), ("handler", b"") when
-        this is no plain scrape, or ("gone", b"") when the client went away."""
-        try:
-            head = sock.recv(FAST_PEEK_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except OSError:  # nothing yet, or the peer is gone: the handler path sees which
+        this is no quick request, or ("gone", b"") when the client went away."""
+        if self.tls is not None:  # TLS writes can block halfway: a handler thread sends
             return "handler", b""
-        plain = _FAST_SCRAPE.fullmatch(head) and not _NOT_FAST.search(head)
-        if not plain or head.count(b"\n") > FAST_MAX_LINES:
+        quick = quick_answer(head, _SERVER_VERSION, self.endpoints)
+        if quick is None:
             return "handler", b""
-        body = self.endpoints.exposition()
-        answer = b"".join((
-            b"HTTP/1.1 200 OK\r\nServer: ", _SERVER_VERSION,
-            b"\r\nDate: ", formatdate(usegmt=True).encode(),
-            b"\r\nContent-Type: ", CONTENT_TYPE_LATEST.encode(),
-            b"\r\nContent-Length: ", str(len(body)).encode(), b"\r\n\r\n", body,
-        ))  # fmt: skip
+        answer, keep_alive = quick
         try:
-            sock.recv(len(head), socket.MSG_DONTWAIT)  # the peeked request, now taken
             sent = sock.send(answer, socket.MSG_DONTWAIT)
         except BlockingIOError:
             sent = 0
         except OSError as err:  # reset by the peer
             log.debug("http.connection_lost", error=err.strerror or str(err))
             return "gone", b""
-        return ("rest", answer[sent:]) if sent < len(answer) else ("answered", b"")
+        if sent < len(answer):
+            return "rest", answer[sent:]
+        return ("answered", b"") if keep_alive else ("gone", b"")
 
     def _hand_over(self, work: Work) -> None:
         """A handler thread takes the connection: reads and answers its request, or finishes
@@ -383,15 +436,15 @@ class _Server(HTTPServer):
                     self._pending -= 1
             return work
 
-    def _serve(self, sock: socket.socket, addr: Any, rest: bytes) -> None:
+    def _serve(self, sock: socket.socket, addr: Any, rest: bytes, head: bytes) -> None:
         keep_alive = linger = False
         try:
-            if rest:  # a plain scrape's answer the socket did not take at once
+            if rest:  # a quick answer the socket did not take at once
                 sock.settimeout(WRITE_TIMEOUT_SECONDS)
                 sock.sendall(rest)
                 keep_alive = True
             else:
-                handler = _Handler(sock, addr, self)
+                handler = _Handler(sock, addr, self, head)
                 keep_alive, linger = handler.keep_alive, handler.linger
         except Exception:  # logged without a traceback; the thread must end quietly
             self.handle_error(sock, addr)
@@ -431,10 +484,14 @@ class _Handler(BaseHTTPRequestHandler):
     keep_alive = False  # give the connection back to the selector for the next request
     linger = False  # answered before the whole request was read: drain it before closing
 
+    def __init__(self, sock: socket.socket, addr: Any, server: _Server, head: bytes = b"") -> None:
+        self._first = head  # what the selector thread read of the request so far
+        super().__init__(sock, addr, server)  # handles the request
+
     def setup(self) -> None:
         super().setup()
         self.rfile.close()  # the socket's own reader: replaced by one with a deadline
-        self._reader = _HeadReader(self.connection, WRITE_TIMEOUT_SECONDS)
+        self._reader = _HeadReader(self.connection, WRITE_TIMEOUT_SECONDS, self._first)
         self._head = io.BufferedReader(self._reader)
         self.rfile = self._head
 
@@ -465,15 +522,22 @@ class _Handler(BaseHTTPRequestHandler):
         return True  # no request body is ever read: don't invite one
 
     def do_GET(self) -> None:
-        self._send(*self._route())
+        self._extra: tuple[tuple[str, str], ...] = ()
+        self._send(*self._route(), *self._extra)
 
     def do_HEAD(self) -> None:
-        self._send(*self._route())  # _send leaves the body out
+        self._extra = ()
+        self._send(*self._route(), *self._extra)  # _send leaves the body out
 
     def _route(self) -> tuple[int, bytes, str]:
         path = self.path.split("?", 1)[0]
         endpoints = self.server.endpoints
         if path == "/metrics":
+            if endpoints.auth is not None and not endpoints.auth.check(
+                self.headers.get("Authorization")
+            ):
+                self._extra = (("WWW-Authenticate", 'Basic realm="nodeagent"'),)
+                return 401, b"unauthorized: /metrics needs basic auth\n", "text/plain"
             return 200, endpoints.exposition(), CONTENT_TYPE_LATEST
         if path in ("/healthz", "/readyz"):
             ok, text = (endpoints.healthy if path == "/healthz" else endpoints.ready)()
@@ -507,10 +571,11 @@ class _HeadReader(io.RawIOBase):
     """Reads a socket under one deadline for a whole request line and headers, so a client
     sending a byte at a time cannot hold a thread longer than that; writes keep their timeout."""
 
-    def __init__(self, sock: socket.socket, write_timeout_seconds: float) -> None:
+    def __init__(self, sock: socket.socket, write_timeout_seconds: float, head: bytes) -> None:
         super().__init__()
         self.sock = sock
         self.write_timeout_seconds = write_timeout_seconds
+        self.head = head  # read by the selector thread: served first
         self.deadline = math.inf
         self.nowait = False
 
@@ -518,13 +583,18 @@ class _HeadReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: WriteableBuffer) -> int | None:
+        if self.head:
+            view = memoryview(buffer).cast("B")
+            n = min(len(view), len(self.head))
+            view[:n], self.head = self.head[:n], self.head[n:]
+            return n
         timeout = 0.0 if self.nowait else self.deadline - time.monotonic()
         if timeout <= 0 and not self.nowait:
             raise TimeoutError("the request line and headers took too long")
         self.sock.settimeout(timeout)
         try:
             return self.sock.recv_into(buffer)
-        except BlockingIOError:
+        except (BlockingIOError, ssl.SSLWantReadError):
             return None  # nowait, nothing arrived: BufferedReader.peek returns b""
         finally:
             self.sock.settimeout(self.write_timeout_seconds)

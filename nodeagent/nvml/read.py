@@ -37,13 +37,23 @@ def _profile_name(raw: Any) -> str:
     return _text(raw).removeprefix("MIG ").strip()
 
 
-def read_profiles(session: NvmlSession, dev: Any, index: int) -> tuple[GiProfile, ...]:
-    """Every GPU-instance profile the GPU offers (readable with MIG disabled).
+def read_profiles(session: NvmlSession, dev: Any, index: int, uuid: str) -> tuple[GiProfile, ...]:
+    """Every GPU-instance profile the GPU offers (readable with MIG disabled), read once per
+    GPU UUID and session: the table is the hardware's and the driver's, fixed while NVML is
+    loaded (25 NVML calls an H200 saved on every inventory read).
 
     Loops over the NVML_GPU_INSTANCE_PROFILE_* constants: they only select a profile; the
     returned `info.id` is what placement, capacity and create calls take.
     nvidia-smi equivalent: `nvidia-smi mig -i N -lgip` and `-lgipp`.
     """
+    with session.lock:
+        key = ("gi-profiles", uuid)
+        if key not in session.static:
+            session.static[key] = _read_profiles(session, dev, index)
+        return session.static[key]  # type: ignore[no-any-return]
+
+
+def _read_profiles(session: NvmlSession, dev: Any, index: int) -> tuple[GiProfile, ...]:
     lib = session.lib
     profiles: dict[int, GiProfile] = {}
     for constant in range(PROFILE_CONSTANT_COUNT):
@@ -103,11 +113,13 @@ def _gpu_instances(session: NvmlSession, dev: Any, profile: GiProfile) -> list[A
     return [arr[i] for i in range(count.value)]
 
 
-def _compute_instances(session: NvmlSession, gi: Any) -> list[tuple[Any, int]]:
-    """Every CI in a GI with its compute slices, over each CI profile the GI offers."""
+def _ci_profiles(session: NvmlSession, gi: Any, key: Any) -> list[tuple[int, int]]:
+    """(CI profile id, compute slices) of each CI profile a GI offers, read once per GPU and
+    GI profile (`key`): a fixed table, like the GI profiles."""
+    if key in session.static:
+        return session.static[key]  # type: ignore[no-any-return]
     lib = session.lib
-    found: list[tuple[Any, int]] = []
-    seen: set[int] = set()
+    found: dict[int, int] = {}
     for constant in range(CI_PROFILE_CONSTANT_COUNT):
         info = session.call(
             "nvmlGpuInstanceGetComputeInstanceProfileInfo",
@@ -116,14 +128,22 @@ def _compute_instances(session: NvmlSession, gi: Any) -> list[tuple[Any, int]]:
             lib.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
             absent=_PROBE_ABSENT,
         )
-        if info is None or info.id in seen:
-            continue
-        seen.add(int(info.id))
+        if info is not None and int(info.id) not in found:
+            found[int(info.id)] = int(info.sliceCount)
+    session.static[key] = list(found.items())
+    return session.static[key]  # type: ignore[no-any-return]
+
+
+def _compute_instances(session: NvmlSession, gi: Any, key: Any) -> list[tuple[Any, int]]:
+    """Every CI in a GI with its compute slices, over each CI profile the GI offers."""
+    lib = session.lib
+    found: list[tuple[Any, int]] = []
+    for profile_id, slice_count in _ci_profiles(session, gi, key):
         arr = (lib.c_nvmlComputeInstance_t * _ARRAY_SIZE)()
         count = ctypes.c_uint(0)
-        session.call("nvmlGpuInstanceGetComputeInstances", gi, info.id, arr, ctypes.byref(count))
+        session.call("nvmlGpuInstanceGetComputeInstances", gi, profile_id, arr, ctypes.byref(count))
         found.extend(
-            (session.call("nvmlComputeInstanceGetInfo", arr[i]), int(info.sliceCount))
+            (session.call("nvmlComputeInstanceGetInfo", arr[i]), slice_count)
             for i in range(count.value)
         )
     return found
@@ -145,9 +165,10 @@ def _mig_devices(session: NvmlSession, dev: Any) -> dict[tuple[int, int], Any]:
 
 
 def read_slices(
-    session: NvmlSession, dev: Any, index: int, profiles: tuple[GiProfile, ...]
+    session: NvmlSession, dev: Any, index: int, profiles: tuple[GiProfile, ...], uuid: str
 ) -> tuple[Slice, ...]:
-    """The GPU's GPU instances with their compute instances (MIG enabled only).
+    """The GPU's GPU instances with their compute instances (MIG enabled only; the caller
+    holds the session's lock, as read_inventory does).
 
     nvidia-smi equivalent: `nvidia-smi mig -i N -lgi` and `-lci`.
     """
@@ -170,7 +191,7 @@ def read_slices(
                 multiprocessor_count=profile.multiprocessor_count,
                 processes=(),
             )
-            cis = _compute_instances(session, gi)
+            cis = _compute_instances(session, gi, ("ci-profiles", uuid, profile.id))
             if not cis:
                 slices.append(bare)
             for ci, ci_slices in cis:
@@ -273,12 +294,13 @@ def read_gpu(session: NvmlSession, index: int, sysfs: Path = SYSFS) -> Gpu:
     arch = session.read("nvmlDeviceGetArchitecture", dev)
     mig_capable = mode is not None
     current, pending = (bool(mode[0]), bool(mode[1])) if mode is not None else (False, False)
-    profiles = read_profiles(session, dev, index) if mig_capable else ()
+    uuid = _text(session.call("nvmlDeviceGetUUID", dev))
+    profiles = read_profiles(session, dev, index, uuid) if mig_capable else ()
     slots = max((p.start + p.size for pr in profiles for p in pr.placements), default=0)
     major, minor = session.call("nvmlDeviceGetCudaComputeCapability", dev)
     return Gpu(
         index=index,
-        uuid=_text(session.call("nvmlDeviceGetUUID", dev)),
+        uuid=uuid,
         name=_text(session.call("nvmlDeviceGetName", dev)),
         pci_bus_id=_text(pci.busId),
         pci_device_id=int(pci.pciDeviceId),
@@ -292,7 +314,7 @@ def read_gpu(session: NvmlSession, index: int, sysfs: Path = SYSFS) -> Gpu:
         mig_pending=pending,
         memory_slice_count=slots,
         profiles=profiles,
-        slices=read_slices(session, dev, index, profiles) if current else (),
+        slices=read_slices(session, dev, index, profiles, uuid) if current else (),
         processes=() if current else _processes(session, dev),
         pci_subsystem_id=int(pci.pciSubSystemId),
         pci_class=read_pci_class(session, dev, _text(pci.busId), sysfs),
@@ -305,6 +327,11 @@ def read_inventory(session: NvmlSession, sysfs: Path = SYSFS) -> Inventory:
 
     nvidia-smi equivalent: `nvidia-smi -q` plus `nvidia-smi mig -lgip/-lgipp/-lgi/-lci`.
     """
+    with session.lock:  # one consistent state, and the profile tables' cache
+        return _read_inventory(session, sysfs)
+
+
+def _read_inventory(session: NvmlSession, sysfs: Path) -> Inventory:
     count = int(session.call("nvmlDeviceGetCount"))
     return Inventory(
         driver_version=_text(session.call("nvmlSystemGetDriverVersion")),

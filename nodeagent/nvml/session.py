@@ -58,6 +58,9 @@ class NvmlSession:
         # read (or a writer across a MIG change) sees and leaves one consistent state. The
         # error counter has a lock of its own.
         self.lock = threading.RLock()
+        # Answers that cannot change while NVML is loaded (a GPU's MIG profile tables), by
+        # key; read and written under `lock`.
+        self.static: dict[Any, Any] = {}
         self._errors_lock = threading.Lock()
         self._closed = False
         self.call("nvmlInit")

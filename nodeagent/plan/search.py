@@ -151,11 +151,7 @@ def solve(
         if base and total > 0:
             budget = [min(search_limit, total)]
             try:
-                tables = []
-                for view in views:
-                    mps = mps_options(view, demands, cap, replicas, limit) if replicas else {}
-                    options = merge(base[view.key], mps)
-                    tables.append(Table(options, frontier(options), unused_option(view, len(cap))))
+                tables = _tables(views, demands, cap, replicas, base, limit)
                 found = _search(views, demands, tables, cap, replicas, budget)
             except TooLarge:
                 pass
@@ -167,6 +163,26 @@ def solve(
             best = found
     assert best is not None
     return best if exact else replace(best, exact=False)
+
+
+def _tables(
+    views: Sequence[GpuView],
+    demands: tuple[Demand, ...],
+    cap: Vec,
+    replicas: int | None,
+    base: dict[tuple[object, ...], dict[Vec, Option]],
+    limit: int,
+) -> list[Table]:
+    """Each GPU's table (its MIG and whole options in `base`, MPS with `replicas` clients, the
+    frontier), made once per kind of GPU: GPUs of equal keys have equal tables (8 alike GPUs,
+    one table). Raises TooLarge."""
+    kinds: dict[tuple[object, ...], Table] = {}
+    for view in views:
+        if view.key not in kinds:
+            mps = mps_options(view, demands, cap, replicas, limit) if replicas else {}
+            options = merge(base[view.key], mps)
+            kinds[view.key] = Table(options, frontier(options), unused_option(view, len(cap)))
+    return [kinds[view.key] for view in views]
 
 
 def _greedy(

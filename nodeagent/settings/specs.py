@@ -81,6 +81,11 @@ SPECS: tuple[Spec, ...] = (
     _spec("metrics", "gpm-interval", "NODEAGENT_GPM_INTERVAL", "--gpm-interval",
           seconds(0.1, inclusive=True), "seconds between GPM samples (two need 100 ms)",
           field="gpm_interval_seconds", hot=True),
+    _spec("metrics", "web-config-file", "NODEAGENT_WEB_CONFIG_FILE", "--web.config.file",
+          optional(path), "TLS and basic auth of the metrics endpoint: Prometheus"
+          " exporter-toolkit's web config file"),
+    _spec("metrics", "health-details", "NODEAGENT_HEALTH_DETAILS", "--health-details", boolean,
+          "show paths and pids in /healthz and /readyz (debugging)", switch=True),
     _spec("reconcile", "interval", "NODEAGENT_RECONCILE_INTERVAL", "--reconcile-interval",
           seconds(), "seconds between reconciles", field="interval_seconds", hot=True),
     _spec("mig", "config-file", "NODEAGENT_MIG_CONFIG_FILE", "--mig-config-file",

@@ -40,7 +40,7 @@ from nodeagent.sim.state import (
     SimState,
     fresh_state,
 )
-from nodeagent.sim.statefile import load_state, real_path, save_state
+from nodeagent.sim.statefile import Stamp, StateWriter, file_stamp, load_state, real_path
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -91,7 +91,11 @@ def nvml_call(mutating: bool = False) -> Callable[[F], F]:
                 for fault in fired:
                     if fault.when == "before":
                         self._fire(fault)
-                with self._transaction(mutating):
+                if mutating:
+                    with self._transaction(True, _changed_gpu(args)):
+                        result = fn(self, *args, **kwargs)
+                else:  # the hot path (an inventory read is ~700 calls): no context manager
+                    self._sync()
                     result = fn(self, *args, **kwargs)
                 for fault in fired:
                     if fault.when == "after":
@@ -101,6 +105,16 @@ def nvml_call(mutating: bool = False) -> Callable[[F], F]:
         return inner  # type: ignore[return-value]
 
     return wrap
+
+
+def _changed_gpu(args: tuple[Any, ...]) -> set[int] | None:
+    """The GPU a mutating call changes: the one its first argument (a handle) names."""
+    if not args:
+        return None
+    try:
+        return {_decode(args[0])[1]}
+    except pynvml.NVMLError:
+        return None
 
 
 class SimBase:
@@ -123,9 +137,11 @@ class SimBase:
         self.faults = faults or FaultPlan()
         self._lock = threading.RLock()
         self._path = state_path
-        self._stamp: tuple[int, int, int] | None = None
+        self._stamp: Stamp | None = None
+        self._writer = StateWriter()
         self._initialized = 0
-        loaded = load_state(state_path) if state_path else None
+        self._gpm = GpmSamples()
+        loaded = self._load_or_create(models) if state_path else None
         if loaded is not None and loaded.models != models:
             raise SimError(
                 f"emulator state file {state_path} holds GPUs {','.join(loaded.models)} "
@@ -133,10 +149,21 @@ class SimBase:
                 "use another --sim-state file or delete this one"
             )
         self.state = loaded or fresh_state(models)
-        self._gpm = GpmSamples()
-        if state_path and loaded is None:
-            save_state(state_path, self.state)
-        self._remember_stamp()
+
+    def _load_or_create(self, models: list[str]) -> SimState:
+        """The state file's state; a file that does not exist yet is created (under its lock,
+        so that two processes starting at once cannot overwrite each other's first change)."""
+        assert self._path is not None
+        read = load_state(self._path)
+        if read is None:
+            with self._file_lock():
+                read = load_state(self._path)
+                if read is None:
+                    state = fresh_state(models)
+                    self._stamp = self._writer.save(self._path, state, None, None)
+                    return state
+        self._stamp = read[1]
+        return read[0]
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -147,31 +174,19 @@ class SimBase:
             os._exit(fault.exit_code)
         _fail(fault.error)
 
-    def _remember_stamp(self) -> None:
-        if self._path is None:
-            return
-        try:
-            st = self._path.stat()
-            self._stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        except FileNotFoundError:
-            self._stamp = None
-
     def _sync(self) -> None:
         """Reload the state file when another process changed it."""
-        if self._path is None:
+        if self._path is None or file_stamp(self._path) in (self._stamp, None):
             return
-        try:
-            st = self._path.stat()
-        except FileNotFoundError:
-            return
-        if (st.st_ino, st.st_mtime_ns, st.st_size) != self._stamp:
-            loaded = load_state(self._path)
-            if loaded is not None:
-                self.state = loaded
-            self._remember_stamp()
+        read = load_state(self._path)
+        if read is not None:
+            self.state, self._stamp = read
+            self._writer.forget()
 
     @contextmanager
-    def _transaction(self, mutating: bool) -> Iterator[None]:
+    def _transaction(self, mutating: bool, changed: set[int] | None = None) -> Iterator[None]:
+        """Sync with the file; after a mutation, write it (`changed`: the GPUs it changed,
+        None: anything). The file's lock is held from the read to the write."""
         if self._path is None:
             yield
             return
@@ -182,8 +197,7 @@ class SimBase:
         with self._file_lock():
             self._sync()
             yield
-            save_state(self._path, self.state)
-            self._remember_stamp()
+            self._stamp = self._writer.save(self._path, self.state, changed, self._stamp)
 
     @contextmanager
     def _file_lock(self) -> Iterator[None]:
@@ -192,6 +206,10 @@ class SimBase:
         assert self._path is not None
         target = real_path(self._path)
         lock_path = target.with_name(target.name + ".lock")
+        if not target.parent.is_dir():
+            raise SimError(
+                f"cannot write emulator state file {self._path}: no folder {target.parent}"
+            )
         try:
             lock = open(lock_path, "a")  # noqa: SIM115 (closed below; the open is what may fail)
         except OSError as err:

@@ -256,7 +256,7 @@ def load_model(key: str) -> DeviceModel:
     raise SimError(f"unknown GPU model {key!r}; known models: {', '.join(MODEL_NAMES)}")
 
 
-MAX_GPUS = 16  # a DGX-style board; the emulator's PCI bus numbers are for 16 GPUs
+MAX_GPUS = 255  # one PCI bus of domain 0 each (state.py numbers them)
 
 
 def parse_spec(spec: str) -> list[str]:

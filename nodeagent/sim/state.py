@@ -7,29 +7,16 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from nodeagent.sim.models import load_model
+from nodeagent.sim.models import MAX_GPUS, load_model
 
 STATE_VERSION = 1
 _UUID_NAMESPACE = uuid.UUID("6d1f5c8e-3f0a-4c0b-9a43-1f7e2b9c4d10")
-# Bus numbers as a DGX-style 8-GPU board enumerates them.
-_BUSES = (
-    0x18,
-    0x2A,
-    0x3A,
-    0x5D,
-    0x9A,
-    0xAB,
-    0xBA,
-    0xDB,
-    0x19,
-    0x2B,
-    0x3B,
-    0x5E,
-    0x9B,
-    0xAC,
-    0xBB,
-    0xDC,
-)
+# Bus numbers as a DGX-style board enumerates its 8 (then 16) GPUs; GPUs past those take the
+# other buses of PCI domain 0 in order (bus 0 is the root complex's): one bus each, 255 in all.
+_EIGHT = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+_BOARD_BUSES = _EIGHT + tuple(bus + 1 for bus in _EIGHT)
+BUSES = _BOARD_BUSES + tuple(b for b in range(1, 256) if b not in _BOARD_BUSES)
+assert len(BUSES) == MAX_GPUS, "one PCI bus per emulated GPU"
 
 
 @dataclass
@@ -116,7 +103,7 @@ def fresh_state(models: list[str]) -> SimState:
     for index, key in enumerate(models):
         load_model(key)
         gpu_uuid = "GPU-" + str(uuid.uuid5(_UUID_NAMESPACE, f"gpu/{index}/{key}"))
-        bus = f"00000000:{_BUSES[index % len(_BUSES)]:02X}:00.0"
+        bus = f"00000000:{BUSES[index]:02X}:00.0"
         gpus.append(GpuState(index=index, model=key, uuid=gpu_uuid, pci_bus_id=bus))
     return SimState(gpus=gpus)
 

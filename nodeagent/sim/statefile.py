@@ -12,6 +12,8 @@ import json
 import os
 import re
 import stat
+import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -30,12 +32,12 @@ from nodeagent.sim.state import (
     HealthState,
     ProcessState,
     SimState,
-    to_json,
 )
 
-MAX_STATE_BYTES = 16 * 1024 * 1024  # a full 16-GPU node is ~100 KiB
+MAX_STATE_BYTES = 16 * 1024 * 1024  # 64 GPUs of 7 slices each: ~150 KiB
 MAX_PROBLEMS_SHOWN = 3
 _I64 = 2**63 - 1
+Stamp = tuple[int, int, int]  # (inode, modification time in ns, size) of one version
 _ID_TEXT = re.compile(r"[!-~]{1,80}")  # printable ASCII without spaces, as NVML's UUID buffers
 
 
@@ -244,8 +246,10 @@ def _no_constants(name: str) -> NoReturn:
     _fail(f"{name} is not a JSON number")
 
 
-def _read_bytes(path: Path) -> bytes | None:
-    """The file's bytes, or None when it does not exist (yet). Never blocks on a FIFO."""
+def _read_bytes(path: Path) -> tuple[bytes, Stamp] | None:
+    """The file's bytes and the stamp of that very file (taken from the descriptor read, so a
+    write by another process in between cannot pair new stamp with old bytes), or None when
+    it does not exist (yet). Never blocks on a FIFO."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -253,10 +257,10 @@ def _read_bytes(path: Path) -> bytes | None:
     except OSError as err:
         raise SimError(f"cannot read emulator state file {path}: {err.strerror}") from err
     try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
             raise SimError(f"emulator state file {path} is a folder; name a file in it")
-        if not stat.S_ISREG(mode):
+        if not stat.S_ISREG(st.st_mode):
             raise SimError(f"emulator state file {path} is not a regular file")
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_STATE_BYTES + 1)
@@ -266,7 +270,7 @@ def _read_bytes(path: Path) -> bytes | None:
         os.close(fd)
     if len(data) > MAX_STATE_BYTES:
         raise SimError(f"emulator state file {path} is over {MAX_STATE_BYTES // 2**20} MiB")
-    return data
+    return data, _stamp(st)
 
 
 def _json_value(data: bytes) -> Any:
@@ -301,10 +305,19 @@ def parse_state(data: bytes, source: str) -> SimState:
     return state
 
 
-def load_state(path: Path) -> SimState | None:
-    """Read and check the state file, or None when it does not exist yet. Raises SimError."""
-    data = _read_bytes(path)
-    return None if data is None else parse_state(data, str(path))
+def load_state(path: Path) -> tuple[SimState, Stamp] | None:
+    """Read and check the state file: its state and the stamp of the version read, or None
+    when it does not exist yet. Raises SimError."""
+    read = _read_bytes(path)
+    return None if read is None else (parse_state(read[0], str(path)), read[1])
+
+
+def file_stamp(path: Path) -> Stamp | None:
+    """The stamp of the state file's current version, or None when there is none."""
+    try:
+        return _stamp(os.stat(path))
+    except FileNotFoundError:
+        return None
 
 
 def real_path(path: Path) -> Path:
@@ -312,22 +325,69 @@ def real_path(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
 
-def save_state(path: Path, state: SimState) -> None:
-    """Write the state file atomically (a temporary file in the same folder, then rename).
+class StateWriter:
+    """Writes one emulator's state file, serialising only what changed since its last write.
 
-    A symbolic link stays; the file it points to is replaced. Raises SimError when the
-    folder does not exist or cannot be written.
+    The file holds one GPU per line: a mutation of one GPU re-serialises that line alone, so
+    an apply on N GPUs costs O(N) serialisation in all, not O(N^2) (the bytes written per
+    mutation still grow with N, but as one copy of ready text).
     """
-    target = real_path(path)
-    if not target.parent.is_dir():
-        raise SimError(f"cannot write emulator state file {path}: no folder {target.parent}")
-    try:
-        mode = stat.S_IMODE(target.stat().st_mode)
-    except OSError:
-        mode = None
-    text = json.dumps(to_json(state), indent=1, sort_keys=True)
-    try:
-        # Emulated state is test/demo data: atomicity matters to readers, durability does not.
-        atomic_write_text(target, text, mode, durable=False)
-    except OSError as err:
-        raise SimError(f"cannot write emulator state file {path}: {err.strerror or err}") from err
+
+    def __init__(self) -> None:
+        self._gpus: list[str] = []
+        self._processes = ""
+
+    def forget(self) -> None:
+        """The state was replaced (read again from the file): serialise everything next time."""
+        self._gpus = []
+
+    def save(
+        self, path: Path, state: SimState, changed: set[int] | None, previous: Stamp | None
+    ) -> Stamp:
+        """Write the state file atomically (a temporary file in the same folder, then rename);
+        return the new version's stamp. `changed`: the GPUs changed since the last save (None:
+        anything, processes included). `previous`: the stamp of the version replaced.
+
+        A symbolic link stays; the file it points to is replaced. The caller holds the state
+        file's lock, so no other write comes between the rename and the stamp. Raises
+        SimError when the folder does not exist or cannot be written.
+        """
+        target = real_path(path)
+        if not target.parent.is_dir():
+            raise SimError(f"cannot write emulator state file {path}: no folder {target.parent}")
+        if changed is None or len(self._gpus) != len(state.gpus):
+            self._gpus = [_dumps(asdict(gpu)) for gpu in state.gpus]
+            self._processes = _dumps([asdict(p) for p in state.processes])
+        else:
+            for index in changed:
+                self._gpus[index] = _dumps(asdict(state.gpus[index]))
+        text = (
+            '{"gpus": [\n'
+            + ",\n".join(self._gpus)
+            + f'\n],\n"processes": {self._processes},\n"version": {STATE_VERSION}}}\n'
+        )
+        try:
+            mode: int | None = stat.S_IMODE(target.stat().st_mode)
+        except OSError:
+            mode = None
+        try:
+            # Emulated state is test/demo data: atomicity matters to readers, durability does not.
+            atomic_write_text(target, text, mode, durable=False)
+            # Inode numbers are reused and the file system's clock is coarse: two versions
+            # could share a stamp, and a reader holding the older one would miss the newer.
+            # Each version's modification time is set past the one it replaced.
+            mtime = max(time.time_ns(), (previous[1] + 1) if previous else 0)
+            os.utime(target, ns=(mtime, mtime))
+            return _stamp(target.stat())
+        except OSError as err:
+            raise SimError(
+                f"cannot write emulator state file {path}: {err.strerror or err}"
+            ) from err
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def _stamp(st: os.stat_result) -> Stamp:
+    return (st.st_ino, st.st_mtime_ns, st.st_size)

@@ -91,3 +91,33 @@ def test_exposition_excerpt(session: NvmlSession) -> None:
     print("\n".join(lines))
     assert any(line.startswith("nodeagent_gpu_temperature_celsius{") for line in lines)
     assert any(line.startswith("nodeagent_gpu_energy_joules_total{") for line in lines)
+
+
+def test_the_unsupported_reads_kept_per_device_change_no_value(session: NvmlSession) -> None:
+    """What a device answered 'not supported' is not asked again (the health sampler keeps it
+    per device): a read with that memory has the same supported fields as a fresh read."""
+    for gpu in read_inventory(session).gpus:
+        dev = gpu_handle(session, gpu.index)
+        unsupported: set[tuple[object, ...]] = set()
+        first = read_health(session, dev, unsupported)
+        again = read_health(session, dev, unsupported)
+        fresh = read_health(session, dev)
+        print(f"GPU {gpu.index}: not supported {sorted(map(str, unsupported))}")
+        for h in (again, fresh):  # the same fields present (values move: power, energy)
+            assert [f is None for f in vars(h).values()] == [
+                f is None for f in vars(first).values()
+            ]
+            assert set(h.ecc_errors) == set(first.ecc_errors)
+
+
+def test_profile_tables_read_once_equal_a_fresh_read(session: NvmlSession) -> None:
+    """The GI and CI profile tables are read once per session: a later inventory read (from
+    the tables kept) equals one that read them from NVML."""
+    with session.lock:
+        session.static.clear()  # the module's session: earlier tests filled it
+    first = read_inventory(session)
+    kept = read_inventory(session)
+    assert [g.profiles for g in kept.gpus] == [g.profiles for g in first.gpus]
+    assert [[(s.gi_id, s.ci_id, s.ci_slice_count) for s in g.slices] for g in kept.gpus] == [
+        [(s.gi_id, s.ci_id, s.ci_slice_count) for s in g.slices] for g in first.gpus
+    ]

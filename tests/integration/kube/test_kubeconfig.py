@@ -26,9 +26,9 @@ def _large(tmp: Path) -> str:
 @pytest.mark.parametrize(
     ("where", "words"),
     [
-        (lambda _tmp: "/dev/zero", ("kubeconfig /dev/zero", "not a regular file")),
-        (_fifo, ("kubeconfig", "not a regular file")),
-        (lambda tmp: str(tmp), ("kubeconfig", "not a regular file")),
+        (lambda _tmp: "/dev/zero", ("kubeconfig /dev/zero", "a character device, not a file")),
+        (_fifo, ("kubeconfig", "a FIFO, not a file")),
+        (lambda tmp: str(tmp), ("kubeconfig", "not a file")),
         (_large, ("kubeconfig", "larger than 4 MiB")),
     ],
     ids=["dev-zero", "fifo", "directory", "over-4-MiB"],

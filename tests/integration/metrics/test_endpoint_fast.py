@@ -11,7 +11,12 @@ import time
 import pytest
 
 from nodeagent.metrics.server import MetricsServer
-from tests.integration.metrics.test_endpoint_hostile import TIMEOUT, scrape
+from tests.integration.metrics.test_endpoint_hostile import (
+    TIMEOUT,
+    connection_threads,
+    exchange,
+    scrape,
+)
 
 BIG = b"# TYPE filler gauge\n" + b"".join(b'filler{i="%d"} 1.0\n' % i for i in range(400_000))
 
@@ -89,3 +94,31 @@ def test_a_client_that_stops_reading_holds_no_other_scrape(server: MetricsServer
         assert body == BIG
     finally:
         stalled.close()
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz"])
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_a_probe_is_answered_on_the_selector_thread_as_the_handler_would(
+    path: str, method: str
+) -> None:
+    """kubelet's probe (HTTP/1.1, Connection: close) gets the handler path's answer (HTTP/1.0
+    here) and is closed; a 503 stays a 503. No handler thread is started for it."""
+    srv = MetricsServer(
+        "127.0.0.1:0", lambda: BIG, lambda: (True, "ok"), lambda: (False, "first reconcile")
+    )
+    srv.start()
+    try:
+        probe = f"{method} {path} HTTP/1.1\r\nHost: x\r\nUser-Agent: kube-probe/1.31\r\n"
+        quick = exchange("127.0.0.1", srv.port, (probe + "Connection: close\r\n\r\n").encode())
+        threads = connection_threads(srv.port)
+        handled = exchange("127.0.0.1", srv.port, f"{method} {path} HTTP/1.0\r\n\r\n".encode())
+    finally:
+        srv.stop()
+    assert threads == 0
+    quick_head, _, quick_body = quick.partition(b"\r\n\r\n")
+    handled_head, _, handled_body = handled.partition(b"\r\n\r\n")
+    assert quick_body == handled_body == (b"" if method == "HEAD" else
+                                          b"ok\n" if path == "/healthz" else b"first reconcile\n")  # fmt: skip
+    lines = [x for x in quick_head.split(b"\r\n") if not x.startswith(b"Date: ")]
+    assert lines[-1] == b"Connection: close"
+    assert lines[:-1] == [x for x in handled_head.split(b"\r\n") if not x.startswith(b"Date: ")]

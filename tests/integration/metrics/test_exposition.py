@@ -173,3 +173,22 @@ def test_reconcile_and_error_series(
     steps = "nodeagent_reconcile_step_duration_seconds_count"
     assert value(steps, {"step": "observe"}) == 2.0
     assert value(steps, {"step": "resolve"}) == 1.0  # the failed run stopped at observe
+
+
+def test_a_scrape_renders_once_per_change_and_shows_it(
+    agent_factory: Callable[..., tuple[Agent, SimulatedNvml]],
+) -> None:
+    """The exposition is rendered on scrape, not after each sample: scrapes between two
+    changes get the same bytes (the collectors' own durations included), the first scrape
+    after a sample shows it."""
+    agent, lib = agent_factory("h200", "all-1g.18gb", [])
+    first = agent.exposition.latest()
+    assert agent.exposition.latest() is first
+    uuid = agent.store.snapshot.inventory.gpus[0].slices[0].mig_uuid  # type: ignore[union-attr]
+    lib.attach(uuid or "", 4242, 1 << 30)
+    assert agent.exposition.latest() is first  # the GPUs changed, but no sample says so yet
+    agent.refresh()
+    after = agent.exposition.latest().decode()
+    assert 'nodeagent_slice_processes{ci_id="0",gi_id=' in after
+    processes = [x for x in after.splitlines() if x.startswith("nodeagent_slice_processes{")]
+    assert sorted(x.rsplit(" ", 1)[1] for x in processes) == ["0.0"] * 6 + ["1.0"]

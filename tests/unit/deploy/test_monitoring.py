@@ -53,7 +53,7 @@ def test_prometheusrule_is_generated_from_rules_yaml() -> None:
 def test_component_resources() -> None:
     component = _load(MONITORING / "kustomization.yaml")
     assert component["kind"] == "Component"
-    assert component["resources"] == ["prometheusrule.yaml"]
+    assert component["resources"] == ["prometheusrule.yaml", "networkpolicy.yaml"]
     (generator,) = component["configMapGenerator"]
     assert generator["options"]["labels"] == {"grafana_dashboard": "1"}
     assert generator["files"] == ["nodeagent.json=dashboard.json"]
@@ -61,6 +61,21 @@ def test_component_resources() -> None:
     root = _load(DEPLOY / "kustomization.yaml")
     assert overlay["resources"] == ["../../base"] and overlay["components"] == ["../../monitoring"]
     assert overlay["images"] == root["images"]
+
+
+def test_the_network_policy_admits_only_prometheus_to_the_agents_metrics_port() -> None:
+    policy = _load(MONITORING / "networkpolicy.yaml")
+    daemonset = _load(DEPLOY / "base" / "daemonset.yaml")
+    pod = daemonset["spec"]["template"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == pod["metadata"]["labels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    (source,) = rule["from"]
+    assert set(source) == {"namespaceSelector", "podSelector"}  # both: Prometheus's pods only
+    (container,) = pod["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}] and "metrics" in ports
+    assert not pod["spec"].get("hostNetwork"), "on the node's network no policy applies"
 
 
 def test_every_alert_is_labelled_and_names_node_gpu_and_slice() -> None:

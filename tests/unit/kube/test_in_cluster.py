@@ -56,7 +56,7 @@ def test_an_ipv6_service_host_is_bracketed(account: Path, monkeypatch: pytest.Mo
             lambda d: (
                 os.mkfifo(d / "fifo") or (d / "token").unlink() or (d / "fifo").rename(d / "token")
             ),
-            "not a regular file",
+            "not a file",
         ),
     ],
     ids=["no-env", "no-token", "empty-token", "empty-ca", "fifo-token"],

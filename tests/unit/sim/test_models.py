@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from nodeagent.errors import SimError
-from nodeagent.sim.models import MIB, MODEL_NAMES, infer_constant, load_model, parse_spec
+from nodeagent.sim.models import (
+    MAX_GPUS,
+    MIB,
+    MODEL_NAMES,
+    infer_constant,
+    load_model,
+    parse_spec,
+)
+from nodeagent.sim.state import fresh_state
 
 PROFILE_FIELDS = {
     "id": "id",
@@ -105,15 +114,24 @@ def test_parse_spec(spec: str, keys: list[str]) -> None:
         ("", "empty"),
         ("h200,", "empty"),
         ("v100", "no known GPU model"),
-        ("h200x0", "count must be 1..16"),
-        ("h200x99", "count must be 1..16"),
-        ("h200x9,h200x9", "at most 16"),
+        ("h200x0", "count must be 1..255"),
+        ("h200x256", "count must be 1..255"),
+        ("h200x200,h200x56", "at most 255"),
         ("h200y2", "no known GPU model"),
     ],
 )
 def test_parse_spec_refuses_bad_specs(spec: str, words: str) -> None:
     with pytest.raises(SimError, match=words):
         parse_spec(spec)
+
+
+def test_every_gpu_of_the_largest_node_has_its_own_valid_pci_bus() -> None:
+    """The first 16 as on a DGX-style board (as before the cap was lifted); all unique."""
+    state = fresh_state(parse_spec(f"h200x{MAX_GPUS}"))
+    buses = [gpu.pci_bus_id for gpu in state.gpus]
+    assert len(set(buses)) == MAX_GPUS
+    assert all(re.fullmatch(r"00000000:(?!00)[0-9A-F]{2}:00\.0", bus) for bus in buses)
+    assert buses[:2] + buses[8:10] == [f"00000000:{b}:00.0" for b in ("18", "2A", "19", "2B")]
 
 
 def test_every_model_loads() -> None:
