@@ -46,7 +46,7 @@ from nodeagent.nvml.gpm import GpmReader
 from nodeagent.nvml.write import ComputeModeWriter
 from nodeagent.reconcile import Pipeline, SettingsDesire
 from nodeagent.settings import Settings, merge_reload
-from nodeagent.snapshot import Allocations, Snapshot, Store
+from nodeagent.snapshot import Allocations, Snapshot, Store, in_use_view
 from nodeagent.workers import Worker
 
 log = get_logger("nodeagent.agent")
@@ -113,10 +113,13 @@ class Agent:
         self.exposition = ExpositionCache(self.registry)
         self.server: MetricsServer | None = None
         self.watcher: Any = None  # kube.controller.NodeWatcher with Kubernetes
+        self.dra: Any = None  # kube.dra_plugin.DraPlugin with --dra
         self.held_failure: Callable[[], str | None] = lambda: None
 
         def writer_lock(s: Settings) -> Any:
             return mig_writer_lock(lock_path, s.mig.lock_timeout_seconds)
+
+        self._writer_lock = writer_lock
 
         self.pipeline = Pipeline(
             store=self.store,
@@ -208,6 +211,36 @@ class Agent:
             self.pipeline.sinks.append(NodeFeatureSink(api, k.pod_namespace, pod))
         self.pipeline.clients = clients
         self.watcher = NodeWatcher(api, view, self._wake_reconcile, self.stop_event)
+        if self.settings.dra.enabled:
+            self._setup_dra(kube_settings)
+
+    def _setup_dra(self, kube_settings: Any) -> None:
+        """The DRA kubelet plugin beside the device-plugin path: its claims' slices count as
+        busy for the pipeline (the allocations gain them), and it serves the kubelet now."""
+        from nodeagent.dra.held import with_claims
+        from nodeagent.kube.dra_plugin import DraPlugin
+
+        pods = self.pipeline.allocations
+
+        def held() -> dict[str, str]:
+            return in_use_view(pods()) if pods is not None else {}
+
+        self.dra = DraPlugin(
+            self.session,
+            self.settings,
+            kube_settings,
+            self.pipeline.reset(self.settings),
+            lambda: self._writer_lock(self.settings),
+            held,
+            self.stop_event,
+        )
+        self.pipeline.allocations = with_claims(pods, self.dra.checkpoint)
+        self.dra.start()
+
+    def publish_dra(self) -> None:
+        snap = self.store.snapshot
+        if self.dra is not None and snap is not None:
+            self.dra.publish(snap.inventory)
 
     def _wake_reconcile(self) -> None:
         worker = self.workers.get("reconcile")
@@ -292,6 +325,11 @@ class Agent:
             Worker("mps-probe", self.probe_mps, lambda: self.settings.mps.probe_interval_seconds,
                    self.stop_event, wait_first=True),
         ]  # fmt: skip
+        if self.dra is not None:
+            workers.append(
+                Worker("dra-publish", self.publish_dra,
+                       lambda: self.settings.metrics.refresh_interval_seconds, self.stop_event)
+            )  # fmt: skip
         if self.watcher is not None:
             workers.append(
                 Worker(
@@ -356,6 +394,8 @@ class Agent:
                 worker.join(20 if busy_apply else max(deadline - time.monotonic(), 0.05))
         if self.server is not None:
             self.server.stop()
+        if self.dra is not None:
+            self.dra.stop()
         self.mps.shutdown(stop_daemon=stop_mps)
         with self.session.lock:
             self.gpm.close()

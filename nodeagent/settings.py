@@ -142,6 +142,26 @@ class Kube:
     pod_uid: str | None = None
 
 
+DEFAULT_DRA_DRIVER = "gpu.nodeagent.io"
+DEFAULT_KUBELET_PLUGINS = Path("/var/lib/kubelet/plugins")
+
+
+@dataclass(frozen=True)
+class Dra:
+    """nodeagent as a Kubernetes DRA driver (kubelet plugin), beside the device-plugin path."""
+
+    enabled: bool = False
+    driver: str = DEFAULT_DRA_DRIVER
+    plugin_dir: Path | None = None  # None: /var/lib/kubelet/plugins/<driver>
+    registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    cdi_dir: Path = Path("/var/run/cdi")
+    devices: tuple[int, ...] | None = None  # the GPUs DRA manages; None: every GPU
+
+    @property
+    def plugin_path(self) -> Path:
+        return self.plugin_dir or DEFAULT_KUBELET_PLUGINS / self.driver
+
+
 @dataclass(frozen=True)
 class Settings:
     node: Node = field(default_factory=Node)
@@ -152,6 +172,7 @@ class Settings:
     mps: Mps = field(default_factory=Mps)
     kube: Kube = field(default_factory=Kube)
     sharing: Sharing = field(default_factory=Sharing)
+    dra: Dra = field(default_factory=Dra)
     file: str | None = None  # the settings file read, if any
 
 
@@ -164,6 +185,7 @@ GROUPS: dict[str, type] = {
     "mps": Mps,
     "kube": Kube,
     "sharing": Sharing,
+    "dra": Dra,
 }
 
 # -- parsers: raw value (YAML scalar or the text of a variable/flag) -> typed value ----------
@@ -463,6 +485,17 @@ def label_key(raw: Any) -> str:
     return value
 
 
+def driver_name(raw: Any) -> str:
+    """A DRA driver name: a DNS subdomain of at most 63 characters (gpu.example.com)."""
+    value = text(raw)
+    if len(value) > 63 or "." not in value or not _LABEL_PREFIX.match(value + "/"):
+        raise Invalid(
+            f"must be a DNS subdomain of at most 63 characters such as gpu.nodeagent.io,"
+            f" not {_show(raw)}"
+        )
+    return value
+
+
 def selectors(raw: Any) -> tuple[dict[str, str], ...]:
     return tuple(selector(item) for item in _items(raw))
 
@@ -633,6 +666,18 @@ SPECS: tuple[Spec, ...] = (
           optional(text), "the agent's pod (the downward API): owner of its NodeFeature"),
     _spec("kube", "pod-uid", ("NODEAGENT_POD_UID", "POD_UID"), "--pod-uid", optional(text),
           "the agent's pod UID (the downward API)"),
+    _spec("dra", "enabled", "NODEAGENT_DRA", "--dra", boolean,
+          "with --kube: also run as a DRA driver (ResourceSlices, kubelet plugin)", switch=True),
+    _spec("dra", "driver", "NODEAGENT_DRA_DRIVER", "--dra-driver", driver_name,
+          "the DRA driver's name (DeviceClass selectors: device.driver)"),
+    _spec("dra", "plugin-dir", "NODEAGENT_DRA_PLUGIN_DIR", "--dra-plugin-dir", optional(path),
+          "dra.sock, checkpoint, MPS daemons (default /var/lib/kubelet/plugins/<driver>)"),
+    _spec("dra", "registry-dir", "NODEAGENT_DRA_REGISTRY_DIR", "--dra-registry-dir", path,
+          "the kubelet's plugin registry (<driver>-reg.sock goes here)"),
+    _spec("dra", "cdi-dir", "NODEAGENT_DRA_CDI_DIR", "--dra-cdi-dir", path,
+          "where the claims' CDI specs are written (the container runtime's CDI directory)"),
+    _spec("dra", "devices", "NODEAGENT_DRA_DEVICES", "--dra-devices", optional(devices),
+          "GPU indices DRA manages (default: every GPU); leave the others to the device plugin"),
 )  # fmt: skip
 BY_KEY = {s.dotted: s for s in SPECS}
 SETTINGS_FILE_ENV = "NODEAGENT_CONFIG"
@@ -814,6 +859,8 @@ def _cross_checks(s: Settings, groups: set[str]) -> list[str]:
             )
     elif "reconcile" in groups and s.mig.config and not s.mig.config_file:
         problems.append("a MIG config needs both the file and the name (-f and -c)")
+    if "dra" in groups and s.dra.enabled and not s.kube.enabled:
+        problems.append("--dra needs --kube: the driver publishes ResourceSlices to the API")
     if "sharing" in groups and s.sharing.config and not s.sharing.config_file:
         problems.append(
             "a sharing config needs both the file and the name (--sharing-file and"
