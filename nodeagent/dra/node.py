@@ -87,15 +87,16 @@ class NodeDriver:
         """Make the claim's devices ready. Raises ConfigError (a bad claim), SliceInUse (a
         device overlaps a busy slice or another claim's), NvmlError, MpsError."""
         c = self.config
-        with self._lock:
-            done = load(c.checkpoint).claims.get(ref.uid)
-            if done is not None and done.state == PREPARED:
-                return _answer(done)
+        # The writer lock (a file lock) around all of it: another process preparing (an old
+        # agent still stopping) never interleaves its checkpoint or its MIG operations.
+        with self._lock, self.writer_lock():
+            checkpoint = load(c.checkpoint)
+            before = checkpoint.claims.get(ref.uid)
+            if before is not None and before.state == PREPARED:
+                return _answer(before)
             claimed = claimed_devices(claim, c.driver, c.pool)
             held = dict(self.held())
-            with self.writer_lock(), self.session.lock:
-                checkpoint = load(c.checkpoint)
-                before = checkpoint.claims.get(ref.uid)
+            with self.session.lock:
                 inventory = read_inventory(self.session)
                 wanted = intents(inventory, claimed, before.devices if before else (), c.gpus)
                 the_plan = plan_claim(inventory, ref.uid, wanted, checkpoint, held)
@@ -159,7 +160,7 @@ class NodeDriver:
         were there before stay), its CDI spec; then forget it. Raises SliceInUse when a slice
         still has processes (the kubelet asks again), NvmlError, MpsError."""
         c = self.config
-        with self._lock:
+        with self._lock, self.writer_lock():
             claim = load(c.checkpoint).claims.get(uid)
             if claim is None:
                 return
@@ -171,7 +172,7 @@ class NodeDriver:
                         ready_file=root / "ready", control_binary=c.mps_control,
                     )  # fmt: skip
                     MpsDaemon(settings, Limits(100, {}, d.gpu_uuid)).stop()
-            with self.writer_lock(), self.session.lock:
+            with self.session.lock:
                 inventory = read_inventory(self.session)
                 self._execute(Plan(_destroys(inventory, claim)), ClaimRef("", "", uid))
             cdi.spec_file(c.cdi_dir, c.driver, uid).unlink(missing_ok=True)

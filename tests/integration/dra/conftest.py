@@ -29,6 +29,21 @@ DRIVER = "gpu.nodeagent.io"
 NODE = "node-1"
 
 
+def dra_cluster() -> Cluster:
+    """A kmock API server that knows resource.k8s.io/v1 (an empty list, not a 404, before the
+    first slice is written)."""
+    cluster = Cluster()
+
+    def declare() -> None:
+        cluster.km.resources["resource.k8s.io/v1/resourceslices"].kind = "ResourceSlice"
+        cluster.km.resources["resource.k8s.io/v1/resourceslices"].namespaced = False
+        cluster.km.resources["resource.k8s.io/v1/resourceclaims"].kind = "ResourceClaim"
+        cluster.km.resources["resource.k8s.io/v1/resourceclaims"].namespaced = True
+
+    cluster.on_loop(declare)
+    return cluster
+
+
 def no_reset(index: int) -> None:
     raise AssertionError(f"GPU {index} was reset: Hopper changes MIG mode without one")
 
@@ -110,7 +125,7 @@ def node_config(root: Path, mps_control: str = "nvidia-cuda-mps-control") -> Nod
 
 @pytest.fixture
 def dra_node(short_root: Path, fake_mps_control: str) -> Iterator[DraNode]:
-    cluster = Cluster()
+    cluster = dra_cluster()
     state = short_root / "sim.json"
     lib = SimulatedNvml(parse_spec("h200x2"), state)
     session = NvmlSession(lib)
