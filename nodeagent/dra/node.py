@@ -103,8 +103,9 @@ class NodeDriver:
                 record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted))
                 save(c.checkpoint, checkpoint.with_claim(ref.uid, record))
                 self._execute(the_plan, ref)
-                made = _made(read_inventory(self.session), wanted, ref)
-            made = [self._start_mps(ref.uid, d, inventory) for d in made]
+                after = read_inventory(self.session)
+                made = _made(after, wanted, ref)
+            made = [self._start_mps(ref.uid, d, after) for d in made]
             ids = tuple(cdi.cdi_id(c.driver, ref.uid, d.device) for d in made)
             self._write_cdi(ref.uid, made)
             record = PreparedClaim(ref.namespace, ref.name, PREPARED, tuple(made), ids)

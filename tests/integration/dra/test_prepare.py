@@ -165,3 +165,21 @@ def test_registration_refuses_a_kubelet_without_a_common_version(dra_node: DraNo
     with pytest.raises(FakeKubeletError, match="none of the versions"):
         kubelet.register(DRIVER)
     assert dra_node.server.registration.error.startswith("none of the versions")
+
+
+def test_a_whole_gpu_turns_mig_off_only_when_its_slices_are_idle(dra_node: DraNode) -> None:
+    writer = MigWriter(dra_node.session)
+    writer.set_mig_mode(1, True)
+    gi = writer.create_gpu_instance(1, 9, Placement(0, 4))
+    writer.create_compute_instance(1, gi, 3, 0, full=True)
+    (mig,) = dra_node.inventory().gpus[1].slices
+    dra_node.lib.attach(str(mig.mig_uuid), 4100, 1 << 30)
+    claim = dra_node.add_claim(allocated_claim("tts", "uid-t", {"gpu": "gpu-1"}, mps_config(50)))
+    refused = dra_node.kubelet.prepare([claim])["uid-t"].error
+    assert "GPU 1 slice 3g.71gb at placement 0:4 is in use (process 4100)" in refused
+    assert dra_node.layout(1) == [("3g.71gb", 0)]
+    dra_node.lib.detach(4100)
+    assert dra_node.kubelet.prepare([claim])["uid-t"].error == ""
+    gpu = dra_node.inventory().gpus[1]
+    assert not gpu.mig_current and gpu.slices == ()
+    assert dra_node.kubelet.unprepare([claim]) == {"uid-t": ""}
