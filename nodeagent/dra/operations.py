@@ -3,20 +3,24 @@ Pure.
 
 A MIG partition device is exactly one profile at one placement. If that slice is there (idle
 and no other claim's), it is used as it is; a GI left without its CI (a crash between the two
-creates) gets its CI; otherwise the idle slices overlapping the placement go and the slice is
-created at that placement. A slice with processes, one a pod holds (kubelet pod-resources) or
-one another claim holds refuses the claim: nothing is changed. A whole GPU needs MIG off: its
+creates) gets its CI; otherwise the idle slices overlapping the placement go, and the fewest
+other idle ones the hardware's other rules need gone (one `+me` profile per GPU, the compute
+slices), and the slice is created at that placement. A slice with processes, one a pod holds
+(kubelet pod-resources) or one another claim holds that is in the way refuses the claim:
+nothing is changed. A whole GPU needs MIG off: its
 idle slices go, then MIG mode. Operations come in the order the MIG executor runs them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from itertools import combinations
 
 from nodeagent.dra.checkpoint import Checkpoint, PreparedDevice
 from nodeagent.dra.claims import ClaimedDevice
 from nodeagent.errors import ConfigError, SliceInUse
+from nodeagent.mig.geometry import Geometry, Instance
 from nodeagent.mig.plan import GpuPlan, Operation, Plan
 from nodeagent.nvml.inventory import Gpu, Inventory, Placement, Slice
 
@@ -107,43 +111,96 @@ def destroy_ops(gpu: Gpu, slices: list[Slice], held: Mapping[str, str]) -> list[
     return ops
 
 
-def _whole_gpu_free(gpu: Gpu, held: Mapping[str, str]) -> None:
-    who = f"process {gpu.processes[0].pid}" if gpu.processes else held.get(gpu.uuid)
-    if who is not None:
-        raise SliceInUse(f"GPU {gpu.index} is in use ({who}); its MIG mode cannot change")
+@dataclass(frozen=True)
+class Busy:
+    """Who keeps a GPU instance (its slices) or a whole GPU as it is: a process on it, a pod
+    holding it (`held`: device UUID -> pod), another claim than `uid` (the checkpoint)."""
+
+    checkpoint: Checkpoint
+    uid: str
+    held: Mapping[str, str]
+
+    def gi(self, slices: list[Slice]) -> str | None:
+        for s in slices:
+            if (who := _busy(s, self.held)) is not None:
+                return who
+        s = slices[0]
+        claim = self.checkpoint.holder_of(
+            s.gpu_index, s.placement.start, s.placement.size, but=self.uid
+        )
+        return None if claim is None else str(claim)
+
+    def gpu(self, gpu: Gpu) -> str | None:
+        return f"process {gpu.processes[0].pid}" if gpu.processes else self.held.get(gpu.uuid)
 
 
-def _mig_ops(gpu: Gpu, d: PreparedDevice, held: Mapping[str, str]) -> list[Operation]:
+def _gis(gpu: Gpu) -> dict[int, list[Slice]]:
+    """The GPU's GPU instances: GI id -> its slices (one per CI, or one without a CI)."""
+    out: dict[int, list[Slice]] = {}
+    for s in gpu.slices:
+        out.setdefault(s.gi_id, []).append(s)
+    return out
+
+
+def _instance(s: Slice) -> Instance:
+    return Instance(s.placement.start, s.placement.size, s.profile_id)
+
+
+def _in_the_way(gpu: Gpu, gis: dict[int, list[Slice]], want: Instance, blocked: Busy) -> list[int]:
+    """The GIs to destroy so that `want` fits: those overlapping it, plus the fewest idle
+    others when the hardware's other rules need it (one `+me` per GPU, the compute slices).
+    Raises SliceInUse naming a busy one that is in the way."""
+    geometry = Geometry.of(gpu)
+    overlapping = [g for g, ss in gis.items() if _instance(ss[0]).slots & want.slots]
+    for g in overlapping:
+        if (who := blocked.gi(gis[g])) is not None:
+            s = gis[g][0]
+            raise SliceInUse(
+                f"GPU {gpu.index} slice {s.profile} at placement {s.placement} is in use"
+                f" ({who}); nothing was changed"
+            )
+    rest = [g for g in gis if g not in overlapping]
+    free = [g for g in rest if blocked.gi(gis[g]) is None]
+    for k in range(len(free) + 1):
+        for extra in combinations(free, k):
+            kept = [_instance(gis[g][0]) for g in rest if g not in extra]
+            if geometry.fits(kept, want):
+                return overlapping + list(extra)
+    busy = ", ".join(f"{gis[g][0].profile} ({blocked.gi(gis[g])})" for g in rest if g not in free)
+    raise SliceInUse(
+        f"GPU {gpu.index}: {geometry.profile(want.profile_id).name} at placement"
+        f" {want.placement} does not fit beside the slices in use: {busy}; nothing was changed"
+    )
+
+
+def _mig_ops(gpu: Gpu, d: PreparedDevice, blocked: Busy) -> list[Operation]:
     profile = gpu.profile_by_id(d.profile_id or 0)
     assert profile is not None and d.placement_start is not None and d.placement_size is not None
     at = Placement(d.placement_start, d.placement_size)
     ops: list[Operation] = []
     if not gpu.mig_current:
-        _whole_gpu_free(gpu, held)
+        if (who := blocked.gpu(gpu)) is not None:
+            raise SliceInUse(f"GPU {gpu.index} is in use ({who}); its MIG mode cannot change")
         ops.append(Operation("set-mig-mode", gpu.index, enabled=True))
-    exact = slice_at(gpu, profile.id, at.start)
-    if exact is not None and (who := _busy(exact, held)) is not None:
+    gis = _gis(gpu)
+    want = Instance(at.start, at.size, profile.id)
+    exact = next((ss for ss in gis.values() if _instance(ss[0]) == want), None)
+    if exact is not None and (who := blocked.gi(exact)) is not None:
         raise SliceInUse(f"GPU {gpu.index} slice {d.profile} at placement {at} is in use ({who})")
-    if exact is not None and exact.ci_id is not None:
-        return ops
-    if exact is None:
-        overlapping = [s for s in gpu.slices if set(s.placement.slots()) & set(at.slots())]
-        ops += destroy_ops(gpu, overlapping, held)
-        ops.append(Operation("create-gi", gpu.index, profile.name, profile.id, at))
-    gi = None if exact is None else exact.gi_id
-    ops.append(
-        Operation(
-            "create-ci",
-            gpu.index,
-            profile.name,
-            profile.id,
-            at,
-            gi,
-            slice_count=profile.slice_count,
-            ci_start=0,
-        )
-    )
-    return ops
+    create_ci = Operation(
+        "create-ci", gpu.index, profile.name, profile.id, at, None,
+        slice_count=profile.slice_count, ci_start=0,
+    )  # fmt: skip
+    if exact is not None and len(exact) == 1:
+        (s,) = exact
+        if s.ci_id is None:  # a crash between the GI and its CI
+            return [*ops, replace(create_ci, gi_id=s.gi_id)]
+        if s.ci_slice_count in (None, profile.slice_count):
+            return ops  # there as wanted
+    # A slice there with other compute instances is made again, whole.
+    doomed = _in_the_way(gpu, gis, want, blocked)
+    ops += destroy_ops(gpu, [s for g in doomed for s in gis[g]], {})
+    return [*ops, Operation("create-gi", gpu.index, profile.name, profile.id, at), create_ci]
 
 
 def plan_claim(
@@ -165,8 +222,9 @@ def plan_claim(
             where = f"memory slices {start}-{start + size - 1}" if d.is_mig else "the GPU"
             raise SliceInUse(f"{d.device}: {other} holds {where} of GPU {d.gpu}")
         ops = per_gpu.setdefault(d.gpu, [])
+        blocked = Busy(checkpoint, uid, held)
         if d.is_mig:
-            ops += _mig_ops(_after(gpu, ops), d, held)
+            ops += _mig_ops(_after(gpu, ops), d, blocked)
         elif gpu.mig_current:
             ops += destroy_ops(gpu, list(gpu.slices), held)
             ops.append(Operation("set-mig-mode", gpu.index, enabled=False))

@@ -70,8 +70,7 @@ def test_a_claimed_slice_is_busy_for_the_mig_config_protocol(
     agent: tuple[Agent, Cluster, SimulatedNvml], short_root: Path
 ) -> None:
     running, cluster, _ = agent
-    found = cluster.wait(lambda: slices(cluster), what="the node's ResourceSlices")
-    assert len(found) == 3
+    cluster.wait(lambda: len(slices(cluster)) == 3, what="the node's 3 ResourceSlices")
     kubelet = FakeDraKubelet(short_root / "reg")
     assert kubelet.register(DRIVER) == "v1.DRAPlugin"
     claim = allocated_claim("asr", "uid-1", {"gpu": "gpu-0-mig-3g71gb-9-4"})
