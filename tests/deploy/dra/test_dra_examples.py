@@ -74,3 +74,20 @@ def test_the_daemonset_runs_the_driver_with_the_kubelets_paths() -> None:
     assert {str(p) for p in wanted} <= mounts
     rules = [r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]]
     assert {"resourceslices", "resourceclaims"} <= {res for r in rules for res in r["resources"]}
+
+
+def readme_documents() -> list[dict[str, Any]]:
+    text = (REPO / "README.md").read_text()
+    section = text.split("## DRA driver", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```yaml\n(.*?)```", section, re.DOTALL)
+    return [d for block in blocks for d in yaml.safe_load_all(block) if d]
+
+
+def test_the_readme_examples_are_the_files() -> None:
+    """The README's DRA examples validate and say what the deployed files say."""
+    shown = readme_documents()
+    files = {(d["kind"], d["metadata"]["name"]): d for d in documents()}
+    assert len(shown) == 4
+    for doc in shown:
+        kubernetes_validate.validate(doc, VERSION, strict=True)
+        assert doc == files[(doc["kind"], doc["metadata"]["name"])]
