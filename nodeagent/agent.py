@@ -25,6 +25,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from nodeagent.errors import AgentError, KubeError
 from nodeagent.labels.nfd import write_features
+from nodeagent.lock import mig_writer_lock
 from nodeagent.logs import get_logger
 from nodeagent.metrics.agent import AgentCollector, AgentStats
 from nodeagent.metrics.collectorset import CollectorSet
@@ -46,7 +47,7 @@ from nodeagent.nvml.write import ComputeModeWriter
 from nodeagent.reconcile import Pipeline, agent_pipeline
 from nodeagent.sampling import GpmSampler, HealthSampler
 from nodeagent.settings import Settings, merge_reload
-from nodeagent.snapshot import Allocations, Snapshot, Store
+from nodeagent.snapshot import Allocations, Snapshot, Store, in_use_view
 from nodeagent.workers import Worker
 
 log = get_logger("nodeagent.agent")
@@ -117,6 +118,7 @@ class Agent:
         self.exposition = ExpositionCache(self.registry)
         self.server: MetricsServer | None = None
         self.watcher: Any = None  # kube.controller.NodeWatcher with Kubernetes
+        self.dra: Any = None  # kube.dra_plugin.DraPlugin with --dra
         self.held_failure: Callable[[], str | None] = lambda: None
         self.reload_pending: str | None = None  # why a SIGHUP's reload waits for a retry
 
@@ -126,7 +128,6 @@ class Agent:
     def _pipeline(self, **kube: Any) -> Pipeline:
         """The reconcile pipeline, with the Kubernetes ports when given (`_setup_kube`)."""
         sinks = [NfdSink(lambda: self.settings), *kube.pop("sinks", ())]
-        socket_allocations = kube.pop("allocations", None)  # a test's own allocations win
         return agent_pipeline(
             self.store,
             lambda: self.settings,
@@ -135,7 +136,7 @@ class Agent:
             self.mps,
             self.stats,
             sinks,
-            allocations=self._allocations or socket_allocations,
+            allocations=kube.pop("allocations", self._allocations),
             clock=self.monotonic,
             **kube,
         )
@@ -212,16 +213,48 @@ class Agent:
             assert k.pod_namespace is not None  # the settings checked it
             pod = PodRef(k.pod_name, k.pod_uid) if k.pod_name else None
             sinks.append(NodeFeatureSink(api, k.pod_namespace, pod))
+        # a test's own allocations win over the kubelet's socket
+        socket_allocations = (lambda: pod_devices(socket)) if socket is not None else None
+        allocations = self._allocations or socket_allocations
+        if self.settings.dra.enabled:
+            allocations = self._setup_dra(kube_settings, allocations)
         # The pipeline with the Node's ports, built before its first run.
         self.pipeline = self._pipeline(
             desire=desire,
             reporter=KubeReporter(api, view, desire),
             sinks=sinks,
             clients=clients,
-            allocations=(lambda: pod_devices(socket)) if socket is not None else None,
+            allocations=allocations,
         )
         self.held_failure = desire.failure
         self.watcher = NodeWatcher(api, view, self._wake_reconcile, self.stop_event)
+
+    def _setup_dra(self, kube_settings: Any, pods: Allocations | None) -> Allocations:
+        """The DRA kubelet plugin beside the device-plugin path, serving the kubelet from now;
+        returns the allocations the pipeline reads: the pods' devices and the claims' slices
+        (both count as busy)."""
+        from nodeagent.dra.held import with_claims
+        from nodeagent.kube.dra_plugin import DraPlugin
+
+        def held() -> dict[str, str]:
+            return in_use_view(pods()) if pods is not None else {}
+
+        self.dra = DraPlugin(
+            self.session,
+            self.settings,
+            kube_settings,
+            self._reset(self.settings),
+            lambda: mig_writer_lock(self._lock_path, self.settings.mig.lock_timeout_seconds),
+            held,
+            self.stop_event,
+        )
+        self.dra.start()
+        return with_claims(pods, self.dra.checkpoint)
+
+    def publish_dra(self) -> None:
+        snap = self.store.snapshot
+        if self.dra is not None and snap is not None:
+            self.dra.publish(snap.inventory)
 
     def _wake_reconcile(self) -> None:
         worker = self.workers.get("reconcile")
@@ -311,6 +344,12 @@ class Agent:
             Worker("mps-probe", self.probe_mps, lambda: self.settings.mps.probe_interval_seconds,
                    self.stop_event, wait_first=True, clock=self.monotonic),
         ]  # fmt: skip
+        if self.dra is not None:
+            workers.append(
+                Worker("dra-publish", self.publish_dra,
+                       lambda: self.settings.metrics.refresh_interval_seconds, self.stop_event,
+                       clock=self.monotonic)
+            )  # fmt: skip
         if self.watcher is not None:
             workers.append(
                 Worker(
@@ -380,6 +419,8 @@ class Agent:
                 worker.join(20 if busy_apply else max(deadline - time.monotonic(), 0.05))
         if self.server is not None:
             self.server.stop()
+        if self.dra is not None:
+            self.dra.stop()
         self.mps.shutdown(stop_daemon=stop_mps)
         with self.session.lock:
             self.gpm.close()

@@ -42,14 +42,16 @@ Clock = Callable[[], float]
 
 @dataclass(frozen=True, order=True)
 class Holder:
-    """The container a device was allocated to (kubelet pod-resources)."""
+    """The container a device was allocated to (kubelet pod-resources), or the DRA claim
+    holding it (`kind` "claim", `pod` the claim's name, no container)."""
 
     namespace: str
     pod: str
     container: str
+    kind: str = "pod"
 
     def __str__(self) -> str:
-        return f"pod {self.namespace}/{self.pod}"
+        return f"{self.kind} {self.namespace}/{self.pod}"
 
 
 # Device id (GPU UUID, MIG UUID, or `<uuid>::<n>` for a replica of a shared device) -> holder.

@@ -44,6 +44,8 @@ def attribute(inventory: Inventory, holders: Holders) -> Attribution:
     on_gpus: set[tuple[int, str, str, Holder]] = set()
     for device_id, holder in holders.items():
         uuid, _, replica = device_id.partition("::")
+        if holder.kind != "pod":  # a DRA claim is no pod: its devices count only as in use
+            continue
         if uuid in slices:
             gpu, gi_id, ci_id = slices[uuid]
             on_slices.add((gpu, gi_id, ci_id, uuid, holder))

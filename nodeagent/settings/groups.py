@@ -118,6 +118,26 @@ class Kube:
     pod_uid: str | None = None
 
 
+DEFAULT_DRA_DRIVER = "gpu.nodeagent.io"
+DEFAULT_KUBELET_PLUGINS = Path("/var/lib/kubelet/plugins")
+
+
+@dataclass(frozen=True)
+class Dra:
+    """nodeagent as a Kubernetes DRA driver (kubelet plugin), beside the device-plugin path."""
+
+    enabled: bool = False
+    driver: str = DEFAULT_DRA_DRIVER
+    plugin_dir: Path | None = None  # None: /var/lib/kubelet/plugins/<driver>
+    registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    cdi_dir: Path = Path("/var/run/cdi")
+    devices: tuple[int, ...] | None = None  # the GPUs DRA manages; None: every GPU
+
+    @property
+    def plugin_path(self) -> Path:
+        return self.plugin_dir or DEFAULT_KUBELET_PLUGINS / self.driver
+
+
 @dataclass(frozen=True)
 class Settings:
     node: Node = field(default_factory=Node)
@@ -128,6 +148,7 @@ class Settings:
     mps: Mps = field(default_factory=Mps)
     kube: Kube = field(default_factory=Kube)
     sharing: Sharing = field(default_factory=Sharing)
+    dra: Dra = field(default_factory=Dra)
     file: str | None = None  # the settings file read, if any
 
 
@@ -140,4 +161,5 @@ GROUPS: dict[str, type] = {
     "mps": Mps,
     "kube": Kube,
     "sharing": Sharing,
+    "dra": Dra,
 }

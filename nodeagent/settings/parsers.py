@@ -310,6 +310,17 @@ def label_key(raw: Any) -> str:
     return value
 
 
+def driver_name(raw: Any) -> str:
+    """A DRA driver name: a DNS subdomain of at most 63 characters (gpu.example.com)."""
+    value = text(raw)
+    if len(value) > 63 or "." not in value or not _LABEL_PREFIX.match(value + "/"):
+        raise Invalid(
+            f"must be a DNS subdomain of at most 63 characters such as gpu.nodeagent.io,"
+            f" not {_show(raw)}"
+        )
+    return value
+
+
 def selectors(raw: Any) -> tuple[dict[str, str], ...]:
     return tuple(selector(item) for item in _items(raw))
 

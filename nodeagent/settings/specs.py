@@ -12,6 +12,7 @@ from nodeagent.settings.parsers import (
     choice,
     components,
     devices,
+    driver_name,
     integer,
     label_key,
     label_prefix,
@@ -192,6 +193,18 @@ SPECS: tuple[Spec, ...] = (
           optional(text), "the agent's pod (the downward API): owner of its NodeFeature"),
     _spec("kube", "pod-uid", ("NODEAGENT_POD_UID", "POD_UID"), "--pod-uid", optional(text),
           "the agent's pod UID (the downward API)"),
+    _spec("dra", "enabled", "NODEAGENT_DRA", "--dra", boolean,
+          "with --kube: also run as a DRA driver (ResourceSlices, kubelet plugin)", switch=True),
+    _spec("dra", "driver", "NODEAGENT_DRA_DRIVER", "--dra-driver", driver_name,
+          "the DRA driver's name (DeviceClass selectors: device.driver)"),
+    _spec("dra", "plugin-dir", "NODEAGENT_DRA_PLUGIN_DIR", "--dra-plugin-dir", optional(path),
+          "dra.sock, checkpoint, MPS daemons (default /var/lib/kubelet/plugins/<driver>)"),
+    _spec("dra", "registry-dir", "NODEAGENT_DRA_REGISTRY_DIR", "--dra-registry-dir", path,
+          "the kubelet's plugin registry (<driver>-reg.sock goes here)"),
+    _spec("dra", "cdi-dir", "NODEAGENT_DRA_CDI_DIR", "--dra-cdi-dir", path,
+          "where the claims' CDI specs are written (the container runtime's CDI directory)"),
+    _spec("dra", "devices", "NODEAGENT_DRA_DEVICES", "--dra-devices", optional(devices),
+          "GPU indices DRA manages (default: every GPU); leave the others to the device plugin"),
 )  # fmt: skip
 BY_KEY = {s.dotted: s for s in SPECS}
 SETTINGS_FILE_ENV = "NODEAGENT_CONFIG"

@@ -1,0 +1,76 @@
+"""One CDI spec per prepared claim: the container edits for each of its devices. Pure (the
+file is written by nodeagent.dra.prepare).
+
+As NVIDIA's DRA driver does (cmd/gpu-kubelet-plugin/cdi.go), the spec is transient (named
+after the claim UID: `k8s.<driver>-claim_<uid>.json`, CDI's GenerateTransientSpecName), its
+kind is `k8s.<driver>/claim`, and each device is `<claim uid>-<device name>`, so the CDI ids
+returned to the kubelet are `k8s.<driver>/claim=<uid>-<device>`. The edits select the GPU or
+MIG device by UUID (NVIDIA_VISIBLE_DEVICES, which the NVIDIA container toolkit turns into
+device nodes and driver mounts, as it does for the device plugin) and, for an MPS share, point
+the clients at the claim's MPS daemon.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from nodeagent.dra.checkpoint import PreparedDevice
+
+CDI_VERSION = "0.6.0"
+CLASS = "claim"
+
+
+def vendor(driver: str) -> str:
+    return f"k8s.{driver}"
+
+
+def kind(driver: str) -> str:
+    return f"{vendor(driver)}/{CLASS}"
+
+
+def spec_file(cdi_dir: Path, driver: str, claim_uid: str) -> Path:
+    return cdi_dir / f"{vendor(driver)}-{CLASS}_{claim_uid.replace('/', '_')}.json"
+
+
+def cdi_device_name(claim_uid: str, device: str) -> str:
+    return f"{claim_uid}-{device}"
+
+
+def cdi_id(driver: str, claim_uid: str, device: str) -> str:
+    return f"{kind(driver)}={cdi_device_name(claim_uid, device)}"
+
+
+def _edits(device: PreparedDevice) -> dict[str, Any]:
+    uuid = device.mig_uuid if device.is_mig else device.gpu_uuid
+    env = [f"NVIDIA_VISIBLE_DEVICES={uuid}"]
+    edits: dict[str, Any] = {"env": env}
+    if device.mps:
+        pipe = str(device.mps["pipe_dir"])
+        env.append(f"CUDA_MPS_PIPE_DIRECTORY={pipe}")
+        env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={device.mps['thread_percentage']}")
+        pinned = device.mps.get("pinned_memory_bytes")
+        if pinned:
+            env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={int(pinned) >> 20}M")
+        edits["mounts"] = [
+            {"hostPath": pipe, "containerPath": pipe, "options": ["rbind", "rw"]},
+        ]
+    return edits
+
+
+def render(driver: str, claim_uid: str, devices: Iterable[PreparedDevice]) -> dict[str, Any]:
+    """The claim's CDI spec as data."""
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": kind(driver),
+        "devices": [
+            {"name": cdi_device_name(claim_uid, d.device), "containerEdits": _edits(d)}
+            for d in devices
+        ],
+    }
+
+
+def render_text(driver: str, claim_uid: str, devices: Iterable[PreparedDevice]) -> str:
+    return json.dumps(render(driver, claim_uid, devices), indent=1, sort_keys=True) + "\n"

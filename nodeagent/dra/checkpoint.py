@@ -1,0 +1,133 @@
+"""The DRA checkpoint: which claims this node prepared, and what each created. One JSON file,
+replaced atomically, written before a mutation (the claim and what it will create: state
+`preparing`) and after (state `prepared`, with the MIG device's ids), so a restart after a crash
+at any step knows what each claim owns (NVIDIA's DRA driver keeps the same two states:
+PrepareStarted / PrepareCompleted, cmd/gpu-kubelet-plugin/checkpoint.go).
+
+    {"version": 1, "claims": {"<uid>": {"namespace": .., "name": .., "state": "prepared",
+      "devices": [{"request": .., "device": "gpu-0-mig-1g18gb-19-0", "gpu": 0, ...}]}}}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from nodeagent.errors import ConfigError
+from nodeagent.files import atomic_write_text
+
+VERSION = 1
+PREPARING = "preparing"
+PREPARED = "prepared"
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One allocated device and what preparing it made. For a MIG slice: the profile and
+    placement, whether a slice was already there (`existed`: unprepare leaves it), and once
+    made, its GI, CI and MIG UUID."""
+
+    request: str
+    pool: str
+    device: str
+    gpu: int
+    gpu_uuid: str
+    profile_id: int | None = None
+    profile: str | None = None
+    placement_start: int | None = None
+    placement_size: int | None = None
+    existed: bool = False
+    gi_id: int | None = None
+    ci_id: int | None = None
+    mig_uuid: str | None = None
+    mps: Mapping[str, Any] | None = None  # thread_percentage, pinned_memory_bytes, pipe_dir
+
+    @property
+    def is_mig(self) -> bool:
+        return self.profile_id is not None
+
+    def overlaps(self, gpu: int, start: int, size: int) -> bool:
+        """Whether it holds any memory slice of `size` slices from `start` on GPU `gpu` (a
+        whole GPU holds them all)."""
+        if gpu != self.gpu:
+            return False
+        if not self.is_mig:
+            return True
+        assert self.placement_start is not None and self.placement_size is not None
+        return start < self.placement_start + self.placement_size and self.placement_start < (
+            start + size
+        )
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    namespace: str
+    name: str
+    state: str
+    devices: tuple[PreparedDevice, ...] = ()
+    cdi_ids: tuple[str, ...] = field(default_factory=tuple)
+
+    def __str__(self) -> str:
+        return f"claim {self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    claims: Mapping[str, PreparedClaim] = field(default_factory=dict)
+
+    def with_claim(self, uid: str, claim: PreparedClaim) -> Checkpoint:
+        return replace(self, claims={**self.claims, uid: claim})
+
+    def without(self, uid: str) -> Checkpoint:
+        return replace(self, claims={k: v for k, v in self.claims.items() if k != uid})
+
+    def holder_of(self, gpu: int, start: int, size: int, but: str = "") -> PreparedClaim | None:
+        """The claim (other than `but`) holding any of those memory slices of GPU `gpu`."""
+        for uid, claim in self.claims.items():
+            if uid != but and any(d.overlaps(gpu, start, size) for d in claim.devices):
+                return claim
+        return None
+
+    def to_json(self) -> str:
+        claims = {uid: asdict(c) for uid, c in sorted(self.claims.items())}
+        return json.dumps({"version": VERSION, "claims": claims}, indent=1, sort_keys=True) + "\n"
+
+
+def _claim(uid: str, raw: Any, path: Path) -> PreparedClaim:
+    try:
+        devices = tuple(PreparedDevice(**d) for d in raw.pop("devices"))
+        return PreparedClaim(devices=devices, cdi_ids=tuple(raw.pop("cdi_ids")), **raw)
+    except (TypeError, KeyError, AttributeError) as err:
+        raise ConfigError(f"DRA checkpoint {path}: claim {uid} is malformed ({err})") from err
+
+
+def load(path: Path) -> Checkpoint:
+    """The checkpoint at `path`; an empty one when there is no file. Raises ConfigError for a
+    file that is not a version-1 checkpoint (nothing is guessed about claims it cannot read)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return Checkpoint()
+    except OSError as err:
+        raise ConfigError(f"cannot read DRA checkpoint {path}: {err.strerror}") from err
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise ConfigError(f"DRA checkpoint {path} is not JSON: {err}") from err
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        raise ConfigError(f"DRA checkpoint {path} is not a version {VERSION} checkpoint")
+    claims = data.get("claims")
+    if not isinstance(claims, dict):
+        raise ConfigError(f"DRA checkpoint {path}: 'claims' is not a mapping")
+    return Checkpoint({uid: _claim(uid, dict(raw), path) for uid, raw in claims.items()})
+
+
+def save(path: Path, checkpoint: Checkpoint) -> None:
+    """Replace the file atomically (fsync, rename): a crash leaves the old or the new one."""
+    try:
+        atomic_write_text(path, checkpoint.to_json(), mode=0o600)
+    except OSError as err:
+        raise ConfigError(f"cannot write DRA checkpoint {path}: {err.strerror}") from err

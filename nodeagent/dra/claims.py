@@ -1,0 +1,151 @@
+"""A ResourceClaim's allocation (resource.k8s.io/v1, as JSON) -> what this node must prepare.
+Pure.
+
+`status.allocation.devices.results` names each allocated device (request, driver, pool,
+device); `status.allocation.devices.config` carries the opaque configs of the claim and of its
+DeviceClass, each for some or all requests. nodeagent reads one opaque kind, for its driver:
+
+    apiVersion: gpu.nodeagent.io/v1
+    kind: MpsConfig
+    threadPercentage: 25     # 1-100: the share of the GPU's SMs each client gets
+    pinnedMemory: 16Gi       # optional: each client's device memory limit
+
+Anything else (an unknown key, a bad value, an MPS config on a MIG slice) is an error that
+names the claim, and nothing is prepared for it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nodeagent.dra.devices import DeviceRef, parse_device_name
+from nodeagent.errors import ConfigError
+
+CONFIG_API_VERSION = "gpu.nodeagent.io/v1"
+MPS_KIND = "MpsConfig"
+_QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
+_UNITS = {
+    None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Mps:
+    """An MPS share: the clients' active thread percentage and pinned memory limit."""
+
+    thread_percentage: int
+    pinned_memory_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "thread_percentage": self.thread_percentage,
+            "pinned_memory_bytes": self.pinned_memory_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class ClaimedDevice:
+    request: str
+    pool: str
+    device: str
+    ref: DeviceRef
+    mps: Mps | None = None
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"claim {self.namespace}/{self.name}"
+
+
+def parse_quantity(text: object, what: str) -> int:
+    """A Kubernetes quantity of bytes ('16Gi', '500M', '1073741824') -> bytes."""
+    m = _QUANTITY.match(str(text).strip()) if isinstance(text, str | int) else None
+    if m is None or int(m.group(1)) == 0:
+        raise ConfigError(f"{what} {text!r} is not a quantity of bytes like 16Gi or 500M")
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+def parse_mps(params: Mapping[str, Any], where: str) -> Mps:
+    """An MpsConfig's parameters -> Mps. Raises ConfigError naming every problem."""
+    problems = []
+    known = {"apiVersion", "kind", "threadPercentage", "pinnedMemory"}
+    problems += [f"unknown key {k!r}" for k in sorted(set(params) - known)]
+    pct = params.get("threadPercentage")
+    if isinstance(pct, bool) or not isinstance(pct, int) or not 1 <= pct <= 100:
+        problems.append(f"threadPercentage must be a whole number 1-100, not {pct!r}")
+    pinned: int | None = None
+    if params.get("pinnedMemory") is not None:
+        try:
+            pinned = parse_quantity(params["pinnedMemory"], "pinnedMemory")
+        except ConfigError as err:
+            problems.append(str(err))
+        else:
+            if pinned < 1 << 20:
+                problems.append("pinnedMemory must be at least 1Mi (the daemon takes whole MiB)")
+    if problems:
+        raise ConfigError(f"{where}: MpsConfig: " + "; ".join(problems))
+    assert isinstance(pct, int)
+    return Mps(pct, pinned)
+
+
+def _configs(allocation: Mapping[str, Any], driver: str, where: str) -> list[tuple[set[str], Mps]]:
+    """(requests it applies to (empty: all), Mps) for each of this driver's opaque configs;
+    class configs first, then the claim's, so the claim's win."""
+    out: list[tuple[int, set[str], Mps]] = []
+    for entry in allocation.get("devices", {}).get("config") or []:
+        opaque = entry.get("opaque") or {}
+        if opaque.get("driver") != driver:
+            continue
+        params = opaque.get("parameters") or {}
+        if params.get("apiVersion") != CONFIG_API_VERSION or params.get("kind") != MPS_KIND:
+            raise ConfigError(
+                f"{where}: opaque config for {driver} must be apiVersion {CONFIG_API_VERSION}"
+                f" kind {MPS_KIND}, not {params.get('apiVersion')!r} {params.get('kind')!r}"
+            )
+        rank = 0 if entry.get("source") == "FromClass" else 1
+        out.append((rank, set(entry.get("requests") or []), parse_mps(params, where)))
+    out.sort(key=lambda t: t[0])
+    return [(requests, mps) for _, requests, mps in out]
+
+
+def claimed_devices(claim: Mapping[str, Any], driver: str, pool: str) -> list[ClaimedDevice]:
+    """This node's devices in the claim's allocation, each with its MPS share if one applies.
+    Raises ConfigError when the claim is not allocated, names a device this driver never
+    published, or its config is bad."""
+    meta = claim.get("metadata") or {}
+    where = f"claim {meta.get('namespace')}/{meta.get('name')}"
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ConfigError(f"{where} is not allocated")
+    configs = _configs(allocation, driver, where)
+    out: list[ClaimedDevice] = []
+    for result in allocation.get("devices", {}).get("results") or []:
+        if result.get("driver") != driver or result.get("pool") != pool:
+            continue
+        request, device = str(result.get("request", "")), str(result.get("device", ""))
+        ref = parse_device_name(device)
+        if ref is None:
+            raise ConfigError(f"{where}: device {device!r} is not one {driver} publishes")
+        mps: Mps | None = None
+        for requests, candidate in configs:
+            # A subrequest ('gpu/small') matches a config naming its request ('gpu').
+            if not requests or request in requests or request.split("/", 1)[0] in requests:
+                mps = candidate
+        if mps is not None and ref.is_mig:
+            raise ConfigError(
+                f"{where}: an MPS share needs a whole GPU; {device} is a MIG slice"
+                " (MPS inside MIG slices is not supported)"
+            )
+        out.append(ClaimedDevice(request, pool, device, ref, mps))
+    if not out:
+        raise ConfigError(f"{where} has no device of {driver} on node {pool}")
+    return out

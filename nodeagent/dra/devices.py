@@ -1,0 +1,231 @@
+"""The node's GPUs as DRA devices (resource.k8s.io/v1 ResourceSlices), as KEP-4815 models
+partitionable devices. Pure.
+
+Every GPU is one device; every placement of every MIG profile is one more, which consumes
+counters from its GPU's counter set: one counter per memory slice (`memory-slice-N`, value 1)
+and one per capacity (memory, multiprocessors, engines). The whole GPU consumes them all, so
+the scheduler never hands out a GPU and one of its slices, nor two overlapping slices. This is
+what NVIDIA's DRA driver publishes (NVIDIA/k8s-dra-driver-gpu@22407113785e:
+cmd/gpu-kubelet-plugin/partitions.go, mig.go): the same device names, counter names and
+capacity names, so DeviceClass selectors carry over.
+
+resource.k8s.io/v1 (kubernetes/api@10b39a39bcee: resource/v1/types.go) puts a pool's counter
+sets and its devices in different ResourceSlices ("only one of Devices and SharedCounters can
+be set"), at most 8 counter sets per slice and 64 devices per slice that consumes counters:
+one counters slice per 8 GPUs, then one devices slice per GPU (an H200 has 26 devices).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from nodeagent.nvml.inventory import GiProfile, Gpu, Inventory, Placement
+
+MAX_COUNTER_SETS_PER_SLICE = 8
+MAX_DEVICES_PER_SLICE = 64  # ResourceSliceMaxDevicesWithAdvancedFeatures
+MIG_NAME = re.compile(r"^gpu-(\d+)-mig-[a-z0-9-]+-(\d+)-(\d+)$")
+GPU_NAME = re.compile(r"^gpu-(\d+)$")
+CAPACITIES = (  # (capacity name, counter name)
+    ("memory", "memory"),
+    ("multiprocessors", "multiprocessors"),
+    ("copyEngines", "copy-engines"),
+    ("decoders", "decoders"),
+    ("encoders", "encoders"),
+    ("jpegEngines", "jpeg-engines"),
+    ("ofaEngines", "ofa-engines"),
+)
+
+
+@dataclass(frozen=True)
+class DeviceRef:
+    """What a device name stands for: a whole GPU, or a MIG profile at a placement."""
+
+    gpu: int
+    profile_id: int | None = None
+    start: int | None = None
+
+    @property
+    def is_mig(self) -> bool:
+        return self.profile_id is not None
+
+
+@dataclass(frozen=True)
+class SliceSpec:
+    """One ResourceSlice this node should have: its name and spec, without the pool's
+    generation and slice count (the publisher sets those)."""
+
+    name: str
+    spec: dict[str, Any]
+
+
+def dns_label(text: str) -> str:
+    """Lower case, anything outside [a-z0-9-] becomes '-', no '-' at either end."""
+    return re.sub(r"[^a-z0-9-]", "-", text.lower()).strip("-")
+
+
+def gpu_device_name(gpu: int) -> str:
+    return f"gpu-{gpu}"
+
+
+def mig_device_name(gpu: int, profile: GiProfile, start: int) -> str:
+    """'gpu-0-mig-1g18gb-19-0': GPU, profile (dots dropped), profile id, placement start."""
+    return f"gpu-{gpu}-mig-{dns_label(profile.name.replace('.', ''))}-{profile.id}-{start}"
+
+
+def counter_set_name(gpu: int) -> str:
+    return f"gpu-{gpu}-counter-set"
+
+
+def parse_device_name(name: str) -> DeviceRef | None:
+    """The GPU (and MIG profile id and placement start) a device name stands for; None for a
+    name this driver never publishes."""
+    if m := GPU_NAME.match(name):
+        return DeviceRef(int(m.group(1)))
+    if m := MIG_NAME.match(name):
+        return DeviceRef(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    return None
+
+
+def _version(text: str) -> str:
+    """A dotted version as a semantic version ('580.159.04' -> '580.159.4', '13.0' -> '13.0.0')."""
+    parts = [str(int(p)) for p in re.findall(r"\d+", text)[:3]]
+    return ".".join(parts + ["0"] * (3 - len(parts)))
+
+
+def _profile_capacity(p: GiProfile) -> dict[str, int]:
+    e = p.engines
+    values = (p.memory_bytes, p.multiprocessor_count, e.copy, e.decoder, e.encoder, e.jpeg, e.ofa)
+    return {name: v for (name, _), v in zip(CAPACITIES, values, strict=True)}
+
+
+def _max_capacity(gpu: Gpu) -> dict[str, int]:
+    """What the whole GPU offers a partition: each capacity's largest value over the profiles
+    (the 7g profile's, in practice)."""
+    out = dict.fromkeys((name for name, _ in CAPACITIES), 0)
+    for p in gpu.profiles:
+        for name, v in _profile_capacity(p).items():
+            out[name] = max(out[name], v)
+    return out
+
+
+def _counters(capacity: dict[str, int], slots: Iterable[int]) -> dict[str, dict[str, str]]:
+    counter_names = dict(CAPACITIES)
+    out = {counter_names[name]: {"value": str(v)} for name, v in capacity.items()}
+    out.update({f"memory-slice-{i}": {"value": "1"} for i in slots})
+    return out
+
+
+def _capacity(values: dict[str, int]) -> dict[str, dict[str, str]]:
+    return {name: {"value": str(v)} for name, v in values.items()}
+
+
+def partitionable(gpu: Gpu) -> bool:
+    """Whether the GPU's MIG placements are devices. Ampere changes MIG mode only with a GPU
+    reset: there, the mode it is in decides (MIG on: slices only; off: the whole GPU only)."""
+    return gpu.mig_capable and bool(gpu.profiles)
+
+
+def offers_whole(gpu: Gpu) -> bool:
+    return not (partitionable(gpu) and gpu.architecture == "ampere" and gpu.mig_current)
+
+
+def offers_slices(gpu: Gpu) -> bool:
+    return partitionable(gpu) and (gpu.architecture != "ampere" or gpu.mig_current)
+
+
+def _gpu_attributes(inventory: Inventory, gpu: Gpu) -> dict[str, dict[str, Any]]:
+    major, minor = gpu.compute_capability
+    return {
+        "type": {"string": "gpu"},
+        "index": {"int": gpu.index},
+        "uuid": {"string": gpu.uuid},
+        "productName": {"string": gpu.name},
+        "architecture": {"string": gpu.architecture},
+        "cudaComputeCapability": {"version": f"{major}.{minor}.0"},
+        "driverVersion": {"version": _version(inventory.driver_version)},
+        "cudaDriverVersion": {"version": _version(inventory.cuda_version)},
+        "pciBusID": {"string": gpu.pci_bus_id},
+    }
+
+
+def gpu_device(inventory: Inventory, gpu: Gpu) -> dict[str, Any]:
+    attributes = _gpu_attributes(inventory, gpu)
+    device: dict[str, Any] = {"name": gpu_device_name(gpu.index), "attributes": attributes}
+    if not offers_slices(gpu):
+        device["capacity"] = _capacity({"memory": gpu.memory_total_bytes})
+        return device
+    full = _max_capacity(gpu)
+    device["capacity"] = _capacity(full)
+    device["consumesCounters"] = [
+        {
+            "counterSet": counter_set_name(gpu.index),
+            "counters": _counters(full, range(gpu.memory_slice_count)),
+        }
+    ]
+    return device
+
+
+def mig_device(inventory: Inventory, gpu: Gpu, profile: GiProfile, at: Placement) -> dict[str, Any]:
+    attributes = _gpu_attributes(inventory, gpu)
+    attributes.pop("uuid")
+    attributes.update(
+        {
+            "type": {"string": "mig"},
+            "parentUUID": {"string": gpu.uuid},
+            "profile": {"string": profile.name},
+            "memorySliceStart": {"int": at.start},
+            "memorySliceCount": {"int": at.size},
+        }
+    )
+    capacity = _profile_capacity(profile)
+    return {
+        "name": mig_device_name(gpu.index, profile, at.start),
+        "attributes": attributes,
+        "capacity": _capacity(capacity),
+        "consumesCounters": [
+            {"counterSet": counter_set_name(gpu.index), "counters": _counters(capacity, at.slots())}
+        ],
+    }
+
+
+def gpu_devices(inventory: Inventory, gpu: Gpu) -> list[dict[str, Any]]:
+    """The whole GPU first, then each profile's placements (largest profile first, as the
+    scheduler takes the first device that fits, then by placement)."""
+    devices = [gpu_device(inventory, gpu)] if offers_whole(gpu) else []
+    if offers_slices(gpu):
+        for profile in sorted(gpu.profiles, key=lambda p: (-p.slice_count, -p.memory_bytes, p.id)):
+            devices += [mig_device(inventory, gpu, profile, at) for at in profile.placements]
+    return devices
+
+
+def counter_set(gpu: Gpu) -> dict[str, Any]:
+    return {
+        "name": counter_set_name(gpu.index),
+        "counters": _counters(_max_capacity(gpu), range(gpu.memory_slice_count)),
+    }
+
+
+def resource_slices(
+    inventory: Inventory, node: str, driver: str, gpus: Collection[int] | None = None
+) -> list[SliceSpec]:
+    """Every ResourceSlice of this node's pool (named after the node): the counter sets, then
+    one slice of devices per GPU. `gpus` limits them to those GPU indices (None: all)."""
+    chosen = [g for g in inventory.gpus if gpus is None or g.index in gpus]
+    prefix = f"{node}-{dns_label(driver)}"
+    base = {"driver": driver, "nodeName": node}
+    out: list[SliceSpec] = []
+    with_counters = [g for g in chosen if offers_slices(g)]
+    for k in range(0, len(with_counters), MAX_COUNTER_SETS_PER_SLICE):
+        batch = with_counters[k : k + MAX_COUNTER_SETS_PER_SLICE]
+        spec = {**base, "sharedCounters": [counter_set(g) for g in batch]}
+        out.append(SliceSpec(f"{prefix}-counters-{k // MAX_COUNTER_SETS_PER_SLICE}", spec))
+    for gpu in chosen:
+        devices = gpu_devices(inventory, gpu)
+        for k in range(0, len(devices), MAX_DEVICES_PER_SLICE):
+            part = "" if k == 0 else f"-{k // MAX_DEVICES_PER_SLICE}"
+            spec = {**base, "devices": devices[k : k + MAX_DEVICES_PER_SLICE]}
+            out.append(SliceSpec(f"{prefix}-gpu-{gpu.index}{part}", spec))
+    return out

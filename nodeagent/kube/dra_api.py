@@ -1,0 +1,61 @@
+"""The resource.k8s.io/v1 objects the DRA driver reads and writes: this node's ResourceSlices
+and the ResourceClaims the kubelet asks it to prepare. Same client, timeouts and retries as
+the Node (NodeApi); plain JSON in and out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nodeagent.kube.api import MERGE_PATCH, NodeApi, _none_on, _path
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+CLAIM = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
+
+
+class DraApi(NodeApi):
+    """ResourceSlices of one driver on this node, and ResourceClaims."""
+
+    def list_slices(self, driver: str) -> list[dict[str, Any]]:
+        """This node's ResourceSlices of `driver` (filtered here too, whatever the server did)."""
+        query = {"fieldSelector": f"spec.driver={driver},spec.nodeName={self.name}"}
+        result = self._call(
+            "list resourceslices", lambda: self._request("GET", SLICES, query=query)
+        )
+        return [
+            s
+            for s in (result or {}).get("items", [])
+            if s.get("spec", {}).get("driver") == driver
+            and s.get("spec", {}).get("nodeName") == self.name
+        ]
+
+    def create_slice(self, body: dict[str, Any]) -> None:
+        name = body["metadata"]["name"]
+        # 409: an earlier attempt got through before its connection dropped; the next
+        # publish compares again.
+        self._call(
+            f"create resourceslice {name}",
+            _none_on(409, lambda: self._request("POST", SLICES, body=body)),
+        )
+
+    def patch_slice(self, name: str, body: dict[str, Any]) -> None:
+        """A JSON merge patch: lists (devices, sharedCounters) are replaced whole."""
+        path = SLICES + _path("/{name}", name=name)
+        self._call(
+            f"patch resourceslice {name}",
+            lambda: self._request("PATCH", path, body=body, content_type=MERGE_PATCH),
+        )
+
+    def delete_slice(self, name: str) -> None:
+        path = SLICES + _path("/{name}", name=name)
+        self._call(
+            f"delete resourceslice {name}", _none_on(404, lambda: self._request("DELETE", path))
+        )
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ResourceClaim as plain JSON, or None when there is no such claim."""
+        path = _path(CLAIM, ns=namespace, name=name)
+        claim: dict[str, Any] | None = self._call(
+            f"read resourceclaim {namespace}/{name}",
+            _none_on(404, lambda: self._request("GET", path)),
+        )
+        return claim

@@ -1,0 +1,74 @@
+"""The DRA driver as the agent runs it (`nodeagent run --kube --dra`): the kubelet plugin's
+gRPC services, the node's ResourceSlices kept up to date, and the claims' devices counted as
+busy by the rest of the agent."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+from nodeagent.dra.devices import resource_slices
+from nodeagent.dra.node import NodeConfig, NodeDriver
+from nodeagent.kube.api import KubeSettings, make_api_client
+from nodeagent.kube.dra_api import DraApi
+from nodeagent.kube.dra_server import DraPluginServer, Sockets
+from nodeagent.kube.dra_slices import SlicePublisher
+from nodeagent.mig.apply import Reset
+from nodeagent.nvml import Inventory, NvmlSession
+from nodeagent.settings import Settings
+
+PLUGIN_SOCKET = "dra.sock"
+
+
+def sockets(settings: Settings) -> Sockets:
+    d = settings.dra
+    return Sockets(d.plugin_path / PLUGIN_SOCKET, d.registry_dir / f"{d.driver}-reg.sock")
+
+
+class DraPlugin:
+    """Built from the settings; `start()` serves the kubelet, `publish()` the slices."""
+
+    def __init__(
+        self,
+        session: NvmlSession,
+        settings: Settings,
+        kube: KubeSettings,
+        reset: Reset,
+        writer_lock: Callable[[], AbstractContextManager[None]],
+        held: Callable[[], Mapping[str, str]],
+        stop: threading.Event | None = None,
+    ) -> None:
+        d = settings.dra
+        self.driver = d.driver
+        self.devices = d.devices
+        self.api = DraApi(make_api_client(kube), kube, stop)
+        config = NodeConfig(
+            driver=d.driver,
+            pool=kube.node_name,
+            plugin_dir=d.plugin_path,
+            cdi_dir=d.cdi_dir,
+            gpus=d.devices,
+            mps_control=settings.mps.control,
+        )
+        self.node = NodeDriver(session, config, reset, writer_lock, held)
+        self.server = DraPluginServer(self.node, self.api, d.driver, sockets(settings))
+        self.publisher = SlicePublisher(self.api, d.driver)
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.node.config.checkpoint
+
+    def start(self) -> None:
+        """Serve the kubelet. Raises KubeError when a socket cannot be made."""
+        self.server.start()
+
+    def publish(self, inventory: Inventory) -> bool:
+        """Bring the node's ResourceSlices to `inventory`; True when something was written.
+        Raises KubeError."""
+        wanted = resource_slices(inventory, self.api.name, self.driver, self.devices)
+        return self.publisher.publish(wanted)
+
+    def stop(self) -> None:
+        self.server.stop()

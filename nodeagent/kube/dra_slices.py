@@ -1,0 +1,86 @@
+"""Publish this node's ResourceSlices, and only when they change.
+
+The pool (named after the node) is all or nothing for the scheduler: it uses only the slices
+of the pool's highest generation, and only once it has `resourceSliceCount` of them. So a
+change writes every slice with the next generation (creating and patching), and only then
+deletes the slices no longer wanted. A publish that finds the API already as wanted (a
+restart) writes nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+from nodeagent.dra.devices import SliceSpec
+from nodeagent.kube.dra_api import DraApi
+from nodeagent.logs import get_logger
+
+log = get_logger("nodeagent.dra")
+
+
+def _without_pool(spec: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in spec.items() if k != "pool"}
+
+
+class SlicePublisher:
+    """Keeps the node's ResourceSlices of `driver` equal to the wanted ones."""
+
+    def __init__(self, api: DraApi, driver: str) -> None:
+        self.api = api
+        self.driver = driver
+        self.pool = api.name
+        self._published: list[SliceSpec] | None = None
+        self.generation = 0
+        self.writes = 0  # create, patch and delete calls made (metrics, tests)
+
+    def publish(self, wanted: Sequence[SliceSpec]) -> bool:
+        """Make the API hold exactly `wanted`; True when something was written. Raises
+        KubeError (the next publish tries again: nothing is remembered as published)."""
+        wanted = list(wanted)
+        if self._published == wanted:
+            return False
+        existing = {s["metadata"]["name"]: s for s in self.api.list_slices(self.driver)}
+        generations = [
+            int(s["spec"].get("pool", {}).get("generation", 0)) for s in existing.values()
+        ]
+        top = max(generations, default=0)
+        same = set(existing) == {w.name for w in wanted} and all(
+            _without_pool(existing[w.name]["spec"]) == w.spec
+            and existing[w.name]["spec"].get("pool", {}).get("generation") == top
+            and existing[w.name]["spec"].get("pool", {}).get("resourceSliceCount") == len(wanted)
+            for w in wanted
+        )
+        if same:
+            self._published, self.generation = wanted, top
+            return False
+        self.generation = top + 1
+        pool = {"name": self.pool, "generation": self.generation, "resourceSliceCount": len(wanted)}
+        for w in wanted:
+            body: dict[str, Any] = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": w.name},
+                "spec": {**copy.deepcopy(w.spec), "pool": pool},
+            }
+            if w.name in existing:
+                # Keys the old spec had and the new one lacks (devices <-> sharedCounters).
+                gone = dict.fromkeys(set(existing[w.name]["spec"]) - set(body["spec"]))
+                self.api.patch_slice(w.name, {"spec": {**gone, **body["spec"]}})
+            else:
+                self.api.create_slice(body)
+            self.writes += 1
+        for name in sorted(set(existing) - {w.name for w in wanted}):
+            self.api.delete_slice(name)
+            self.writes += 1
+        self._published = wanted
+        log.info("dra.slices.published", generation=self.generation, slices=len(wanted))
+        return True
+
+    def withdraw(self) -> None:
+        """Delete every slice of this node and driver (the driver is switched off)."""
+        for s in self.api.list_slices(self.driver):
+            self.api.delete_slice(s["metadata"]["name"])
+            self.writes += 1
+        self._published = None

@@ -1,0 +1,90 @@
+"""`nodeagent run --kube --dra` as a whole: the agent publishes the node's ResourceSlices,
+serves the kubelet, and a slice a claim holds is busy for the mig.config protocol (the
+device-plugin path's reconcile never destroys it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nodeagent.agent import Agent
+from nodeagent.mig.config import dump_config
+from nodeagent.mig.generate import generate_configs
+from nodeagent.nvml import NvmlSession, read_inventory
+from nodeagent.sim import SimulatedNvml, parse_spec
+from tests.agent_support import make_agent
+from tests.fake_kubelet.dra import Claim, FakeDraKubelet
+from tests.integration.dra.conftest import (
+    CLAIMS,
+    DRIVER,
+    NODE,
+    allocated_claim,
+    dra_cluster,
+)
+from tests.integration.dra.test_publish import slices
+from tests.integration.kube.conftest import Cluster
+
+STATE = "nvidia.com/mig.config.state"
+REASON = "nodeagent.io/mig.config.reason"
+
+
+@pytest.fixture
+def agent(short_root: Path) -> Iterator[tuple[Agent, Cluster, SimulatedNvml]]:
+    cluster = dra_cluster()
+    cluster.add_node(NODE, {"kubernetes.io/hostname": NODE})
+    lib = SimulatedNvml(parse_spec("h200x2"))
+    session = NvmlSession(lib)
+    mig = short_root / "mig.yaml"
+    mig.write_text(dump_config(generate_configs(read_inventory(session))))
+    agent = make_agent(
+        session,
+        lib.reset,
+        metrics={"refresh_interval_seconds": 0.2},
+        reconcile={"interval_seconds": 300},
+        mig={"config_file": str(mig)},
+        kube={
+            "enabled": True,
+            "node_name": NODE,
+            "host": cluster.url,
+            "watch_timeout_seconds": 1,
+            "pod_resources_socket": None,
+        },
+        dra={
+            "enabled": True,
+            "plugin_dir": short_root / "p",
+            "registry_dir": short_root / "reg",
+            "cdi_dir": short_root / "cdi",
+        },
+    )
+    agent.start()
+    try:
+        yield agent, cluster, lib
+    finally:
+        agent.stop()
+        cluster.close()
+
+
+def test_a_claimed_slice_is_busy_for_the_mig_config_protocol(
+    agent: tuple[Agent, Cluster, SimulatedNvml], short_root: Path
+) -> None:
+    running, cluster, _ = agent
+    cluster.wait(lambda: len(slices(cluster)) == 3, what="the node's 3 ResourceSlices")
+    kubelet = FakeDraKubelet(short_root / "reg")
+    assert kubelet.register(DRIVER) == "v1.DRAPlugin"
+    claim = allocated_claim("asr", "uid-1", {"gpu": "gpu-0-mig-3g71gb-9-4"})
+    cluster.km.objects[CLAIMS, "speech", "asr"] = claim
+    ref = Claim("speech", "asr", "uid-1")
+    assert kubelet.prepare([ref])["uid-1"].error == ""
+
+    cluster.label(NODE, {"nvidia.com/mig.config": "all-1g.18gb"})  # would destroy the 3g
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "failed", what="state failed")
+    assert "claim speech/asr" in cluster.annotations(NODE)[REASON]
+    with running.session.lock:
+        gpu0 = read_inventory(running.session).gpus[0]
+    assert [(s.profile, s.placement.start) for s in gpu0.slices] == [("3g.71gb", 4)]
+
+    assert kubelet.unprepare([ref]) == {"uid-1": ""}
+    cluster.label(NODE, {"nvidia.com/mig.config": "all-3g.71gb"})
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="state success")

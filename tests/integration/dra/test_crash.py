@@ -1,0 +1,156 @@
+"""A prepare or unprepare killed at every NVML mutation (the emulator's fault injection:
+NODEAGENT_SIM_FAULTS [{"mutation": N, "exit": 137}], state kept in a file as the GPUs keep
+theirs) converges when the kubelet asks again: the same slices, the claim prepared once, and
+after unprepare nothing of the claim left."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeagent.dra.checkpoint import PREPARED, load
+from nodeagent.dra.claims import ClaimRef
+from nodeagent.dra.node import NodeDriver
+from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
+from nodeagent.sim import SimulatedNvml
+from nodeagent.sim.models import parse_spec
+from tests.integration.dra.conftest import allocated_claim, no_reset, node_config
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = """
+import json, sys
+from pathlib import Path
+from nodeagent.dra.claims import ClaimRef
+from nodeagent.dra.node import NodeConfig, NodeDriver
+from nodeagent.nvml import NvmlSession
+from nodeagent.sim import open_emulator
+
+root, action, claim = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+config = NodeConfig("gpu.nodeagent.io", "node-1", root / "p", root / "cdi")
+node = NodeDriver(NvmlSession(open_emulator("h200x2", root / "sim.json")), config, lambda i: None)
+meta = claim["metadata"]
+if action == "prepare":
+    node.prepare(ClaimRef(meta["namespace"], meta["name"], meta["uid"]), claim)
+else:
+    node.unprepare(meta["uid"])
+"""
+# (name, claimed device, the GPU before: MIG on?, slices there (profile id, start, size),
+#  NVML mutations the prepare makes)
+SCENARIOS = [
+    ("mig-off", "gpu-0-mig-1g18gb-19-2", False, [], 3),  # mode, GI, CI
+    ("idle-slice-in-the-way", "gpu-0-mig-2g35gb-14-2", True, [(9, 0, 4)], 4),  # CI, GI, GI, CI
+]
+
+
+def run(root: Path, action: str, claim: dict[str, Any], fault: dict[str, Any] | None) -> int:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
+    if fault is not None:
+        env["NODEAGENT_SIM_FAULTS"] = json.dumps([fault])
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(root), action, json.dumps(claim)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode in (0, 137), proc.stderr
+    return proc.returncode
+
+
+def setup_gpu(root: Path, mig: bool, slices: list[tuple[int, int, int]]) -> SimulatedNvml:
+    lib = SimulatedNvml(parse_spec("h200x2"), root / "sim.json")
+    session = NvmlSession(lib)
+    writer = MigWriter(session)
+    if mig:
+        writer.set_mig_mode(0, True)
+    for profile_id, start, size in slices:
+        gi = writer.create_gpu_instance(0, profile_id, Placement(start, size))
+        writer.create_compute_instance(0, gi, 3, 0, full=True)
+    return lib
+
+
+def layout(root: Path) -> tuple[bool, list[tuple[str, int, bool]]]:
+    """GPU 0's MIG mode and slices (profile, start, has its CI), read afresh from the file."""
+    session = NvmlSession(SimulatedNvml(parse_spec("h200x2"), root / "sim.json"))
+    gpu = read_inventory(session).gpus[0]
+    session.close()
+    return gpu.mig_current, sorted(
+        (s.profile, s.placement.start, s.ci_id is not None) for s in gpu.slices
+    )
+
+
+def driver(root: Path) -> NodeDriver:
+    lib = SimulatedNvml(parse_spec("h200x2"), root / "sim.json")
+    return NodeDriver(NvmlSession(lib), node_config(root), no_reset)
+
+
+CASES = [
+    pytest.param(name, device, mig, slices, n, when, id=f"{name}-{when}-mutation-{n}")
+    for name, device, mig, slices, count in SCENARIOS
+    # before each mutation; after the last (before the checkpoint says prepared); and before
+    # a mutation count + 1, which never comes: `count` is all there is
+    for n, when in [*((i, "before") for i in range(1, count + 2)), (count, "after")]
+]
+
+
+@pytest.mark.parametrize(("name", "device", "mig", "slices", "n", "when"), CASES)
+def test_prepare_killed_at_every_mutation_converges(
+    short_root: Path,
+    name: str,
+    device: str,
+    mig: bool,
+    slices: list[tuple[int, int, int]],
+    n: int,
+    when: str,
+) -> None:
+    setup_gpu(short_root, mig, slices)
+    claim = allocated_claim("asr", "uid-1", {"gpu": device})
+    ref = ClaimRef("speech", "asr", "uid-1")
+    count = next(c for s, _, _, _, c in SCENARIOS if s == name)
+
+    code = run(short_root, "prepare", claim, {"mutation": n, "exit": 137, "when": when})
+    assert code == (137 if n <= count else 0)
+
+    (answer,) = driver(short_root).prepare(ref, claim)  # the kubelet asks again
+    profile = "1g.18gb" if "1g18gb" in device else "2g.35gb"
+    start = int(device.rsplit("-", 1)[1])
+    assert layout(short_root) == (True, [(profile, start, True)])
+    assert load(short_root / "p" / "checkpoint.json").claims["uid-1"].state == PREPARED
+    assert answer.cdi_ids == (f"k8s.gpu.nodeagent.io/claim=uid-1-{device}",)
+    assert (short_root / "cdi" / "k8s.gpu.nodeagent.io-claim_uid-1.json").exists()
+
+    driver(short_root).unprepare("uid-1")
+    assert layout(short_root) == (True, [])
+    assert load(short_root / "p" / "checkpoint.json").claims == {}
+
+
+@pytest.mark.parametrize(
+    ("n", "left"),
+    [(1, [("3g.71gb", 4, False)]), (2, [])],  # killed after destroy-ci, -gi
+)
+def test_unprepare_killed_at_every_mutation_converges(
+    short_root: Path, n: int, left: list[tuple[str, int, bool]]
+) -> None:
+    setup_gpu(short_root, True, [])
+    claim = allocated_claim("asr", "uid-1", {"gpu": "gpu-0-mig-3g71gb-9-4"})
+    driver(short_root).prepare(ClaimRef("speech", "asr", "uid-1"), claim)
+    fault = {"mutation": n, "exit": 137, "when": "after"}
+    assert run(short_root, "unprepare", claim, fault) == 137
+    assert layout(short_root) == (True, left)
+    assert "uid-1" in load(short_root / "p" / "checkpoint.json").claims
+    driver(short_root).unprepare("uid-1")
+    assert layout(short_root) == (True, [])
+    assert not (short_root / "cdi" / "k8s.gpu.nodeagent.io-claim_uid-1.json").exists()
+
+
+def test_a_killed_prepare_the_kubelet_gives_up_on_is_undone(short_root: Path) -> None:
+    """The pod was deleted while the plugin was down: the kubelet unprepares instead."""
+    setup_gpu(short_root, True, [])
+    claim = allocated_claim("asr", "uid-1", {"gpu": "gpu-0-mig-4g71gb-5-0"})
+    assert run(short_root, "prepare", claim, {"mutation": 2, "exit": 137}) == 137
+    assert layout(short_root) == (True, [("4g.71gb", 0, False)])  # a GI without its CI
+    driver(short_root).unprepare("uid-1")
+    assert layout(short_root) == (True, [])

@@ -1,0 +1,137 @@
+"""Bad input to the DRA driver: settings, claims' opaque configs, a checkpoint it cannot read.
+Each is one sentence naming what is wrong; nothing is guessed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeagent.dra.checkpoint import PREPARED, Checkpoint, PreparedClaim, PreparedDevice, load, save
+from nodeagent.dra.claims import Mps, claimed_devices, parse_quantity
+from nodeagent.dra.devices import DeviceRef
+from nodeagent.errors import ConfigError
+from nodeagent.settings import load as load_settings
+
+DRIVER = "gpu.nodeagent.io"
+
+
+@pytest.mark.parametrize(
+    ("environ", "error"),
+    [
+        ({"NODEAGENT_DRA": "true"}, "--dra needs --kube"),
+        (
+            {"NODEAGENT_DRA_DRIVER": "Gpu_Driver"},
+            "environment variable NODEAGENT_DRA_DRIVER: must be a DNS subdomain",
+        ),
+        ({"NODEAGENT_DRA_DRIVER": "nodots"}, "must be a DNS subdomain"),
+        ({"NODEAGENT_DRA_DRIVER": "a" * 61 + ".io"}, "at most 63 characters"),
+        ({"NODEAGENT_DRA_DEVICES": "0,x"}, "NODEAGENT_DRA_DEVICES"),
+    ],
+)
+def test_bad_settings_are_one_sentence(environ: dict[str, str], error: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(environ=environ)
+    assert error in str(info.value)
+
+
+def test_settings_defaults_and_values() -> None:
+    s, _ = load_settings(
+        environ={"NODEAGENT_KUBE": "true", "NODE_NAME": "n", "NODEAGENT_DRA": "true"}
+    )
+    assert s.dra.enabled and s.dra.driver == DRIVER
+    assert s.dra.plugin_path == Path("/var/lib/kubelet/plugins/gpu.nodeagent.io")
+    s, _ = load_settings(environ={"NODEAGENT_DRA_DEVICES": "4,5", "NODEAGENT_DRA_DRIVER": "g.x.io"})
+    assert s.dra.devices == (4, 5) and s.dra.plugin_path == Path("/var/lib/kubelet/plugins/g.x.io")
+
+
+def claim(device: str, config: list[dict[str, Any]] | None = None, **status: Any) -> dict[str, Any]:
+    results = [{"request": "gpu", "driver": DRIVER, "pool": "n", "device": device}]
+    allocation = {"devices": {"results": results, "config": config or []}}
+    return {
+        "metadata": {"namespace": "ns", "name": "c"},
+        "status": status.get("status", {"allocation": allocation}),
+    }
+
+
+def mps(params: dict[str, Any], **entry: Any) -> list[dict[str, Any]]:
+    full = {"apiVersion": "gpu.nodeagent.io/v1", "kind": "MpsConfig", **params}
+    return [{"opaque": {"driver": DRIVER, "parameters": full}, **entry}]
+
+
+@pytest.mark.parametrize(
+    ("obj", "error"),
+    [
+        (claim("gpu-0", status={}), "claim ns/c is not allocated"),
+        (claim("cpu-0"), "device 'cpu-0' is not one gpu.nodeagent.io publishes"),
+        (
+            claim("gpu-0", mps({"threadPercentage": 0})),
+            "threadPercentage must be a whole number 1-100, not 0",
+        ),
+        (claim("gpu-0", mps({"threadPercentage": True})), "not True"),
+        (
+            claim("gpu-0", mps({"threadPercentage": 25, "pinnedMemory": "512"})),
+            "pinnedMemory must be at least 1Mi",
+        ),
+        (claim("gpu-0", mps({"threadPercentage": 25, "pinned": "1Gi"})), "unknown key 'pinned'"),
+        (
+            claim("gpu-0-mig-1g18gb-19-0", mps({"threadPercentage": 25})),
+            "an MPS share needs a whole GPU",
+        ),
+    ],
+)
+def test_bad_claims_name_the_claim(obj: dict[str, Any], error: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        claimed_devices(obj, DRIVER, "n")
+    assert str(info.value).startswith("claim ns/c")
+    assert error in str(info.value)
+
+
+def test_the_claims_config_wins_over_the_class_and_requests_select() -> None:
+    config = [
+        *mps({"threadPercentage": 50}, source="FromClass"),
+        *mps({"threadPercentage": 25, "pinnedMemory": "8Gi"}, source="FromClaim"),
+        *mps({"threadPercentage": 10}, source="FromClaim", requests=["other"]),
+    ]
+    (device,) = claimed_devices(claim("gpu-3", config), DRIVER, "n")
+    assert device.ref == DeviceRef(3)
+    assert device.mps == Mps(25, 8 << 30)
+    other_driver = [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {"x": 1}}}]
+    assert claimed_devices(claim("gpu-3", other_driver), DRIVER, "n")[0].mps is None
+    with pytest.raises(ConfigError, match=r"has no device of gpu\.nodeagent\.io on node m"):
+        claimed_devices(claim("gpu-3"), DRIVER, "m")
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("16Gi", 16 << 30), ("500M", 500 * 10**6), ("1048576", 1 << 20), ("2Ti", 2 << 40)],
+)
+def test_quantities(text: str, size: int) -> None:
+    assert parse_quantity(text, "x") == size
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("{", "is not JSON"),
+        ('{"version": 2, "claims": {}}', "is not a version 1 checkpoint"),
+        ('{"version": 1, "claims": []}', "'claims' is not a mapping"),
+        ('{"version": 1, "claims": {"u": {"namespace": "n"}}}', "claim u is malformed"),
+    ],
+)
+def test_a_checkpoint_it_cannot_read_is_an_error(tmp_path: Path, text: str, error: str) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=error):
+        load(path)
+
+
+def test_checkpoint_round_trip(tmp_path: Path) -> None:
+    device = PreparedDevice("gpu", "n", "gpu-0-mig-1g18gb-19-2", 0, "GPU-1", 19, "1g.18gb", 2, 1)
+    cp = Checkpoint().with_claim("u", PreparedClaim("ns", "c", PREPARED, (device,), ("id",)))
+    save(tmp_path / "c.json", cp)
+    assert load(tmp_path / "c.json") == cp
+    assert load(tmp_path / "missing.json") == Checkpoint()
+    assert cp.holder_of(0, 2, 1) == cp.claims["u"]
+    assert cp.holder_of(0, 3, 4) is None and cp.holder_of(0, 2, 1, but="u") is None
