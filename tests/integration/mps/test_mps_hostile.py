@@ -1,0 +1,108 @@
+"""`nodeagent mps` against what a node can hold by accident or by malice: a stale pid file naming
+another process (its pid was reused), ready files that are links, device nodes, FIFOs or folders.
+The daemon is the fake nvidia-cuda-mps-control (tests/fake_mps), every one stopped after."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from nodeagent.mps.control import PID_FILE
+from tests.conftest import Result, assert_one_error
+from tests.integration.test_hostile_paths import KINDS, WORDS, make_kind
+
+
+@pytest.fixture
+def mps(
+    tmp_path: Path, cli: Callable[..., Result], fake_mps_control: str
+) -> Iterator[Callable[..., Result]]:
+    """`nodeagent --simulate h200 mps ACTION` on the fake control daemon in tmp_path."""
+    flags = [
+        "--mps-control", fake_mps_control,
+        "--mps-pipe-dir", str(tmp_path / "pipe"),
+        "--mps-log-dir", str(tmp_path / "log"),
+        "--mps-replicas", "2",
+    ]  # fmt: skip
+
+    def run(action: str, *extra: str) -> Result:
+        return cli("--simulate", "h200", "mps", action, *flags, *extra)
+
+    yield run
+    pid_file = tmp_path / "pipe" / PID_FILE
+    if pid_file.is_file() and not pid_file.is_symlink():
+        run("stop")
+
+
+@pytest.fixture
+def sleeper(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A `sleep` whose pid a stale daemon pid file names (the daemon died, its pid reused)."""
+    proc = subprocess.Popen(["sleep", "600"])
+    pid_file = tmp_path / "pipe" / PID_FILE
+    pid_file.parent.mkdir()
+    pid_file.write_text(f"{proc.pid}\n")
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _alive(proc: subprocess.Popen[bytes]) -> bool:
+    return proc.poll() is None
+
+
+def test_stop_leaves_the_process_a_stale_pid_file_names_alone(
+    tmp_path: Path, mps: Callable[..., Result], sleeper: subprocess.Popen[bytes]
+) -> None:
+    pid_file = tmp_path / "pipe" / PID_FILE
+    res = mps("stop")
+    assert res.returncode == 1, res
+    assert "no MPS control daemon runs" in res.stderr and "nothing to stop" in res.stderr
+    assert "mps.stale_pid_file" in res.stderr and str(sleeper.pid) in res.stderr
+    assert _alive(sleeper)
+    assert not pid_file.exists()  # stale: removed
+
+
+def test_start_replaces_a_stale_pid_file_instead_of_adopting_its_process(
+    tmp_path: Path, mps: Callable[..., Result], sleeper: subprocess.Popen[bytes]
+) -> None:
+    pid_file = tmp_path / "pipe" / PID_FILE
+    res = mps("start")
+    assert res.returncode == 0, res
+    daemon = int(pid_file.read_text())
+    assert daemon != sleeper.pid and f"running, pid {daemon}" in res.stdout
+    res = mps("stop")
+    assert res.returncode == 0 and f"stopped (pid {daemon})" in res.stdout, res
+    assert _alive(sleeper)
+
+
+def test_stop_ends_the_real_daemon_it_names(tmp_path: Path, mps: Callable[..., Result]) -> None:
+    assert mps("start").returncode == 0
+    daemon = int((tmp_path / "pipe" / PID_FILE).read_text())
+    res = mps("stop")
+    assert res.returncode == 0 and f"pid {daemon}" in res.stdout, res
+    assert not Path(f"/proc/{daemon}").exists() or "Z" in Path(f"/proc/{daemon}/stat").read_text()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_start_refuses_a_ready_file_that_is_not_a_regular_file(
+    tmp_path: Path, mps: Callable[..., Result], kind: str
+) -> None:
+    ready = tmp_path / "ready"
+    now = make_kind(ready, kind)
+    before = now()
+    res = mps("start", "--mps-ready-file", str(ready))
+    assert_one_error(res, 2, "MPS ready file", str(ready), WORDS[kind])
+    assert now() == before
+    assert not (tmp_path / "pipe" / PID_FILE).exists()  # no daemon was started
+    assert mps("stop", "--mps-ready-file", str(ready)).returncode == 2  # nor removed by stop
+
+
+def test_a_pid_file_that_is_a_fifo_is_refused_without_blocking(
+    tmp_path: Path, mps: Callable[..., Result]
+) -> None:
+    (tmp_path / "pipe").mkdir()
+    os.mkfifo(tmp_path / "pipe" / PID_FILE)
+    assert_one_error(mps("status"), 2, "pid file", "a named pipe (FIFO)")
