@@ -84,21 +84,23 @@ def atomic_write_text(
 
 
 def read_regular(path: Path, what: str, max_bytes: int) -> bytes | None:
-    """At most `max_bytes` of the regular file `path`, or None when it does not exist. Never
-    follows a link, never blocks on a FIFO. Raises ConfigError for anything but a regular
-    file, OSError when it cannot be read. A device is never opened (opening one can act)."""
-    check_target(path, what)
+    """At most `max_bytes` of the regular file `path` names (a link is followed: reading
+    through one is harmless, and Kubernetes mounts ConfigMap files as links), or None when
+    it does not exist. Never blocks on a FIFO, never opens a device (opening one can act).
+    Raises ConfigError for anything but a regular file, OSError when it cannot be read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        kind = kind_of(os.stat(path).st_mode)
     except FileNotFoundError:
         return None
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise _refuse(path, what, "a symbolic link") from err
-        raise
+    if kind is not None:
+        raise _refuse(path, what, kind)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
     try:
         kind = kind_of(os.fstat(fd).st_mode)
-        if kind is not None:
+        if kind is not None:  # swapped in after the check: still never read
             raise _refuse(path, what, kind)
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read(max_bytes)
@@ -110,6 +112,7 @@ def write_if_changed(path: Path, text: str, what: str, mode: int | None = None) 
     """Write `text` atomically unless the regular file holds it already; return whether it
     was written. Raises ConfigError (not a regular file) or OSError."""
     data = text.encode()
+    check_target(path, what)
     if read_regular(path, what, len(data) + 1) == data:
         return False
     atomic_write_text(path, text, mode, what=what)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -83,9 +84,8 @@ def make_kind(path: Path, kind: str) -> Callable[[], object]:
         lambda p: write_if_changed(p, "x\n", "the test file"),
         lambda p: remove_regular(p, "the test file"),
         lambda p: os.close(open_lock_file(p, "the test file")),
-        lambda p: read_regular(p, "the test file", 100),
     ],
-    ids=["atomic_write", "write_if_changed", "remove", "lock", "read"],
+    ids=["atomic_write", "write_if_changed", "remove", "lock"],
 )
 def test_a_non_regular_target_is_refused_and_left_as_it_was(
     tmp_path: Path, kind: str, write: Callable[[Path], object]
@@ -100,6 +100,28 @@ def test_a_non_regular_target_is_refused_and_left_as_it_was(
     )
     assert now() == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".target")) == []
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if "symlink" not in k])
+def test_a_read_refuses_what_is_not_a_regular_file_without_blocking(
+    tmp_path: Path, kind: str
+) -> None:
+    target = tmp_path / "target"
+    now = make_kind(target, kind)
+    before = now()
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    for path in (target, link):  # a link is followed, to a regular file only
+        with pytest.raises(ConfigError, match=f"is {re.escape(WORDS[kind])}, not a regular file"):
+            read_regular(path, "the test file", 100)
+    assert now() == before
+
+
+def test_a_read_follows_a_link_to_a_regular_file(tmp_path: Path) -> None:
+    (tmp_path / "data").write_bytes(b"x" * 1000)
+    (tmp_path / "link").symlink_to(tmp_path / "data")
+    assert read_regular(tmp_path / "link", "f", 10) == b"x" * 10
+    assert read_regular(tmp_path / "dangling", "f", 10) is None
 
 
 def test_a_regular_file_is_replaced_and_an_absent_one_made(tmp_path: Path) -> None:
