@@ -44,6 +44,13 @@ def kind_of(mode: int) -> str | None:
     return None if stat.S_ISREG(mode) else "not a regular file"
 
 
+def os_refusal(err: OSError, sentence: str) -> AgentError:
+    """`sentence` as the error its OS error means: the machine refused (a full disk, a
+    read-only file system, out of descriptors: exit 3), else the path was wrong (exit 2)."""
+    cls = AgentError if err.errno in SYSTEM_ERRNOS else ConfigError
+    return cls(f"{sentence}: {err.strerror or err}")
+
+
 def _refuse(path: Path, what: str, kind: str) -> ConfigError:
     return ConfigError(f"{what} {path} is {kind}, not a regular file; remove it or name another")
 
@@ -133,8 +140,7 @@ def open_lock_file(path: Path, what: str) -> int:
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise _refuse(path, what, "a symbolic link") from err
-        cls = AgentError if err.errno in SYSTEM_ERRNOS else ConfigError
-        raise cls(f"cannot open {what} {path}: {err.strerror}") from err
+        raise os_refusal(err, f"cannot open {what} {path}") from err
     kind = kind_of(os.fstat(fd).st_mode)
     if kind is not None:  # swapped in after the check: still never used
         os.close(fd)
@@ -147,3 +153,20 @@ def remove_regular(path: Path, what: str) -> None:
     else (a device node or a folder is never removed; nor is a link: it is not ours)."""
     check_target(path, what)
     path.unlink(missing_ok=True)
+
+
+def chmod_folder(path: Path, mode: int, what: str) -> None:
+    """Set the mode of the folder `path` itself: a symbolic link there is refused, never
+    followed (a link to /root would open it to every user). Raises ConfigError for anything
+    but a folder, OSError when the mode cannot be set."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR):
+            kind = kind_of(os.lstat(path).st_mode) or "a regular file"
+            raise ConfigError(f"{what} {path} is {kind}, not a folder") from err
+        raise
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodeagent.errors import ConfigError, MpsError
+from nodeagent.files import chmod_folder
 
 RESOURCE_NAME = re.compile(  # a DNS subdomain, '/', a label name (no '..', no absolute path)
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -122,7 +123,8 @@ def read_plugin_config(path: Path) -> PluginMps:
 
 def prepare(p: Paths) -> None:
     """Make the daemon's folders, traversable by non-root client containers (0755; a 0700
-    root keeps them out: bottlerocket #4673). Raises MpsError."""
+    root keeps them out: bottlerocket #4673). Raises MpsError, or ConfigError when one of them
+    is a symbolic link (its mode is never set through one)."""
     folders = [p.root, p.pipe_dir, p.log_dir]
     if p.started_file is not None:
         folders.insert(1, p.started_file.parent)
@@ -130,7 +132,7 @@ def prepare(p: Paths) -> None:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             if folder == p.root or p.root in folder.parents:
-                os.chmod(folder, 0o755)
+                chmod_folder(folder, 0o755, "the MPS directory")
         except OSError as err:
             raise MpsError(f"cannot make MPS directory {folder}: {err.strerror}") from err
 

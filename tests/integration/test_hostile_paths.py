@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.errors import ConfigError
+from nodeagent.errors import AgentError, ConfigError
 from nodeagent.files import (
     atomic_write_text,
     open_lock_file,
@@ -213,3 +213,25 @@ def test_a_pid_write_the_kernel_refuses_is_exit_3(tmp_path: Path) -> None:
     want = f"3 cannot write this process's pid into the MIG writer lock {tmp_path / 'l'}:"
     assert out.stdout.startswith(want), out
     assert "File too large" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("code", "exit_code"),
+    [(errno.ENOSPC, 3), (errno.EROFS, 3), (errno.EDQUOT, 3), (errno.EACCES, 2)],
+)
+def test_the_nfd_features_file_on_a_full_disk_is_the_system_refusing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, exit_code: int
+) -> None:
+    features = tmp_path / "features"
+    write_features(features, {"a": "old"})
+
+    def refused(fd: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "fsync", refused)
+    with pytest.raises(AgentError) as err:
+        write_features(features, {"a": "new"})
+    assert err.value.exit_code == exit_code
+    assert str(err.value) == f"cannot write NFD features file {features}: {os.strerror(code)}"
+    assert features.read_text() == "a=old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["features"]  # no temporary left

@@ -5,13 +5,16 @@ The daemon is the fake nvidia-cuda-mps-control (tests/fake_mps), every one stopp
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from nodeagent.errors import ConfigError
 from nodeagent.mps.control import PID_FILE
+from nodeagent.mps.layout import paths, prepare
 from tests.conftest import Result, assert_one_error
 from tests.integration.test_hostile_paths import KINDS, WORDS, make_kind
 
@@ -106,3 +109,21 @@ def test_a_pid_file_that_is_a_fifo_is_refused_without_blocking(
     (tmp_path / "pipe").mkdir()
     os.mkfifo(tmp_path / "pipe" / PID_FILE)
     assert_one_error(mps("status"), 2, "pid file", "a named pipe (FIFO)")
+
+
+@pytest.mark.parametrize("link", ["root", "pipe", "log"])
+def test_layout_folders_are_never_opened_to_clients_through_a_link(
+    tmp_path: Path, link: str
+) -> None:
+    """The device plugin layout makes its folders 0755 for non-root clients: a link there
+    (to /root, say) is refused, and the folder it names keeps its mode."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    root = tmp_path / "mps"
+    where = paths("device-plugin", root)
+    target = {"root": root, "pipe": where.pipe_dir, "log": where.log_dir}[link]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.symlink_to(private)
+    with pytest.raises(ConfigError, match=r"is a symbolic link, not a folder"):
+        prepare(where)
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
