@@ -155,12 +155,15 @@ def process_argv(pid: int) -> list[str] | None:
 
 def is_control_daemon(pid: int, argv: list[str], binary: str) -> bool:
     """Whether the process is nvidia-cuda-mps-control (or `binary`): its executable, its
-    argv[0], or the script an interpreter runs (the first argument that is not an option:
-    `python3 -I /path/nvidia-cuda-mps-control -d`, as the test double)."""
+    argv[0], or the script a Python interpreter runs (its first argument that is not an
+    option: `python3 -IS /path/nvidia-cuda-mps-control -d`, as the test double). Not any
+    program's argument: `less /path/nvidia-cuda-mps-control` is not the daemon."""
     names = {Path(binary).name, Path(DEFAULT_BINARY).name}
     try:
         exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
     except OSError:
         exe = ""
-    script = next((a for a in argv[1:] if not a.startswith("-")), "")
+    script = ""
+    if Path(argv[0]).name.startswith("python"):
+        script = next((a for a in argv[1:] if not a.startswith("-")), "")
     return any(Path(a).name in names for a in (exe, argv[0], script) if a)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from nodeagent.errors import ConfigError, MpsError
 from nodeagent.files import chmod_folder
+from nodeagent.mps.settings import MAX_PLUGIN_REPLICAS
 
 RESOURCE_NAME = re.compile(  # a DNS subdomain, '/', a label name (no '..', no absolute path)
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -116,6 +117,11 @@ def read_plugin_config(path: Path) -> PluginMps:
         )
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
         raise ConfigError(f"{where}: sharing.mps.resources[0].replicas must be 2 or more")
+    if replicas > MAX_PLUGIN_REPLICAS:  # bounded here: it becomes a label value, a device list
+        raise ConfigError(
+            f"{where}: sharing.mps.resources[0].replicas must be at most {MAX_PLUGIN_REPLICAS}"
+            " (the device plugin refuses more MPS clients per GPU)"
+        )
     if mps.get("renameByDefault") is True:  # type: ignore[union-attr]
         name += ".shared"  # as the plugin renames it (api/config/v1/replicas.go)
     return PluginMps(name, replicas, str(path))

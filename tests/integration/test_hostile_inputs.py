@@ -378,6 +378,29 @@ CASES: dict[str, Case] = {
         2,
         ("0 %", "100 replicas"),
     ),
+    "mps-replicas-billion-default-pinned": Case(
+        (
+            *MPS[:1],
+            "start",
+            *MPS[2:],
+            "--mps-replicas",
+            "1000000000",
+            "--mps-thread-percentage",
+            "10",
+        ),
+        2,
+        ("(its memory / 1000000000 replicas: 150 bytes)", "under 1 MiB"),
+    ),
+    "mps-plugin-config-replicas-huge": Case(
+        (*MPS, "--mps-device-plugin-config", "{tmp}/dp.yaml", "--mps-layout", "device-plugin"),
+        2,
+        ("dp.yaml", "replicas must be at most 48"),
+        {
+            "dp.yaml": b"version: v1\nsharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: "
+            + b"9" * 70
+            + b"}]}}\n"
+        },
+    ),
     "mps-thread-zero": Case(
         (*MPS, "--mps-thread-percentage", "0"), 2, ("--mps-thread-percentage", "1-100")
     ),
