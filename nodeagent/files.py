@@ -15,6 +15,7 @@ loss the file may be empty or old (fine for data that need not outlive the machi
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import tempfile
@@ -30,6 +31,7 @@ _KINDS = (
     (stat.S_ISBLK, "a block device"),
     (stat.S_ISSOCK, "a socket"),
 )
+MAX_INPUT_BYTES = 16 << 20  # far above any config file; /dev/zero never fills memory
 # The errors that say the machine refused (exit 3), not that the path was wrong (exit 2).
 SYSTEM_ERRNOS = frozenset(
     {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EMFILE, errno.ENFILE, errno.ENOMEM}
@@ -113,6 +115,30 @@ def read_regular(path: Path, what: str, max_bytes: int) -> bytes | None:
             return f.read(max_bytes)
     finally:
         os.close(fd)
+
+
+def read_input(path: Path, what: str, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of a file given as input (a config file, a settings file): a regular file, or
+    a pipe (`-f <(...)`, a FIFO), read until its writer closes it; a FIFO that no process
+    writes reads as empty instead of blocking. Raises ConfigError for a device (/dev/zero would
+    fill memory), a socket or a folder, or for more than `max_bytes`; OSError when the file
+    cannot be read (FileNotFoundError, PermissionError)."""
+    kind = kind_of(os.stat(path).st_mode)
+    if kind not in (None, "a named pipe (FIFO)"):
+        raise ConfigError(f"{what} {path} is {kind}; give a file")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a writer-less FIFO: EOF
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):  # swapped in after the check
+            raise ConfigError(f"{what} {path} is {kind_of(mode)}; give a file")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise ConfigError(f"{what} {path} is over {max_bytes >> 20} MiB; a config is far smaller")
+    return data
 
 
 def write_if_changed(path: Path, text: str, what: str, mode: int | None = None) -> bool:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodeagent.errors import ConfigError, MpsError
-from nodeagent.files import chmod_folder
+from nodeagent.files import chmod_folder, read_input
 from nodeagent.mps.settings import MAX_PLUGIN_REPLICAS
 
 RESOURCE_NAME = re.compile(  # a DNS subdomain, '/', a label name (no '..', no absolute path)
@@ -78,7 +78,7 @@ def read_plugin_config(path: Path) -> PluginMps:
     import yaml
 
     try:
-        document = yaml.safe_load(path.read_bytes().decode("utf-8"))
+        document = yaml.safe_load(read_input(path, "device plugin config").decode("utf-8"))
     except (ValueError, TypeError) as err:  # a tag its value cannot build (!!int abc)
         if isinstance(err, UnicodeDecodeError):
             raise ConfigError(f"device plugin config {path} is not UTF-8 text") from err

@@ -37,6 +37,7 @@ mig-configs:
       mig-enabled: false
 """
 RANDOM = random.Random(7).randbytes(4096)
+FIFO = b"<fifo>"  # as a file's content: make a FIFO there (no process writes it)
 
 
 @dataclass(frozen=True)
@@ -401,6 +402,17 @@ CASES: dict[str, Case] = {
             + b"}]}}\n"
         },
     ),
+    "mps-plugin-config-fifo-without-writer": Case(
+        (*MPS, "--mps-device-plugin-config", "{tmp}/fifo", "--mps-layout", "device-plugin"),
+        2,
+        ("device plugin config", "must be a mapping with version: v1"),
+        {"fifo": FIFO},
+    ),
+    "mps-plugin-config-dev-zero": Case(
+        (*MPS, "--mps-device-plugin-config", "/dev/zero", "--mps-layout", "device-plugin"),
+        2,
+        ("device plugin config /dev/zero is a character device; give a file",),
+    ),
     "mps-thread-zero": Case(
         (*MPS, "--mps-thread-percentage", "0"), 2, ("--mps-thread-percentage", "1-100")
     ),
@@ -631,7 +643,10 @@ def node(
     def run(case: Case) -> tuple[Result, bytes, bytes]:
         for name, content in case.files.items():
             (tmp_path / name).parent.mkdir(exist_ok=True)
-            (tmp_path / name).write_bytes(content)
+            if content == FIFO:
+                os.mkfifo(tmp_path / name)
+            else:
+                (tmp_path / name).write_bytes(content)
         argv = [a.replace("{tmp}", str(tmp_path)) for a in case.argv]
         env = {"NODEAGENT_SIMULATE": "h200", "NODEAGENT_SIM_STATE": str(state), **case.env}
         before = state.read_bytes()

@@ -13,6 +13,8 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from nodeagent.errors import AgentError, ConfigError
 from nodeagent.files import (
     atomic_write_text,
     open_lock_file,
+    read_input,
     read_regular,
     remove_regular,
     write_if_changed,
@@ -235,3 +238,51 @@ def test_the_nfd_features_file_on_a_full_disk_is_the_system_refusing(
     assert str(err.value) == f"cannot write NFD features file {features}: {os.strerror(code)}"
     assert features.read_text() == "a=old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["features"]  # no temporary left
+
+
+# -- files given as input: a file or a pipe, never a device, never unbounded ------------------
+
+
+def test_an_input_pipe_with_a_writer_is_read_to_its_end() -> None:
+    """`-f <(generate)`: the shell hands over /dev/fd/N, a pipe whose writer is running."""
+    read_end, write_end = os.pipe()
+    writer = threading.Thread(target=lambda: (os.write(write_end, b"version: v1\n"),
+                                              time.sleep(0.2), os.close(write_end)))  # fmt: skip
+    writer.start()
+    try:
+        assert read_input(Path(f"/proc/self/fd/{read_end}"), "the input") == b"version: v1\n"
+    finally:
+        writer.join()
+        os.close(read_end)
+
+
+@pytest.mark.parametrize(
+    ("kind", "outcome"),
+    [
+        ("fifo", b""),  # no writer: empty at once, not a hang
+        ("folder", "is a folder; give a file"),
+        ("char-device", "is a character device; give a file"),
+        ("socket", "is a socket; give a file"),
+    ],
+)
+def test_an_input_that_is_no_file_is_refused_or_empty(
+    tmp_path: Path, kind: str, outcome: bytes | str
+) -> None:
+    target = tmp_path / "target"
+    make_kind(target, kind)
+    if isinstance(outcome, bytes):
+        assert read_input(target, "the input") == outcome
+        return
+    with pytest.raises(ConfigError) as err:
+        read_input(target, "the input")
+    assert str(err.value) == f"the input {target} {outcome}"
+
+
+def test_an_input_is_read_up_to_its_cap(tmp_path: Path) -> None:
+    big = tmp_path / "big"
+    big.write_bytes(b"#" * (1 << 20))
+    assert read_input(big, "the input", 1 << 20) == b"#" * (1 << 20)
+    with pytest.raises(ConfigError, match=r"the input .*/big is over 0 MiB"):
+        read_input(big, "the input", (1 << 20) - 1)
+    with pytest.raises(ConfigError, match=r"is a character device"):
+        read_input(Path("/dev/zero"), "the input")  # never read: it has no end
