@@ -2,25 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-MAX_LISTED = 10
-
-
-def listing(items: Iterable[str], limit: int = MAX_LISTED, empty: str = "none") -> str:
-    """Items for an error sentence: at most `limit` of them, then how many more
-    (`a, b, c … and 9,990 more`); `empty` when there are none."""
-    shown: list[str] = []
-    more = 0
-    for item in items:
-        if len(shown) < limit:
-            shown.append(item)
-        else:
-            more += 1
-    if not shown:
-        return empty
-    return ", ".join(shown) + (f" … and {more:,} more" if more else "")
-
 
 class AgentError(Exception):
     """Base of every error nodeagent raises on purpose. `str(err)` is one readable sentence."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 _LEVELS = {
@@ -23,7 +23,8 @@ _wanted: tuple[str, str] = ("info", "auto")
 _applied = False
 MAX_LINE_CHARS = 2000
 MAX_LINES = 25
-MAX_ITEMS = 20
+MAX_ITEMS = 20  # items of a list in a console log line
+MAX_LISTED = 10  # items named in an error sentence
 # Control characters (a terminal escape, a carriage return), format characters (bidi
 # overrides, zero widths), line and paragraph separators (U+2028/2029: a line break to YAML
 # and to JavaScript) and lone surrogates (bytes that were not UTF-8: unprintable).
@@ -53,15 +54,34 @@ def printable(text: str, keep_newlines: bool = False) -> str:
     return "\n".join(shown)
 
 
+def capped(items: Iterable[Any], limit: int) -> tuple[list[Any], int]:
+    """The first `limit` items and how many more there are."""
+    shown: list[Any] = []
+    more = 0
+    for item in items:
+        if len(shown) < limit:
+            shown.append(item)
+        else:
+            more += 1
+    return shown, more
+
+
+def listing(items: Iterable[str], limit: int = MAX_LISTED, empty: str = "none") -> str:
+    """Items for an error sentence: at most `limit`, then how many more (`a, b … and 9,990
+    more`); `empty` when there are none."""
+    shown, more = capped(items, limit)
+    if not shown:
+        return empty
+    return ", ".join(shown) + (f" … and {more:,} more" if more else "")
+
+
 def _short(value: Any) -> Any:
     """A log field's value as the console shows it: text made printable, long lists cut."""
     if isinstance(value, str):
         return printable(value)
-    if isinstance(value, (list, tuple, set, frozenset)) and len(value) > MAX_ITEMS:
-        items = list(value)
-        return [_short(v) for v in items[:MAX_ITEMS]] + [f"… and {len(items) - MAX_ITEMS:,} more"]
-    if isinstance(value, (list, tuple)):
-        return type(value)(_short(v) for v in value)
+    if isinstance(value, (list, tuple, set, frozenset)):
+        shown, more = capped(value, MAX_ITEMS)
+        return [_short(v) for v in shown] + ([f"… and {more:,} more"] if more else [])
     return value
 
 

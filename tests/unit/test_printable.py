@@ -1,6 +1,6 @@
 """Text from files and flags reaches a terminal only escaped and capped: the CLI's error printer
 and the console log renderer both show it through logs.printable; error sentences list at most
-ten items (errors.listing)."""
+ten items (logs.listing, which cuts the console log's lists too)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,14 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from nodeagent.errors import listing
-from nodeagent.logs import MAX_LINE_CHARS, MAX_LINES, configure_logging, get_logger, printable
+from nodeagent.logs import (
+    MAX_LINE_CHARS,
+    MAX_LINES,
+    configure_logging,
+    get_logger,
+    listing,
+    printable,
+)
 
 
 @pytest.mark.parametrize(
