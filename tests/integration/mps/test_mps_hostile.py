@@ -133,7 +133,7 @@ def test_layout_folders_are_never_opened_to_clients_through_a_link(
     "argv",
     [
         ["sleep", "600"],
-        ["sh", "-c", "sleep 600", "nvidia-cuda-mps-control"],
+        ["sh", "-c", "read line", "nvidia-cuda-mps-control"],  # a builtin: no child to leave
         ["tail", "-f", "/dev/null", "/x/nvidia-cuda-mps-control"],
     ],
     ids=["sleep", "named-in-arguments", "a-file-of-that-name"],
@@ -141,13 +141,12 @@ def test_layout_folders_are_never_opened_to_clients_through_a_link(
 def test_a_process_merely_naming_the_daemon_is_not_it(
     tmp_path: Path, mps: Callable[..., Result], argv: list[str]
 ) -> None:
-    proc = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
-    try:
-        pid_file = tmp_path / "pipe" / PID_FILE
-        pid_file.parent.mkdir()
-        pid_file.write_text(f"{proc.pid}\n")
-        assert mps("stop").returncode == 1
-        assert proc.poll() is None and not pid_file.exists()
-    finally:
-        proc.kill()
-        proc.wait()
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.DEVNULL) as proc:
+        try:
+            pid_file = tmp_path / "pipe" / PID_FILE
+            pid_file.parent.mkdir()
+            pid_file.write_text(f"{proc.pid}\n")
+            assert mps("stop").returncode == 1
+            assert proc.poll() is None and not pid_file.exists()
+        finally:
+            proc.kill()
