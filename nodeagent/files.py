@@ -1,25 +1,79 @@
-"""Atomic file writes: a temporary file in the same folder, fsync, rename over the target.
+"""Files nodeagent writes at paths a user names: only regular files, written atomically.
 
-A reader (another process, a crash after the write) sees the old content or the new, never
-half a file. Used for the emulator's state, the MPS ready file and the NFD features file.
-`durable=False` skips the fsync: the rename stays atomic for readers, but after a power loss
-the file may be empty or old (fine for data that need not outlive the machine).
+Every write of a user-named path goes through here (the MPS ready markers, the NFD features
+file, the device plugin config, the planned sharing config, the emulator's state, the MIG
+writer lock). A target that is a symbolic link, a device node, a FIFO, a socket or a folder is
+refused with one sentence (ConfigError, exit 2) before anything is written: a rename would
+replace a device node, a link would be followed by the reader and a FIFO would block it.
+
+Writes are atomic: a temporary file in the same folder, fsync, rename over the target, so a
+reader (another process, a crash after the write) sees the old content or the new, never half
+a file. `durable=False` skips the fsync: the rename stays atomic for readers, but after a power
+loss the file may be empty or old (fine for data that need not outlive the machine).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 
+from nodeagent.errors import AgentError, ConfigError
+
+_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+# The errors that say the machine refused (exit 3), not that the path was wrong (exit 2).
+SYSTEM_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EMFILE, errno.ENFILE, errno.ENOMEM}
+)
+
+
+def kind_of(mode: int) -> str | None:
+    """What a non-regular file is ('a symbolic link', 'a FIFO', ...); None for a regular file."""
+    for test, name in _KINDS:
+        if test(mode):
+            return name
+    return None if stat.S_ISREG(mode) else "not a regular file"
+
+
+def os_refusal(err: OSError, sentence: str) -> AgentError:
+    """`sentence` as the error its OS error means: the machine refused (a full disk, a
+    read-only file system, out of descriptors: exit 3), else the path was wrong (exit 2)."""
+    cls = AgentError if err.errno in SYSTEM_ERRNOS else ConfigError
+    return cls(f"{sentence}: {err.strerror or err}")
+
+
+def _refuse(path: Path, what: str, kind: str) -> ConfigError:
+    return ConfigError(f"{what} {path} is {kind}, not a regular file; remove it or name another")
+
+
+def check_target(path: Path, what: str) -> None:
+    """Raise ConfigError when `path` exists and is not a regular file (a link is not followed).
+    A path that cannot be looked at is left for the write to report."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return
+    kind = kind_of(mode)
+    if kind is not None:
+        raise _refuse(path, what, kind)
+
 
 def atomic_write_text(
-    path: Path, text: str, mode: int | None = None, *, durable: bool = True
+    path: Path, text: str, mode: int | None = None, *, durable: bool = True, what: str = "file"
 ) -> None:
-    """Replace `path` with `text` atomically (creating its folder); raises OSError.
-
-    With `durable` (the default) the data reach the disk before the rename.
-    """
+    """Replace the regular file `path` with `text` atomically (creating its folder). Raises
+    ConfigError when `path` is anything but a regular file (or absent), OSError when the
+    write fails. With `durable` (the default) the data reach the disk before the rename."""
+    check_target(path, what)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -34,3 +88,85 @@ def atomic_write_text(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_regular(path: Path, what: str, max_bytes: int) -> bytes | None:
+    """At most `max_bytes` of the regular file `path` names (a link is followed: reading
+    through one is harmless, and Kubernetes mounts ConfigMap files as links), or None when
+    it does not exist. Never blocks on a FIFO, never opens a device (opening one can act).
+    Raises ConfigError for anything but a regular file, OSError when it cannot be read."""
+    try:
+        kind = kind_of(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return None
+    if kind is not None:
+        raise _refuse(path, what, kind)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        kind = kind_of(os.fstat(fd).st_mode)
+        if kind is not None:  # swapped in after the check: still never read
+            raise _refuse(path, what, kind)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(max_bytes)
+    finally:
+        os.close(fd)
+
+
+def write_if_changed(path: Path, text: str, what: str, mode: int | None = None) -> bool:
+    """Write `text` atomically unless the regular file holds it already; return whether it
+    was written. Raises ConfigError (not a regular file) or OSError."""
+    data = text.encode()
+    check_target(path, what)
+    if read_regular(path, what, len(data) + 1) == data:
+        return False
+    atomic_write_text(path, text, mode, what=what)
+    return True
+
+
+def open_lock_file(path: Path, what: str) -> int:
+    """A read-write descriptor of the regular file `path`, created when absent (mode 0644),
+    for an flock. Raises ConfigError for a link, a device node, a FIFO, a folder, or a path
+    that cannot be opened; AgentError (exit 3) when the machine refused (disk full,
+    read-only file system, out of descriptors)."""
+    check_target(path, what)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(
+            path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644
+        )
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise _refuse(path, what, "a symbolic link") from err
+        raise os_refusal(err, f"cannot open {what} {path}") from err
+    kind = kind_of(os.fstat(fd).st_mode)
+    if kind is not None:  # swapped in after the check: still never used
+        os.close(fd)
+        raise _refuse(path, what, kind)
+    return fd
+
+
+def remove_regular(path: Path, what: str) -> None:
+    """Remove the regular file `path` if it is there. Raises ConfigError when it is anything
+    else (a device node or a folder is never removed; nor is a link: it is not ours)."""
+    check_target(path, what)
+    path.unlink(missing_ok=True)
+
+
+def chmod_folder(path: Path, mode: int, what: str) -> None:
+    """Set the mode of the folder `path` itself: a symbolic link there is refused, never
+    followed (a link to /root would open it to every user). Raises ConfigError for anything
+    but a folder, OSError when the mode cannot be set."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR):
+            kind = kind_of(os.lstat(path).st_mode) or "a regular file"
+            raise ConfigError(f"{what} {path} is {kind}, not a folder") from err
+        raise
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)

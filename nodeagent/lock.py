@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from nodeagent.errors import ConfigError, LockHeld
+from nodeagent.errors import AgentError, ConfigError, LockHeld
+from nodeagent.files import open_lock_file
 from nodeagent.logs import get_logger
 
 log = get_logger("nodeagent.lock")
@@ -48,15 +49,13 @@ def mig_writer_lock(
     clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[None]:
     """Hold the lock for the body; wait up to `timeout_seconds` for another holder. Raises
-    LockHeld naming the holder's pid, or ConfigError when the lock file cannot be made."""
+    LockHeld naming the holder's pid; ConfigError when the lock path is not a regular file
+    (a link, a device node, a FIFO, a folder) or cannot be opened; AgentError (exit 3) when
+    the system refuses it (a full disk, a read-only file system)."""
     if path is None:
         yield
         return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as err:
-        raise ConfigError(f"cannot open the MIG writer lock {path}: {err.strerror}") from err
+    fd = open_lock_file(path, "the MIG writer lock")
     try:
         deadline = clock() + timeout_seconds
         waited = False
@@ -76,12 +75,19 @@ def mig_writer_lock(
                     f" {timeout_seconds:g} s"
                 )
             sleep(0.05)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as err:  # a full disk: refused by the system, nothing done yet
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            raise AgentError(
+                f"cannot write this process's pid into the MIG writer lock {path}: {err.strerror}"
+            ) from err
         try:
             yield
         finally:
-            os.ftruncate(fd, 0)
+            with contextlib.suppress(OSError):  # the lock is released all the same
+                os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import traceback
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +24,41 @@ from nodeagent.logs import configure_logging
 from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.session import _sessions as session_registry
 from nodeagent.sim import SimulatedNvml, parse_spec
+from tests import leaks
+
+_SUBREAPER = pytest.StashKey[bool]()
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
+
+
+# -- no process outlives the suite (tests/leaks.py) ---------------------------------------------
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The session's process (xdist's controller, or pytest alone) marks the environment every
+    test process inherits and becomes the subreaper of whatever they start."""
+    if hasattr(config, "workerinput"):  # an xdist worker: its controller does this
+        return
+    os.environ.setdefault(leaks.MARKER, uuid.uuid4().hex)
+    config.stash[_SUBREAPER] = leaks.become_subreaper()  # else only the marker finds them
+
+
+@pytest.hookimpl(trylast=True)  # after session fixtures are torn down and workers have ended
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    if hasattr(config, "workerinput"):
+        return
+    found = leaks.wait_for_leaks(os.getpid(), os.environ[leaks.MARKER])
+    if not found:
+        return
+    leaks.end(found)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"{len(found)} processes started by the tests were still running at the end:"]
+    lines += [f"  pid {pid}: {command}" for pid, command in found.items()]
+    if reporter is not None:
+        reporter.write_line("\n".join(lines), red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture
@@ -49,6 +82,23 @@ def fake_mps_control(tmp_path_factory: pytest.TempPathFactory) -> str:
     path.write_text(f"#!{sys.executable} -IS\n{body}")
     path.chmod(0o755)
     return str(path)
+
+
+def stop_mps_daemon(binary: str, pipe_dir: Path, ready_file: Path) -> None:
+    """End the (fake) MPS control daemon a test left in `pipe_dir`, as `nodeagent mps stop`
+    does: `quit`, wait, SIGKILL what is left, its servers included. An agent leaves its daemon
+    running at exit (mps.stop-on-exit off), so every test that starts one ends it here."""
+    from nodeagent.mps.daemon import MpsDaemon
+    from nodeagent.mps.settings import Limits, MpsSettings
+
+    settings = MpsSettings(
+        pipe_dir=pipe_dir,
+        log_dir=pipe_dir.parent / "log",
+        ready_file=ready_file,
+        control_binary=binary,
+        command_timeout_seconds=2.0,
+    )
+    MpsDaemon(settings, Limits(0, {}, "")).stop(timeout_seconds=5)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from nodeagent.cli.status import (
     cmd_status,
 )
 from nodeagent.errors import AgentError
-from nodeagent.logs import configure_logging
+from nodeagent.logs import configure_logging, printable
 
 INTERNAL_ERROR = 4
 
@@ -85,8 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = ctx.load_settings()
         configure_logging(settings.node.log_level, settings.node.log_format)
         return func(ctx)
-    except AgentError as err:
-        print(f"nodeagent: {err}", file=sys.stderr)
+    except AgentError as err:  # names and values from files and flags: shown escaped, capped
+        print(f"nodeagent: {printable(str(err), keep_newlines=True)}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         return 130
@@ -96,8 +96,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:  # a bug: one line, the traceback only with --debug
         if args.debug:
             raise
-        print(
-            f"nodeagent: internal error: {type(err).__name__}: {err} (--debug shows where)",
-            file=sys.stderr,
-        )
+        text = printable(f"{type(err).__name__}: {err}", keep_newlines=True)
+        print(f"nodeagent: internal error: {text} (--debug shows where)", file=sys.stderr)
         return INTERNAL_ERROR

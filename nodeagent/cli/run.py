@@ -12,7 +12,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nodeagent.cli.common import Context, add_setting_flags, log, output_flag, print_json, reset_for
+from nodeagent.cli.common import (
+    Context,
+    add_setting_flags,
+    log,
+    output_flag,
+    print_json,
+    reset_for,
+    sharing_preview,
+)
 from nodeagent.cli.mps import cmd_mps
 from nodeagent.cli.sharing import SHARING_FLAG_NAMES
 from nodeagent.cli.signals import Reloader, Signals
@@ -40,17 +48,12 @@ def cmd_labels(ctx: Context) -> int:
     s = ctx.settings
     offers = {g.index: ("mig" if g.mig_current else "whole", 1) for g in inventory.gpus}
     sharing = SharingState()
-    if s.sharing.config:
-        from nodeagent.mig.config import load_config
-        from nodeagent.sharing.config import load_sharing_file
-        from nodeagent.sharing.resolve import resolve_sharing
-
-        cfg = load_sharing_file(s.sharing.config_file)
-        mig_file = load_config(s.mig.config_file) if s.mig.config_file else None
-        res = resolve_sharing(cfg, s.sharing.config, inventory, mig_file)
-        offers.update({i: (it.strategy, it.replicas) for i, it in res.intents.items()})
-        if res.mps is not None:
-            sharing = SharingState("mps", res.mps.replicas)
+    if s.sharing.config:  # checked exactly as `sharing apply` checks it, nothing changed
+        preview = sharing_preview(ctx)
+        offers.update(preview)
+        mps = [n for strategy, n in preview.values() if strategy == "mps"]
+        if mps:
+            sharing = SharingState("mps", mps[0])
     labels = render_labels(inventory, sharing, s.labels.prefix, offers, gfd_options(s.labels))
     if ctx.args.output == "json":
         print_json({"labels": labels, "annotations": {SLICES_ANNOTATION: slice_usage(inventory)}})
@@ -287,7 +290,7 @@ def add_run_parsers(sub: Any) -> None:
         skip=["sharing.plugin-config-out", "sharing.workload-file", "mig.config",
               "mig.reset-command", "mig.lock-timeout"],
     )  # fmt: skip
-    p.set_defaults(func=cmd_labels, groups=("node", "labels", "sharing", "mig"))
+    p.set_defaults(func=cmd_labels, groups=("node", "labels", "sharing", "mig", "mps"))
     mps = sub.add_parser("mps", help="the MPS control daemon: start, stop, status")
     mps.add_argument("mps_command", choices=("start", "stop", "status", "mount-shm"))
     output_flag(mps)

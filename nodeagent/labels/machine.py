@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nodeagent.configfile import UnreadableFile, read_bytes
+from nodeagent.errors import ConfigError
 from nodeagent.labels.gfd import GfdOptions
 from nodeagent.logs import get_logger
 from nodeagent.settings import Labels
@@ -14,16 +15,18 @@ log = get_logger("nodeagent.labels")
 
 def read_machine_type(path: Path) -> str | None:
     """The machine-type file's content (GFD's --machine-type-file; the DMI product name by
-    default), or None where it is missing or cannot be read: gpu.machine is then `unknown`, as
-    in GFD. Raises ConfigError for a path that is no file (a directory, a device, a FIFO) or
-    one larger than nodeagent.configfile.MAX_FILE_BYTES."""
+    default), or None where it cannot be read: gpu.machine is then `unknown`, as in GFD. A
+    path that is no regular file (a FIFO a publish would block on, /dev/zero, a folder) or is
+    larger than nodeagent.configfile.MAX_FILE_BYTES is never read: a warning, and `unknown`."""
     try:
         return read_bytes(str(path), "machine-type file").decode("utf-8", "replace")
     except UnreadableFile as err:
         # Debug, not a warning: VMs and containers without DMI are common, the reason would
         # repeat at every publish, and the label itself says `unknown`.
         log.debug("labels.machine_type.unreadable", path=str(path), error=str(err))
-        return None
+    except ConfigError as err:
+        log.warning("labels.machine_type.refused", error=str(err))
+    return None
 
 
 def gfd_options(settings: Labels) -> GfdOptions:

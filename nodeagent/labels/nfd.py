@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nodeagent.errors import ConfigError
-from nodeagent.files import atomic_write_text
+from nodeagent.files import os_refusal, write_if_changed
 
 DEFAULT_FEATURES_FILE = Path("/etc/kubernetes/node-feature-discovery/features.d/nodeagent")
 
@@ -16,17 +15,10 @@ def render_features(labels: dict[str, str]) -> str:
 
 
 def write_features(path: Path, labels: dict[str, str]) -> bool:
-    """Write the file if its content changes; return whether it was written."""
-    text = render_features(labels)
+    """Write the file if its content changes; return whether it was written. Raises
+    ConfigError when the path is not a regular file or cannot be written there, AgentError
+    when the system refused (a full disk)."""
     try:
-        if path.read_text() == text:
-            return False
-    except FileNotFoundError:
-        pass
+        return write_if_changed(path, render_features(labels), "NFD features file", 0o644)
     except OSError as err:
-        raise ConfigError(f"cannot read NFD features file {path}: {err.strerror}") from err
-    try:
-        atomic_write_text(path, text, mode=0o644)
-    except OSError as err:
-        raise ConfigError(f"cannot write NFD features file {path}: {err.strerror}") from err
-    return True
+        raise os_refusal(err, f"cannot write NFD features file {path}") from err

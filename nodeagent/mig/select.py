@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from nodeagent.configfile import config_error
 from nodeagent.errors import ConfigError, NothingMatched
-from nodeagent.logs import get_logger
+from nodeagent.logs import get_logger, listing
 from nodeagent.mig import compute
 from nodeagent.mig.compute import Shape
 from nodeagent.mig.config import Entry, MigConfigFile, ProfileCount
@@ -85,7 +85,7 @@ def resolve(
             log.warning("mig.config.skipped", reason=note)
         return found
     if name not in cfg.configs:
-        known = ", ".join(sorted(cfg.configs)) or "none"
+        known = listing(sorted(cfg.configs))
         raise ConfigError(f"{cfg.source}: no config named {name!r}; the file defines: {known}")
     gpus = inventory.gpus
     errors: list[str] = []

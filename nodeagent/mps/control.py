@@ -6,16 +6,21 @@ callers read every setting back.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from nodeagent.errors import MpsError
+from nodeagent.files import read_regular
+from nodeagent.logs import get_logger
 
 NO_DAEMON = "Cannot find MPS control daemon process"
 ALREADY_RUNNING = "An instance of this daemon is already running"
 PID_FILE = "nvidia-cuda-mps-control.pid"
+DEFAULT_BINARY = "nvidia-cuda-mps-control"
+log = get_logger("nodeagent.mps")
 
 
 @dataclass(frozen=True)
@@ -100,13 +105,65 @@ class MpsControl:
         return (self.daemon_devices(pid) or []) if pid is not None else []
 
     def daemon_pid(self) -> int | None:
-        """The daemon's pid from its pid file, if that process is alive."""
+        """The daemon's pid from its pid file, if that process is alive and is an MPS control
+        daemon. A pid file naming another process (the daemon died and its pid was reused) is
+        stale: it is removed with a warning and that process is left alone. Raises ConfigError
+        when the pid file is not a regular file."""
+        path = self.pipe_dir / PID_FILE
         try:
-            pid = int((self.pipe_dir / PID_FILE).read_text().strip())
+            data = read_regular(path, "the MPS control daemon's pid file", 64)
+            pid = int(data.decode().strip()) if data is not None else 0
         except (OSError, ValueError):
             return None
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
+        if pid <= 0 or not process_alive(pid):
             return None
-        return None if state in ("Z", "X") else pid  # a zombie is an exited daemon
+        argv = process_argv(pid)
+        if argv is None:  # gone since, or not ours to read: nothing is known of it
+            return None
+        if is_control_daemon(pid, argv, self.binary):
+            return pid
+        log.warning("mps.stale_pid_file", path=str(path), pid=pid, process=argv[0])
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
+
+
+def process_alive(pid: int) -> bool:
+    """Running, not a zombie (an exited process not yet reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def parent_pid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_argv(pid: int) -> list[str] | None:
+    """The process's argv; None when it cannot be read (gone, or not ours to read)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a] or None
+
+
+def is_control_daemon(pid: int, argv: list[str], binary: str) -> bool:
+    """Whether the process is nvidia-cuda-mps-control (or `binary`): its executable, its
+    argv[0], or the script a Python interpreter runs (its first argument that is not an
+    option: `python3 -IS /path/nvidia-cuda-mps-control -d`, as the test double). Not any
+    program's argument: `less /path/nvidia-cuda-mps-control` is not the daemon."""
+    names = {Path(binary).name, Path(DEFAULT_BINARY).name}
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
+    except OSError:
+        exe = ""
+    script = ""
+    if Path(argv[0]).name.startswith("python"):
+        script = next((a for a in argv[1:] if not a.startswith("-")), "")
+    return any(Path(a).name in names for a in (exe, argv[0], script) if a)

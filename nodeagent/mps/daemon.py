@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nodeagent.errors import AgentError, MpsError
-from nodeagent.files import atomic_write_text
+from nodeagent.files import atomic_write_text, remove_regular
 from nodeagent.logs import get_logger
-from nodeagent.mps.control import MpsControl
+from nodeagent.mps.control import MpsControl, parent_pid, process_alive
 from nodeagent.mps.settings import Limits, MpsSettings, mps_size, parse_size
 
 log = get_logger("nodeagent.mps")
@@ -46,20 +46,23 @@ class MpsStatus:
         }
 
 
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 def _same_limit(got: int | None, want: int) -> bool:
     """The daemon prints a limit of 1 GiB or more in whole G, truncated (35942M reads back as
     35G on a real H200): a read-back equal to the wanted value cut to whole GiB holds."""
     if got is None:
         return False
     return got == want or (want >= 1 << 30 and got == want >> 30 << 30)
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL a process of the daemon (one that ended meanwhile is fine). Raises MpsError
+    when it is not ours to kill."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    except PermissionError as err:
+        raise MpsError(f"cannot end MPS process {pid}: {err.strerror}") from err
 
 
 def _ints(text: str) -> list[int]:
@@ -128,18 +131,19 @@ class MpsDaemon:
             markers = [(s.ready_file, json.dumps(status.to_dict()) + "\n")]
         for path, text in markers:
             try:
-                atomic_write_text(path, text, mode=0o644)
+                atomic_write_text(path, text, mode=0o644, what="the MPS ready file")
             except OSError as err:
                 raise MpsError(f"cannot write the MPS ready file {path}: {err.strerror}") from err
 
     def clear_ready(self) -> None:
         """Remove the ready markers first, before a stop, a restart or a limit change: a
         device plugin never advertises shared devices on a daemon whose limits are changing
-        (the readiness race of k8s-device-plugin PR #1946)."""
+        (the readiness race of k8s-device-plugin PR #1946). Raises ConfigError when a marker
+        path is not a regular file (a device node or a link is never removed)."""
         for path in (self.settings.ready_file, self.settings.started_file):
             if path is not None:
                 with contextlib.suppress(OSError):  # one that cannot be there is not there
-                    path.unlink(missing_ok=True)
+                    remove_regular(path, "the MPS ready file")
 
     def apply_limits(self) -> None:
         self.control.command(
@@ -202,7 +206,7 @@ class MpsDaemon:
         pid = self.control.daemon_pid()
         self.clear_ready()
         if pid is not None:  # alive but not answering: it cannot be trusted
-            os.kill(pid, signal.SIGKILL)
+            _kill(pid)
             self._wait_gone(pid, 5)
         self.control.start_daemon(self.limits.visible_devices)
         self.apply_limits()
@@ -220,19 +224,19 @@ class MpsDaemon:
             return
         servers: list[int] = []
         try:
-            servers = _ints(self.control.command("get_server_list"))
+            # Only the daemon's own children are ever killed: the list is the daemon's word.
+            listed = _ints(self.control.command("get_server_list"))
+            servers = [s for s in listed if parent_pid(s) == pid]
             self.control.command("quit")
         except AgentError as err:
             log.warning("mps.quit_failed", error=str(err))
         if not self._wait_gone(pid, timeout_seconds):
             log.warning("mps.kill", pid=pid)
-            os.kill(pid, signal.SIGKILL)
+            _kill(pid)
             self._wait_gone(pid, 5)
         for server in servers:
-            if self._wait_gone(server, 2):
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(server, signal.SIGKILL)
+            if not self._wait_gone(server, 2):
+                _kill(server)
         self._set_exclusive(False)
         log.info("mps.stopped", pid=pid)
 
@@ -251,7 +255,7 @@ class MpsDaemon:
                     return True
             except ChildProcessError:
                 pass
-            if not _running(pid):
+            if not process_alive(pid):
                 return True
             if time.monotonic() >= deadline:
                 return False

@@ -27,6 +27,8 @@ from pathlib import Path
 
 from nodeagent.configfile import read_bytes
 from nodeagent.errors import ConfigError, MpsError
+from nodeagent.files import chmod_folder
+from nodeagent.mps.settings import MAX_PLUGIN_REPLICAS
 
 RESOURCE_NAME = re.compile(  # a DNS subdomain, '/', a label name (no '..', no absolute path)
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -115,6 +117,11 @@ def read_plugin_config(path: Path) -> PluginMps:
         )
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
         raise ConfigError(f"{where}: sharing.mps.resources[0].replicas must be 2 or more")
+    if replicas > MAX_PLUGIN_REPLICAS:  # bounded here: it becomes a label value, a device list
+        raise ConfigError(
+            f"{where}: sharing.mps.resources[0].replicas must be at most {MAX_PLUGIN_REPLICAS}"
+            " (the device plugin refuses more MPS clients per GPU)"
+        )
     if mps.get("renameByDefault") is True:  # type: ignore[union-attr]
         name += ".shared"  # as the plugin renames it (api/config/v1/replicas.go)
     return PluginMps(name, replicas, str(path))
@@ -122,7 +129,8 @@ def read_plugin_config(path: Path) -> PluginMps:
 
 def prepare(p: Paths) -> None:
     """Make the daemon's folders, traversable by non-root client containers (0755; a 0700
-    root keeps them out: bottlerocket #4673). Raises MpsError."""
+    root keeps them out: bottlerocket #4673). Raises MpsError, or ConfigError when one of them
+    is a symbolic link (its mode is never set through one)."""
     folders = [p.root, p.pipe_dir, p.log_dir]
     if p.started_file is not None:
         folders.insert(1, p.started_file.parent)
@@ -130,7 +138,7 @@ def prepare(p: Paths) -> None:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             if folder == p.root or p.root in folder.parents:
-                os.chmod(folder, 0o755)
+                chmod_folder(folder, 0o755, "the MPS directory")
         except OSError as err:
             raise MpsError(f"cannot make MPS directory {folder}: {err.strerror}") from err
 

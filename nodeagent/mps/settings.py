@@ -114,8 +114,9 @@ def validate(settings: MpsSettings, inventory: Inventory) -> Limits:
             problems.append(str(err))
             continue
         if size < 1 << 20:
+            given = text or f"(its memory / {settings.replicas} replicas: {size} bytes)"
             problems.append(
-                f"pinned memory limit {text} of GPU {index} is under 1 MiB; the daemon takes"
+                f"pinned memory limit {given} of GPU {index} is under 1 MiB; the daemon takes"
                 " whole MiB (a limit of 0 would be no limit)"
             )
         if size > gpu.memory_total_bytes:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from nodeagent.configfile import ConfigCache
 from nodeagent.errors import AgentError
-from nodeagent.files import atomic_write_text
+from nodeagent.files import write_if_changed
 from nodeagent.logs import get_logger
 from nodeagent.nvml.inventory import Inventory
 from nodeagent.plan.planner import plan_node
@@ -38,8 +38,7 @@ class WorkloadPlanner:
         plan = plan_node(inventory, workloads.workloads)
         text = render_yaml(plan, PLANNED)
         try:
-            if not path.exists() or path.read_bytes() != text.encode():
-                atomic_write_text(path, text)
+            write_if_changed(path, text, "the planned sharing config")
         except OSError as err:
             raise AgentError(f"cannot write the planned sharing config {path}: {err}") from err
         log.info(

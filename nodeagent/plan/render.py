@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from nodeagent.logs import printable
 from nodeagent.plan.planner import NodePlan
 
 MIB = 1 << 20
@@ -110,7 +111,13 @@ def report(plan: NodePlan, name: str) -> dict[str, Any]:
 
 
 def summary_lines(plan: NodePlan) -> list[str]:
-    """The report in a few lines (also the comment atop the YAML output)."""
+    """The report in a few lines (also the comment atop the YAML output). Workload names are
+    shown escaped: a line or paragraph separator (U+2028) would end a YAML comment and turn the
+    rest of the name into a key of the document; a control character would reach a terminal."""
+    return [printable(line) for line in _summary(plan)]
+
+
+def _summary(plan: NodePlan) -> list[str]:
     lines = []
     for g in plan.gpus:
         on = [p for p in plan.placed if p.gpu == g.gpu]

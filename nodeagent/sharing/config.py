@@ -50,6 +50,12 @@ STRATEGIES = ("mig", "mps", "time-slicing", "whole")
 ENTRY_KEYS = ("devices", "device-filter", *STRATEGIES)
 MIG_KEYS = ("mig-devices", "mig-config")
 MPS_KEYS = ("replicas", "thread-percentage", "pinned-memory")
+# Replicas per GPU, bounded where they are read: every replica is a device the device plugin
+# advertises to the kubelet and a label value (at most 63 characters). An MPS client gets at
+# least 1 % of the SMs (thread percentage 1-100); time-slicing has no hardware bound, 1,024
+# clients taking turns on one GPU is far past any useful share.
+MAX_MPS_REPLICAS = 100
+MAX_TIME_SLICING_REPLICAS = 1024
 
 Fields = dict[str, tuple[yaml.Node, yaml.Node]]
 
@@ -219,7 +225,8 @@ def _share(key: str, node: yaml.Node, errors: _Errors, what: str) -> Share | Non
     fields = _fields(node, errors, what, allowed)
     if not isinstance(node, yaml.MappingNode):
         return None
-    replicas = _int(fields, "replicas", node, errors, what, 2, None, required=True)
+    most = MAX_MPS_REPLICAS if key == "mps" else MAX_TIME_SLICING_REPLICAS
+    replicas = _int(fields, "replicas", node, errors, what, 2, most, required=True)
     if key == "time-slicing":
         return TimeSlicing(replicas) if replicas is not None else None
     percentage = _int(fields, "thread-percentage", node, errors, what, 1, 100, required=False)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.errors import AgentError
-from nodeagent.files import atomic_write_text
+from nodeagent.files import write_if_changed
 from nodeagent.logs import get_logger
 
 RESOURCE = "nvidia.com/gpu"
@@ -77,9 +77,8 @@ class PluginConfigSink:
             log.warning("sharing.plugin_config", limitation=warning)
         text = yaml.safe_dump(document, sort_keys=False)
         try:
-            if path.exists() and path.read_text() == text:
+            if not write_if_changed(path, text, "the device plugin config", 0o644):
                 return
-            atomic_write_text(path, text, mode=0o644)
         except OSError as err:
             raise AgentError(
                 f"cannot write the device plugin config {path}: {err.strerror}"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from nodeagent.configfile import config_error
 from nodeagent.errors import ConfigError, NothingMatched
+from nodeagent.logs import listing
 from nodeagent.mig.config import Entry, MigConfigFile
 from nodeagent.mig.select import Desired, _gpu_label, resolve
 from nodeagent.mps.settings import parse_size
@@ -51,7 +52,7 @@ def resolve_sharing(
     out. `mig_file` holds the configs that `mig: {mig-config: NAME}` entries name. Raises
     ConfigError (all problems of a stage at once) or NothingMatched (no GPU covered)."""
     if name not in cfg.configs:
-        known = ", ".join(sorted(cfg.configs)) or "none"
+        known = listing(sorted(cfg.configs))
         raise ConfigError(f"{cfg.source}: no config named {name!r}; the file defines: {known}")
     entries = cfg.configs[name]
     _check_references(entries, mig_file, cfg.source)
@@ -104,7 +105,7 @@ def _check_references(
                 " (mig-parted v1), and none was given"
             )
         elif share.mig_config not in mig_file.configs:
-            known = ", ".join(sorted(mig_file.configs)) or "none"
+            known = listing(sorted(mig_file.configs))
             errors.append(
                 f"{entry.mark}: mig-config {share.mig_config!r} is not in {mig_file.source};"
                 f" it defines: {known}"

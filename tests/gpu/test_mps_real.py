@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from nodeagent.errors import NvmlError
+from nodeagent.mps.control import parent_pid
 from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.settings import MpsSettings, validate
 from nodeagent.mps.supervisor import MpsSupervisor
@@ -116,6 +117,11 @@ def test_real_daemon_limits_clients(mps: tuple[MpsDaemon, MpsSettings]) -> None:
     print(f"clients saw: {results}")
     assert all(r["sms"] == 32 for r in results)  # 25 % of 132 SMs, as in the probe
     assert during.servers and sum(len(c) for c in during.clients.values()) >= 1
+    # What stop relies on: the real daemon is recognised from its pid file (its executable),
+    # and its servers are its children (only those are ever killed).
+    print(f"server parents: {[parent_pid(s) for s in during.servers]}; daemon {status.pid}")
+    assert daemon.control.daemon_pid() == status.pid
+    assert all(parent_pid(s) == status.pid for s in during.servers)
     over = _result(_client(settings, str(3 * GIB)))
     under = _result(_client(settings, str(GIB)))
     print(f"3 GiB over a 2 GiB limit: {over['alloc']}; 1 GiB: {under['alloc']}")

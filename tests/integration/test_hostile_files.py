@@ -2,9 +2,9 @@
 a directory, a dangling symlink, an unreadable file. Each reader (MIG config, sharing config,
 settings file, hooks file, workload file, device plugin config, machine-type file) answers with
 one sentence naming the file and exit 2, at once (no hang on the FIFO, no MemoryError), and the
-emulated GPUs are unchanged. The machine-type file alone reads as `unknown` when it is missing
-or unreadable, as GFD's does (a VM without DMI is common); a path that is no file is still
-refused."""
+emulated GPUs are unchanged. The machine-type file alone reads as `unknown` whatever is wrong
+with it, as GFD's does (a VM without DMI is common), with a warning where it is no file: a
+label publish never fails on it."""
 
 from __future__ import annotations
 
@@ -109,11 +109,11 @@ def test_hostile_file(
     (tmp_path / "mig.yaml").write_text(GOOD_MIG)
     assert cli(*[a.format(tmp=tmp_path) for a in SIM], "mig", "export").returncode == 0
     before = (tmp_path / "node.json").read_bytes()
-    make, words, unreadable = HOSTILE[hostile]
+    make, words, _only_unreadable = HOSTILE[hostile]
     path = make(tmp_path)
     argv, what = READERS[reader]
     res = cli(*[a.format(tmp=tmp_path, file=path) for a in argv])
-    if reader == "machine-type-file" and unreadable:
+    if reader == "machine-type-file":  # never fails a publish: `unknown`, a warning
         assert res.returncode == 0, res.stderr
         assert "nvidia.com/gpu.machine=unknown" in res.stdout.splitlines()
     else:

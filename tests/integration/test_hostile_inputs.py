@@ -37,6 +37,7 @@ mig-configs:
       mig-enabled: false
 """
 RANDOM = random.Random(7).randbytes(4096)
+FIFO = b"<fifo>"  # as a file's content: make a FIFO there (no process writes it)
 
 
 @dataclass(frozen=True)
@@ -378,6 +379,40 @@ CASES: dict[str, Case] = {
         2,
         ("0 %", "100 replicas"),
     ),
+    "mps-replicas-billion-default-pinned": Case(
+        (
+            *MPS[:1],
+            "start",
+            *MPS[2:],
+            "--mps-replicas",
+            "1000000000",
+            "--mps-thread-percentage",
+            "10",
+        ),
+        2,
+        ("(its memory / 1000000000 replicas: 150 bytes)", "under 1 MiB"),
+    ),
+    "mps-plugin-config-replicas-huge": Case(
+        (*MPS, "--mps-device-plugin-config", "{tmp}/dp.yaml", "--mps-layout", "device-plugin"),
+        2,
+        ("dp.yaml", "replicas must be at most 48"),
+        {
+            "dp.yaml": b"version: v1\nsharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: "
+            + b"9" * 70
+            + b"}]}}\n"
+        },
+    ),
+    "mps-plugin-config-fifo-without-writer": Case(
+        (*MPS, "--mps-device-plugin-config", "{tmp}/fifo", "--mps-layout", "device-plugin"),
+        2,
+        ("device plugin config", "it is a FIFO, not a file"),
+        {"fifo": FIFO},
+    ),
+    "mps-plugin-config-dev-zero": Case(
+        (*MPS, "--mps-device-plugin-config", "/dev/zero", "--mps-layout", "device-plugin"),
+        2,
+        ("cannot read device plugin config /dev/zero: it is a character device, not a file",),
+    ),
     "mps-thread-zero": Case(
         (*MPS, "--mps-thread-percentage", "0"), 2, ("--mps-thread-percentage", "1-100")
     ),
@@ -495,6 +530,74 @@ CASES: dict[str, Case] = {
         2,
         ("too long for the daemon's unix", "sockets"),
     ),
+    # -- names and counts that reach a terminal or a label ------------------------------------------------------
+    "sharing-name-terminal-escape": Case(
+        ("sharing", "apply", "-f", "{tmp}/s.yaml", "-c", "nope"),
+        2,
+        ("no config named 'nope'", "\\x1b[2J", "\\u2028"),
+        {
+            "s.yaml": b'version: nodeagent/v1\nsharing-configs:\n  "\\e[2J\\L":\n    - {devices: all, whole: {}}\n'
+        },
+    ),
+    "mig-name-terminal-escape": Case(
+        ("mig", "apply", "-f", "{tmp}/mig.yaml", "-c", "nope"),
+        2,
+        ("no config named 'nope'", "\\x1b]0;pwned\\x07"),
+        mig(
+            'version: v1\nmig-configs:\n  "\\e]0;pwned\\a":\n    - {devices: all, mig-enabled: false}\n'
+        ),
+    ),
+    "sharing-10000-names": Case(
+        ("labels", "-f", "{tmp}/s.yaml", "-c", "nope"),
+        2,
+        ("no config named 'nope'", "… and 9,990 more"),
+        {
+            "s.yaml": (
+                "version: nodeagent/v1\nsharing-configs:\n"
+                + "".join(f"  c{i}: [{{devices: all, whole: {{}}}}]\n" for i in range(10_000))
+            ).encode()
+        },
+    ),
+    "sharing-time-slicing-replicas-huge": Case(
+        ("labels", "-f", "{tmp}/s.yaml", "-c", "c"),
+        2,
+        ("s.yaml:3:47", "replicas must be an integer 2-1024"),
+        {
+            "s.yaml": b"version: nodeagent/v1\nsharing-configs:\n  c: [{devices: all, time-slicing: {replicas: "
+            + b"9" * 70
+            + b"}}]\n"
+        },
+    ),
+    "sharing-time-slicing-replicas-1025": Case(
+        ("sharing", "apply", "-f", "{tmp}/s.yaml", "-c", "c"),
+        2,
+        ("s.yaml:3:47", "2-1024", "'1025'"),
+        {
+            "s.yaml": b"version: nodeagent/v1\nsharing-configs:\n  c: [{devices: all, time-slicing: {replicas: 1025}}]\n"
+        },
+    ),
+    "sharing-mps-replicas-101": Case(
+        ("labels", "-f", "{tmp}/s.yaml", "-c", "c"),
+        2,
+        ("s.yaml:3:38", "replicas must be an integer 2-100"),
+        {
+            "s.yaml": b"version: nodeagent/v1\nsharing-configs:\n  c: [{devices: all, mps: {replicas: 101}}]\n"
+        },
+    ),
+    "workload-name-bidi": Case(
+        ("plan", "-f", "{tmp}/w.yaml"),
+        2,
+        ("w.yaml:3:11", "no control characters"),
+        {
+            "w.yaml": b'version: nodeagent/v1\nworkloads:\n  - name: "a\\u202eb"\n    memory: 1G\n    isolation: shared\n'
+        },
+    ),
+    "mig-lock-is-a-folder": Case(
+        ("mig", "apply", "-f", "{tmp}/mig.yaml", "-c", "all-balanced", "--lock-timeout", "0"),
+        2,
+        ("MIG writer lock", "a folder, not a regular file"),
+        {**mig(GOOD_MIG), ".node.json.lock/x": b""},
+    ),
     # -- kubeconfig -------------------------------------------------------------------------------------------
     "kubeconfig-missing": Case(
         (*RUN, "--kube", "--node-name", "n", "--kubeconfig", "/nope"),
@@ -539,7 +642,11 @@ def node(
 
     def run(case: Case) -> tuple[Result, bytes, bytes]:
         for name, content in case.files.items():
-            (tmp_path / name).write_bytes(content)
+            (tmp_path / name).parent.mkdir(exist_ok=True)
+            if content == FIFO:
+                os.mkfifo(tmp_path / name)
+            else:
+                (tmp_path / name).write_bytes(content)
         argv = [a.replace("{tmp}", str(tmp_path)) for a in case.argv]
         env = {"NODEAGENT_SIMULATE": "h200", "NODEAGENT_SIM_STATE": str(state), **case.env}
         before = state.read_bytes()
@@ -555,6 +662,8 @@ def test_hostile_input(node: Callable[[Case], tuple[Result, bytes, bytes]], name
     res, before, after = node(case)
     assert res.returncode == case.code, (res.stdout, res.stderr)
     assert "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr
+    unsafe = {"\x1b", "\x07", "\u2028", "\u2029", "\u202e", "\r"} & set(res.stderr)
+    assert not unsafe, res.stderr  # names from files and flags reach the terminal escaped
     lines = res.stderr.strip().splitlines()
     if case.words:
         assert (lines and lines[0].startswith("nodeagent: ")) or "usage:" in res.stderr, res.stderr

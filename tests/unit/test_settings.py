@@ -496,7 +496,7 @@ def test_environment_of_a_used_group_is_parsed() -> None:
     ("argv", "fails"),
     [
         (["status"], False),
-        (["labels"], False),
+        (["labels"], True),  # -f/-c: checked as `sharing apply` checks it, MPS settings too
         (["mig", "export"], False),
         (["mps", "status"], True),
         (["run"], True),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -63,3 +64,29 @@ def test_strategy_from_the_environment_and_default_mixed(
 
 def test_bad_strategy_is_one_sentence(node: Callable[..., Result]) -> None:
     assert_one_error(node("--mig-strategy", "bogus"), 2, "--mig-strategy", "none, single, mixed")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "folder", "link-to-file", "huge"])
+def test_a_machine_type_file_that_is_no_file_reads_unknown_at_once(
+    node: Callable[..., Result], tmp_path: Path, kind: str
+) -> None:
+    """GFD's --machine-type-file: a FIFO blocked the publish, /dev/zero filled memory; now
+    only a regular file (through a link too: ConfigMaps mount links) is read, at most 4 MiB."""
+    path = tmp_path / "product_name"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        path = Path("/dev/zero")
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "link-to-file":
+        (tmp_path / "real").write_text("PowerEdge R760xa\n")
+        path.symlink_to(tmp_path / "real")
+    else:
+        path.write_text("A" * 10_000_000)
+    res = node("--machine-type-file", str(path))
+    got = _labels(res)
+    want = {"link-to-file": "PowerEdge-R760xa"}.get(kind, "unknown")  # huge: over 4 MiB, refused
+    assert got["nvidia.com/gpu.machine"] == want
+    if want == "unknown":
+        assert "labels.machine_type.refused" in res.stderr

@@ -179,3 +179,35 @@ def test_hostile_workload_files(
     assert res.stderr.startswith("nodeagent: ") and len(res.stderr) < 10_000
     for word in words:
         assert word in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "config"),
+    [
+        ("a\u2028b: c", "planned"),
+        ("x\u2029- y", "planned"),
+        ("# not a comment", "p\u2028q"),
+        ("k: v\u2028other: 1", "p: q"),
+    ],
+    ids=["line-separator", "paragraph-separator", "hash", "separator-key"],
+)
+def test_plan_yaml_round_trips_names_with_line_separators(
+    node: Callable[..., Result], tmp_path: Path, name: str, config: str
+) -> None:
+    """YAML takes U+2028/2029 as line breaks: in a comment they would end it and make the rest
+    of a workload name part of the document. Shown escaped; the file reads back as planned."""
+    workloads = {
+        "version": "nodeagent/v1",
+        "workloads": [{"name": name, "replicas": 2, "memory": "10G", "isolation": "mig"}],
+    }
+    (tmp_path / "w.yaml").write_text(json.dumps(workloads))
+    res = node("plan", "-f", "w.yaml", "-o", "yaml", "--name", config)
+    assert res.returncode == 0, res.stderr
+    head = [line for line in res.stdout.split("\n") if line.startswith("#")]
+    assert head[0].startswith("# GPU 0: mig: ") and "\u2028" not in res.stdout
+    document = yaml.safe_load(res.stdout)
+    assert list(document) == ["version", "sharing-configs"]
+    assert list(document["sharing-configs"]) == [config]
+    planned = json.loads(node("plan", "-f", "w.yaml", "-o", "json", "--name", config).stdout)
+    assert document == planned["sharing_config"]
+    assert {p["workload"] for p in planned["assignment"]} == {name}  # JSON keeps it exact

@@ -25,7 +25,8 @@ def sharing(
 
     def run(command: str, *args: str) -> Result:
         if command == "labels":
-            return cli(*base, "labels", "-f", str(tmp_path / "sharing.yaml"), *args)
+            env = {"NODEAGENT_MPS_CONTROL": fake_mps_control}  # checked as apply checks it
+            return cli(*base, "labels", "-f", str(tmp_path / "sharing.yaml"), *args, env=env)
         return cli(*base, "sharing", command, "-f", str(tmp_path / "sharing.yaml"), *mps, *args)
 
     yield run

@@ -28,6 +28,7 @@ from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.agent_support import make_agent
+from tests.conftest import stop_mps_daemon
 from tests.integration.metrics.conftest import free_port, http_get, prometheus_tool, wait_for
 from tests.mig_apply import reconfigure
 
@@ -143,6 +144,7 @@ def monitored(
                 proc.kill()
         for agent in started:
             agent.stop()
+        stop_mps_daemon(fake_mps_control, tmp_path / "pipe", tmp_path / "ready")
 
 
 def _instantiate(expr: str, node: str) -> str:

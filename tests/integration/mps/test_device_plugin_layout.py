@@ -137,6 +137,8 @@ def test_rename_by_default_names_the_resource_shared(
         ("version: v1\n", "no sharing.mps.resources"),
         ("version: v2\nsharing: {}\n", "version: v1"),
         (PLUGIN_CONFIG.replace("replicas: 4", "replicas: 1"), "replicas must be 2 or more"),
+        (PLUGIN_CONFIG.replace("replicas: 4", "replicas: 49"), "replicas must be at most 48"),
+        (PLUGIN_CONFIG.replace("replicas: 4", "replicas: " + "9" * 70), "at most 48"),
         (
             PLUGIN_CONFIG + "    - name: example.com/gpu\n      replicas: 2\n",
             "lists 2 MPS resources",

@@ -14,6 +14,7 @@ import pytest
 
 from nodeagent.errors import ConfigError, MpsError
 from nodeagent.mps.control import MpsControl
+from nodeagent.mps.control import process_alive as _alive
 from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.settings import MpsSettings, parse_pinned, parse_size, validate
 from nodeagent.mps.supervisor import MpsSupervisor
@@ -56,15 +57,6 @@ def daemons() -> Iterator[list[MpsDaemon]]:
     yield started
     for d in started:
         d.stop()
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for init to reap it has exited)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def test_start_sets_limits_reads_them_back_and_writes_ready(

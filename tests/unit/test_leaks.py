@@ -1,0 +1,70 @@
+"""The session-end check of tests/conftest.py: a suite whose tests leave a process running fails,
+names the process, and ends it; one that cleans up passes. Run as a user runs the suite, in a
+child pytest (alone and under xdist) over a test file made here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.leaks import MARKER
+
+LEAKY = """
+import subprocess, sys
+
+def test_leaves_a_child():
+    subprocess.Popen(["sleep", "3599"])
+
+def test_leaves_a_daemon_that_forked_twice():
+    # setsid in a backgrounded shell: the shell exits, the daemon is an orphan in a session
+    subprocess.run(["sh", "-c", "setsid sleep 3598 >/dev/null 2>&1 &"], check=True)
+"""
+TIDY = """
+import subprocess
+
+def test_cleans_up():
+    proc = subprocess.Popen(["sleep", "3597"])
+    proc.kill()
+    proc.wait()
+"""
+CONFTEST = "from tests.conftest import pytest_configure, pytest_sessionfinish  # noqa: F401\n"
+
+
+def _suite(tmp_path: Path, body: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_it.py").write_text(body)
+    env = {k: v for k, v in os.environ.items() if k != MARKER}  # a session of its own
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
+         str(tmp_path), str(tmp_path), *flags],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+
+
+def _running(pattern: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+@pytest.mark.parametrize("flags", [(), ("-n", "2")], ids=["alone", "xdist"])
+def test_a_suite_that_leaks_fails_naming_what_it_left(
+    tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    res = _suite(tmp_path, LEAKY, *flags)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "2 passed" in res.stdout
+    assert "2 processes started by the tests were still running at the end:" in res.stdout
+    assert "sleep 3599" in res.stdout and "sleep 3598" in res.stdout
+    assert _running("^sleep 359[89]$") == []  # ended by the check
+
+
+def test_a_suite_that_cleans_up_passes(tmp_path: Path) -> None:
+    res = _suite(tmp_path, TIDY, "-n", "2")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "still running" not in res.stdout
