@@ -100,7 +100,8 @@ class _Answer:
         """The one message of a unary answer, or CallError for the status it carries."""
         http_status = self.headers.get(b":status", b"")
         if http_status != b"200":
-            code = HTTP_STATUS_CODES.get(int(http_status or 0), "UNKNOWN")
+            number = int(http_status) if http_status.isdigit() else 0
+            code = HTTP_STATUS_CODES.get(number, "UNKNOWN")
             raise CallError(code, f"HTTP status {http_status.decode(errors='replace')}")
         status = self.headers.get(b"grpc-status")
         if status is None:
@@ -108,7 +109,8 @@ class _Answer:
         if status != b"0":
             number = int(status) if status.isdigit() else 2
             name = STATUS_NAMES[number] if number < len(STATUS_NAMES) else "UNKNOWN"
-            raise CallError(name, unquote(self.headers.get(b"grpc-message", b"").decode()))
+            message = self.headers.get(b"grpc-message", b"").decode(errors="replace")
+            raise CallError(name, unquote(message))
         if len(self.body) < 5:
             raise CallError("INTERNAL", f"the answer has {len(self.body)} bytes, no message")
         compressed, length = struct.unpack_from(">BI", self.body)
