@@ -211,7 +211,9 @@ def _exchange(
             elif isinstance(event, StreamEnded) and event.stream_id == stream:
                 answer.ended = True
             elif isinstance(event, StreamReset) and event.stream_id == stream:
-                raise CallError("UNAVAILABLE", f"the server reset the call ({event.error_code})")
+                reason = getattr(event.error_code, "name", event.error_code)
+                raise CallError("UNAVAILABLE", f"the server reset the call ({reason})")
             elif isinstance(event, ConnectionTerminated) and not answer.ended:
-                raise CallError("UNAVAILABLE", f"the server ended the connection ({event})")
+                reason = getattr(event.error_code, "name", event.error_code)
+                raise CallError("UNAVAILABLE", f"the server ended the connection ({reason})")
     return answer.message()
