@@ -109,14 +109,15 @@ def test_gpu_holders_read_what_protobuf_wrote(answer: pb.ListPodResourcesRespons
 
 
 def test_fields_a_newer_kubelet_adds_are_skipped() -> None:
-    """A kubelet newer than the committed .proto adds fields (memory = 4, dynamic_resources = 5
-    of ContainerResources; new wire types in them): they are skipped, as protobuf skips them."""
+    """A kubelet newer than the committed .proto adds fields to ContainerResources (memory = 4,
+    a nested message; here also a fixed32 field 15, a wire type the .proto has nowhere): they
+    are skipped, as protobuf skips them."""
     container = pb.ContainerResources(
         name="main",
         devices=[pb.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=["GPU-0"])],
     ).SerializeToString()
     memory = b"\x0a\x06memory\x10\x80\x80\x80\x80\x10"  # ContainerMemory{memory_type, size}
-    extra = b"\x22" + bytes([len(memory)]) + memory + b"\x2d\x01\x00\x00\x00"
+    extra = b"\x22" + bytes([len(memory)]) + memory + b"\x7d\x01\x00\x00\x00"
     pod = pb.PodResources(name="p", namespace="n").SerializeToString()
     pod += b"\x1a" + bytes([len(container + extra)]) + container + extra
     reply = b"\x0a" + bytes([len(pod)]) + pod
