@@ -196,3 +196,26 @@ def test_no_mig_change_while_the_kubelet_cannot_be_asked(tmp_path: Path) -> None
         assert "cannot tell which slices pods hold" in report.reason
         assert layout() == ["1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb"]
         agent.stop()
+
+
+def test_asking_the_kubelet_loads_neither_grpcio_nor_protobuf(tmp_path: Path) -> None:
+    """The --kube agent's memory (README: 41 MiB, 55 with grpcio's C core and protobuf): the
+    pod-resources client is h2 and a wire reader; grpcio loads only for the DRA plugin."""
+    import subprocess
+    import sys
+
+    from tests.fake_kubelet.podresources import pod, serve
+
+    socket = tmp_path / "kubelet.sock"
+    script = (
+        "import sys; from pathlib import Path;"
+        "from nodeagent.kube.podresources import pod_devices;"
+        f"print(*pod_devices(Path({str(socket)!r})));"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google')))"
+    )
+    with serve(socket) as kubelet:
+        kubelet.pods = [pod("speech", "asr-0", {"server": {"nvidia.com/gpu": [GPU]}})]
+        out = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+    assert out == [GPU, "[]"]
