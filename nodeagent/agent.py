@@ -233,7 +233,7 @@ class Agent:
         """The DRA kubelet plugin beside the device-plugin path, serving the kubelet from now;
         returns the allocations the pipeline reads: the pods' devices and the claims' slices
         (both count as busy)."""
-        from nodeagent.dra.held import with_claims
+        from nodeagent.dra.held import inventory_reader, with_claims
         from nodeagent.kube.dra_plugin import DraPlugin
 
         def held() -> dict[str, str]:
@@ -249,7 +249,7 @@ class Agent:
             self.stop_event,
         )
         self.dra.start()
-        return with_claims(pods, self.dra.checkpoint)
+        return with_claims(pods, self.dra.checkpoint, inventory_reader(self.session))
 
     def publish_dra(self) -> None:
         snap = self.store.snapshot
