@@ -93,7 +93,13 @@ class NodeDriver:
             checkpoint = load(c.checkpoint)
             before = checkpoint.claims.get(ref.uid)
             if before is not None and before.state == PREPARED:
-                return _answer(before)
+                gone = self._gone(ref.uid, before)
+                if gone is None:
+                    return _answer(before)
+                # A reboot (MIG slices, /var/run/cdi and MPS daemons do not survive one; the
+                # checkpoint does), or someone destroyed it: made again, as NVIDIA's driver
+                # drops a checkpoint of an earlier boot.
+                log.warning("dra.prepare_again", claim=str(ref), gone=gone)
             claimed = claimed_devices(claim, c.driver, c.pool)
             held = dict(self.held())
             with self.session.lock:
@@ -112,6 +118,31 @@ class NodeDriver:
             save(c.checkpoint, load(c.checkpoint).with_claim(ref.uid, record))
             log.info("dra.prepared", claim=str(ref), devices=[d.device for d in made])
             return _answer(record)
+
+    def _gone(self, uid: str, claim: PreparedClaim) -> str | None:
+        """What of a prepared claim is no longer there (None: all of it is)."""
+        if not cdi.spec_file(self.config.cdi_dir, self.config.driver, uid).exists():
+            return "its CDI spec"
+        with self.session.lock:
+            gpus = {g.index: g for g in read_inventory(self.session).gpus}
+        for d in claim.devices:
+            if d.is_mig:
+                gpu = gpus.get(d.gpu)
+                s = slice_at(gpu, d.profile_id or 0, d.placement_start or 0) if gpu else None
+                if s is None or s.mig_uuid != d.mig_uuid:
+                    return f"the MIG device of {d.device}"
+            if d.mps is not None and self._mps_stopper(uid, d).control.daemon_pid() is None:
+                return f"the MPS daemon of {d.device}"
+        return None
+
+    def _mps_stopper(self, uid: str, d: PreparedDevice) -> MpsDaemon:
+        """The claim's MPS daemon for `d`, as far as asking for its pid or stopping it goes."""
+        root = self.mps_root(uid, d.device)
+        settings = MpsSettings(
+            devices=(d.gpu,), pipe_dir=root / "pipe", log_dir=root / "log",
+            ready_file=root / "ready", control_binary=self.config.mps_control,
+        )  # fmt: skip
+        return MpsDaemon(settings, Limits(100, {}, d.gpu_uuid))
 
     def _execute(self, the_plan: Plan, ref: ClaimRef) -> None:
         if the_plan.operations:
@@ -167,12 +198,7 @@ class NodeDriver:
                 return
             for d in claim.devices:
                 if d.mps is not None:
-                    root = self.mps_root(uid, d.device)
-                    settings = MpsSettings(
-                        devices=(d.gpu,), pipe_dir=root / "pipe", log_dir=root / "log",
-                        ready_file=root / "ready", control_binary=c.mps_control,
-                    )  # fmt: skip
-                    MpsDaemon(settings, Limits(100, {}, d.gpu_uuid)).stop()
+                    self._mps_stopper(uid, d).stop()
             with self.session.lock:
                 inventory = read_inventory(self.session)
                 self._execute(Plan(_destroys(inventory, claim)), ClaimRef("", "", uid))

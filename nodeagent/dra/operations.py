@@ -53,9 +53,11 @@ def intents(
         )
         if profile is None or at is None:
             raise ConfigError(f"device {c.device}: GPU {gpu.index} has no such profile placement")
+        # A retry keeps the first answer, unless the slice is gone since (a reboot): then
+        # this claim makes it.
         existed = slice_at(gpu, profile.id, at.start) is not None
         if c.device in before:
-            existed = before[c.device].existed
+            existed = existed and before[c.device].existed
         out.append(
             PreparedDevice(
                 c.request,
