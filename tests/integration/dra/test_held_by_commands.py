@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import yaml
 
 from nodeagent.dra.checkpoint import PREPARING, load
@@ -62,3 +63,23 @@ def test_a_half_prepared_claims_slice_is_held_too(short_root: Path, cli: Cli) ->
 
     assert_one_error(refused, 3, "is in use by claim speech/asr", "nothing was changed")
     assert layout(short_root) == (True, [("2g.35gb", 2, True)])
+
+
+@pytest.mark.parametrize(
+    "text", ['{"version": 1, "claims": {"u": [1]}}', "", '{"version": 1, "claims": {"u": {}}}']
+)
+def test_a_checkpoint_it_cannot_read_refuses_the_change(
+    short_root: Path, cli: Cli, text: str
+) -> None:
+    setup_gpu(short_root, True, [(9, 0, 4)])
+    (short_root / "p").mkdir()
+    (short_root / "p" / "checkpoint.json").write_text(text)
+
+    refused = _apply(cli, short_root, short_root / "sim.json")
+
+    # The command's sentence (after the store's warning log line, event podresources.failed)
+    assert refused.returncode == 3 and "Traceback" not in refused.stderr
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith("nodeagent: cannot tell which slices pods hold (DRA checkpoint")
+    assert last.endswith("nothing was changed")
+    assert layout(short_root) == (True, [("3g.71gb", 0, True)])
