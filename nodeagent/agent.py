@@ -218,6 +218,10 @@ class Agent:
         allocations = self._allocations or socket_allocations
         if self.settings.dra.enabled:
             allocations = self._setup_dra(kube_settings, allocations)
+        else:  # the claims an agent with --dra prepared stay held (the pods still run)
+            from nodeagent.dra.held import checkpointed_claims
+
+            allocations = checkpointed_claims(self.session, self.settings.dra, allocations)
         # The pipeline with the Node's ports, built before its first run.
         self.pipeline = self._pipeline(
             desire=desire,

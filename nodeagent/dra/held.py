@@ -67,8 +67,11 @@ def inventory_reader(session: NvmlSession) -> Callable[[], Inventory]:
     return read
 
 
-def checkpointed_claims(session: NvmlSession, dra: Dra) -> Callable[[], Holders]:
-    """The claims of the DRA checkpoint in `dra`'s plugin directory, on or off: a checkpoint
-    an agent with --dra left holds its claims' slices until the kubelet unprepares them (an
-    empty answer when there is none). What `nodeagent mig apply|sharing apply` count as held."""
-    return with_claims(None, dra.plugin_path / CHECKPOINT_NAME, inventory_reader(session))
+def checkpointed_claims(
+    session: NvmlSession, dra: Dra, pods: Allocations | None = None
+) -> Callable[[], Holders]:
+    """`pods` plus the claims of the DRA checkpoint in `dra`'s plugin directory, DRA on or
+    off: a checkpoint an agent with --dra left holds its claims' slices until the kubelet
+    unprepares them (no claims when there is no checkpoint). What `nodeagent mig apply|sharing
+    apply` and an agent without --dra count as held."""
+    return with_claims(pods, dra.plugin_path / CHECKPOINT_NAME, inventory_reader(session))

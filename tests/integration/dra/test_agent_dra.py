@@ -30,15 +30,12 @@ STATE = "nvidia.com/mig.config.state"
 REASON = "nodeagent.io/mig.config.reason"
 
 
-@pytest.fixture
-def agent(short_root: Path) -> Iterator[tuple[Agent, Cluster, SimulatedNvml]]:
-    cluster = dra_cluster()
-    cluster.add_node(NODE, {"kubernetes.io/hostname": NODE})
-    lib = SimulatedNvml(parse_spec("h200x2"))
-    session = NvmlSession(lib)
+def _agent(
+    short_root: Path, cluster: Cluster, lib: SimulatedNvml, session: NvmlSession, dra: bool
+) -> Agent:
     mig = short_root / "mig.yaml"
     mig.write_text(dump_config(generate_configs(read_inventory(session))))
-    agent = make_agent(
+    return make_agent(
         session,
         lib.reset,
         metrics={"refresh_interval_seconds": 0.2},
@@ -52,18 +49,36 @@ def agent(short_root: Path) -> Iterator[tuple[Agent, Cluster, SimulatedNvml]]:
             "pod_resources_socket": None,
         },
         dra={
-            "enabled": True,
+            "enabled": dra,
             "plugin_dir": short_root / "p",
             "registry_dir": short_root / "reg",
             "cdi_dir": short_root / "cdi",
         },
     )
+
+
+@pytest.fixture
+def agent(short_root: Path) -> Iterator[tuple[Agent, Cluster, SimulatedNvml]]:
+    cluster = dra_cluster()
+    cluster.add_node(NODE, {"kubernetes.io/hostname": NODE})
+    lib = SimulatedNvml(parse_spec("h200x2"))
+    agent = _agent(short_root, cluster, lib, NvmlSession(lib), dra=True)
     agent.start()
     try:
         yield agent, cluster, lib
     finally:
         agent.stop()
         cluster.close()
+
+
+def _refused_for_the_claim(cluster: Cluster, session: NvmlSession) -> None:
+    """A mig.config that would destroy claim speech/asr's 3g.71gb at 4 fails, naming it."""
+    cluster.label(NODE, {"nvidia.com/mig.config": "all-1g.18gb"})
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "failed", what="state failed")
+    assert "claim speech/asr" in cluster.annotations(NODE)[REASON]
+    with session.lock:
+        gpu0 = read_inventory(session).gpus[0]
+    assert [(s.profile, s.placement.start) for s in gpu0.slices] == [("3g.71gb", 4)]
 
 
 def test_a_claimed_slice_is_busy_for_the_mig_config_protocol(
@@ -78,13 +93,28 @@ def test_a_claimed_slice_is_busy_for_the_mig_config_protocol(
     ref = Claim("speech", "asr", "uid-1")
     assert kubelet.prepare([ref])["uid-1"].error == ""
 
-    cluster.label(NODE, {"nvidia.com/mig.config": "all-1g.18gb"})  # would destroy the 3g
-    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "failed", what="state failed")
-    assert "claim speech/asr" in cluster.annotations(NODE)[REASON]
-    with running.session.lock:
-        gpu0 = read_inventory(running.session).gpus[0]
-    assert [(s.profile, s.placement.start) for s in gpu0.slices] == [("3g.71gb", 4)]
+    _refused_for_the_claim(cluster, running.session)
 
     assert kubelet.unprepare([ref]) == {"uid-1": ""}
     cluster.label(NODE, {"nvidia.com/mig.config": "all-3g.71gb"})
     cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="state success")
+
+
+def test_claims_stay_held_when_dra_is_turned_off(
+    agent: tuple[Agent, Cluster, SimulatedNvml], short_root: Path
+) -> None:
+    """The agent restarted without --dra: the pods of the claims it prepared still run."""
+    running, cluster, lib = agent
+    kubelet = FakeDraKubelet(short_root / "reg")
+    kubelet.register(DRIVER)
+    cluster.km.objects[CLAIMS, "speech", "asr"] = allocated_claim(
+        "asr", "uid-1", {"gpu": "gpu-0-mig-3g71gb-9-4"}
+    )
+    assert kubelet.prepare([Claim("speech", "asr", "uid-1")])["uid-1"].error == ""
+    running.stop()
+    without = _agent(short_root, cluster, lib, running.session, dra=False)
+    without.start()
+    try:
+        _refused_for_the_claim(cluster, running.session)
+    finally:
+        without.stop()
