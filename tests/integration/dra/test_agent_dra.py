@@ -118,3 +118,26 @@ def test_claims_stay_held_when_dra_is_turned_off(
         _refused_for_the_claim(cluster, running.session)
     finally:
         without.stop()
+
+
+def test_a_whole_gpu_claim_keeps_its_gpu_out_of_mig(
+    agent: tuple[Agent, Cluster, SimulatedNvml], short_root: Path
+) -> None:
+    """An MPS share or a whole GPU: MIG turned on under it would take the GPU from its pods."""
+    running, cluster, _ = agent
+    kubelet = FakeDraKubelet(short_root / "reg")
+    kubelet.register(DRIVER)
+    cluster.km.objects[CLAIMS, "speech", "big"] = allocated_claim("big", "uid-w", {"gpu": "gpu-1"})
+    ref = Claim("speech", "big", "uid-w")
+    assert kubelet.prepare([ref])["uid-w"].error == ""
+
+    cluster.label(NODE, {"nvidia.com/mig.config": "all-1g.18gb"})
+
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "failed", what="state failed")
+    reason = cluster.annotations(NODE)[REASON]
+    assert "cannot enable MIG on GPU 1: the whole GPU is in use by claim speech/big" in reason
+    with running.session.lock:
+        assert not read_inventory(running.session).gpus[1].mig_current
+    assert kubelet.unprepare([ref]) == {"uid-w": ""}
+    cluster.label(NODE, {"nvidia.com/mig.config": "all-3g.71gb"})
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="state success")
