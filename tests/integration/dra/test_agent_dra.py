@@ -71,6 +71,18 @@ def agent(short_root: Path) -> Iterator[tuple[Agent, Cluster, SimulatedNvml]]:
         cluster.close()
 
 
+def _prepared(
+    cluster: Cluster, root: Path, name: str, uid: str, device: str
+) -> tuple[FakeDraKubelet, Claim]:
+    """Claim speech/`name` allocated `device` and prepared by a fake kubelet."""
+    kubelet = FakeDraKubelet(root / "reg")
+    kubelet.register(DRIVER)
+    cluster.km.objects[CLAIMS, "speech", name] = allocated_claim(name, uid, {"gpu": device})
+    ref = Claim("speech", name, uid)
+    assert kubelet.prepare([ref])[uid].error == ""
+    return kubelet, ref
+
+
 def _refused_for_the_claim(cluster: Cluster, session: NvmlSession) -> None:
     """A mig.config that would destroy claim speech/asr's 3g.71gb at 4 fails, naming it."""
     cluster.label(NODE, {"nvidia.com/mig.config": "all-1g.18gb"})
@@ -105,12 +117,7 @@ def test_claims_stay_held_when_dra_is_turned_off(
 ) -> None:
     """The agent restarted without --dra: the pods of the claims it prepared still run."""
     running, cluster, lib = agent
-    kubelet = FakeDraKubelet(short_root / "reg")
-    kubelet.register(DRIVER)
-    cluster.km.objects[CLAIMS, "speech", "asr"] = allocated_claim(
-        "asr", "uid-1", {"gpu": "gpu-0-mig-3g71gb-9-4"}
-    )
-    assert kubelet.prepare([Claim("speech", "asr", "uid-1")])["uid-1"].error == ""
+    _prepared(cluster, short_root, "asr", "uid-1", "gpu-0-mig-3g71gb-9-4")
     running.stop()
     without = _agent(short_root, cluster, lib, running.session, dra=False)
     without.start()
@@ -125,11 +132,7 @@ def test_a_whole_gpu_claim_keeps_its_gpu_out_of_mig(
 ) -> None:
     """An MPS share or a whole GPU: MIG turned on under it would take the GPU from its pods."""
     running, cluster, _ = agent
-    kubelet = FakeDraKubelet(short_root / "reg")
-    kubelet.register(DRIVER)
-    cluster.km.objects[CLAIMS, "speech", "big"] = allocated_claim("big", "uid-w", {"gpu": "gpu-1"})
-    ref = Claim("speech", "big", "uid-w")
-    assert kubelet.prepare([ref])["uid-w"].error == ""
+    kubelet, ref = _prepared(cluster, short_root, "big", "uid-w", "gpu-1")
 
     cluster.label(NODE, {"nvidia.com/mig.config": "all-1g.18gb"})
 
