@@ -44,6 +44,7 @@ class PreparedDevice:
     ci_id: int | None = None
     mig_uuid: str | None = None
     mps: Mapping[str, Any] | None = None  # thread_percentage, pinned_memory_bytes, pipe_dir
+    admin: bool = False  # adminAccess: holds nothing, made nothing
 
     @property
     def is_mig(self) -> bool:
@@ -51,8 +52,8 @@ class PreparedDevice:
 
     def overlaps(self, gpu: int, start: int, size: int) -> bool:
         """Whether it holds any memory slice of `size` slices from `start` on GPU `gpu` (a
-        whole GPU holds them all)."""
-        if gpu != self.gpu:
+        whole GPU holds them all; a device with admin access none)."""
+        if gpu != self.gpu or self.admin:
             return False
         if not self.is_mig:
             return True
@@ -102,7 +103,7 @@ _DEVICE_TYPES: dict[str, tuple[type, ...]] = {
     "gpu": (int,),
     **dict.fromkeys(_OPTIONAL_INT, (int, type(None))),
     **dict.fromkeys(("profile", "mig_uuid"), (str, type(None))),
-    "existed": (bool,),
+    **dict.fromkeys(("existed", "admin"), (bool,)),
     "mps": (dict, type(None)),
 }
 

@@ -33,6 +33,8 @@ def claim_holders(
     held: dict[str, Holder] = {}
     for claim in claims:
         for d in claim.devices:
+            if d.admin:  # looks, holds nothing
+                continue
             uuid = d.mig_uuid if d.is_mig else d.gpu_uuid
             if not uuid and d.gpu in gpus:
                 there = slice_at(gpus[d.gpu], d.profile_id or 0, d.placement_start or 0)
