@@ -190,7 +190,8 @@ class NodeDriver:
     def unprepare(self, uid: str) -> None:
         """Undo what the claim created: its MPS daemon, the MIG slices it made (slices that
         were there before stay), its CDI spec; then forget it. Raises SliceInUse when a slice
-        still has processes (the kubelet asks again), NvmlError, MpsError."""
+        still has processes or a pod holds it (the kubelet asks again), KubeError when the
+        kubelet cannot say which devices pods hold, NvmlError, MpsError."""
         c = self.config
         with self._lock, self.writer_lock():
             claim = load(c.checkpoint).claims.get(uid)
@@ -199,9 +200,10 @@ class NodeDriver:
             for d in claim.devices:
                 if d.mps is not None:
                     self._mps_stopper(uid, d).stop()
+            held = dict(self.held())  # a device-plugin pod handed the claim's slice
             with self.session.lock:
                 inventory = read_inventory(self.session)
-                self._execute(Plan(_destroys(inventory, claim)), ClaimRef("", "", uid))
+                self._execute(Plan(_destroys(inventory, claim, held)), ClaimRef("", "", uid))
             cdi.spec_file(c.cdi_dir, c.driver, uid).unlink(missing_ok=True)
             save(c.checkpoint, load(c.checkpoint).without(uid))
             log.info("dra.unprepared", claim=str(claim))
@@ -230,15 +232,17 @@ def _made(
     return out
 
 
-def _destroys(inventory: Inventory, claim: PreparedClaim) -> tuple[GpuPlan, ...]:
+def _destroys(
+    inventory: Inventory, claim: PreparedClaim, held: Mapping[str, str]
+) -> tuple[GpuPlan, ...]:
     """The GpuPlans that destroy the slices this claim created (found by profile and
     placement: after a crash their ids may not be in the checkpoint). Raises SliceInUse when
-    one still has processes."""
+    one still has processes or a pod holds it (`held`)."""
     gpus = {g.index: g for g in inventory.gpus}
     plans = []
     for d in claim.devices:
         if d.is_mig and not d.existed and d.gpu in gpus:
             mine = slice_at(gpus[d.gpu], d.profile_id or 0, d.placement_start or 0)
             if mine is not None:
-                plans.append(GpuPlan(d.gpu, tuple(destroy_ops(gpus[d.gpu], [mine], {}))))
+                plans.append(GpuPlan(d.gpu, tuple(destroy_ops(gpus[d.gpu], [mine], held))))
     return tuple(plans)
