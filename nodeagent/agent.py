@@ -218,6 +218,10 @@ class Agent:
         allocations = self._allocations or socket_allocations
         if self.settings.dra.enabled:
             allocations = self._setup_dra(kube_settings, allocations)
+        else:  # the claims an agent with --dra prepared stay held (the pods still run)
+            from nodeagent.dra.held import checkpointed_claims
+
+            allocations = checkpointed_claims(self.session, self.settings.dra, allocations)
         # The pipeline with the Node's ports, built before its first run.
         self.pipeline = self._pipeline(
             desire=desire,
@@ -233,7 +237,7 @@ class Agent:
         """The DRA kubelet plugin beside the device-plugin path, serving the kubelet from now;
         returns the allocations the pipeline reads: the pods' devices and the claims' slices
         (both count as busy)."""
-        from nodeagent.dra.held import with_claims
+        from nodeagent.dra.held import inventory_reader, with_claims
         from nodeagent.kube.dra_plugin import DraPlugin
 
         def held() -> dict[str, str]:
@@ -249,7 +253,7 @@ class Agent:
             self.stop_event,
         )
         self.dra.start()
-        return with_claims(pods, self.dra.checkpoint)
+        return with_claims(pods, self.dra.checkpoint, inventory_reader(self.session))
 
     def publish_dra(self) -> None:
         snap = self.store.snapshot

@@ -161,7 +161,7 @@ def add_sharing_parser(sub: Any) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     output_flag(p)
-    p.set_defaults(func=cmd_sharing_apply, groups=GROUPS)
+    p.set_defaults(func=cmd_sharing_apply, groups=(*GROUPS, "dra"))  # the DRA claims: held
     p = ssub.add_parser("assert", help="exit 0 when the GPUs are as the config says, 1 when not")
     add_setting_flags(
         p,

@@ -44,6 +44,7 @@ class PreparedDevice:
     ci_id: int | None = None
     mig_uuid: str | None = None
     mps: Mapping[str, Any] | None = None  # thread_percentage, pinned_memory_bytes, pipe_dir
+    admin: bool = False  # adminAccess: holds nothing, made nothing
 
     @property
     def is_mig(self) -> bool:
@@ -51,8 +52,8 @@ class PreparedDevice:
 
     def overlaps(self, gpu: int, start: int, size: int) -> bool:
         """Whether it holds any memory slice of `size` slices from `start` on GPU `gpu` (a
-        whole GPU holds them all)."""
-        if gpu != self.gpu:
+        whole GPU holds them all; a device with admin access none)."""
+        if gpu != self.gpu or self.admin:
             return False
         if not self.is_mig:
             return True
@@ -96,11 +97,44 @@ class Checkpoint:
         return json.dumps({"version": VERSION, "claims": claims}, indent=1, sort_keys=True) + "\n"
 
 
+_OPTIONAL_INT = ("profile_id", "placement_start", "placement_size", "gi_id", "ci_id")
+_DEVICE_TYPES: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(("request", "pool", "device", "gpu_uuid"), (str,)),
+    "gpu": (int,),
+    **dict.fromkeys(_OPTIONAL_INT, (int, type(None))),
+    **dict.fromkeys(("profile", "mig_uuid"), (str, type(None))),
+    **dict.fromkeys(("existed", "admin"), (bool,)),
+    "mps": (dict, type(None)),
+}
+
+
+def _typed(values: Mapping[str, Any], types: Mapping[str, tuple[type, ...]]) -> None:
+    """Raise TypeError for a value of the wrong JSON type (a bool is no int here)."""
+    for key, value in values.items():
+        want = types.get(key)
+        if want is not None and (
+            not isinstance(value, want) or (isinstance(value, bool) and bool not in want)
+        ):
+            raise TypeError(f"{key} is {value!r}")
+
+
 def _claim(uid: str, raw: Any, path: Path) -> PreparedClaim:
+    """One claim of the file. Raises ConfigError naming the claim for a value of the wrong
+    type: a claim that is half understood is not trusted to say which slices it holds."""
     try:
-        devices = tuple(PreparedDevice(**d) for d in raw.pop("devices"))
-        return PreparedClaim(devices=devices, cdi_ids=tuple(raw.pop("cdi_ids")), **raw)
-    except (TypeError, KeyError, AttributeError) as err:
+        raw = dict(raw)
+        devices = []
+        for d in raw.pop("devices"):
+            _typed(d, _DEVICE_TYPES)
+            devices.append(PreparedDevice(**d))
+        cdi_ids = tuple(raw.pop("cdi_ids"))
+        _typed(raw, dict.fromkeys(("namespace", "name", "state"), (str,)))
+        if raw.get("state") not in (PREPARING, PREPARED) or not all(
+            isinstance(i, str) for i in cdi_ids
+        ):
+            raise TypeError(f"state is {raw.get('state')!r}, CDI ids {list(cdi_ids)!r}")
+        return PreparedClaim(devices=tuple(devices), cdi_ids=cdi_ids, **raw)
+    except (TypeError, ValueError, KeyError, AttributeError) as err:
         raise ConfigError(f"DRA checkpoint {path}: claim {uid} is malformed ({err})") from err
 
 
@@ -122,7 +156,7 @@ def load(path: Path) -> Checkpoint:
     claims = data.get("claims")
     if not isinstance(claims, dict):
         raise ConfigError(f"DRA checkpoint {path}: 'claims' is not a mapping")
-    return Checkpoint({uid: _claim(uid, dict(raw), path) for uid, raw in claims.items()})
+    return Checkpoint({uid: _claim(uid, raw, path) for uid, raw in claims.items()})
 
 
 def save(path: Path, checkpoint: Checkpoint) -> None:

@@ -54,6 +54,7 @@ class ClaimedDevice:
     device: str
     ref: DeviceRef
     mps: Mps | None = None
+    admin: bool = False  # adminAccess: see the GPU as it is, hold and change nothing
 
 
 @dataclass(frozen=True)
@@ -135,8 +136,9 @@ def claimed_devices(claim: Mapping[str, Any], driver: str, pool: str) -> list[Cl
         ref = parse_device_name(device)
         if ref is None:
             raise ConfigError(f"{where}: device {device!r} is not one {driver} publishes")
+        admin = result.get("adminAccess") is True
         mps: Mps | None = None
-        for requests, candidate in configs:
+        for requests, candidate in configs if not admin else ():
             # A subrequest ('gpu/small') matches a config naming its request ('gpu').
             if not requests or request in requests or request.split("/", 1)[0] in requests:
                 mps = candidate
@@ -145,7 +147,7 @@ def claimed_devices(claim: Mapping[str, Any], driver: str, pool: str) -> list[Cl
                 f"{where}: an MPS share needs a whole GPU; {device} is a MIG slice"
                 " (MPS inside MIG slices is not supported)"
             )
-        out.append(ClaimedDevice(request, pool, device, ref, mps))
+        out.append(ClaimedDevice(request, pool, device, ref, mps, admin))
     if not out:
         raise ConfigError(f"{where} has no device of {driver} on node {pool}")
     return out

@@ -93,7 +93,13 @@ class NodeDriver:
             checkpoint = load(c.checkpoint)
             before = checkpoint.claims.get(ref.uid)
             if before is not None and before.state == PREPARED:
-                return _answer(before)
+                gone = self._gone(ref.uid, before)
+                if gone is None:
+                    return _answer(before)
+                # A reboot (MIG slices, /var/run/cdi and MPS daemons do not survive one; the
+                # checkpoint does), or someone destroyed it: made again, as NVIDIA's driver
+                # drops a checkpoint of an earlier boot.
+                log.warning("dra.prepare_again", claim=str(ref), gone=gone)
             claimed = claimed_devices(claim, c.driver, c.pool)
             held = dict(self.held())
             with self.session.lock:
@@ -112,6 +118,31 @@ class NodeDriver:
             save(c.checkpoint, load(c.checkpoint).with_claim(ref.uid, record))
             log.info("dra.prepared", claim=str(ref), devices=[d.device for d in made])
             return _answer(record)
+
+    def _gone(self, uid: str, claim: PreparedClaim) -> str | None:
+        """What of a prepared claim is no longer there (None: all of it is)."""
+        if not cdi.spec_file(self.config.cdi_dir, self.config.driver, uid).exists():
+            return "its CDI spec"
+        with self.session.lock:
+            gpus = {g.index: g for g in read_inventory(self.session).gpus}
+        for d in claim.devices:
+            if d.is_mig:
+                gpu = gpus.get(d.gpu)
+                s = slice_at(gpu, d.profile_id or 0, d.placement_start or 0) if gpu else None
+                if s is None or s.mig_uuid != d.mig_uuid:
+                    return f"the MIG device of {d.device}"
+            if d.mps is not None and self._mps_stopper(uid, d).control.daemon_pid() is None:
+                return f"the MPS daemon of {d.device}"
+        return None
+
+    def _mps_stopper(self, uid: str, d: PreparedDevice) -> MpsDaemon:
+        """The claim's MPS daemon for `d`, as far as asking for its pid or stopping it goes."""
+        root = self.mps_root(uid, d.device)
+        settings = MpsSettings(
+            devices=(d.gpu,), pipe_dir=root / "pipe", log_dir=root / "log",
+            ready_file=root / "ready", control_binary=self.config.mps_control,
+        )  # fmt: skip
+        return MpsDaemon(settings, Limits(100, {}, d.gpu_uuid))
 
     def _execute(self, the_plan: Plan, ref: ClaimRef) -> None:
         if the_plan.operations:
@@ -159,7 +190,8 @@ class NodeDriver:
     def unprepare(self, uid: str) -> None:
         """Undo what the claim created: its MPS daemon, the MIG slices it made (slices that
         were there before stay), its CDI spec; then forget it. Raises SliceInUse when a slice
-        still has processes (the kubelet asks again), NvmlError, MpsError."""
+        still has processes or a pod holds it (the kubelet asks again), KubeError when the
+        kubelet cannot say which devices pods hold, NvmlError, MpsError."""
         c = self.config
         with self._lock, self.writer_lock():
             claim = load(c.checkpoint).claims.get(uid)
@@ -167,15 +199,11 @@ class NodeDriver:
                 return
             for d in claim.devices:
                 if d.mps is not None:
-                    root = self.mps_root(uid, d.device)
-                    settings = MpsSettings(
-                        devices=(d.gpu,), pipe_dir=root / "pipe", log_dir=root / "log",
-                        ready_file=root / "ready", control_binary=c.mps_control,
-                    )  # fmt: skip
-                    MpsDaemon(settings, Limits(100, {}, d.gpu_uuid)).stop()
+                    self._mps_stopper(uid, d).stop()
+            held = dict(self.held())  # a device-plugin pod handed the claim's slice
             with self.session.lock:
                 inventory = read_inventory(self.session)
-                self._execute(Plan(_destroys(inventory, claim)), ClaimRef("", "", uid))
+                self._execute(Plan(_destroys(inventory, claim, held)), ClaimRef("", "", uid))
             cdi.spec_file(c.cdi_dir, c.driver, uid).unlink(missing_ok=True)
             save(c.checkpoint, load(c.checkpoint).without(uid))
             log.info("dra.unprepared", claim=str(claim))
@@ -204,15 +232,17 @@ def _made(
     return out
 
 
-def _destroys(inventory: Inventory, claim: PreparedClaim) -> tuple[GpuPlan, ...]:
+def _destroys(
+    inventory: Inventory, claim: PreparedClaim, held: Mapping[str, str]
+) -> tuple[GpuPlan, ...]:
     """The GpuPlans that destroy the slices this claim created (found by profile and
     placement: after a crash their ids may not be in the checkpoint). Raises SliceInUse when
-    one still has processes."""
+    one still has processes or a pod holds it (`held`)."""
     gpus = {g.index: g for g in inventory.gpus}
     plans = []
     for d in claim.devices:
         if d.is_mig and not d.existed and d.gpu in gpus:
             mine = slice_at(gpus[d.gpu], d.profile_id or 0, d.placement_start or 0)
             if mine is not None:
-                plans.append(GpuPlan(d.gpu, tuple(destroy_ops(gpus[d.gpu], [mine], {}))))
+                plans.append(GpuPlan(d.gpu, tuple(destroy_ops(gpus[d.gpu], [mine], held))))
     return tuple(plans)

@@ -8,7 +8,8 @@ other idle ones the hardware's other rules need gone (one `+me` profile per GPU,
 slices), and the slice is created at that placement. A slice with processes, one a pod holds
 (kubelet pod-resources) or one another claim holds that is in the way refuses the claim:
 nothing is changed. A whole GPU needs MIG off: its
-idle slices go, then MIG mode. Operations come in the order the MIG executor runs them.
+idle slices go, then MIG mode. A device with admin access changes nothing (its slice must be
+there). Operations come in the order the MIG executor runs them.
 """
 
 from __future__ import annotations
@@ -43,7 +44,11 @@ def intents(
             raise ConfigError(f"device {c.device}: GPU {c.ref.gpu} is not one this driver manages")
         mps = None if c.mps is None else c.mps.to_dict()
         if not c.ref.is_mig:
-            out.append(PreparedDevice(c.request, c.pool, c.device, gpu.index, gpu.uuid, mps=mps))
+            out.append(
+                PreparedDevice(
+                    c.request, c.pool, c.device, gpu.index, gpu.uuid, mps=mps, admin=c.admin
+                )
+            )
             continue
         profile = gpu.profile_by_id(c.ref.profile_id or 0)
         at = (
@@ -53,9 +58,11 @@ def intents(
         )
         if profile is None or at is None:
             raise ConfigError(f"device {c.device}: GPU {gpu.index} has no such profile placement")
-        existed = slice_at(gpu, profile.id, at.start) is not None
-        if c.device in before:
-            existed = before[c.device].existed
+        # A retry keeps the first answer, unless the slice is gone since (a reboot): then
+        # this claim makes it.
+        existed = slice_at(gpu, profile.id, at.start) is not None or c.admin
+        if c.device in before and not c.admin:
+            existed = existed and before[c.device].existed
         out.append(
             PreparedDevice(
                 c.request,
@@ -68,6 +75,7 @@ def intents(
                 at.start,
                 at.size,
                 existed,
+                admin=c.admin,
             )
         )
     return out
@@ -216,6 +224,14 @@ def plan_claim(
     per_gpu: dict[int, list[Operation]] = {}
     for d in devices:
         gpu = gpus[d.gpu]
+        if d.admin:  # the GPU as it is: a slice with admin access must be there
+            there = slice_at(gpu, d.profile_id or 0, d.placement_start or 0) if d.is_mig else None
+            if d.is_mig and (there is None or there.ci_id is None):
+                raise ConfigError(
+                    f"{d.device}: admin access to a MIG slice GPU {d.gpu} does not have"
+                    " (admin access never changes a GPU)"
+                )
+            continue
         start, size = (d.placement_start or 0, d.placement_size or gpu.memory_slice_count)
         other = checkpoint.holder_of(d.gpu, start, size, but=uid)
         if other is not None:

@@ -5,6 +5,13 @@ of the pool's highest generation, and only once it has `resourceSliceCount` of t
 change writes every slice with the next generation (creating and patching), and only then
 deletes the slices no longer wanted. A publish that finds the API already as wanted (a
 restart) writes nothing.
+
+Nothing here deletes the slices when the agent stops or --dra is turned off: the kubelet does,
+as for every DRA driver (kubernetes/kubernetes#125163, #129832, #132058; NVIDIA's driver
+leaves them too). When the plugin's registration socket goes (a clean stop removes it) or its
+connection drops (a killed agent), the kubelet deletes the node's slices of the driver unless
+the plugin registers again within its grace period, so a restart or an upgrade leaves the
+devices schedulable throughout; and a starting kubelet deletes all of its node's slices.
 """
 
 from __future__ import annotations
@@ -77,10 +84,3 @@ class SlicePublisher:
         self._published = wanted
         log.info("dra.slices.published", generation=self.generation, slices=len(wanted))
         return True
-
-    def withdraw(self) -> None:
-        """Delete every slice of this node and driver (the driver is switched off)."""
-        for s in self.api.list_slices(self.driver):
-            self.api.delete_slice(s["metadata"]["name"])
-            self.writes += 1
-        self._published = None

@@ -319,6 +319,12 @@ def _destroy(gpu: int, gis: list[_Gi]) -> list[Operation]:
 def plan_gpu(gpu: Gpu, want: Desired, in_use: Mapping[str, str] | None = None) -> GpuPlan:
     """The operations that bring one GPU to `want`. Raises SliceInUse or GeometryInvalid."""
     existing = existing_instances(gpu, in_use) if gpu.mig_current else []
+    whole = (in_use or {}).get(gpu.uuid)  # a pod or a DRA claim holding the whole GPU
+    if whole is not None and (gpu.mig_current, gpu.mig_pending) != (want.mig_enabled,) * 2:
+        raise SliceInUse(
+            f"cannot {'enable' if want.mig_enabled else 'disable'} MIG on GPU {gpu.index}:"
+            f" the whole GPU is in use by {whole}; nothing was changed"
+        )
     if not want.mig_enabled:
         busy = [gi for gi in existing if gi.in_use]
         if busy:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.configfile import ConfigCache
+from nodeagent.dra.held import checkpointed_claims
 from nodeagent.lock import mig_writer_lock
 from nodeagent.metrics.agent import AgentStats
 from nodeagent.mig.apply import Reset
@@ -74,7 +75,8 @@ def command_pipeline(
     """One command's run: no sinks (a command publishes nothing), failures said once by the
     command, hooks around every run as mig-parted's apply, each NVML operation reported to
     `on_operation` as it completes. `configs`: the MIG config file as the command read it;
-    `allocations`: which devices pods hold (none known: nothing counts as held)."""
+    `allocations`: which devices pods hold (none given: only the DRA claims checkpointed in
+    the dra settings' plugin directory count as held)."""
     return Pipeline(
         store=Store(session, time.time),
         settings=lambda: settings,
@@ -87,5 +89,5 @@ def command_pipeline(
         one_shot=True,
         on_operation=on_operation,
         configs=configs or mig_config_cache(),
-        allocations=allocations,
+        allocations=allocations or checkpointed_claims(session, settings.dra),
     )

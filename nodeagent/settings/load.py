@@ -192,7 +192,7 @@ def _cross_checks(s: Settings, groups: set[str]) -> list[str]:
             )
     elif "reconcile" in groups and s.mig.config and not s.mig.config_file:
         problems.append("a MIG config needs both the file and the name (-f and -c)")
-    if "dra" in groups and s.dra.enabled and not s.kube.enabled:
+    if {"dra", "kube"} <= groups and s.dra.enabled and not s.kube.enabled:
         problems.append("--dra needs --kube: the driver publishes ResourceSlices to the API")
     if "sharing" in groups and s.sharing.config and not s.sharing.config_file:
         problems.append(

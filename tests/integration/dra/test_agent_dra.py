@@ -30,15 +30,12 @@ STATE = "nvidia.com/mig.config.state"
 REASON = "nodeagent.io/mig.config.reason"
 
 
-@pytest.fixture
-def agent(short_root: Path) -> Iterator[tuple[Agent, Cluster, SimulatedNvml]]:
-    cluster = dra_cluster()
-    cluster.add_node(NODE, {"kubernetes.io/hostname": NODE})
-    lib = SimulatedNvml(parse_spec("h200x2"))
-    session = NvmlSession(lib)
+def _agent(
+    short_root: Path, cluster: Cluster, lib: SimulatedNvml, session: NvmlSession, dra: bool
+) -> Agent:
     mig = short_root / "mig.yaml"
     mig.write_text(dump_config(generate_configs(read_inventory(session))))
-    agent = make_agent(
+    return make_agent(
         session,
         lib.reset,
         metrics={"refresh_interval_seconds": 0.2},
@@ -52,18 +49,48 @@ def agent(short_root: Path) -> Iterator[tuple[Agent, Cluster, SimulatedNvml]]:
             "pod_resources_socket": None,
         },
         dra={
-            "enabled": True,
+            "enabled": dra,
             "plugin_dir": short_root / "p",
             "registry_dir": short_root / "reg",
             "cdi_dir": short_root / "cdi",
         },
     )
+
+
+@pytest.fixture
+def agent(short_root: Path) -> Iterator[tuple[Agent, Cluster, SimulatedNvml]]:
+    cluster = dra_cluster()
+    cluster.add_node(NODE, {"kubernetes.io/hostname": NODE})
+    lib = SimulatedNvml(parse_spec("h200x2"))
+    agent = _agent(short_root, cluster, lib, NvmlSession(lib), dra=True)
     agent.start()
     try:
         yield agent, cluster, lib
     finally:
         agent.stop()
         cluster.close()
+
+
+def _prepared(
+    cluster: Cluster, root: Path, name: str, uid: str, device: str
+) -> tuple[FakeDraKubelet, Claim]:
+    """Claim speech/`name` allocated `device` and prepared by a fake kubelet."""
+    kubelet = FakeDraKubelet(root / "reg")
+    kubelet.register(DRIVER)
+    cluster.km.objects[CLAIMS, "speech", name] = allocated_claim(name, uid, {"gpu": device})
+    ref = Claim("speech", name, uid)
+    assert kubelet.prepare([ref])[uid].error == ""
+    return kubelet, ref
+
+
+def _refused_for_the_claim(cluster: Cluster, session: NvmlSession) -> None:
+    """A mig.config that would destroy claim speech/asr's 3g.71gb at 4 fails, naming it."""
+    cluster.label(NODE, {"nvidia.com/mig.config": "all-1g.18gb"})
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "failed", what="state failed")
+    assert "claim speech/asr" in cluster.annotations(NODE)[REASON]
+    with session.lock:
+        gpu0 = read_inventory(session).gpus[0]
+    assert [(s.profile, s.placement.start) for s in gpu0.slices] == [("3g.71gb", 4)]
 
 
 def test_a_claimed_slice_is_busy_for_the_mig_config_protocol(
@@ -78,13 +105,42 @@ def test_a_claimed_slice_is_busy_for_the_mig_config_protocol(
     ref = Claim("speech", "asr", "uid-1")
     assert kubelet.prepare([ref])["uid-1"].error == ""
 
-    cluster.label(NODE, {"nvidia.com/mig.config": "all-1g.18gb"})  # would destroy the 3g
-    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "failed", what="state failed")
-    assert "claim speech/asr" in cluster.annotations(NODE)[REASON]
-    with running.session.lock:
-        gpu0 = read_inventory(running.session).gpus[0]
-    assert [(s.profile, s.placement.start) for s in gpu0.slices] == [("3g.71gb", 4)]
+    _refused_for_the_claim(cluster, running.session)
 
     assert kubelet.unprepare([ref]) == {"uid-1": ""}
+    cluster.label(NODE, {"nvidia.com/mig.config": "all-3g.71gb"})
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="state success")
+
+
+def test_claims_stay_held_when_dra_is_turned_off(
+    agent: tuple[Agent, Cluster, SimulatedNvml], short_root: Path
+) -> None:
+    """The agent restarted without --dra: the pods of the claims it prepared still run."""
+    running, cluster, lib = agent
+    _prepared(cluster, short_root, "asr", "uid-1", "gpu-0-mig-3g71gb-9-4")
+    running.stop()
+    without = _agent(short_root, cluster, lib, running.session, dra=False)
+    without.start()
+    try:
+        _refused_for_the_claim(cluster, running.session)
+    finally:
+        without.stop()
+
+
+def test_a_whole_gpu_claim_keeps_its_gpu_out_of_mig(
+    agent: tuple[Agent, Cluster, SimulatedNvml], short_root: Path
+) -> None:
+    """An MPS share or a whole GPU: MIG turned on under it would take the GPU from its pods."""
+    running, cluster, _ = agent
+    kubelet, ref = _prepared(cluster, short_root, "big", "uid-w", "gpu-1")
+
+    cluster.label(NODE, {"nvidia.com/mig.config": "all-1g.18gb"})
+
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "failed", what="state failed")
+    reason = cluster.annotations(NODE)[REASON]
+    assert "cannot enable MIG on GPU 1: the whole GPU is in use by claim speech/big" in reason
+    with running.session.lock:
+        assert not read_inventory(running.session).gpus[1].mig_current
+    assert kubelet.unprepare([ref]) == {"uid-w": ""}
     cluster.label(NODE, {"nvidia.com/mig.config": "all-3g.71gb"})
     cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="state success")

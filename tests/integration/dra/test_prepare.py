@@ -183,3 +183,22 @@ def test_a_whole_gpu_turns_mig_off_only_when_its_slices_are_idle(dra_node: DraNo
     gpu = dra_node.inventory().gpus[1]
     assert not gpu.mig_current and gpu.slices == ()
     assert dra_node.kubelet.unprepare([claim]) == {"uid-t": ""}
+
+
+def test_unprepare_leaves_a_slice_a_device_plugin_pod_holds(dra_node: DraNode) -> None:
+    """Both paths on one GPU (no dra.devices split): the device plugin handed the claim's
+    slice to a pod whose process has not started; the claim going must not take it."""
+    pods: dict[str, str] = {}
+    dra_node.node.held = lambda: pods
+    claim = dra_node.add_claim(allocated_claim("asr", "uid-1", {"gpu": "gpu-0-mig-1g35gb-15-2"}))
+    assert dra_node.kubelet.prepare([claim])["uid-1"].error == ""
+    (mig,) = dra_node.inventory().gpus[0].slices
+    pods[str(mig.mig_uuid)] = "pod speech/other"
+
+    error = dra_node.kubelet.unprepare([claim])["uid-1"]
+
+    assert "is in use (pod speech/other); nothing was changed" in error
+    assert dra_node.layout(0) == [("1g.35gb", 2)]
+    pods.clear()
+    assert dra_node.kubelet.unprepare([claim]) == {"uid-1": ""}
+    assert dra_node.layout(0) == []

@@ -111,6 +111,30 @@ def test_quantities(text: str, size: int) -> None:
     assert parse_quantity(text, "x") == size
 
 
+def _claim_text(
+    gpu: str = "0",
+    start: str = "2",
+    device: str = "{}",
+    state: str = '"prepared"',
+    mps: str = "null",
+) -> str:
+    """A checkpoint of one claim on a 1g.18gb slice, with one value replaced (JSON text)."""
+    dev = (
+        f'{{"request": "gpu", "pool": "n", "device": "gpu-0-mig-1g18gb-19-2", "gpu": {gpu},'
+        f' "gpu_uuid": "GPU-1", "profile_id": 19, "profile": "1g.18gb",'
+        f' "placement_start": {start}, "placement_size": 1, "mps": {mps}}}'
+    )
+    devices = f"[{dev}]" if device == "{}" else device
+    claim = f'{{"namespace": "ns", "name": "c", "state": {state}, "devices": {devices},'
+    return f'{{"version": 1, "claims": {{"u": {claim} "cdi_ids": ["id"]}}}}}}'
+
+
+def test_the_claim_text_helper_reads_back(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(_claim_text())
+    assert load(path).claims["u"].devices[0].placement_start == 2
+
+
 @pytest.mark.parametrize(
     ("text", "error"),
     [
@@ -118,6 +142,14 @@ def test_quantities(text: str, size: int) -> None:
         ('{"version": 2, "claims": {}}', "is not a version 1 checkpoint"),
         ('{"version": 1, "claims": []}', "'claims' is not a mapping"),
         ('{"version": 1, "claims": {"u": {"namespace": "n"}}}', "claim u is malformed"),
+        ('{"version": 1, "claims": {"u": [1, 2]}}', "claim u is malformed"),
+        ('{"version": 1, "claims": {"u": null}}', "claim u is malformed"),
+        (_claim_text(gpu='"0"'), r"claim u is malformed \(gpu is '0'\)"),
+        (_claim_text(gpu="true"), r"claim u is malformed \(gpu is True\)"),
+        (_claim_text(start='"x"'), r"claim u is malformed \(placement_start is 'x'\)"),
+        (_claim_text(device='["x"]'), "claim u is malformed"),
+        (_claim_text(state='"done"'), r"claim u is malformed \(state is 'done'"),
+        (_claim_text(mps="[1]"), r"claim u is malformed \(mps is \[1\]\)"),
     ],
 )
 def test_a_checkpoint_it_cannot_read_is_an_error(tmp_path: Path, text: str, error: str) -> None:
