@@ -24,7 +24,8 @@ nodeagent --simulate h200x2 run --metrics-address "127.0.0.1:$port" &
 agent=$!
 trap 'kill -KILL "$agent" 2>/dev/null || :' EXIT
 python3 - "$port" "$agent" <<'EOF'
-"""Scrape /metrics once the agent serves it: both emulated GPUs must appear."""
+"""Scrape /metrics once the agent is ready (/readyz 200: its first reconcile done; /metrics
+answers before that, with what is known): both emulated GPUs must appear."""
 import sys
 import time
 import urllib.request
@@ -33,18 +34,21 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 url = f"http://127.0.0.1:{sys.argv[1]}/metrics"
+ready = f"http://127.0.0.1:{sys.argv[1]}/readyz"
 deadline = time.monotonic() + 60
 while True:
-    try:
+    try:  # a 503 from /readyz is an HTTPError, an OSError: not yet
+        with urllib.request.urlopen(ready, timeout=5):
+            pass
         with urllib.request.urlopen(url, timeout=5) as response:
             text = response.read().decode()
         break
     except OSError as err:
         stat = Path(f"/proc/{sys.argv[2]}/stat")
         if not stat.exists() or stat.read_text().rpartition(")")[2].split()[0] == "Z":
-            sys.exit("smoke: the agent exited before it served /metrics")
+            sys.exit("smoke: the agent exited before it was ready")
         if time.monotonic() > deadline:
-            sys.exit(f"smoke: {url} did not answer in 60 s: {err}")
+            sys.exit(f"smoke: {ready} was not 200 in 60 s: {err}")
         time.sleep(0.2)
 families = {f.name: f for f in text_string_to_metric_families(text)}
 info = families.get("nodeagent_gpu_info")
