@@ -26,6 +26,9 @@ class Table:
     unused: Option | None  # None: the GPU must stay as it is used (slices in use)
 
 
+NOTHING = -(1 << 256)  # the score of no plan: below every goal, negative ones included
+
+
 def levels(demands: Sequence[Demand]) -> tuple[int, ...]:
     return tuple(sorted({d.priority for d in demands}, reverse=True))
 
@@ -117,7 +120,7 @@ def best_plan(
             capped[key] = ceiling
             return ceiling
         top: tuple[int, Option] | None = None
-        proven = -1
+        proven = NOTHING  # no option fits (a GPU held to one option by rounded_plan)
         for option in options:
             s = score(i, option)
             goal = (top[0] + 1 if top else need) - s
@@ -162,12 +165,21 @@ def choices(table: Table, left: Vec) -> list[Option]:
 
 
 def bounds(tables: Sequence[Table], score: Scorer, cap: Vec) -> Prices:
+    """The bounds of every state (see _relaxation)."""
+    return _relaxation(tables, score, cap)[0]
+
+
+def _relaxation(
+    tables: Sequence[Table], score: Scorer, cap: Vec
+) -> tuple[Prices, list[tuple[int, Vec | None, int]]]:
     """The bounds of every state: the LP's prices at the root, no prices (every GPU at its
-    best) and full ones (every replica placed, every GPU unused)."""
+    best) and full ones (every replica placed, every GPU unused); and the LP's solution
+    rounded down: (kind, vector or None for unused, how many GPUs)."""
     ids: dict[int, int] = {}
     kinds: list[int] = []
     rows: list[tuple[list[tuple[Vec, int]], int | None]] = []
     columns: list[tuple[int, Vec, int]] = []
+    unused_columns: set[int] = set()
     counts: list[int] = []
     for i, table in enumerate(tables):
         if id(table) not in ids:
@@ -176,6 +188,7 @@ def bounds(tables: Sequence[Table], score: Scorer, cap: Vec) -> Prices:
             rows.append(([(vec, table.options[vec].kept) for vec in table.front], unused))
             columns += [(score(i, table.options[vec]), vec, len(counts)) for vec in table.front]
             if unused is not None:
+                unused_columns.add(len(columns))
                 columns.append((unused, (0,) * len(cap), len(counts)))
             counts.append(0)
         kinds.append(ids[id(table)])
@@ -190,5 +203,37 @@ def bounds(tables: Sequence[Table], score: Scorer, cap: Vec) -> Prices:
         memory_base=score.memory_base,
         used_base=score.used_base,
     )
-    prices = [lp_prices(columns, cap, counts), [0] * len(unit), unit]
-    return Prices(unit, kinds, rows, prices, digits)
+    lam, solution = lp_prices(columns, cap, counts)
+    rounded = [
+        (columns[j][2], None if j in unused_columns else columns[j][1], int(x + 1e-6))
+        for j, x in solution
+        if x + 1e-6 >= 1
+    ]
+    return Prices(unit, kinds, rows, [lam, [0] * len(unit), unit], digits), rounded
+
+
+def rounded_plan(
+    tables: Sequence[Table], score: Scorer, cap: Vec, budget: list[int]
+) -> tuple[int, int, list[Option]] | None:
+    """The root's bound, and a plan from the LP's solution rounded down (whole GPUs of its
+    options, the first GPUs of their kind), the other GPUs searched exactly for the rest;
+    None when that finds no plan. Raises TooLarge past the budget."""
+    prices, rounded = _relaxation(tables, score, cap)
+    first: dict[int, int] = {}  # kinds numbered as _relaxation numbers them
+    kinds: dict[int, list[int]] = {}  # kind -> its GPUs, in order
+    for i, table in enumerate(tables):
+        kinds.setdefault(first.setdefault(id(table), len(first)), []).append(i)
+    forced = list(tables)
+    for kind, vec, copies in rounded:
+        gpus = [i for i in kinds.get(kind, []) if forced[i] is tables[i]][:copies]
+        for i in gpus:
+            table = tables[i]
+            if vec is None:  # left unused
+                assert table.unused is not None
+                forced[i] = Table({table.unused.vec: table.unused}, (table.unused.vec,), None)
+            else:  # capped by what is left, as any option is
+                forced[i] = Table(table.options, (vec,), None)
+    found = best_plan(forced, score, cap, 0, budget)
+    if found is None:
+        return None
+    return prices.bound(0, cap), found[0], found[1]

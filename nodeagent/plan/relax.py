@@ -109,10 +109,13 @@ def _most(gain: Sequence[int], options: Sequence[tuple[Vec, int]], unused: int |
     return top
 
 
-def lp_prices(columns: Sequence[Column], left: Vec, counts: Sequence[int]) -> list[int]:
+def lp_prices(
+    columns: Sequence[Column], left: Vec, counts: Sequence[int]
+) -> tuple[list[int], list[tuple[int, float]]]:
     """Near-optimal duals of the class rows of: max sum score.x, sum x.vec <= left, per GPU
     kind sum x <= its GPUs, x >= 0 (revised simplex, Dantzig's rule, at most 60 + 4 rows
-    pivots; any prices are valid, so a stop short of the optimum only loosens the bound)."""
+    pivots; any prices are valid, so a stop short of the optimum only loosens the bound),
+    and the solution: (column, x) of the columns in the basis."""
     width = len(left)
     rows = width + len(counts)
     b = [float(n) for n in (*left, *counts)]
@@ -159,4 +162,5 @@ def lp_prices(columns: Sequence[Column], left: Vec, counts: Sequence[int]) -> li
                     row[c] -= f * pivot[c]
                 x[r] -= f * ratio
         basis[leave] = enter
-    return [max(round(duals[k] * scale), 0) for k in range(width)]
+    prices = [max(round(duals[k] * scale), 0) for k in range(width)]
+    return prices, [(j, x[r]) for r, j in enumerate(basis) if j >= 0]

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from nodeagent.mps.settings import MAX_PLUGIN_REPLICAS
-from nodeagent.plan.branch import Scorer, Table, best_plan, bounds, levels
+from nodeagent.plan.branch import Scorer, Table, best_plan, bounds, levels, rounded_plan
 from nodeagent.plan.options import (
     Demand,
     GpuView,
@@ -107,6 +107,8 @@ def mps_candidates(views: Sequence[GpuView], demands: Sequence[Demand]) -> list[
 LIMIT = 2_000_000
 SEARCH_LIMIT = 300_000  # option evaluations (a bound: 20) of one MPS client count (about 0.3 s)
 TOTAL_SEARCHES = 3  # all client counts together may use this many times SEARCH_LIMIT
+FIRST_LIMIT = 5_000  # the short search, before the LP's rounded plan is tried
+TIE_LIMIT = 10_000  # the first best plan, once the rounded plan is known to be a best one
 
 
 def solve(
@@ -147,22 +149,75 @@ def solve(
             continue  # cannot beat the best found
         need = 0 if best is None else best[0] + (rank < best[1])
         budget = [min(search_limit, total)]
-        found: Solution | None = None
-        try:
-            plan = best_plan(tables, score, cap, need, budget)
-            if plan is not None:
-                found = Solution(objective(views, demands, plan[1]), tuple(plan[1]), replicas)
-        except TooLarge:
+        exact, found = _search(views, demands, tables, cap, replicas, need, budget)
+        if not exact:  # too large for an exact search: the better of the greedy plan and it
             missed.append((bound, rank))
-            found = _greedy(views, demands, cap, replicas)
+            greedy = _greedy(views, demands, cap, replicas)
+            if found is None or _value(score, greedy) > _value(score, found):
+                found = greedy
         total -= min(search_limit, total) - max(budget[0], 0)
         if found is not None:
-            value = sum(score(i, o) for i, o in enumerate(found.options))
+            value = _value(score, found)
             if best is None or (value, rank) > best[:2]:
                 best = (value, rank, found)
     assert best is not None
     exact = all(m <= best[:2] for m in missed)
     return replace(best[2], exact=exact)
+
+
+def _search(
+    views: Sequence[GpuView],
+    demands: tuple[Demand, ...],
+    tables: list[Table],
+    cap: Vec,
+    replicas: int | None,
+    need: int,
+    budget: list[int],
+) -> tuple[bool, Solution | None]:
+    """(exact, the first best plan of one client count) when it scores at least `need`
+    (None: none does); not exact when the budget ran out (then the best plan seen, if any).
+
+    A short search first; past it, the LP's solution rounded down and the rest searched
+    exactly. Where that plan meets the root's bound it is a best one: the first best plan
+    (the one a longer search finds) is looked for with its score as the floor, on a small
+    budget, the rounded plan kept if that runs out. Else the search goes on with the rest
+    of the budget and the rounded plan's score as the floor."""
+    score = Scorer(views, demands)
+
+    def solution(options: Sequence[Option]) -> Solution:
+        return Solution(objective(views, demands, options), tuple(options), replicas)
+
+    def search(floor: int, limit: int) -> Solution | None:
+        share = [min(limit, budget[0])]
+        budget[0] -= share[0]
+        try:
+            plan = best_plan(tables, score, cap, floor, share)
+        finally:
+            budget[0] += max(share[0], 0)
+        return solution(plan[1]) if plan is not None else None
+
+    try:
+        return True, search(need, FIRST_LIMIT)
+    except TooLarge:
+        pass
+    try:
+        rounded = rounded_plan(tables, score, cap, budget)
+    except TooLarge:
+        return False, None
+    if rounded is None or rounded[1] < need:
+        try:
+            return True, search(need, budget[0])
+        except TooLarge:
+            return False, None
+    top, value, options = rounded
+    try:
+        return True, search(value, TIE_LIMIT if value >= top else budget[0])
+    except TooLarge:
+        return value >= top, solution(options)
+
+
+def _value(score: Scorer, solution: Solution) -> int:
+    return sum(score(i, o) for i, o in enumerate(solution.options))
 
 
 def _best_greedy(
@@ -173,7 +228,7 @@ def _best_greedy(
     score: Scorer,
 ) -> Solution:
     plans = [_greedy(views, demands, cap, r) for r in candidates]
-    values = [sum(score(i, o) for i, o in enumerate(p.options)) for p in plans]
+    values = [_value(score, p) for p in plans]
     return plans[values.index(max(values))]
 
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodeagent.nvml import Gpu, Inventory
-from nodeagent.plan.branch import Scorer, Table, best_plan, bounds
+from nodeagent.plan.branch import Scorer, Table, best_plan, bounds, rounded_plan
 from nodeagent.plan.options import Demand, GpuView, Option, Vec, merge, mig_options, whole_options
 from nodeagent.plan.planner import demand_classes, plan_node
 from nodeagent.plan.search import _tables, mps_candidates, solve
@@ -114,6 +114,28 @@ def test_branch_and_bound_picks_the_plain_programmes_plan(
         prices = bounds(tables, score, cap)
         for (i, left), best in states.items():
             assert prices.bound(i, left) >= best
+        rounded = rounded_plan(tables, score, cap, [10**9])
+        assert rounded is not None and rounded[1] <= value <= rounded[0]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    models=st.lists(st.sampled_from(MODELS), min_size=2, max_size=4),
+    demands=st.lists(demand_st, min_size=2, max_size=5),
+    limit=st.sampled_from([1, 50, 300, 2000]),
+)
+def test_a_plan_said_exact_on_a_short_budget_is_the_best(
+    models: list[str], demands: list[Demand], limit: int
+) -> None:
+    """Short budgets send the search through the LP's rounded plan and the greedy plans:
+    whatever they call exact scores what the full search finds."""
+    views = [GpuView.of(fresh(m, i)) for i, m in enumerate(models)]
+    full = solve(views, tuple(demands))
+    assert full.exact
+    short = solve(views, tuple(demands), search_limit=limit)
+    assert short.objective.key <= full.objective.key
+    if short.exact:
+        assert short.objective.key == full.objective.key
 
 
 SIX_KINDS = MIXES["ten-kinds"][:6]  # benchmarks/planner.py's: two LLM sizes ... ASR, TTS
