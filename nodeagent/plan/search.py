@@ -5,12 +5,13 @@ The objective, compared in this order:
   2. fewer GPUs used (a GPU left whole is free for other work);
   3. less memory stranded: the memory of the used GPUs that placed workloads do not need;
   4. more existing MIG slices kept.
-Every term is a sum over GPUs, so a dynamic programme over the GPUs, keyed by the demand still
-unplaced, is exact. Each GPU only needs the options no other option of its own beats (more of
-every class, as many slices kept), capped by what is left: any optimal plan can be rewritten
-into such options without losing on any term (tests/unit/plan prove the search equal to an
-exhaustive one). MPS clients per GPU are daemon-wide: every useful count is tried (the counts
-where a class stops fitting under memory // replicas, at most 48, the device plugin's limit).
+Every term is a sum over GPUs, so a search over the GPUs, keyed by the demand still unplaced,
+is exact (nodeagent.plan.branch: branch and bound, bounded by nodeagent.plan.relax). Each GPU
+only needs the options no other option of its own beats (more of every class, as many slices
+kept), capped by what is left: any optimal plan can be rewritten into such options without
+losing on any term (tests/unit/plan prove the search equal to an exhaustive one). MPS
+clients per GPU are daemon-wide: every useful count is tried (the counts where a class stops
+fitting under memory // replicas, at most 48, the device plugin's limit).
 """
 
 from __future__ import annotations
