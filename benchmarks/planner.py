@@ -18,12 +18,19 @@ fewer GPUs. Prints one row per (mix, model) and a verdict per baseline, then wri
 (matplotlib, the `bench` extra) to benchmarks/planner.png, or --plot PATH. Planning time is
 the median CPU time (this process) of --repeat runs. It never fails on time.
 
-Run: python benchmarks/planner.py [--repeat 5] [--plot PATH]
+Then the exact search's reach: the first k (1..10) workloads of the `ten-kinds` mix on every
+model, CPU ms (median of --repeat) and whether the plan is exact. `--json PATH` saves these
+times; `--before PATH` (times saved by a run of older code: PYTHONPATH pointing at an
+exported older tree) adds them beside, and both go to benchmarks/planner-time.png, or
+--time-plot PATH.
+
+Run: python benchmarks/planner.py [--repeat 5] [--plot PATH] [--json P] [--before P]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -235,6 +242,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--plot", default=str(Path(__file__).with_name("planner.png")))
+    parser.add_argument("--json", help="save the planning times here")
+    parser.add_argument("--before", help="planning times saved by a run of older code")
+    parser.add_argument("--time-plot", default=str(Path(__file__).with_name("planner-time.png")))
     args = parser.parse_args()
     nodes = {m: inv for m in MODELS if (inv := node(m)) is not None}
     missing = [m for m in MODELS if m not in nodes]
@@ -264,7 +274,91 @@ def main() -> int:
     for name, counts in tally.items():
         print(f"planner vs {name}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     plot(rows, args.plot)
+    times = [
+        {"table": "mix", "name": mix, "model": model, "ms": r.seconds * 1000, "exact": r.exact}
+        for mix, model, r, _, _ in rows
+    ]
+    times += reach(nodes, args.repeat)
+    before = json.loads(Path(args.before).read_text()) if args.before else []
+    compare(times, before)
+    if args.json:
+        Path(args.json).write_text(json.dumps(times, indent=1) + "\n")
+    time_plot(times, before, args.time_plot)
     return 0
+
+
+Time = dict[str, object]
+
+
+def reach(nodes: dict[str, Inventory], repeat: int) -> list[Time]:
+    """The first k workloads of `ten-kinds`, k = 1..10, on every model."""
+    out: list[Time] = []
+    ten = MIXES["ten-kinds"]
+    for model, inv in nodes.items():
+        for k in range(1, len(ten) + 1):
+            r = planner(inv, ten[:k], repeat)
+            out.append({"table": "kinds", "name": str(k), "model": model,
+                        "ms": r.seconds * 1000, "exact": r.exact})  # fmt: skip
+    return out
+
+
+def compare(times: list[Time], before: list[Time]) -> None:
+    old = {(t["table"], t["name"], t["model"]): t for t in before}
+    print("\nexact search reach: the first k workloads of ten-kinds (CPU ms, median; * exact)")
+    head = f"{'k':>3} {'model':<10} {'now ms':>8}" + (
+        f" {'before ms':>10} {'speed-up':>9}" if old else ""
+    )
+    print(head)
+    print("-" * len(head))
+    for t in times:
+        if t["table"] != "kinds":
+            continue
+        line = f"{t['name']:>3} {t['model']:<10} {_ms(t):>8}"
+        b = old.get(("kinds", t["name"], t["model"]))
+        if b:
+            line += f" {_ms(b):>10} {float(b['ms']) / max(float(t['ms']), 1e-3):>8.1f}x"  # type: ignore[arg-type]
+        print(line)
+    for label, rows in (("now", times), ("before", before)):
+        mine = [float(t["ms"]) for t in rows if t["table"] == "mix"]  # type: ignore[arg-type]
+        if mine:
+            exact = sum(bool(t["exact"]) for t in rows if t["table"] == "mix")
+            print(f"{label}: benchmark mixes median {statistics.median(mine):.1f} ms, max"
+                  f" {max(mine):.1f} ms, exact {exact} of {len(mine)}")  # fmt: skip
+
+
+def _ms(t: Time) -> str:
+    return f"{float(t['ms']):.1f}{'*' if t['exact'] else ' '}"  # type: ignore[arg-type]
+
+
+def time_plot(times: list[Time], before: list[Time], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    models = list(dict.fromkeys(str(t["model"]) for t in times))
+    for label, rows, style in (("before", before, "--"), ("now", times, "-")):
+        for i, model in enumerate(models):
+            mine = [t for t in rows if t["table"] == "kinds" and t["model"] == model]
+            if not mine:
+                continue
+            xs = [int(str(t["name"])) for t in mine]
+            ys = [float(t["ms"]) for t in mine]  # type: ignore[arg-type]
+            ax.plot(xs, ys, style, color=f"C{i}", label=f"{model} {label}")
+            ax.scatter([x for x, t in zip(xs, mine, strict=True) if t["exact"]],
+                       [y for y, t in zip(ys, mine, strict=True) if t["exact"]],
+                       color=f"C{i}", s=18)  # fmt: skip
+    ax.axhline(100, color="grey", lw=0.8)
+    ax.set_yscale("log")
+    ax.set_xlabel("kinds of workloads (the first k of ten-kinds), 8 GPUs")
+    ax.set_ylabel("planning CPU ms (dots: exact plans)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
 
 
 def plot(rows: list[tuple[str, str, Result, Result, Result]], path: str) -> None:

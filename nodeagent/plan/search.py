@@ -5,12 +5,13 @@ The objective, compared in this order:
   2. fewer GPUs used (a GPU left whole is free for other work);
   3. less memory stranded: the memory of the used GPUs that placed workloads do not need;
   4. more existing MIG slices kept.
-Every term is a sum over GPUs, so a dynamic programme over the GPUs, keyed by the demand still
-unplaced, is exact. Each GPU only needs the options no other option of its own beats (more of
-every class, as many slices kept), capped by what is left: any optimal plan can be rewritten
-into such options without losing on any term (tests/unit/plan prove the search equal to an
-exhaustive one). MPS clients per GPU are daemon-wide: every useful count is tried (the counts
-where a class stops fitting under memory // replicas, at most 48, the device plugin's limit).
+Every term is a sum over GPUs, so a search over the GPUs, keyed by the demand still unplaced,
+is exact (nodeagent.plan.branch: branch and bound, bounded by nodeagent.plan.relax). Each GPU
+only needs the options no other option of its own beats (more of every class, as many slices
+kept), capped by what is left: any optimal plan can be rewritten into such options without
+losing on any term (tests/unit/plan prove the search equal to an exhaustive one). MPS
+clients per GPU are daemon-wide: every useful count is tried (the counts where a class stops
+fitting under memory // replicas, at most 48, the device plugin's limit).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from nodeagent.mps.settings import MAX_PLUGIN_REPLICAS
+from nodeagent.plan.branch import Scorer, Table, best_plan, bounds, levels, rounded_plan
 from nodeagent.plan.options import (
     Demand,
     GpuView,
@@ -54,19 +56,6 @@ class Solution:
     options: tuple[Option, ...]  # one per GPU, in the order of the views
     mps_replicas: int | None  # MPS clients per GPU; None: MPS was not an option
     exact: bool = True  # False: the search space was too large; a greedy plan
-
-
-@dataclass(frozen=True)
-class Table:
-    """One GPU's options for the search."""
-
-    options: dict[Vec, Option]
-    front: tuple[Vec, ...]
-    unused: Option | None  # None: the GPU must stay as it is used (slices in use)
-
-
-def levels(demands: Sequence[Demand]) -> tuple[int, ...]:
-    return tuple(sorted({d.priority for d in demands}, reverse=True))
 
 
 def unused_option(view: GpuView, width: int) -> Option | None:
@@ -117,8 +106,10 @@ def mps_candidates(views: Sequence[GpuView], demands: Sequence[Demand]) -> list[
 # Options of one GPU (MIG; MPS for one client count), in vectors times classes squared (what
 # the frontier costs): 2,000,000 is 125,000 vectors of 4 classes, 31,250 of 8.
 LIMIT = 2_000_000
-SEARCH_LIMIT = 100_000  # option evaluations of one MPS client count (about half a second)
-TOTAL_SEARCHES = 4  # all client counts together may use this many times SEARCH_LIMIT
+SEARCH_LIMIT = 300_000  # option evaluations (a bound: 20) of one MPS client count (about 0.3 s)
+TOTAL_SEARCHES = 3  # all client counts together may use this many times SEARCH_LIMIT
+FIRST_LIMIT = 5_000  # the short search, before the LP's rounded plan is tried
+TIE_LIMIT = 10_000  # the first best plan, once the rounded plan is known to be a best one
 
 
 def solve(
@@ -127,13 +118,14 @@ def solve(
     limit: int = LIMIT,
     search_limit: int = SEARCH_LIMIT,
 ) -> Solution:
-    """The best plan over every useful MPS client count (the fewest clients on a tie). Past
-    the limits (many kinds of workloads, many MPS clients), a greedy plan instead, marked not
-    exact."""
+    """The best plan over every useful MPS client count (the fewest clients on a tie). The
+    counts are searched best bound first, each only for a plan that beats the best found so
+    far: a count whose bound cannot is never searched. Past the limits (many kinds of
+    workloads, many MPS clients), a greedy plan for the count, the result marked not exact
+    unless that count's bound shows it could not have won."""
     cap = tuple(d.count for d in demands)
     candidates = mps_candidates(views, demands)
-    best: Solution | None = None
-    exact = True  # every client count was searched exactly
+    score = Scorer(views, demands)
     # Each client count has its own budget (a shared one ran out on a 7-kind, 3-GPU file after
     # two counts and threw away their exact results); all counts together have a cap.
     total = TOTAL_SEARCHES * search_limit
@@ -144,25 +136,101 @@ def solve(
                 base[view.key] = merge(
                     mig_options(view, demands, cap, limit), whole_options(view, demands, cap)
                 )
+        counts = []
+        for rank, replicas in enumerate(candidates):
+            tables = _tables(views, demands, cap, replicas, base, limit)
+            counts.append((bounds(tables, score, cap).bound(0, cap), -rank, replicas, tables))
     except TooLarge:
-        base = {}
-    for replicas in candidates:
-        found: Solution | None = None
-        if base and total > 0:
-            budget = [min(search_limit, total)]
-            try:
-                tables = _tables(views, demands, cap, replicas, base, limit)
-                found = _search(views, demands, tables, cap, replicas, budget)
-            except TooLarge:
-                pass
-            total -= min(search_limit, total) - max(budget[0], 0)
-        if found is None:  # too large for an exact search: this count gets the greedy plan
-            exact = False
-            found = _greedy(views, demands, cap, replicas)
-        if best is None or found.objective.key > best.objective.key:
-            best = found
+        return replace(_best_greedy(views, demands, cap, candidates, score), exact=False)
+    counts.sort(key=lambda c: (c[0], c[1]), reverse=True)
+    best: tuple[int, int, Solution] | None = None  # (score, -rank, solution)
+    missed: list[tuple[int, int]] = []  # (bound, -rank) of the counts searched greedily
+    for bound, rank, replicas, tables in counts:
+        if best is not None and (bound, rank) <= best[:2]:
+            continue  # cannot beat the best found
+        need = 0 if best is None else best[0] + (rank < best[1])
+        budget = [min(search_limit, total)]
+        exact, found = _search(views, demands, tables, cap, replicas, need, budget)
+        if not exact:  # too large for an exact search: the better of the greedy plan and it
+            missed.append((bound, rank))
+            greedy = _greedy(views, demands, cap, replicas)
+            if found is None or _value(score, greedy) > _value(score, found):
+                found = greedy
+        total -= min(search_limit, total) - max(budget[0], 0)
+        if found is not None:
+            value = _value(score, found)
+            if best is None or (value, rank) > best[:2]:
+                best = (value, rank, found)
     assert best is not None
-    return best if exact else replace(best, exact=False)
+    exact = all(m <= best[:2] for m in missed)
+    return replace(best[2], exact=exact)
+
+
+def _search(
+    views: Sequence[GpuView],
+    demands: tuple[Demand, ...],
+    tables: list[Table],
+    cap: Vec,
+    replicas: int | None,
+    need: int,
+    budget: list[int],
+) -> tuple[bool, Solution | None]:
+    """(exact, the first best plan of one client count) when it scores at least `need`
+    (None: none does); not exact when the budget ran out (then the best plan seen, if any).
+
+    A short search first; past it, the LP's solution rounded down and the rest searched
+    exactly. Where that plan meets the root's bound it is a best one: the first best plan
+    (the one a longer search finds) is looked for with its score as the floor, on a small
+    budget, the rounded plan kept if that runs out. Else the search goes on with the rest
+    of the budget and the rounded plan's score as the floor."""
+    score = Scorer(views, demands)
+
+    def solution(options: Sequence[Option]) -> Solution:
+        return Solution(objective(views, demands, options), tuple(options), replicas)
+
+    def search(floor: int, limit: int) -> Solution | None:
+        share = [min(limit, budget[0])]
+        budget[0] -= share[0]
+        try:
+            plan = best_plan(tables, score, cap, floor, share)
+        finally:
+            budget[0] += max(share[0], 0)
+        return solution(plan[1]) if plan is not None else None
+
+    try:
+        return True, search(need, FIRST_LIMIT)
+    except TooLarge:
+        pass
+    try:
+        rounded = rounded_plan(tables, score, cap, budget)
+    except TooLarge:
+        return False, None
+    if rounded is None or rounded[1] < need:
+        try:
+            return True, search(need, budget[0])
+        except TooLarge:
+            return False, None
+    top, value, options = rounded
+    try:
+        return True, search(value, TIE_LIMIT if value >= top else budget[0])
+    except TooLarge:
+        return value >= top, solution(options)
+
+
+def _value(score: Scorer, solution: Solution) -> int:
+    return sum(score(i, o) for i, o in enumerate(solution.options))
+
+
+def _best_greedy(
+    views: Sequence[GpuView],
+    demands: tuple[Demand, ...],
+    cap: Vec,
+    candidates: Sequence[int | None],
+    score: Scorer,
+) -> Solution:
+    plans = [_greedy(views, demands, cap, r) for r in candidates]
+    values = [_value(score, p) for p in plans]
+    return plans[values.index(max(values))]
 
 
 def _tables(
@@ -190,7 +258,7 @@ def _greedy(
 ) -> Solution:
     """GPU by GPU, the option that places the most there (by priority), then the same terms
     as the search; each layout filled greedily."""
-    score = _Scorer(views, demands)
+    score = Scorer(views, demands)
     left, chosen = cap, []
     for i, view in enumerate(views):
         cands: list[Option | None] = [*mig_greedy(view, demands, left)]
@@ -202,93 +270,3 @@ def _greedy(
         chosen.append(option)
         left = tuple(b - a for a, b in zip(option.vec, left, strict=True))
     return Solution(objective(views, demands, chosen), tuple(chosen), replicas, exact=False)
-
-
-def _search(
-    views: Sequence[GpuView],
-    demands: tuple[Demand, ...],
-    tables: list[Table],
-    cap: Vec,
-    replicas: int | None,
-    budget: list[int],
-) -> Solution:
-    score = _Scorer(views, demands)
-    n = len(tables)
-    memo: dict[tuple[int, Vec], tuple[int, Option]] = {}
-
-    def best(i: int, left: Vec) -> int:
-        if i == n:
-            return 0
-        hit = memo.get((i, left))
-        if hit is not None:
-            return hit[0]
-        table = tables[i]
-        top: tuple[int, Option] | None = None
-        seen: set[Vec] = set()
-        budget[0] -= len(table.front)
-        if budget[0] < 0:
-            raise TooLarge("over the search limit")
-        for vec in table.front:
-            capped = tuple(a if a < b else b for a, b in zip(vec, left, strict=False))
-            if capped in seen:
-                continue
-            seen.add(capped)
-            option = table.options.get(capped)
-            if option is None:  # nothing left that fits: the unused option covers it
-                continue
-            rest = tuple(b - a for a, b in zip(capped, left, strict=False))
-            value = score(i, option) + best(i + 1, rest)
-            if top is None or value > top[0]:
-                top = (value, option)
-        if table.unused is not None:  # last: on a tie, the GPUs of lower index are used
-            value = score(i, table.unused) + best(i + 1, left)
-            if top is None or value > top[0]:
-                top = (value, table.unused)
-        assert top is not None, "a GPU in use keeps at least its slices in use"
-        memo[(i, left)] = top
-        return top[0]
-
-    best(0, cap)
-    chosen: list[Option] = []
-    left = cap
-    for i in range(n):
-        best(i, left)
-        option = memo[(i, left)][1]
-        chosen.append(option)
-        left = tuple(b - a for a, b in zip(option.vec, left, strict=False))
-    return Solution(objective(views, demands, chosen), tuple(chosen), replicas)
-
-
-class _Scorer:
-    """The objective terms of one option as one integer: sums of these compare as the
-    objective does (each term's node-wide total fits below the next one's weight)."""
-
-    def __init__(self, views: Sequence[GpuView], demands: tuple[Demand, ...]) -> None:
-        self.views, self.demands = views, demands
-        self.order = levels(demands)
-        self.level_of = [self.order.index(d.priority) for d in demands]
-        self.placed_base = sum(d.count for d in demands) + 1
-        self.used_base = len(views) + 1
-        self.memory_base = sum(v.memory_mib for v in views) + 1
-        self.kept_base = sum(len(v.idle) + len(v.busy) for v in views) + 1
-        self.cache: dict[tuple[int, Option], int] = {}
-
-    def __call__(self, i: int, option: Option) -> int:
-        key = (i, option)
-        hit = self.cache.get(key)
-        if hit is not None:
-            return hit
-        placed = [0] * len(self.order)
-        need = 0
-        for k, n in enumerate(option.vec):
-            placed[self.level_of[k]] += n
-            need += n * self.demands[k].memory_mib
-        value = 0
-        for p in placed:
-            value = value * self.placed_base + p
-        unused = option.mode == "unused"
-        value = value * self.used_base + unused
-        value = value * self.memory_base + (self.views[i].memory_mib if unused else need)
-        value = value * self.kept_base + option.kept
-        self.cache[key] = value
-        return value

@@ -2,6 +2,8 @@
 field by field, the plan the planner made before it cached anything per GPU kind
 (tests/golden/plans.json, written by the planner of commit 5f5407c) over benchmarks/planner.py's
 mixes. A plan the old planner could not search exactly (marked not exact) may only get better.
+The branch and bound search (nodeagent.plan.branch) finds the same plans: the first best one
+in the order of the old dynamic programme.
 
 Regenerate (only when a plan is meant to change, and say why in the commit):
     .venv/bin/python -m tests.unit.plan.test_same_plans
@@ -89,9 +91,10 @@ def test_the_plan_is_the_one_made_before_the_caches(
 ) -> None:
     before = golden[f"{node_name} / {mix}"]
     now = plan_json(nodes()[node_name], MIXES[mix])
-    if before["exact"] or not now["exact"]:
+    if before["exact"]:
         assert now == before
-    else:  # searched exactly now, where the old search ran out of budget: never worse
+    else:  # the old search ran out of budget: never worse (a greedy plan among equals may
+        # differ: which client counts finish their search decides which greedy plans compete)
         assert _key(now) >= _key(before)
 
 
