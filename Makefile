@@ -45,7 +45,7 @@ system-deps:
 	else echo "note: install the Debian package 'systemd'; the unit's verify test skips without it"; fi
 
 test: lint system-deps
-	$(BIN)/python -m pytest -n auto
+	$(BIN)/python -m pytest -n auto --dist worksteal
 
 # Bare metal: nodeagent as a systemd service (systemd/install.sh: a venv under PREFIX, the
 # settings under /etc/nodeagent, kept when they exist; the unit, enabled). As root:

@@ -22,6 +22,17 @@ def make_settings(base: Settings | None = None, **groups: Mapping[str, Any]) -> 
     return s
 
 
+class SteppedClock:
+    """time.monotonic() plus the steps a test took: an agent on it sees a GPM window of 100+
+    ms pass without the test sleeping it (the emulator only needs the later sample later)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.offset
+
+
 def make_agent(
     session: NvmlSession,
     reset: Callable[[int], None],

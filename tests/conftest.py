@@ -70,18 +70,37 @@ def shared_fixtures() -> Path:
 
 @pytest.fixture(scope="session")
 def fake_mps_control(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """tests/fake_mps/nvidia-cuda-mps-control, started by this interpreter without site-packages.
+    """tests/fake_mps/nvidia-cuda-mps-control, started by this interpreter without site-packages;
+    where a C compiler is, its client side is tests/fake_mps/control_client.c.
 
-    MPS tests run the control program for every command (over a hundred times); through
+    MPS tests run the control program for every command (hundreds of times); through
     `/usr/bin/env python3` (a pyenv shim, a site-packages scan) each run took ~0.15 s, with
-    `python -I -S` ~0.04 s. The fake uses the standard library only.
+    `python -I -S` ~0.04 s, importing only _socket ~0.011 s, compiled ~0.001 s. The fake uses
+    the standard library only.
     """
     text = (REPO / "tests" / "fake_mps" / "nvidia-cuda-mps-control").read_text()
     _, body = text.split("\n", 1)
-    path = tmp_path_factory.mktemp("fake_mps") / "nvidia-cuda-mps-control"
-    path.write_text(f"#!{sys.executable} -IS\n{body}")
-    path.chmod(0o755)
-    return str(path)
+    folder = tmp_path_factory.mktemp("fake_mps")
+    (folder / "daemon").mkdir()  # the daemon runs as `python -IS .../nvidia-cuda-mps-control -d`
+    script = folder / "daemon" / "nvidia-cuda-mps-control"
+    script.write_text(f"#!{sys.executable} -IS\n{body}")
+    script.chmod(0o755)
+    binary = folder / "nvidia-cuda-mps-control"
+    try:
+        built = subprocess.run(
+            ["cc", "-O1", f"-DFAKE_PYTHON={c_string(sys.executable)}",
+             f"-DFAKE_SCRIPT={c_string(str(script))}", "-o", str(binary),
+             str(REPO / "tests" / "fake_mps" / "control_client.c")],
+            capture_output=True, timeout=60,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return str(script)
+    return str(binary) if built.returncode == 0 else str(script)
+
+
+def c_string(text: str) -> str:
+    """`text` as a C string literal for a -D definition (no shell in between)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def stop_mps_daemon(binary: str, pipe_dir: Path, ready_file: Path) -> None:

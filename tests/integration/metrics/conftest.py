@@ -18,7 +18,7 @@ from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.agent_support import make_agent
+from tests.agent_support import SteppedClock, make_agent
 from tests.mig_apply import reconfigure
 
 GIB = 1024**3
@@ -62,7 +62,7 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 60) -> An
                 return last
         except OSError:
             pass
-        time.sleep(0.25)
+        time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
@@ -84,16 +84,19 @@ def build_agent(
         else:
             device = str(gpu)
         lib.attach(device or "", 500 + n, (n + 1) * GIB, load)
-    agent = make_agent(session, lib.reset)
+    agent = make_agent(session, lib.reset, monotonic=SteppedClock())
     sample(agent)
     return agent, lib
 
 
 def sample(agent: Agent) -> None:
-    """Refresh the inventory and take two GPM samples 100+ ms apart."""
+    """Refresh the inventory and take two GPM samples 100+ ms apart on the agent's clock (a
+    SteppedClock: make_agent(..., monotonic=SteppedClock()))."""
+    clock = agent.monotonic
+    assert isinstance(clock, SteppedClock), "sample() steps the agent's SteppedClock"
     agent.refresh()
     agent.gpm.tick()
-    time.sleep(0.12)
+    clock.offset += 0.12
     agent.gpm.tick()
 
 

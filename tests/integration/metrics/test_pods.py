@@ -18,7 +18,7 @@ from nodeagent.kube.podresources import pod_devices
 from nodeagent.mig.config import parse_config
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.agent_support import make_agent
+from tests.agent_support import SteppedClock, make_agent
 from tests.fake_kubelet.podresources import FakePodResources, pod, serve
 from tests.integration.metrics.conftest import GIB, http_get, prometheus_tool, sample, wait_for
 from tests.integration.metrics.test_exposition import GOLDEN, exposition, stable
@@ -93,7 +93,9 @@ def node(tmp_path: Path) -> Iterator[tuple[Agent, FakePodResources, dict[str, st
     lib, session, ids = build_node()
     with serve(socket) as kubelet:
         kubelet.pods = kubelet_pods(ids)  # type: ignore[assignment]
-        agent = make_agent(session, lib.reset, allocations=lambda: pod_devices(socket))
+        agent = make_agent(
+            session, lib.reset, allocations=lambda: pod_devices(socket), monotonic=SteppedClock()
+        )
         sample(agent)
         yield agent, kubelet, ids
         agent.stop()
