@@ -84,7 +84,7 @@ def nvml_call(mutating: bool = False) -> Callable[[F], F]:
         @functools.wraps(fn)
         def inner(self: SimBase, *args: Any, **kwargs: Any) -> Any:
             # NVML is thread-safe; so is the emulator (the agent samples from threads).
-            with self._lock:
+            with self.batch_lock as lock:
                 if name not in ("nvmlInit", "nvmlInitWithFlags") and not self._initialized:
                     _fail(pynvml.NVML_ERROR_UNINITIALIZED)
                 fired = self.faults.on_call(name, mutating)
@@ -94,8 +94,11 @@ def nvml_call(mutating: bool = False) -> Callable[[F], F]:
                 if mutating:
                     with self._transaction(True, _changed_gpu(args)):
                         result = fn(self, *args, **kwargs)
-                else:  # the hot path (an inventory read is ~700 calls): no context manager
-                    self._sync()
+                    lock.synced = True
+                else:  # the hot path (an inventory read is ~750 calls): no context manager
+                    if not lock.synced:  # once per hold of the lock (see BatchLock)
+                        self._sync()
+                        lock.synced = True
                     result = fn(self, *args, **kwargs)
                 for fault in fired:
                     if fault.when == "after":
@@ -117,6 +120,30 @@ def _changed_gpu(args: tuple[Any, ...]) -> set[int] | None:
         return None
 
 
+class BatchLock:
+    """The emulator's reentrant lock, lent to the NVML session (`batch_lock`): what is read
+    while one thread holds it is one state, and the state file is checked for another
+    process's change once per outermost hold, not on every call (a GPM tick is ~130 calls,
+    an inventory read ~750: each an os.stat before). Writes still read the file again under
+    its lock (SimBase._transaction), so no other process's change is ever lost."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._depth = 0  # changed only by the thread that holds _lock
+        self.synced = False  # the state is the file's as of this hold
+
+    def __enter__(self) -> BatchLock:
+        self._lock.acquire()
+        self._depth += 1
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._depth -= 1
+        if not self._depth:
+            self.synced = False
+        self._lock.release()
+
+
 class SimBase:
     """State, plumbing and shared helpers of the emulator; the NVML calls are in the mixins."""
 
@@ -135,7 +162,7 @@ class SimBase:
                 setattr(self, name, getattr(pynvml, name))
         self.__name__ = "nodeagent.sim"
         self.faults = faults or FaultPlan()
-        self._lock = threading.RLock()
+        self.batch_lock = BatchLock()
         self._path = state_path
         self._stamp: Stamp | None = None
         self._writer = StateWriter()
@@ -223,8 +250,9 @@ class SimBase:
     @contextmanager
     def edit(self) -> Iterator[SimState]:
         """Change the state outside NVML (attach a process, reset a GPU), persisted atomically."""
-        with self._lock, self._transaction(True):
+        with self.batch_lock as lock, self._transaction(True):
             yield self.state
+            lock.synced = True
 
     def _gpu(self, handle: Any, allow_mig: bool = False) -> tuple[GpuState, DeviceModel]:
         kind, gpu, _, _ = _decode(handle)
