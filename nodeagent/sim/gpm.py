@@ -79,8 +79,9 @@ class GpmSamples:
         if first is None or second is None or second[0] <= first[0]:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         activity = (first[1] + second[1]) / 2
+        metrics = request.metrics
         for i in range(request.numMetrics):
-            metric = request.metrics[i]
+            metric = metrics[i]
             per_load = PER_LOAD.get(metric.metricId)
             if per_load is None:
                 metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
