@@ -26,7 +26,7 @@ import pynvml
 
 from nodeagent.errors import SimError
 from nodeagent.sim.faults import FaultPlan, SimulatedCrash
-from nodeagent.sim.gpm import GpmSamples
+from nodeagent.sim.gpm import Activity, GpmSamples, node_activity
 from nodeagent.sim.models import (
     DeviceModel,
     ProfileModel,
@@ -92,11 +92,11 @@ def nvml_call(mutating: bool = False) -> Callable[[F], F]:
                     if fault.when == "before":
                         self._fire(fault)
                 if mutating:
+                    lock.writing = True
                     with self._transaction(True, _changed_gpu(args)):
                         result = fn(self, *args, **kwargs)
-                    lock.synced = True
                 else:  # the hot path (an inventory read is ~750 calls): no context manager
-                    if not lock.synced:  # once per hold of the lock (see BatchLock)
+                    if lock.writing or not lock.synced:  # see BatchLock
                         self._sync()
                         lock.synced = True
                     result = fn(self, *args, **kwargs)
@@ -121,16 +121,22 @@ def _changed_gpu(args: tuple[Any, ...]) -> set[int] | None:
 
 
 class BatchLock:
-    """The emulator's reentrant lock, lent to the NVML session (`batch_lock`): what is read
-    while one thread holds it is one state, and the state file is checked for another
+    """The emulator's reentrant lock, lent to the NVML session (`batch_lock`): what a reader
+    reads while it holds it is one state, and the state file is checked for another
     process's change once per outermost hold, not on every call (a GPM tick is ~130 calls,
-    an inventory read ~750: each an os.stat before). Writes still read the file again under
-    its lock (SimBase._transaction), so no other process's change is ever lost."""
+    an inventory read ~750: each an os.stat before). A hold that changes the GPUs reads the
+    file again on every call from its first change on: an apply waits on other programs (a
+    GPU reset command) under the lock. Writes always read the file again under its lock
+    (SimBase._transaction), so no other process's change is ever lost."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._depth = 0  # changed only by the thread that holds _lock
         self.synced = False  # the state is the file's as of this hold
+        self.writing = False  # this hold changed the GPUs: every read checks the file
+        # Values derived from the state (activity, MIG devices), kept while it cannot change:
+        # until this hold ends, the state is read again, or a call changes it.
+        self.derived: dict[Any, Any] = {}
 
     def __enter__(self) -> BatchLock:
         self._lock.acquire()
@@ -140,7 +146,8 @@ class BatchLock:
     def __exit__(self, *_exc: object) -> None:
         self._depth -= 1
         if not self._depth:
-            self.synced = False
+            self.synced = self.writing = False
+            self.derived.clear()
         self._lock.release()
 
 
@@ -209,6 +216,7 @@ class SimBase:
         if read is not None:
             self.state, self._stamp = read
             self._writer.forget()
+            self.batch_lock.derived.clear()
 
     @contextmanager
     def _transaction(self, mutating: bool, changed: set[int] | None = None) -> Iterator[None]:
@@ -223,7 +231,10 @@ class SimBase:
             return
         with self._file_lock():
             self._sync()
-            yield
+            try:
+                yield
+            finally:
+                self.batch_lock.derived.clear()
             self._stamp = self._writer.save(self._path, self.state, changed, self._stamp)
 
     @contextmanager
@@ -251,8 +262,8 @@ class SimBase:
     def edit(self) -> Iterator[SimState]:
         """Change the state outside NVML (attach a process, reset a GPU), persisted atomically."""
         with self.batch_lock as lock, self._transaction(True):
+            lock.writing = True
             yield self.state
-            lock.synced = True
 
     def _gpu(self, handle: Any, allow_mig: bool = False) -> tuple[GpuState, DeviceModel]:
         kind, gpu, _, _ = _decode(handle)
@@ -292,8 +303,25 @@ class SimBase:
         assert gi is not None and ci is not None
         return gpu, gi, ci
 
+    def _derived(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """A value computed from the state, computed once while the state cannot change."""
+        derived = self.batch_lock.derived
+        if key not in derived:
+            derived[key] = compute()
+        return derived[key]
+
+    def _activity(self) -> Activity:
+        return self._derived("activity", lambda: node_activity(self.state))  # type: ignore[no-any-return]
+
+    def _load(self, gpu: GpuState) -> float:
+        """How busy the GPU is (0-1), as GPM sees it."""
+        return self._activity().gpus[gpu.index]
+
     def _mig_devices(self, gpu: GpuState) -> list[tuple[GiState, CiState]]:
-        return [(gi, gi.cis[c]) for g, gi in sorted(gpu.gis.items()) for c in sorted(gi.cis)]
+        return self._derived(  # type: ignore[no-any-return]
+            ("mig-devices", gpu.index),
+            lambda: [(gi, gi.cis[c]) for _, gi in sorted(gpu.gis.items()) for c in sorted(gi.cis)],
+        )
 
     def _mig_target(self, handle: Any) -> tuple[GpuState, DeviceModel, GiState, CiState]:
         kind, _gpu_index, gi_id, ci_id = _decode(handle)

@@ -12,12 +12,13 @@ from __future__ import annotations
 import ctypes
 import itertools
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import pynvml
 
 from nodeagent.sim.models import load_model
-from nodeagent.sim.state import GpuState, SimState
+from nodeagent.sim.state import SimState
 
 # metric id -> percent at full load, from the H200 capture
 PER_LOAD = {
@@ -29,22 +30,41 @@ PER_LOAD = {
 _SAMPLE_KIND = 5
 
 
-def gi_activity(state: SimState, gpu: int, gi_id: int) -> float:
-    return min(1.0, sum(p.load for p in state.processes if p.gpu == gpu and p.gi_id == gi_id))
+@dataclass(frozen=True)
+class Activity:
+    """How busy every GPU and GPU instance is (0-1), from one pass over the processes."""
+
+    gpus: dict[int, float]
+    gis: dict[tuple[int, int], float]  # by (GPU, GI id)
+
+    def gi(self, gpu: int, gi_id: int) -> float:
+        return self.gis.get((gpu, gi_id), 0.0)
 
 
-def gpu_activity(state: SimState, gpu: GpuState) -> float:
-    procs = [p for p in state.processes if p.gpu == gpu.index]
-    if not gpu.mig_current:
-        return min(1.0, sum(p.load for p in procs))
-    model = load_model(gpu.model)
-    total = max(p.multiprocessor_count for p in model.profiles)
-    busy = 0.0
-    for gi in gpu.gis.values():
-        profile = model.profile_by_id(gi.profile_id)
-        if profile is not None:
-            busy += gi_activity(state, gpu.index, gi.id) * profile.multiprocessor_count
-    return min(1.0, busy / total) if total else 0.0
+def node_activity(state: SimState) -> Activity:
+    """A GPU instance is as busy as the sum of its processes' loads (at most 1); a MIG GPU as
+    its instances weighted by their SMs; a full GPU as the sum of its processes' loads."""
+    by_gpu: dict[int, float] = {}
+    by_gi: dict[tuple[int, int], float] = {}
+    for p in state.processes:
+        by_gpu[p.gpu] = by_gpu.get(p.gpu, 0.0) + p.load
+        if p.gi_id is not None:
+            by_gi[(p.gpu, p.gi_id)] = by_gi.get((p.gpu, p.gi_id), 0.0) + p.load
+    gis = {key: min(1.0, load) for key, load in by_gi.items()}
+    gpus = {}
+    for gpu in state.gpus:
+        if not gpu.mig_current:
+            gpus[gpu.index] = min(1.0, by_gpu.get(gpu.index, 0.0))
+            continue
+        model = load_model(gpu.model)
+        total = max(p.multiprocessor_count for p in model.profiles)
+        busy = 0.0
+        for gi in gpu.gis.values():
+            profile = model.profile_by_id(gi.profile_id)
+            if profile is not None:
+                busy += gis.get((gpu.index, gi.id), 0.0) * profile.multiprocessor_count
+        gpus[gpu.index] = min(1.0, busy / total) if total else 0.0
+    return Activity(gpus, gis)
 
 
 class GpmSamples:
