@@ -302,7 +302,7 @@ class _Identity:
 
 def _identity(session: NvmlSession, index: int, sysfs: Path) -> _Identity:
     """The GPU's handle, UUID, name, PCI ids and class, compute capability and architecture,
-    read once per session (the caller holds its lock): 8 NVML calls a GPU fewer on every
+    read once per session (the caller holds its lock): 7 NVML calls a GPU fewer on every
     inventory read."""
     key = ("gpu-identity", index, sysfs)
     found = session.static.get(key)

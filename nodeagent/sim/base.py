@@ -53,12 +53,26 @@ def _fail(code: int) -> Any:
     raise pynvml.NVMLError(code)
 
 
+# Handles made so far, by (address, pointer type): a handle is an immutable value, and
+# ctypes.cast (the only way to make one) costs more than the rest of most emulated calls.
+_HANDLES: dict[tuple[int, Any], Any] = {}
+
+
 def _handle(kind: int, gpu: int, gi: int = 0, ci: int = 0, ptype: Any = None) -> Any:
     addr = (kind << 40) | ((gpu + 1) << 24) | ((gi + 1) << 12) | (ci + 1)
-    return ctypes.cast(ctypes.c_void_p(addr), ptype or pynvml.c_nvmlDevice_t)
+    key = (addr, ptype or pynvml.c_nvmlDevice_t)
+    handle = _HANDLES.get(key)
+    if handle is None:
+        handle = ctypes.cast(ctypes.c_void_p(addr), key[1])
+        handle.sim_address = (kind, gpu, gi, ci)  # what _decode would find in it
+        _HANDLES[key] = handle
+    return handle
 
 
 def _decode(handle: Any) -> tuple[int, int, int, int]:
+    known = getattr(handle, "sim_address", None)
+    if known is not None:
+        return known  # type: ignore[no-any-return]
     try:
         addr = ctypes.cast(handle, ctypes.c_void_p).value or 0
     except (ctypes.ArgumentError, TypeError):

@@ -77,10 +77,14 @@ class GpmSamples:
     def alloc(self) -> Any:
         addr = (_SAMPLE_KIND << 40) | next(self._serial)
         self._samples[addr] = None
-        return ctypes.cast(ctypes.c_void_p(addr), pynvml.c_nvmlGpmSample_t)
+        sample = ctypes.cast(ctypes.c_void_p(addr), pynvml.c_nvmlGpmSample_t)
+        sample.sim_address = addr  # read back without a ctypes.cast per call
+        return sample
 
     def _addr(self, sample: Any) -> int:
-        addr = ctypes.cast(sample, ctypes.c_void_p).value or 0
+        addr = getattr(sample, "sim_address", None)
+        if addr is None:
+            addr = ctypes.cast(sample, ctypes.c_void_p).value or 0
         if addr not in self._samples:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return addr
