@@ -66,13 +66,14 @@ def _rss_mib(pid: int) -> float:
 
 
 def _start_agent(
-    prefix: list[str], env: dict[str, str], flags: tuple[str, ...] = ()
+    prefix: list[str], env: dict[str, str], flags: tuple[str, ...] = (), cwd: Path | None = None
 ) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
         _nodeagent(*prefix, "run", "--metrics-address", "127.0.0.1:0", *flags),
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        cwd=cwd,
     )
     assert proc.stderr is not None
     deadline = time.monotonic() + 60
@@ -379,11 +380,13 @@ def kube(
         cluster.close()
 
 
-def idle_cpu(prefix: list[str], env: dict[str, str], seconds: float) -> Row:
+def idle_cpu(
+    prefix: list[str], env: dict[str, str], seconds: float, cwd: Path | None = None
+) -> Row:
     """The agent's own cost when nothing happens: CPU seconds over `seconds` with no scrape,
     then over `seconds` with one scrape every 15 s (Prometheus' usual interval), after a
     warm-up of 10 s (the first reconcile, two GPM samples)."""
-    proc, port = _start_agent(prefix, env)
+    proc, port = _start_agent(prefix, env, cwd=cwd)
     try:
         time.sleep(10)
         cpu0, t0 = _cpu_seconds(proc.pid), time.monotonic()
@@ -539,9 +542,10 @@ def main() -> None:
 def idle_runs(
     prefix: list[str], env: dict[str, str], args: argparse.Namespace, tmp: Path
 ) -> dict[str, list[Row]]:
-    """The idle cost of this checkout's agent (and of --baseline REV's, its `nodeagent`
-    package exported from git and put first on PYTHONPATH), `--repeat` runs each, alternating."""
-    agents = {"this checkout": env}
+    """The idle cost of this checkout's agent (and of --baseline REV's: its `nodeagent`
+    package exported from git, run from that folder so that `-m nodeagent` imports it),
+    `--repeat` runs each, alternating."""
+    agents: dict[str, Path | None] = {"this checkout": None}
     if args.baseline:
         root = Path(__file__).resolve().parents[1]
         base = tmp / "baseline"
@@ -552,11 +556,16 @@ def idle_runs(
             capture_output=True,
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
-        agents = {args.baseline: {**env, "PYTHONPATH": str(base)}, **agents}
+        where = subprocess.run(
+            [*AGENT_PYTHON, "-c", "import nodeagent; print(nodeagent.__file__)"],
+            cwd=base, env=env, check=True, capture_output=True, text=True,
+        ).stdout  # fmt: skip
+        assert where.startswith(str(base)), f"the baseline agent would import {where}"
+        agents = {args.baseline: base, **agents}
     runs: dict[str, list[Row]] = {name: [] for name in agents}
     for _ in range(max(args.repeat, 1)):
-        for name, agent_env in agents.items():
-            runs[name].append(idle_cpu(prefix, agent_env, args.idle_seconds))
+        for name, cwd in agents.items():
+            runs[name].append(idle_cpu(prefix, env, args.idle_seconds, cwd))
     return runs
 
 

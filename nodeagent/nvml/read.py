@@ -208,19 +208,34 @@ def _with_mig_device(
     if mig is None:
         return replace(bare, ci_id=ci_id)
     mem = session.call("nvmlDeviceGetMemoryInfo", mig)
-    attrs = session.read("nvmlDeviceGetAttributes", mig)
+    uuid = _text(session.call("nvmlDeviceGetUUID", mig))
+    attrs = _mig_attributes(session, mig, uuid)
     return replace(
         bare,
         ci_id=ci_id,
-        mig_uuid=_text(session.call("nvmlDeviceGetUUID", mig)),
+        mig_uuid=uuid,
         memory_total_bytes=int(mem.total),
         memory_used_bytes=int(mem.used),
         multiprocessor_count=(
-            int(attrs.multiprocessorCount) if attrs is not None else bare.multiprocessor_count
+            attrs.multiprocessor_count if attrs is not None else bare.multiprocessor_count
         ),
         processes=_processes(session, mig),
-        attributes=_attributes(attrs),
+        attributes=attrs,
     )
+
+
+MAX_KEPT_ATTRIBUTES = 4096  # MIG devices' attributes kept; more (months of changes): read again
+
+
+def _mig_attributes(session: NvmlSession, mig: Any, uuid: str) -> MigAttributes | None:
+    """The MIG device's attributes, read once per MIG UUID: a UUID names one MIG device for
+    its life, and its size does not change (56 NVML calls fewer a refresh at 56 slices)."""
+    kept: dict[str, MigAttributes | None] = session.static.setdefault("mig-attributes", {})
+    if uuid not in kept:
+        if len(kept) >= MAX_KEPT_ATTRIBUTES:
+            kept.clear()
+        kept[uuid] = _attributes(session.read("nvmlDeviceGetAttributes", mig))
+    return kept[uuid]
 
 
 def _attributes(attrs: Any) -> MigAttributes | None:
