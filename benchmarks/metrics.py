@@ -10,11 +10,12 @@
 3. Where a real NVIDIA driver is present (the GPU machine): the same against the real GPUs,
    and `nvidia-smi --query-gpu=...` for the same fields, in one run.
 4. Idle cost: the agent on the emulated node, its CPU over --idle-seconds (60) with no scrape,
-   then with one scrape every 15 s (--only-idle: this table alone).
+   then with one scrape every 15 s (--only-idle: this table alone; --baseline REV: the same
+   for git revision REV's agent, runs alternating, for a before/after on one machine).
 
 Run (in the project's .venv, from the repository root):
     .venv/bin/python benchmarks/metrics.py [--scrapes N] [--plot FILE] [--agent-python PY]
-        [--idle-seconds S] [--only-idle]
+        [--idle-seconds S] [--only-idle] [--baseline REV] [--repeat N]
 Prints tables (a plot of the sweep where matplotlib is importable); never passes or fails on
 time.
 """
@@ -65,13 +66,14 @@ def _rss_mib(pid: int) -> float:
 
 
 def _start_agent(
-    prefix: list[str], env: dict[str, str], flags: tuple[str, ...] = ()
+    prefix: list[str], env: dict[str, str], flags: tuple[str, ...] = (), cwd: Path | None = None
 ) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
         _nodeagent(*prefix, "run", "--metrics-address", "127.0.0.1:0", *flags),
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        cwd=cwd,
     )
     assert proc.stderr is not None
     deadline = time.monotonic() + 60
@@ -378,11 +380,13 @@ def kube(
         cluster.close()
 
 
-def idle_cpu(prefix: list[str], env: dict[str, str], seconds: float) -> Row:
+def idle_cpu(
+    prefix: list[str], env: dict[str, str], seconds: float, cwd: Path | None = None
+) -> Row:
     """The agent's own cost when nothing happens: CPU seconds over `seconds` with no scrape,
     then over `seconds` with one scrape every 15 s (Prometheus' usual interval), after a
     warm-up of 10 s (the first reconcile, two GPM samples)."""
-    proc, port = _start_agent(prefix, env)
+    proc, port = _start_agent(prefix, env, cwd=cwd)
     try:
         time.sleep(10)
         cpu0, t0 = _cpu_seconds(proc.pid), time.monotonic()
@@ -436,6 +440,13 @@ def main() -> None:
     parser.add_argument("--skip-emulated", action="store_true")
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="idle CPU window")
     parser.add_argument("--only-idle", action="store_true", help="the idle CPU table alone")
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also measure the idle cost of git revision REV's agent, runs alternating with "
+        "this checkout's (before/after on the same machine and load)",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="idle runs per agent")
     parser.add_argument("--plot", default="metrics-sweep.png", help="(with matplotlib)")
     parser.add_argument(
         "--agent-python",
@@ -450,11 +461,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if args.only_idle:
             prefix, env, _ = emulated_node(Path(tmp))
-            print_idle(idle_cpu(prefix, env, args.idle_seconds))
+            print_idle(idle_runs(prefix, env, args, Path(tmp)))
             return
         if not args.skip_emulated:
             prefix, env, uuids = emulated_node(Path(tmp))
-            idle = idle_cpu(prefix, env, args.idle_seconds)
+            idle = idle_runs(prefix, env, args, Path(tmp))
             rows.append(measure("emulated 56 slices", prefix, env, args.scrapes))
             try:
                 with kube(Path(tmp), uuids, env) as (flags, kenv):
@@ -528,12 +539,50 @@ def main() -> None:
         plot(swept, args.plot)
 
 
-def print_idle(row: Row) -> None:
-    print(f"\nidle agent, emulated 56 slices: CPU over {row['seconds']:.0f} s, as a share of"
-          " one core (target <= 0.5 %)")  # fmt: skip
-    print(f"{'no scrape':<28}{row['quiet'] * 100:>6.2f} %  {row['quiet'] * 60:.2f} s per 60 s")
-    print(f"{'one scrape every 15 s':<28}{row['scraped'] * 100:>6.2f} %"
-          f"  {row['scraped'] * 60:.2f} s per 60 s ({row['scrapes']} scrapes)")  # fmt: skip
+def idle_runs(
+    prefix: list[str], env: dict[str, str], args: argparse.Namespace, tmp: Path
+) -> dict[str, list[Row]]:
+    """The idle cost of this checkout's agent (and of --baseline REV's: its `nodeagent`
+    package exported from git, run from that folder so that `-m nodeagent` imports it),
+    `--repeat` runs each, alternating."""
+    agents: dict[str, Path | None] = {"this checkout": None}
+    if args.baseline:
+        root = Path(__file__).resolve().parents[1]
+        base = tmp / "baseline"
+        base.mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(root), "archive", args.baseline, "nodeagent"],
+            check=True,
+            capture_output=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
+        where = subprocess.run(
+            [*AGENT_PYTHON, "-c", "import nodeagent; print(nodeagent.__file__)"],
+            cwd=base, env=env, check=True, capture_output=True, text=True,
+        ).stdout  # fmt: skip
+        assert where.startswith(str(base)), f"the baseline agent would import {where}"
+        agents = {args.baseline: base, **agents}
+    runs: dict[str, list[Row]] = {name: [] for name in agents}
+    for _ in range(max(args.repeat, 1)):
+        for name, cwd in agents.items():
+            runs[name].append(idle_cpu(prefix, env, args.idle_seconds, cwd))
+    return runs
+
+
+def print_idle(runs: dict[str, list[Row]]) -> None:
+    first = next(iter(runs.values()))[0]
+    print(f"\nidle agent, emulated 56 slices, default intervals: CPU over {first['seconds']:.0f} s"
+          " as a share of one core (target <= 0.5 %); median (min-max) of the runs")  # fmt: skip
+    head = f"{'agent':<28}{'runs':>5}{'no scrape':>20}{'one scrape every 15 s':>24}"
+    print(head)
+    print("-" * len(head))
+    for name, rows in runs.items():
+        cells = [_spread([r[key] * 100 for r in rows]) for key in ("quiet", "scraped")]
+        print(f"{name:<28}{len(rows):>5}{cells[0]:>20}{cells[1]:>24}")
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} % ({min(values):.2f}-{max(values):.2f})"
 
 
 def _every(period: float) -> str:

@@ -35,6 +35,7 @@ class GpmReader:
         self.session = session
         self._handles: dict[int, Any] = {}
         self._spare: list[Any] = []
+        self._request: tuple[Any, tuple[tuple[str, Any], ...]] | None = None
 
     def _device(self, index: int) -> Any:
         dev = self._handles.get(index)
@@ -81,20 +82,29 @@ class GpmReader:
     def ratios(self, first: Any, second: Any) -> dict[str, float]:
         """The activity between two samples, as ratios 0-1 by metric name; metrics the GPU
         does not report are left out."""
+        request, slots = self._request or self._new_request()
+        with self.session.lock:  # one request, filled in and read back by one thread at once
+            request.sample1, request.sample2 = first, second
+            self.session.call("nvmlGpmMetricsGet", request)
+            return {
+                name: round(min(max(float(slot.value) / 100.0, 0.0), 1.0), 6)
+                for name, slot in slots
+                if slot.nvmlReturn == 0
+            }
+
+    def _new_request(self) -> tuple[Any, tuple[tuple[str, Any], ...]]:
+        """The metrics request, made once (19 KiB: room for every metric NVML knows) and
+        filled in again for every pair of samples; its result slots by metric name."""
         lib = self.session.lib
         request = lib.c_nvmlGpmMetricsGet_t()
         request.version = lib.NVML_GPM_METRICS_GET_VERSION
         request.numMetrics = len(GPM_METRICS)
-        request.sample1, request.sample2 = first, second
+        metrics = request.metrics
         for i, metric_id in enumerate(GPM_METRICS.values()):
-            request.metrics[i].metricId = metric_id
-        result = self.session.call("nvmlGpmMetricsGet", request)
-        out = {}
-        for i, name in enumerate(GPM_METRICS):
-            metric = result.metrics[i]
-            if metric.nvmlReturn == 0:
-                out[name] = round(min(max(float(metric.value) / 100.0, 0.0), 1.0), 6)
-        return out
+            metrics[i].metricId = metric_id
+        slots = tuple((name, metrics[i]) for i, name in enumerate(GPM_METRICS))
+        self._request = (request, slots)
+        return self._request
 
 
 def read_utilization(session: NvmlSession, index: int) -> float | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ctypes
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -208,19 +208,34 @@ def _with_mig_device(
     if mig is None:
         return replace(bare, ci_id=ci_id)
     mem = session.call("nvmlDeviceGetMemoryInfo", mig)
-    attrs = session.read("nvmlDeviceGetAttributes", mig)
+    uuid = _text(session.call("nvmlDeviceGetUUID", mig))
+    attrs = _mig_attributes(session, mig, uuid)
     return replace(
         bare,
         ci_id=ci_id,
-        mig_uuid=_text(session.call("nvmlDeviceGetUUID", mig)),
+        mig_uuid=uuid,
         memory_total_bytes=int(mem.total),
         memory_used_bytes=int(mem.used),
         multiprocessor_count=(
-            int(attrs.multiprocessorCount) if attrs is not None else bare.multiprocessor_count
+            attrs.multiprocessor_count if attrs is not None else bare.multiprocessor_count
         ),
         processes=_processes(session, mig),
-        attributes=_attributes(attrs),
+        attributes=attrs,
     )
+
+
+MAX_KEPT_ATTRIBUTES = 4096  # MIG devices' attributes kept; more (months of changes): read again
+
+
+def _mig_attributes(session: NvmlSession, mig: Any, uuid: str) -> MigAttributes | None:
+    """The MIG device's attributes, read once per MIG UUID: a UUID names one MIG device for
+    its life, and its size does not change (56 NVML calls fewer a refresh at 56 slices)."""
+    kept: dict[str, MigAttributes | None] = session.static.setdefault("mig-attributes", {})
+    if uuid not in kept:
+        if len(kept) >= MAX_KEPT_ATTRIBUTES:
+            kept.clear()
+        kept[uuid] = _attributes(session.read("nvmlDeviceGetAttributes", mig))
+    return kept[uuid]
 
 
 def _attributes(attrs: Any) -> MigAttributes | None:
@@ -285,40 +300,78 @@ def read_pci_class(session: NvmlSession, dev: Any, bus_id: str, sysfs: Path = SY
     return code if vendor == NVIDIA_PCI_VENDOR else None
 
 
+@dataclass(frozen=True)
+class _Identity:
+    """What NVML says of a GPU that cannot change while NVML is loaded."""
+
+    handle: Any
+    uuid: str
+    name: str
+    pci_bus_id: str
+    pci_device_id: int
+    pci_subsystem_id: int
+    pci_class: int | None
+    compute_capability: tuple[int, int]
+    architecture: str
+
+
+def _identity(session: NvmlSession, index: int, sysfs: Path) -> _Identity:
+    """The GPU's handle, UUID, name, PCI ids and class, compute capability and architecture,
+    read once per session (the caller holds its lock): 7 NVML calls a GPU fewer on every
+    inventory read."""
+    key = ("gpu-identity", index, sysfs)
+    found = session.static.get(key)
+    if found is None:
+        dev = session.call("nvmlDeviceGetHandleByIndex", index, context=f"GPU {index}")
+        pci = session.call("nvmlDeviceGetPciInfo", dev)
+        arch = session.read("nvmlDeviceGetArchitecture", dev)
+        major, minor = session.call("nvmlDeviceGetCudaComputeCapability", dev)
+        found = session.static[key] = _Identity(
+            handle=dev,
+            uuid=_text(session.call("nvmlDeviceGetUUID", dev)),
+            name=_text(session.call("nvmlDeviceGetName", dev)),
+            pci_bus_id=_text(pci.busId),
+            pci_device_id=int(pci.pciDeviceId),
+            pci_subsystem_id=int(pci.pciSubSystemId),
+            pci_class=read_pci_class(session, dev, _text(pci.busId), sysfs),
+            compute_capability=(int(major), int(minor)),
+            architecture=ARCHITECTURES.get(int(arch), "unknown") if arch is not None else "unknown",
+        )
+    return found
+
+
 def read_gpu(session: NvmlSession, index: int, sysfs: Path = SYSFS) -> Gpu:
     """One GPU: identity, memory, MIG mode, profiles, slices, processes."""
-    dev = session.call("nvmlDeviceGetHandleByIndex", index, context=f"GPU {index}")
-    pci = session.call("nvmlDeviceGetPciInfo", dev)
-    mem = session.call("nvmlDeviceGetMemoryInfo", dev)
-    mode = session.read("nvmlDeviceGetMigMode", dev)
-    arch = session.read("nvmlDeviceGetArchitecture", dev)
-    mig_capable = mode is not None
-    current, pending = (bool(mode[0]), bool(mode[1])) if mode is not None else (False, False)
-    uuid = _text(session.call("nvmlDeviceGetUUID", dev))
-    profiles = read_profiles(session, dev, index, uuid) if mig_capable else ()
-    slots = max((p.start + p.size for pr in profiles for p in pr.placements), default=0)
-    major, minor = session.call("nvmlDeviceGetCudaComputeCapability", dev)
-    return Gpu(
-        index=index,
-        uuid=uuid,
-        name=_text(session.call("nvmlDeviceGetName", dev)),
-        pci_bus_id=_text(pci.busId),
-        pci_device_id=int(pci.pciDeviceId),
-        memory_total_bytes=int(mem.total),
-        memory_used_bytes=int(mem.used),
-        memory_free_bytes=int(mem.free),
-        compute_capability=(int(major), int(minor)),
-        architecture=ARCHITECTURES.get(int(arch), "unknown") if arch is not None else "unknown",
-        mig_capable=mig_capable,
-        mig_current=current,
-        mig_pending=pending,
-        memory_slice_count=slots,
-        profiles=profiles,
-        slices=read_slices(session, dev, index, profiles, uuid) if current else (),
-        processes=() if current else _processes(session, dev),
-        pci_subsystem_id=int(pci.pciSubSystemId),
-        pci_class=read_pci_class(session, dev, _text(pci.busId), sysfs),
-    )
+    with session.lock:
+        ident = _identity(session, index, sysfs)
+        dev = ident.handle
+        mem = session.call("nvmlDeviceGetMemoryInfo", dev)
+        mode = session.read("nvmlDeviceGetMigMode", dev)
+        mig_capable = mode is not None
+        current, pending = (bool(mode[0]), bool(mode[1])) if mode is not None else (False, False)
+        profiles = read_profiles(session, dev, index, ident.uuid) if mig_capable else ()
+        slots = max((p.start + p.size for pr in profiles for p in pr.placements), default=0)
+        return Gpu(
+            index=index,
+            uuid=ident.uuid,
+            name=ident.name,
+            pci_bus_id=ident.pci_bus_id,
+            pci_device_id=ident.pci_device_id,
+            memory_total_bytes=int(mem.total),
+            memory_used_bytes=int(mem.used),
+            memory_free_bytes=int(mem.free),
+            compute_capability=ident.compute_capability,
+            architecture=ident.architecture,
+            mig_capable=mig_capable,
+            mig_current=current,
+            mig_pending=pending,
+            memory_slice_count=slots,
+            profiles=profiles,
+            slices=read_slices(session, dev, index, profiles, ident.uuid) if current else (),
+            processes=() if current else _processes(session, dev),
+            pci_subsystem_id=ident.pci_subsystem_id,
+            pci_class=ident.pci_class,
+        )
 
 
 def read_inventory(session: NvmlSession, sysfs: Path = SYSFS) -> Inventory:

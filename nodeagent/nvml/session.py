@@ -56,8 +56,10 @@ class NvmlSession:
         self.errors_by_function: Counter[str] = Counter()
         # NVML calls are serialised: a reader that holds the lock across a whole inventory
         # read (or a writer across a MIG change) sees and leaves one consistent state. The
-        # error counter has a lock of its own.
-        self.lock = threading.RLock()
+        # error counter has a lock of its own. A library that serialises its own calls lends
+        # its reentrant lock (`batch_lock`: the emulator, which then checks its state file
+        # once per hold, not on every call); the real pynvml has none.
+        self.lock: Any = getattr(lib, "batch_lock", None) or threading.RLock()
         # Answers that cannot change while NVML is loaded (a GPU's MIG profile tables), by
         # key; read and written under `lock`.
         self.static: dict[Any, Any] = {}

@@ -26,7 +26,7 @@ import pynvml
 
 from nodeagent.errors import SimError
 from nodeagent.sim.faults import FaultPlan, SimulatedCrash
-from nodeagent.sim.gpm import GpmSamples
+from nodeagent.sim.gpm import Activity, GpmSamples, node_activity
 from nodeagent.sim.models import (
     DeviceModel,
     ProfileModel,
@@ -53,12 +53,26 @@ def _fail(code: int) -> Any:
     raise pynvml.NVMLError(code)
 
 
+# Handles made so far, by (address, pointer type): a handle is an immutable value, and
+# ctypes.cast (the only way to make one) costs more than the rest of most emulated calls.
+_HANDLES: dict[tuple[int, Any], Any] = {}
+
+
 def _handle(kind: int, gpu: int, gi: int = 0, ci: int = 0, ptype: Any = None) -> Any:
     addr = (kind << 40) | ((gpu + 1) << 24) | ((gi + 1) << 12) | (ci + 1)
-    return ctypes.cast(ctypes.c_void_p(addr), ptype or pynvml.c_nvmlDevice_t)
+    key = (addr, ptype or pynvml.c_nvmlDevice_t)
+    handle = _HANDLES.get(key)
+    if handle is None:
+        handle = ctypes.cast(ctypes.c_void_p(addr), key[1])
+        handle.sim_address = (kind, gpu, gi, ci)  # what _decode would find in it
+        _HANDLES[key] = handle
+    return handle
 
 
 def _decode(handle: Any) -> tuple[int, int, int, int]:
+    known = getattr(handle, "sim_address", None)
+    if known is not None:
+        return known  # type: ignore[no-any-return]
     try:
         addr = ctypes.cast(handle, ctypes.c_void_p).value or 0
     except (ctypes.ArgumentError, TypeError):
@@ -84,7 +98,7 @@ def nvml_call(mutating: bool = False) -> Callable[[F], F]:
         @functools.wraps(fn)
         def inner(self: SimBase, *args: Any, **kwargs: Any) -> Any:
             # NVML is thread-safe; so is the emulator (the agent samples from threads).
-            with self._lock:
+            with self.batch_lock as lock:
                 if name not in ("nvmlInit", "nvmlInitWithFlags") and not self._initialized:
                     _fail(pynvml.NVML_ERROR_UNINITIALIZED)
                 fired = self.faults.on_call(name, mutating)
@@ -92,10 +106,13 @@ def nvml_call(mutating: bool = False) -> Callable[[F], F]:
                     if fault.when == "before":
                         self._fire(fault)
                 if mutating:
+                    lock.writing = True
                     with self._transaction(True, _changed_gpu(args)):
                         result = fn(self, *args, **kwargs)
-                else:  # the hot path (an inventory read is ~700 calls): no context manager
-                    self._sync()
+                else:  # the hot path (an inventory read is ~750 calls): no context manager
+                    if lock.writing or not lock.synced:  # see BatchLock
+                        self._sync()
+                        lock.synced = True
                     result = fn(self, *args, **kwargs)
                 for fault in fired:
                     if fault.when == "after":
@@ -117,6 +134,37 @@ def _changed_gpu(args: tuple[Any, ...]) -> set[int] | None:
         return None
 
 
+class BatchLock:
+    """The emulator's reentrant lock, lent to the NVML session (`batch_lock`): what a reader
+    reads while it holds it is one state, and the state file is checked for another
+    process's change once per outermost hold, not on every call (a GPM tick is ~130 calls,
+    an inventory read ~750: each an os.stat before). A hold that changes the GPUs reads the
+    file again on every call from its first change on: an apply waits on other programs (a
+    GPU reset command) under the lock. Writes always read the file again under its lock
+    (SimBase._transaction), so no other process's change is ever lost."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._depth = 0  # changed only by the thread that holds _lock
+        self.synced = False  # the state is the file's as of this hold
+        self.writing = False  # this hold changed the GPUs: every read checks the file
+        # Values derived from the state (activity, MIG devices), kept while it cannot change:
+        # until this hold ends, the state is read again, or a call changes it.
+        self.derived: dict[Any, Any] = {}
+
+    def __enter__(self) -> BatchLock:
+        self._lock.acquire()
+        self._depth += 1
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._depth -= 1
+        if not self._depth:
+            self.synced = self.writing = False
+            self.derived.clear()
+        self._lock.release()
+
+
 class SimBase:
     """State, plumbing and shared helpers of the emulator; the NVML calls are in the mixins."""
 
@@ -135,7 +183,7 @@ class SimBase:
                 setattr(self, name, getattr(pynvml, name))
         self.__name__ = "nodeagent.sim"
         self.faults = faults or FaultPlan()
-        self._lock = threading.RLock()
+        self.batch_lock = BatchLock()
         self._path = state_path
         self._stamp: Stamp | None = None
         self._writer = StateWriter()
@@ -182,6 +230,7 @@ class SimBase:
         if read is not None:
             self.state, self._stamp = read
             self._writer.forget()
+            self.batch_lock.derived.clear()
 
     @contextmanager
     def _transaction(self, mutating: bool, changed: set[int] | None = None) -> Iterator[None]:
@@ -196,7 +245,10 @@ class SimBase:
             return
         with self._file_lock():
             self._sync()
-            yield
+            try:
+                yield
+            finally:
+                self.batch_lock.derived.clear()
             self._stamp = self._writer.save(self._path, self.state, changed, self._stamp)
 
     @contextmanager
@@ -223,7 +275,8 @@ class SimBase:
     @contextmanager
     def edit(self) -> Iterator[SimState]:
         """Change the state outside NVML (attach a process, reset a GPU), persisted atomically."""
-        with self._lock, self._transaction(True):
+        with self.batch_lock as lock, self._transaction(True):
+            lock.writing = True
             yield self.state
 
     def _gpu(self, handle: Any, allow_mig: bool = False) -> tuple[GpuState, DeviceModel]:
@@ -264,8 +317,25 @@ class SimBase:
         assert gi is not None and ci is not None
         return gpu, gi, ci
 
+    def _derived(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """A value computed from the state, computed once while the state cannot change."""
+        derived = self.batch_lock.derived
+        if key not in derived:
+            derived[key] = compute()
+        return derived[key]
+
+    def _activity(self) -> Activity:
+        return self._derived("activity", lambda: node_activity(self.state))  # type: ignore[no-any-return]
+
+    def _load(self, gpu: GpuState) -> float:
+        """How busy the GPU is (0-1), as GPM sees it."""
+        return self._activity().gpus[gpu.index]
+
     def _mig_devices(self, gpu: GpuState) -> list[tuple[GiState, CiState]]:
-        return [(gi, gi.cis[c]) for g, gi in sorted(gpu.gis.items()) for c in sorted(gi.cis)]
+        return self._derived(  # type: ignore[no-any-return]
+            ("mig-devices", gpu.index),
+            lambda: [(gi, gi.cis[c]) for _, gi in sorted(gpu.gis.items()) for c in sorted(gi.cis)],
+        )
 
     def _mig_target(self, handle: Any) -> tuple[GpuState, DeviceModel, GiState, CiState]:
         kind, _gpu_index, gi_id, ci_id = _decode(handle)

@@ -73,13 +73,19 @@ class DeviceCalls(SimBase):
     @nvml_call()
     def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> Any:
         text = uuid.decode() if isinstance(uuid, bytes) else uuid
+        address = self._derived("by-uuid", self._uuids).get(text)
+        if address is None:
+            _fail(pynvml.NVML_ERROR_NOT_FOUND)
+        return _handle(*address)
+
+    def _uuids(self) -> dict[str, tuple[int, ...]]:
+        """Every GPU's and MIG device's UUID -> its handle's (kind, gpu, gi, ci)."""
+        found: dict[str, tuple[int, ...]] = {}
         for gpu in self.state.gpus:
-            if gpu.uuid == text:
-                return _handle(_KIND_DEVICE, gpu.index)
+            found.setdefault(gpu.uuid, (_KIND_DEVICE, gpu.index))
             for gi, ci in self._mig_devices(gpu):
-                if ci.uuid == text:
-                    return _handle(_KIND_MIG, gpu.index, gi.id, ci.id)
-        return _fail(pynvml.NVML_ERROR_NOT_FOUND)
+                found.setdefault(ci.uuid, (_KIND_MIG, gpu.index, gi.id, ci.id))
+        return found
 
     @nvml_call()
     def nvmlDeviceGetIndex(self, handle: Any) -> int:

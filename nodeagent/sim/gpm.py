@@ -12,12 +12,13 @@ from __future__ import annotations
 import ctypes
 import itertools
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import pynvml
 
 from nodeagent.sim.models import load_model
-from nodeagent.sim.state import GpuState, SimState
+from nodeagent.sim.state import SimState
 
 # metric id -> percent at full load, from the H200 capture
 PER_LOAD = {
@@ -29,22 +30,41 @@ PER_LOAD = {
 _SAMPLE_KIND = 5
 
 
-def gi_activity(state: SimState, gpu: int, gi_id: int) -> float:
-    return min(1.0, sum(p.load for p in state.processes if p.gpu == gpu and p.gi_id == gi_id))
+@dataclass(frozen=True)
+class Activity:
+    """How busy every GPU and GPU instance is (0-1), from one pass over the processes."""
+
+    gpus: dict[int, float]
+    gis: dict[tuple[int, int], float]  # by (GPU, GI id)
+
+    def gi(self, gpu: int, gi_id: int) -> float:
+        return self.gis.get((gpu, gi_id), 0.0)
 
 
-def gpu_activity(state: SimState, gpu: GpuState) -> float:
-    procs = [p for p in state.processes if p.gpu == gpu.index]
-    if not gpu.mig_current:
-        return min(1.0, sum(p.load for p in procs))
-    model = load_model(gpu.model)
-    total = max(p.multiprocessor_count for p in model.profiles)
-    busy = 0.0
-    for gi in gpu.gis.values():
-        profile = model.profile_by_id(gi.profile_id)
-        if profile is not None:
-            busy += gi_activity(state, gpu.index, gi.id) * profile.multiprocessor_count
-    return min(1.0, busy / total) if total else 0.0
+def node_activity(state: SimState) -> Activity:
+    """A GPU instance is as busy as the sum of its processes' loads (at most 1); a MIG GPU as
+    its instances weighted by their SMs; a full GPU as the sum of its processes' loads."""
+    by_gpu: dict[int, float] = {}
+    by_gi: dict[tuple[int, int], float] = {}
+    for p in state.processes:
+        by_gpu[p.gpu] = by_gpu.get(p.gpu, 0.0) + p.load
+        if p.gi_id is not None:
+            by_gi[(p.gpu, p.gi_id)] = by_gi.get((p.gpu, p.gi_id), 0.0) + p.load
+    gis = {key: min(1.0, load) for key, load in by_gi.items()}
+    gpus = {}
+    for gpu in state.gpus:
+        if not gpu.mig_current:
+            gpus[gpu.index] = min(1.0, by_gpu.get(gpu.index, 0.0))
+            continue
+        model = load_model(gpu.model)
+        total = max(p.multiprocessor_count for p in model.profiles)
+        busy = 0.0
+        for gi in gpu.gis.values():
+            profile = model.profile_by_id(gi.profile_id)
+            if profile is not None:
+                busy += gis.get((gpu.index, gi.id), 0.0) * profile.multiprocessor_count
+        gpus[gpu.index] = min(1.0, busy / total) if total else 0.0
+    return Activity(gpus, gis)
 
 
 class GpmSamples:
@@ -57,10 +77,14 @@ class GpmSamples:
     def alloc(self) -> Any:
         addr = (_SAMPLE_KIND << 40) | next(self._serial)
         self._samples[addr] = None
-        return ctypes.cast(ctypes.c_void_p(addr), pynvml.c_nvmlGpmSample_t)
+        sample = ctypes.cast(ctypes.c_void_p(addr), pynvml.c_nvmlGpmSample_t)
+        sample.sim_address = addr  # read back without a ctypes.cast per call
+        return sample
 
     def _addr(self, sample: Any) -> int:
-        addr = ctypes.cast(sample, ctypes.c_void_p).value or 0
+        addr = getattr(sample, "sim_address", None)
+        if addr is None:
+            addr = ctypes.cast(sample, ctypes.c_void_p).value or 0
         if addr not in self._samples:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return addr
@@ -79,8 +103,9 @@ class GpmSamples:
         if first is None or second is None or second[0] <= first[0]:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         activity = (first[1] + second[1]) / 2
+        metrics = request.metrics
         for i in range(request.numMetrics):
-            metric = request.metrics[i]
+            metric = metrics[i]
             per_load = PER_LOAD.get(metric.metricId)
             if per_load is None:
                 metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED

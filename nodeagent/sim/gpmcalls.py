@@ -11,7 +11,6 @@ from nodeagent.sim.base import (
     _fail,
     nvml_call,
 )
-from nodeagent.sim.gpm import gi_activity, gpu_activity
 
 
 class GpmCalls(SimBase):
@@ -38,7 +37,7 @@ class GpmCalls(SimBase):
         gpu, model = self._gpu(device)
         if not model.gpm_supported:
             _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        self._gpm.record(gpmSample, gpu_activity(self.state, gpu))
+        self._gpm.record(gpmSample, self._load(gpu))
         return gpmSample
 
     @nvml_call()
@@ -49,7 +48,7 @@ class GpmCalls(SimBase):
         self._mig_on(gpu)
         if gpuInstanceId not in gpu.gis:
             _fail(pynvml.NVML_ERROR_NOT_FOUND)
-        self._gpm.record(gpmSample, gi_activity(self.state, gpu.index, gpuInstanceId))
+        self._gpm.record(gpmSample, self._activity().gi(gpu.index, gpuInstanceId))
         return gpmSample
 
     @nvml_call()

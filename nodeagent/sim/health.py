@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nodeagent.sim.gpm import gpu_activity
+from nodeagent.sim.gpm import node_activity
 from nodeagent.sim.models import load_model
 from nodeagent.sim.state import XID_LOG, GpuState, SimState
 
@@ -80,30 +80,26 @@ def health_model(key: str) -> HealthModel:
     return _BY_MODEL.get(key) or _BY_ARCHITECTURE.get(load_model(key).architecture, _HOPPER)
 
 
-def load_of(state: SimState, gpu: GpuState) -> float:
-    """The share of the GPU's SMs kept busy (0-1), as GPM sees it."""
-    return gpu_activity(state, gpu)
-
-
-def power_watts(state: SimState, gpu: GpuState) -> float:
+def power_watts(gpu: GpuState, load: float) -> float:
+    """`load`: the share of the GPU's SMs kept busy (0-1), as GPM sees it."""
     if gpu.health.power_watts is not None:
         return gpu.health.power_watts
     m = health_model(gpu.model)
-    return round(m.idle_watts + load_of(state, gpu) * (0.85 * m.limit_watts - m.idle_watts), 3)
+    return round(m.idle_watts + load * (0.85 * m.limit_watts - m.idle_watts), 3)
 
 
-def temperature_celsius(state: SimState, gpu: GpuState) -> int:
+def temperature_celsius(gpu: GpuState, load: float) -> int:
     if gpu.health.temperature_celsius is not None:
         return gpu.health.temperature_celsius
     m = health_model(gpu.model)
-    return round(m.idle_celsius + load_of(state, gpu) * (m.busy_celsius - m.idle_celsius))
+    return round(m.idle_celsius + load * (m.busy_celsius - m.idle_celsius))
 
 
-def sm_clock_mhz(state: SimState, gpu: GpuState) -> int:
+def sm_clock_mhz(gpu: GpuState, load: float) -> int:
     if gpu.health.sm_clock_mhz is not None:
         return gpu.health.sm_clock_mhz
     m = health_model(gpu.model)
-    return m.sm_max_mhz if load_of(state, gpu) > 0 else m.sm_idle_mhz
+    return m.sm_max_mhz if load > 0 else m.sm_idle_mhz
 
 
 def memory_clock_mhz(gpu: GpuState) -> int:
@@ -112,30 +108,31 @@ def memory_clock_mhz(gpu: GpuState) -> int:
     return health_model(gpu.model).memory_mhz
 
 
-def throttle_mask(state: SimState, gpu: GpuState) -> int:
+def throttle_mask(gpu: GpuState, load: float) -> int:
     """Set reasons, or: idle without load, software thermal slowdown from SLOWDOWN_CELSIUS,
     software power cap at the limit."""
     if gpu.health.throttle is not None:
         return sum(REASON_BITS[name] for name in set(gpu.health.throttle))
-    mask = 0 if load_of(state, gpu) > 0 else REASON_BITS["gpu_idle"]
-    if temperature_celsius(state, gpu) >= SLOWDOWN_CELSIUS:
+    mask = 0 if load > 0 else REASON_BITS["gpu_idle"]
+    if temperature_celsius(gpu, load) >= SLOWDOWN_CELSIUS:
         mask |= REASON_BITS["sw_thermal_slowdown"]
-    if power_watts(state, gpu) >= health_model(gpu.model).limit_watts:
+    if power_watts(gpu, load) >= health_model(gpu.model).limit_watts:
         mask |= REASON_BITS["sw_power_cap"]
     return mask
 
 
-def energy_mj(state: SimState, gpu: GpuState, now: float) -> int:
+def energy_mj(gpu: GpuState, load: float, now: float) -> int:
     """Energy since the emulated driver loaded: the energy up to the last change of load, plus
     the present power since then (power only changes with a checkpoint, so it never falls)."""
     elapsed = max(now - gpu.health.energy_at, 0.0)
-    return gpu.health.energy_mj + int(power_watts(state, gpu) * elapsed * 1000)
+    return gpu.health.energy_mj + int(power_watts(gpu, load) * elapsed * 1000)
 
 
 def checkpoint_energy(state: SimState, now: float) -> None:
     """Fold the energy used so far into the state; call before anything changes the power."""
+    loads = node_activity(state).gpus
     for gpu in state.gpus:
-        gpu.health.energy_mj = energy_mj(state, gpu, now)
+        gpu.health.energy_mj = energy_mj(gpu, loads[gpu.index], now)
         gpu.health.energy_at = max(now, gpu.health.energy_at)
 
 

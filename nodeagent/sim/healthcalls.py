@@ -66,11 +66,12 @@ class HealthCalls(SimBase):
         gpu = self._physical(handle)
         if sensor != pynvml.NVML_TEMPERATURE_GPU:
             _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return temperature_celsius(self.state, gpu)
+        return temperature_celsius(gpu, self._load(gpu))
 
     @nvml_call()
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
-        return round(power_watts(self.state, self._physical(handle)) * 1000)
+        gpu = self._physical(handle)
+        return round(power_watts(gpu, self._load(gpu)) * 1000)
 
     @nvml_call()
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
@@ -78,20 +79,22 @@ class HealthCalls(SimBase):
 
     @nvml_call()
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
-        return energy_mj(self.state, self._physical(handle), self.health_clock())
+        gpu = self._physical(handle)
+        return energy_mj(gpu, self._load(gpu), self.health_clock())
 
     @nvml_call()
     def nvmlDeviceGetClockInfo(self, handle: Any, clock: int) -> int:
         gpu = self._physical(handle)
         if clock == pynvml.NVML_CLOCK_SM or clock == pynvml.NVML_CLOCK_GRAPHICS:
-            return sm_clock_mhz(self.state, gpu)
+            return sm_clock_mhz(gpu, self._load(gpu))
         if clock == pynvml.NVML_CLOCK_MEM:
             return memory_clock_mhz(gpu)
         return _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # type: ignore[no-any-return]
 
     @nvml_call()
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
-        return throttle_mask(self.state, self._physical(handle))
+        gpu = self._physical(handle)
+        return throttle_mask(gpu, self._load(gpu))
 
     nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
 

@@ -345,3 +345,19 @@ def test_mig_parted_node_semantics(node: Callable[..., Result], tmp_path: Path) 
         + "  second:\n    - devices: all\n      mig-enabled: false\n      mig-devices: {}\n"
     )
     assert_one_error(node("mig", "apply", "-f", str(two)), 2, "defines 2 configs (first, second)")
+
+
+def test_a_no_op_apply_reads_the_gpus_once(node: Callable[..., Result], tmp_path: Path) -> None:
+    """The config already applied: one read of the GPUs, no verify read after the empty plan
+    (a second nvmlDeviceGetCount would fail); a real change does read them again."""
+    cfg = str(_generated(node, tmp_path))
+    assert node("mig", "apply", "-f", cfg, "-c", "all-1g.18gb").returncode == 0
+    second_read_fails = {
+        "NODEAGENT_SIM_FAULTS": json.dumps(
+            [{"function": "nvmlDeviceGetCount", "call": 2, "error": "NVML_ERROR_UNKNOWN"}]
+        )
+    }
+    res = node("mig", "apply", "-f", cfg, "-c", "all-1g.18gb", env=second_read_fails)
+    assert res.returncode == 0, res.stderr
+    res = node("mig", "apply", "-f", cfg, "-c", "all-disabled", env=second_read_fails)
+    assert_one_error(res, 3, "nvmlDeviceGetCount")

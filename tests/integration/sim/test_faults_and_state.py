@@ -113,6 +113,25 @@ def test_a_running_process_sees_changes_made_by_another(tmp_path: Path) -> None:
     assert [p.pid for p in SimulatedNvml(["h200"], state).state.processes] == [55]
 
 
+def test_a_read_under_the_session_lock_sees_one_state(tmp_path: Path) -> None:
+    """What the daemon reads while it holds its NVML lock is one state (the file is checked
+    once per hold); another process's change shows at the next hold. From a write on (an
+    apply that runs a GPU reset command), the hold sees other processes' changes at once."""
+    state = tmp_path / "node.json"
+    daemon = NvmlSession(SimulatedNvml(["h200"], state))
+    other = SimulatedNvml(["h200"], state)
+    with daemon.lock:
+        assert read_inventory(daemon).gpus[0].processes == ()
+        other.attach("0", 55, 1024 * 1024 * 1024)
+        assert read_inventory(daemon).gpus[0].processes == ()
+        MigWriter(daemon).set_mig_mode(0, False)  # a write reads the file first
+        assert [p.pid for p in read_inventory(daemon).gpus[0].processes] == [55]
+        other.attach("0", 56, 1024 * 1024 * 1024)
+        assert [p.pid for p in read_inventory(daemon).gpus[0].processes] == [55, 56]
+    assert [p.pid for p in read_inventory(daemon).gpus[0].processes] == [55, 56]
+    assert [p.pid for p in SimulatedNvml(["h200"], state).state.processes] == [55, 56]
+
+
 def test_state_file_is_written_atomically(tmp_path: Path) -> None:
     state = tmp_path / "node.json"
     SimulatedNvml(["h200", "h200"], state)
