@@ -49,7 +49,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     if hasattr(config, "workerinput"):
         return
-    found = leaks.wait_for_leaks(os.getpid(), os.environ[leaks.MARKER])
+    grace = float(os.environ.get(leaks.GRACE, "5"))
+    found = leaks.wait_for_leaks(os.getpid(), os.environ[leaks.MARKER], grace)
     if not found:
         return
     leaks.end(found)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 MARKER = "PYTEST_NODEAGENT_SESSION"  # not NODEAGENT_*: the cli fixtures drop those
+GRACE = "PYTEST_NODEAGENT_LEAK_GRACE"  # seconds a process may take to exit after the tests (5)
 PR_SET_CHILD_SUBREAPER = 36
 
 

@@ -3,6 +3,7 @@ by `systemd-analyze verify`, and the unit's settings checked against what the ag
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -32,19 +33,41 @@ def systemd_analyze() -> str:
     return found
 
 
-def install(dest: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """install.sh into `dest`; pip takes this checkout without its dependencies (the test's own
-    environment has them; a real install resolves them from the index)."""
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This checkout as a wheel, built once for the module's installs, from a copy (a build in
+    the checkout would race another worker's) and without build isolation where the test's
+    Python has setuptools (isolation fetches setuptools and builds again: 10-40 s a time)."""
+    tree = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tree / name)
+    shutil.copytree(ROOT / "nodeagent", tree / "nodeagent",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    tries = [["--no-build-isolation"], []] if importlib.util.find_spec("setuptools") else [[]]
+    for isolation in tries:  # an old setuptools without `wheel` builds only in isolation
+        res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                              *isolation, "-w", str(tree / "dist"), str(tree)],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        if res.returncode == 0:
+            break
+    assert res.returncode == 0, res.stdout + res.stderr
+    (built,) = (tree / "dist").glob("nodeagent-*.whl")
+    return built
+
+
+def install(dest: Path, wheel: Path | None, **env: str) -> subprocess.CompletedProcess[str]:
+    """install.sh into `dest`; pip takes this checkout's wheel without its dependencies (the
+    test's own environment has them; a real install resolves them from the index)."""
     full = {**os.environ, "DESTDIR": str(dest), "PYTHON": sys.executable, "PIP_ARGS": "--no-deps",
-            **env}  # fmt: skip
+            **({"NODEAGENT_SOURCE": str(wheel)} if wheel else {}), **env}  # fmt: skip
     return subprocess.run([str(SYSTEMD / "install.sh")], env=full, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def dest(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def dest(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
     root = tmp_path_factory.mktemp("root")
-    res = install(root)
+    res = install(root, wheel)
     assert res.returncode == 0, res.stdout + res.stderr
     return root
 
@@ -92,13 +115,13 @@ def test_installed_settings_file_is_valid(dest: Path) -> None:
     assert yaml.safe_load(res.stdout)["settings"]["node"]["nvml-wait"] == 600
 
 
-def test_a_second_install_keeps_the_admins_files(tmp_path: Path) -> None:
+def test_a_second_install_keeps_the_admins_files(tmp_path: Path, wheel: Path) -> None:
     """Settings and environment files are the admin's once they exist; the unit and the
     venv are replaced. A PREFIX elsewhere moves ExecStart with it."""
     settings = tmp_path / "etc/nodeagent/nodeagent.yaml"
     settings.parent.mkdir(parents=True)
     settings.write_text("version: nodeagent/v1\nmetrics: {address: '127.0.0.1:9500'}\n")
-    res = install(tmp_path, PREFIX="/srv/na", ENABLE="0")
+    res = install(tmp_path, wheel, PREFIX="/srv/na", ENABLE="0")
     assert res.returncode == 0, res.stderr
     assert f"kept {settings} (exists" in res.stdout
     assert settings.read_text().endswith("127.0.0.1:9500'}\n")
@@ -110,7 +133,7 @@ def test_a_second_install_keeps_the_admins_files(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("prefix", ["opt/nodeagent", "/opt/node agent"])
 def test_a_bad_prefix_is_one_sentence_and_exit_2(tmp_path: Path, prefix: str) -> None:
-    res = install(tmp_path, PREFIX=prefix)
+    res = install(tmp_path, None, PREFIX=prefix)
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.startswith("install-systemd: PREFIX ") and res.stderr.count("\n") == 1
     assert not (tmp_path / "etc").exists()

@@ -92,7 +92,7 @@ answers = st.builds(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(answers)
 def test_gpu_holders_read_what_protobuf_wrote(answer: pb.ListPodResourcesResponse) -> None:
     """Every NVIDIA device of every container, first holder kept, as protobuf parses it."""
