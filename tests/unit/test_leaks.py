@@ -18,11 +18,11 @@ LEAKY = """
 import subprocess, sys
 
 def test_leaves_a_child():
-    subprocess.Popen(["sleep", "3599"])
+    subprocess.Popen(["sleep", "{first}"])
 
 def test_leaves_a_daemon_that_forked_twice():
     # setsid in a backgrounded shell: the shell exits, the daemon is an orphan in a session
-    subprocess.run(["sh", "-c", "setsid sleep 3598 >/dev/null 2>&1 &"], check=True)
+    subprocess.run(["sh", "-c", "setsid sleep {second} >/dev/null 2>&1 &"], check=True)
 """
 TIDY = """
 import subprocess
@@ -55,16 +55,19 @@ def _running(pattern: str) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
-@pytest.mark.parametrize("flags", [(), ("-n", "2")], ids=["alone", "xdist"])
+# Each case's sleeps last a time of their own: the cases may run at once (xdist) and each
+# checks that its own were ended.
+@pytest.mark.parametrize(("flags", "first", "second"), [((), 3599, 3598),
+                         (("-n", "2"), 3589, 3588)], ids=["alone", "xdist"])  # fmt: skip
 def test_a_suite_that_leaks_fails_naming_what_it_left(
-    tmp_path: Path, flags: tuple[str, ...]
+    tmp_path: Path, flags: tuple[str, ...], first: int, second: int
 ) -> None:
-    res = _suite(tmp_path, LEAKY, *flags)
+    res = _suite(tmp_path, LEAKY.format(first=first, second=second), *flags)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "2 passed" in res.stdout
     assert "2 processes started by the tests were still running at the end:" in res.stdout
-    assert "sleep 3599" in res.stdout and "sleep 3598" in res.stdout
-    assert _running("^sleep 359[89]$") == []  # ended by the check
+    assert f"sleep {first}" in res.stdout and f"sleep {second}" in res.stdout
+    assert _running(f"^sleep ({first}|{second})$") == []  # ended by the check
 
 
 def test_a_suite_that_cleans_up_passes(tmp_path: Path) -> None:

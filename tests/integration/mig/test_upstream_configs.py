@@ -16,6 +16,7 @@ from nodeagent.mig.config import MigConfigFile, parse_config
 from nodeagent.mig.plan import mismatches, plan
 from nodeagent.mig.select import resolve
 from nodeagent.nvml import NvmlSession, read_inventory
+from nodeagent.nvml.inventory import Inventory
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import MODEL_NAMES
 from tests.mig_apply import reconfigure
@@ -43,10 +44,18 @@ def upstream(name: str) -> MigConfigFile:
     return parse_config(text, path.name)
 
 
-def _outcome(cfg: MigConfigFile, name: str, model: str) -> str:
-    """'planned', 'lacks <profile>' or 'not selected' for config `name` on a 2-GPU node."""
-    lib = SimulatedNvml([model, model])
-    inventory = read_inventory(NvmlSession(lib))
+@cache
+def node(model: str) -> Inventory:
+    """A 2-GPU node of `model`, read once (the planning below never changes it)."""
+    return read_inventory(NvmlSession(SimulatedNvml([model, model])))
+
+
+@cache
+def result(file: str, name: str, model: str) -> str:
+    """'planned', 'lacks <profile>' or 'not selected' for config `name` of `file` on a 2-GPU
+    node of `model`."""
+    cfg = upstream(file)
+    inventory = node(model)
     try:
         desired = resolve(cfg, name, inventory, [])
     except NothingMatched:
@@ -68,14 +77,12 @@ def test_every_upstream_file_parses_whole(name: str) -> None:
 @pytest.mark.parametrize("model", MODEL_NAMES)
 def test_every_operator_config_plans_or_names_the_missing_profile(model: str) -> None:
     cfg = upstream("operator")
-    outcomes = {name: _outcome(cfg, name, model) for name in cfg.configs}
+    outcomes = {name: result("operator", name, model) for name in cfg.configs}
     planned = [n for n, o in outcomes.items() if o == "planned"]
     # all-disabled, all-enabled and all-balanced (one entry per model family) hold everywhere.
     assert {"all-disabled", "all-enabled", "all-balanced"} <= set(planned), outcomes
     # Every all-<profile> config whose profile this model has is planned.
-    profiles = {
-        p.name for p in read_inventory(NvmlSession(SimulatedNvml([model]))).gpus[0].profiles
-    }
+    profiles = {p.name for p in node(model).gpus[0].profiles}
     for name, outcome in outcomes.items():
         wanted = name.removeprefix("all-")
         for p in profiles:
@@ -88,7 +95,7 @@ def test_every_operator_config_is_planned_on_some_emulated_model() -> None:
     unplanned = [
         name
         for name in cfg.configs
-        if not any(_outcome(cfg, name, model) == "planned" for model in MODEL_NAMES)
+        if not any(result("operator", name, model) == "planned" for model in MODEL_NAMES)
     ]
     # A pre-production GB200's profile names (mig-parted ebab1f77 renamed them for the
     # production board, which the gb200 model follows: 3g.93gb, 4g.93gb, 7g.186gb).
@@ -101,7 +108,7 @@ def test_planned_operator_configs_apply_verify_and_are_minimal(model: str) -> No
     lib = SimulatedNvml([model, model])
     session = NvmlSession(lib)
     for name in cfg.configs:
-        if _outcome(cfg, name, model) != "planned":
+        if result("operator", name, model) != "planned":
             continue
         out = reconfigure(session, cfg, name, lib.reset)
         assert mismatches(out.inventory, out.desired) == [], name
