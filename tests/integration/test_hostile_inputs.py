@@ -682,7 +682,7 @@ def test_the_corpus_is_large() -> None:
 # -- the MIG config parser against arbitrary input: a result or a ConfigError, nothing else --
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=2048))
 def test_parser_on_arbitrary_bytes(data: bytes) -> None:
     try:
@@ -728,7 +728,7 @@ YAML_TREES = st.recursive(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.one_of(
         YAML_TREES, st.fixed_dictionaries({"version": st.just("v1"), "mig-configs": YAML_TREES})

@@ -66,7 +66,7 @@ def fewest_removals(layout: list[Instance], busy: set[int], want: Instance) -> i
     return None
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenes())
 def test_the_claimed_slice_is_made_and_only_what_must_goes(
     scene: tuple[list[Instance], set[int], Instance],

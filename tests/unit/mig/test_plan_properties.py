@@ -64,7 +64,7 @@ def _simulate(current: list[Candidate], ops: list[dict[str, object]]) -> set[Can
     return placed
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_plan_is_valid_safe_and_minimal(
     case: tuple[str, list[Candidate], set[int], dict[int, int]],

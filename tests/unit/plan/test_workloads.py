@@ -135,7 +135,7 @@ def test_too_many_workloads_is_one_error() -> None:
     assert str(info.value) == "w.yaml:3:3: workloads has 257 entries; a node plan takes at most 256"
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=1024))
 def test_parser_on_arbitrary_bytes(data: bytes) -> None:
     try:
@@ -160,7 +160,7 @@ TREES = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.fixed_dictionaries(
         {"version": st.just("nodeagent/v1"), "workloads": st.lists(TREES, max_size=4)}
