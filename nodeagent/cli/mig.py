@@ -33,6 +33,9 @@ MIG_FLAG_NAMES = {
     "mig.config": ("-c", "--config", "--selected-config"),
     "mig.hooks-file": ("-k", "--hooks-file"),
 }
+NO_FILE = (
+    "no MIG config file: pass -f FILE or set NODEAGENT_MIG_CONFIG_FILE (or MIG_PARTED_CONFIG_FILE)"
+)
 ASSERTION_FAILURE = "Assertion failure: selected configuration not currently applied"
 
 
@@ -44,7 +47,8 @@ def _config_name(ctx: Context, cfg: MigConfigFile) -> str:
     if not name:
         raise ConfigError(
             f"no config name: {cfg.source} defines {len(cfg.configs)} configs"
-            f" ({', '.join(sorted(cfg.configs))}); pass -c NAME or set NODEAGENT_MIG_CONFIG"
+            f" ({', '.join(sorted(cfg.configs))}); pass -c NAME"
+            " or set NODEAGENT_MIG_CONFIG (or MIG_PARTED_SELECTED_CONFIG)"
         )
     return name
 
@@ -121,7 +125,7 @@ def failed(report: Report) -> None:
 
 def cmd_mig_apply(ctx: Context) -> int:
     if not ctx.settings.mig.config_file:
-        raise ConfigError("no MIG config file: pass -f FILE or set NODEAGENT_MIG_CONFIG_FILE")
+        raise ConfigError(NO_FILE)
     pipeline, name = _pipeline(ctx, progress=True)
     with apply_switches(bool(ctx.args.skip_reset), bool(ctx.args.mode_only)):
         report = pipeline.run_once(dry_run=ctx.args.dry_run)
@@ -147,7 +151,7 @@ def cmd_mig_apply(ctx: Context) -> int:
 def cmd_mig_assert(ctx: Context) -> int:
     """As mig-parted's assert: a GPU the config does not select is a difference too."""
     if not ctx.settings.mig.config_file:
-        raise ConfigError("no MIG config file: pass -f FILE or set NODEAGENT_MIG_CONFIG_FILE")
+        raise ConfigError(NO_FILE)
     upstream = _dialect(ctx) == "mig-parted"
     if ctx.args.valid_config:  # the file and the name only, as mig-parted: no GPU is read
         from nodeagent.reconcile import mig_config_cache
