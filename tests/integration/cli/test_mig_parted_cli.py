@@ -191,3 +191,11 @@ def test_version_and_help(mig_parted: Cli) -> None:
         "--mode-only",
     ):
         assert flag in res.stdout
+
+
+def test_the_console_script_is_installed_with_nodeagent() -> None:
+    """pyproject.toml names nvidia-mig-parted's entry point, and that is the command tested."""
+    tomllib = pytest.importorskip("tomllib")
+    pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
+    scripts = tomllib.loads(pyproject.read_text())["project"]["scripts"]
+    assert scripts["nvidia-mig-parted"] == "nodeagent.cli.migparted:main"
