@@ -6,7 +6,7 @@ of mig-manager's `hooks.yaml`), so an existing file works unchanged:
       apply-start:        # a change is planned; nothing changed yet, clients not paused
         - command: /bin/bash
           args: ["-c", "echo applying $MIG_PARTED_SELECTED_CONFIG"]
-          envs: {KEY: value}          # added to the agent's environment
+          envs: {KEY: value}          # added to the agent's environment (not over MIG_PARTED_*)
           workdir: /etc/nodeagent     # optional
       pre-apply-mode:     # clients paused; before the MIG mode changes on a GPU
       pre-apply-config:   # clients paused; before GPU and compute instances change
@@ -20,11 +20,13 @@ names, and values of the wrong type, are errors naming their position.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import shlex
 import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,6 +201,25 @@ def load_hooks(path: str | None) -> HooksFile:
     return parse_hooks(read_text(path, "hooks file"), "<stdin>" if path == "-" else path)
 
 
+# mig-parted's apply gives its hooks one variable per apply flag that has one (GetHooksEnvsMap),
+# "true"/"false" for its two switches. A command that has them (`mig apply --skip-reset
+# --mode-only`) says so for the run with `apply_switches`; the agent never sets them.
+SWITCHES = ("MIG_PARTED_SKIP_RESET", "MIG_PARTED_MODE_CHANGE_ONLY")
+_switches: contextvars.ContextVar[tuple[bool, bool]] = contextvars.ContextVar(
+    "mig_parted_switches", default=(False, False)
+)
+
+
+@contextlib.contextmanager
+def apply_switches(skip_reset: bool, mode_only: bool) -> Iterator[None]:
+    """Within: hooks are told MIG_PARTED_SKIP_RESET / MIG_PARTED_MODE_CHANGE_ONLY as given."""
+    token = _switches.set((skip_reset, mode_only))
+    try:
+        yield
+    finally:
+        _switches.reset(token)
+
+
 def hook_env(
     name: str,
     hooks: HooksFile,
@@ -208,11 +229,13 @@ def hook_env(
     result: str | None = None,
 ) -> dict[str, str]:
     """What a hook command is told: mig-parted's variables (the config file, the selected
-    config, the hooks file), nodeagent's own, and for apply-exit the outcome."""
+    config, the hooks file, --skip-reset and --mode-only), nodeagent's own, and for apply-exit
+    the outcome."""
     env = {
         "MIG_PARTED_CONFIG_FILE": config_file or "",
         "MIG_PARTED_SELECTED_CONFIG": mig_config or sharing_config or "",
         "MIG_PARTED_HOOKS_FILE": hooks.source,
+        **{key: str(on).lower() for key, on in zip(SWITCHES, _switches.get(), strict=True)},
         "NODEAGENT_HOOK": name,
         "NODEAGENT_MIG_CONFIG": mig_config or "",
         "NODEAGENT_SHARING_CONFIG": sharing_config or "",
@@ -229,12 +252,13 @@ def _tail(output: bytes) -> str:
 
 def run_hook(hooks: HooksFile, name: str, env: Mapping[str, str], timeout_seconds: float) -> int:
     """Run the commands of hook `name` in order (none: nothing to do); returns how many ran.
-    Each gets the agent's environment, then `env`, then its own envs. Raises HookError at the
+    Each gets the agent's environment, its own envs, then `env` (as mig-parted, the tool's
+    variables win over a hook's envs). Raises HookError at the
     first that fails; a command that outlives the timeout is killed with its process group."""
     commands = hooks.hooks.get(name, ())
     for i, hook in enumerate(commands):
         what = f"hook {name}[{i}] ({hook.where}) {shlex.join(hook.argv)}"
-        environment = {**os.environ, **env, **dict(hook.envs)}
+        environment = {**os.environ, **dict(hook.envs), **env}
         try:
             proc = subprocess.Popen(
                 hook.argv, cwd=hook.workdir, env=environment, stdin=subprocess.DEVNULL,
@@ -256,6 +280,8 @@ def run_hook(hooks: HooksFile, name: str, env: Mapping[str, str], timeout_second
             tail = _tail(output)
             raise HookError(f"{what} {how}" + (f": {tail}" if tail else ""))
         log.info("hook.ran", hook=name, index=i, command=hook.command, output=_tail(output))
+        # all of it with -d, where mig-parted shows a hook's output
+        log.debug("hook.output", hook=name, index=i, output=output.decode("utf-8", "replace"))
     return len(commands)
 
 

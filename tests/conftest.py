@@ -147,8 +147,10 @@ class Result:
 
 
 def _clean_env(env: dict[str, str] | None) -> dict[str, str]:
-    """The caller's environment without any NODEAGENT_* variable, then `env` on top."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
+    """The caller's environment without any NODEAGENT_* or MIG_PARTED_* variable, then `env`
+    on top."""
+    own = ("NODEAGENT_", "MIG_PARTED_")
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(own)}
     full_env.update(env or {})
     return full_env
 
@@ -178,6 +180,21 @@ def cli(tmp_path: Path) -> Callable[..., Result]:
     """
 
     from nodeagent.cli import main  # here, so a broken CLI fails only the tests that run it
+
+    return in_process(main, tmp_path)
+
+
+@pytest.fixture
+def mig_parted(tmp_path: Path) -> Callable[..., Result]:
+    """Run `nvidia-mig-parted ARGS` (nodeagent's mig-parted command line) as `cli` runs
+    `nodeagent ARGS`: in this process, as a fresh process would see it."""
+    from nodeagent.cli.migparted import main
+
+    return in_process(main, tmp_path)
+
+
+def in_process(main: Callable[[list[str]], int], tmp_path: Path) -> Callable[..., Result]:
+    """A runner of the command line `main` in this process (see the `cli` fixture)."""
 
     def run(*args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> Result:
         out, err = io.StringIO(), io.StringIO()

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from nodeagent import __version__
 from nodeagent.cli.common import Context, add_setting_flags, output_flag
 from nodeagent.cli.mig import add_mig_parser
+from nodeagent.cli.migparted import read_mig_parted_variables
 from nodeagent.cli.plan import add_plan_parser
 from nodeagent.cli.run import add_run_parsers
 from nodeagent.cli.sharing import add_sharing_parser
@@ -37,9 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"nodeagent {__version__}")
     parser.add_argument(
-        "--debug", action="store_true", help="show the traceback of an internal error"
+        "-d",
+        "--debug",
+        action="store_true",
+        help="debug logging and the traceback of an internal error (mig-parted's -d)",
     )
     add_setting_flags(parser, ["node"])
+    parser.set_defaults(dialect="nodeagent", mig_parted_env=())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -79,14 +84,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed its message (exit 2 on bad flags)
         return int(exc.code) if isinstance(exc.code, int) else 2
+    return execute(args, "nodeagent")
+
+
+def execute(args: argparse.Namespace, prog: str) -> int:
+    """Run the parsed command (`nodeagent` or `nvidia-mig-parted`, named `prog` in errors)."""
     func: Callable[[Context], int] = args.func
     ctx = Context(args, dict(os.environ))
     try:
+        read_mig_parted_variables(ctx)
         settings = ctx.load_settings()
-        configure_logging(settings.node.log_level, settings.node.log_format)
+        level = "debug" if args.debug else settings.node.log_level
+        configure_logging(level, settings.node.log_format)
         return func(ctx)
     except AgentError as err:  # names and values from files and flags: shown escaped, capped
-        print(f"nodeagent: {printable(str(err), keep_newlines=True)}", file=sys.stderr)
+        print(f"{prog}: {printable(str(err), keep_newlines=True)}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         return 130
@@ -97,5 +109,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         text = printable(f"{type(err).__name__}: {err}", keep_newlines=True)
-        print(f"nodeagent: internal error: {text} (--debug shows where)", file=sys.stderr)
+        print(f"{prog}: internal error: {text} (--debug shows where)", file=sys.stderr)
         return INTERNAL_ERROR

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from nodeagent.errors import ConfigError
-from nodeagent.hooks import HookError, HooksFile, load_hooks, parse_hooks, run_hook
+from nodeagent.hooks import (
+    HookError,
+    HooksFile,
+    apply_switches,
+    hook_env,
+    load_hooks,
+    parse_hooks,
+    run_hook,
+)
 
 # mig-parted's own default hooks file, as users of its systemd mig-manager have it (see
 # tests/fixtures/upstream/README.md for its source and commit).
@@ -145,3 +153,29 @@ def test_a_command_that_cannot_start_is_named(tmp_path: Path) -> None:
     )
     with pytest.raises(HookError, match="could not start"):
         run_hook(load_hooks(str(path)), "apply-start", {}, 10)
+
+
+def test_hooks_are_told_mig_parteds_variables_which_their_envs_do_not_override(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    path = tmp_path / "hooks.yaml"
+    path.write_text(
+        "version: v1\nhooks:\n  apply-start:\n    - command: /bin/sh\n"
+        f"      args: ['-c', 'echo $MIG_PARTED_SELECTED_CONFIG $MIG_PARTED_SKIP_RESET"
+        f" $MIG_PARTED_MODE_CHANGE_ONLY $OWN >> {out}']\n"
+        "      envs: {MIG_PARTED_SELECTED_CONFIG: from-the-hook, OWN: kept}\n"
+    )
+    hooks = load_hooks(str(path))
+    env = hook_env("apply-start", hooks, "mig.yaml", "all-balanced", None)
+    assert {k: v for k, v in env.items() if k.startswith("MIG_PARTED_")} == {
+        "MIG_PARTED_CONFIG_FILE": "mig.yaml",
+        "MIG_PARTED_SELECTED_CONFIG": "all-balanced",
+        "MIG_PARTED_HOOKS_FILE": str(path),
+        "MIG_PARTED_SKIP_RESET": "false",
+        "MIG_PARTED_MODE_CHANGE_ONLY": "false",
+    }
+    run_hook(hooks, "apply-start", env, 10)
+    with apply_switches(skip_reset=True, mode_only=False):
+        run_hook(hooks, "apply-start", hook_env("apply-start", hooks, None, "x", None), 10)
+    assert out.read_text().splitlines() == ["all-balanced false false kept", "x true false kept"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import Result, assert_one_error
@@ -73,3 +74,59 @@ def test_a_bad_hooks_file_is_exit_2(tmp_path: Path, cli: Callable[..., Result]) 
     (tmp_path / "hooks.yaml").write_text("version: v1\nhooks: {apply-begin: []}\n")
     assert_one_error(cli(*apply, "-c", "all-balanced"), 2, "hooks.yaml:2:9", "unknown hook")
     assert _record(tmp_path) == []
+
+
+UPSTREAM = Path(__file__).resolve().parents[2] / "fixtures/upstream/mig-parted"
+# A stand-in for the hooks.sh of mig-parted's systemd mig-manager: each function records its
+# name, its arguments and what mig-parted's apply tells its hooks.
+HOOKS_SH = """
+record() {
+  echo "$* config=$MIG_PARTED_SELECTED_CONFIG file=${MIG_PARTED_CONFIG_FILE##*/}\
+ hooks=${MIG_PARTED_HOOKS_FILE##*/} skip-reset=$MIG_PARTED_SKIP_RESET\
+ mode-only=$MIG_PARTED_MODE_CHANGE_ONLY" >> record
+}
+apply-start() { record apply-start "$@"; }
+pre-apply-mode() { record pre-apply-mode; }
+pre-apply-config() { record pre-apply-config; }
+apply-exit() { record apply-exit; }
+refresh-cdi() { record refresh-cdi; }
+"""
+
+
+@pytest.mark.parametrize(
+    ("runner", "prefix", "flags", "wanted"),
+    [
+        ("cli", ["mig"], ["-k", "hooks.yaml"], "false"),
+        ("mig_parted", [], ["--hooks-file", "hooks.yaml", "--mode-only"], "true"),
+        ("mig_parted", [], ["-m"], "true"),  # the hooks file from MIG_PARTED_HOOKS_FILE
+    ],
+)
+def test_mig_parteds_own_hooks_file_runs_as_under_mig_parted(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    runner: str,
+    prefix: list[str],
+    flags: list[str],
+    wanted: str,
+) -> None:
+    """deployments/systemd/hooks-default.yaml, its workdir pointed here (the one change)."""
+    text = (UPSTREAM / "deployments/systemd/hooks-default.yaml").read_text()
+    (tmp_path / "hooks.yaml").write_text(text.replace("/etc/nvidia-mig-manager", str(tmp_path)))
+    (tmp_path / "hooks.sh").write_text(HOOKS_SH)
+    config = str(UPSTREAM / "examples/config.yaml")
+    env = {
+        "NODEAGENT_SIMULATE": "a100-40gb",
+        "NODEAGENT_SIM_STATE": str(tmp_path / "node.json"),
+        "MIG_PARTED_HOOKS_FILE": str(tmp_path / "hooks.yaml"),
+    }
+    run = request.getfixturevalue(runner)
+    res = run(*prefix, "apply", "-f", config, "-c", "all-balanced", *flags, env=env)
+    assert res.returncode == 0, res.stderr
+    common = (
+        f"config=all-balanced file=config.yaml hooks=hooks.yaml skip-reset=false mode-only={wanted}"
+    )
+    steps = ["apply-start all-balanced", "pre-apply-mode"]
+    steps += ["pre-apply-config"] if wanted == "false" else []  # --mode-only: no MIG devices
+    assert _record(tmp_path) == [
+        f"{step} {common}" for step in [*steps, "apply-exit", "refresh-cdi"]
+    ]
