@@ -7,6 +7,7 @@ Commands import what they use when they run: the Kubernetes client and gRPC load
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -31,7 +32,11 @@ from nodeagent.logs import configure_logging, printable
 INTERNAL_ERROR = 4
 
 
+@functools.cache
 def build_parser() -> argparse.ArgumentParser:
+    """The whole command line, built once per process (about 30 ms: argparse looks up message
+    catalogs and the terminal for every parser and flag). Parsing does not change it, so
+    callers that parse many command lines in one process (the tests) share it."""
     parser = argparse.ArgumentParser(
         prog="nodeagent",
         description="GPU node agent: MIG geometry, MPS, node labels, Prometheus metrics.",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -128,6 +129,7 @@ def _not_honoured(ctx: Context) -> int:
     return NOT_HONOURED
 
 
+@functools.cache
 def build_parser() -> argparse.ArgumentParser:
     """mig-parted's command line: -d/--debug, -v/--version, its commands and flags, and
     nodeagent's node settings (--simulate, ...)."""
