@@ -19,6 +19,7 @@ from functools import cache
 from importlib import resources
 
 from nodeagent.metrics.dcgmfields import COUNTERS, VALUES, Entity
+from nodeagent.metrics.pods import attribute
 from nodeagent.snapshot import Holders, Inventory, Store
 
 UNKNOWN_XID = "Unknown Error"  # dcgm-exporter's err_msg for a code outside its table
@@ -43,25 +44,17 @@ def _escape(value: str) -> str:
 
 
 def _holders_by_device(inventory: Inventory, holders: Holders) -> dict[str, dict[str, str]]:
-    """{GPU UUID or '<gpu>-<gi id>': pod labels}, as dcgm-exporter maps kubelet device ids:
-    a replica `<uuid>::<n>` is its device, a MIG device its GPU instance, and where several
-    containers hold one device the last in the kubelet's answer names it. DRA claims are no
-    pods here (dcgm-exporter's DRA labels are an option of their own)."""
-    gi_of = {
-        s.mig_uuid: f"{g.index}-{s.gi_id}"
-        for g in inventory.gpus
-        for s in g.slices
-        if s.mig_uuid is not None
+    """{GPU UUID or '<gpu>-<gi id>': pod labels} from the pod attribution the native series
+    use: a replica `<uuid>::<n>` is its device and a MIG device its GPU instance, as in
+    dcgm-exporter; where several containers hold one device, one of them names it (the last in
+    the attribution's order; dcgm-exporter: the last in the kubelet's answer). DRA claims are
+    no pods here (dcgm-exporter's DRA labels are an option of their own)."""
+    found = attribute(inventory, holders)
+    keyed = [(f"{gpu}-{gi_id}", h) for gpu, gi_id, _, _, h in found.slices]
+    keyed += [(uuid, h) for _, uuid, _, h in found.gpus]
+    return {
+        key: {"container": h.container, "namespace": h.namespace, "pod": h.pod} for key, h in keyed
     }
-    found: dict[str, dict[str, str]] = {}
-    for device_id, holder in holders.items():
-        if holder.kind != "pod":
-            continue
-        uuid = device_id.split("::", 1)[0]
-        key = gi_of.get(uuid, uuid)
-        found[key] = {"container": holder.container, "namespace": holder.namespace}
-        found[key]["pod"] = holder.pod
-    return found
 
 
 class DcgmExposition:
