@@ -17,7 +17,7 @@ from nodeagent.mig.config import parse_config
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.snapshot import Holder
-from tests.agent_support import SteppedClock, make_agent
+from tests.agent_support import SteppedClock, make_agent, make_settings
 from tests.integration.metrics.conftest import GIB, prometheus_tool, sample
 from tests.mig_apply import reconfigure
 
@@ -214,14 +214,17 @@ def test_last_xid_names_its_code() -> None:
     assert (labels["err_code"], labels["err_msg"]) == ("79", "GPU has fallen off the bus")
 
 
-def test_off_by_default() -> None:
+def test_off_by_default_and_on_with_a_reload() -> None:
     lib = SimulatedNvml(parse_spec("h200"))
     session = NvmlSession(lib)
     agent = make_agent(session, lib.reset, monotonic=SteppedClock())
     sample(agent)
-    text = scrape(agent)
+    off = scrape(agent)
+    assert agent.reload(make_settings(agent.settings, metrics={"dcgm_compat": True})) == []
+    on = scrape(agent)
     agent.stop()
-    assert "nodeagent_gpu_info" in text and "DCGM_FI_" not in text
+    assert "nodeagent_gpu_info" in off and "DCGM_FI_" not in off
+    assert "nodeagent_gpu_info" in on and "DCGM_FI_DEV_GPU_TEMP{" in on
 
 
 # What promtool's lint says of dcgm-exporter's own names (its camelCase labels, its counters
