@@ -16,6 +16,7 @@ Workers, each a `Worker` (catches every exception, backs off, keeps a heartbeat)
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -29,7 +30,9 @@ from nodeagent.lock import mig_writer_lock
 from nodeagent.logs import get_logger
 from nodeagent.metrics.agent import AgentCollector, AgentStats
 from nodeagent.metrics.collectorset import CollectorSet
+from nodeagent.metrics.dcgm import DcgmExposition
 from nodeagent.metrics.exposition import ExpositionCache
+from nodeagent.metrics.fields import FieldCollector
 from nodeagent.metrics.gpus import GpuCollector
 from nodeagent.metrics.health import HealthCollector
 from nodeagent.metrics.mps import MpsCollector
@@ -45,7 +48,7 @@ from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.gpm import GpmReader
 from nodeagent.nvml.write import ComputeModeWriter
 from nodeagent.reconcile import Pipeline, agent_pipeline
-from nodeagent.sampling import GpmSampler, HealthSampler
+from nodeagent.sampling import FieldSampler, GpmSampler, HealthSampler
 from nodeagent.settings import Settings, merge_reload
 from nodeagent.snapshot import Allocations, Snapshot, Store, in_use_view
 from nodeagent.workers import Worker
@@ -93,6 +96,7 @@ class Agent:
         self.stats = AgentStats()
         self.gpm = GpmSampler(GpmReader(session), self.store, monotonic)
         self.health = HealthSampler(session, self.store)
+        self.fields = FieldSampler(session, self.store, monotonic)
         self.mps = MpsManager(ComputeModeWriter(session))
         self.supervisor = MpsSupervisor()
         self.workers: dict[str, Worker] = {}
@@ -104,6 +108,7 @@ class Agent:
                     SliceCollector(self.store),
                     PodCollector(self.store),
                     HealthCollector(lambda: self.store.health),
+                    FieldCollector(self.store),
                     AgentCollector(
                         self.stats,
                         self.store,
@@ -115,7 +120,12 @@ class Agent:
                 ]
             )
         )
-        self.exposition = ExpositionCache(self.registry)
+        self.dcgm = DcgmExposition(
+            self.store,
+            settings.kube.node_name or socket.gethostname(),
+            lambda: self.settings.metrics.dcgm_compat,
+        )
+        self.exposition = ExpositionCache(self.registry, self.dcgm.render)
         self.server: MetricsServer | None = None
         self.watcher: Any = None  # kube.controller.NodeWatcher with Kubernetes
         self.dra: Any = None  # kube.dra_plugin.DraPlugin with --dra
@@ -147,6 +157,7 @@ class Agent:
         self.store.observe(self.pipeline.allocations)
         try:
             self.health.tick()  # health and XIDs with each new snapshot
+            self.fields.tick()
         finally:
             self.exposition.changed()
 

@@ -10,9 +10,10 @@ from typing import Any
 
 from nodeagent.errors import NvmlError
 from nodeagent.nvml import NvmlSession
+from nodeagent.nvml.fields import DeviceFields, FieldReader
 from nodeagent.nvml.gpm import GpmReader
 from nodeagent.nvml.health import Health, XidWatcher, gpu_handle, mig_handle, read_health
-from nodeagent.snapshot import GpmValues, HealthValues, Store
+from nodeagent.snapshot import FieldValues, GpmValues, HealthValues, Store
 
 Clock = Callable[[], float]
 MIN_GPM_WINDOW_SECONDS = 0.1
@@ -162,3 +163,54 @@ class HealthSampler:
     def close(self) -> None:
         with self.session.lock:
             self.xids.close()
+
+
+class FieldSampler:
+    """Reads every GPU's field values (one nvmlDeviceGetFieldValues call per GPU) and engine
+    utilizations; run by the refresh worker after each new snapshot, never by a scrape. The
+    PCIe counters of two reads give the traffic in bytes per second between them."""
+
+    def __init__(self, session: NvmlSession, store: Store, clock: Clock) -> None:
+        self.session = session
+        self.store = store
+        self.clock = clock
+        self.reader = FieldReader(session)
+        self._handles: dict[int, Any] = {}  # fixed while NVML is loaded
+        self._last: dict[int, tuple[float, DeviceFields]] = {}
+
+    def tick(self) -> None:
+        """One read of every GPU; raises NvmlError on a GPU fault (the last values stay)."""
+        snap = self.store.snapshot
+        if snap is None:
+            return
+        by_gpu: dict[int, DeviceFields] = {}
+        rates: dict[int, tuple[float, float]] = {}
+        with self.session.lock:
+            for gpu in snap.inventory.gpus:
+                handle = self._handles.get(gpu.index)
+                if handle is None:
+                    handle = self._handles[gpu.index] = gpu_handle(self.session, gpu.index)
+                now = self.clock()
+                read = by_gpu[gpu.index] = self.reader.read(gpu.index, handle, gpu.mig_current)
+                rate = _pcie_rate(self._last.get(gpu.index), now, read)
+                if rate is not None:
+                    rates[gpu.index] = rate
+                self._last[gpu.index] = (now, read)
+        self.store.publish_fields(FieldValues(by_gpu=by_gpu, pcie_rates=rates))
+
+
+def _pcie_rate(
+    before: tuple[float, DeviceFields] | None, now: float, read: DeviceFields
+) -> tuple[float, float] | None:
+    """(tx, rx) bytes per second since `before`; None without two reads of both counters, or
+    when a counter went back (the driver reloaded)."""
+    if before is None or now <= before[0]:
+        return None
+    old = before[1]
+    pairs = ((old.pcie_tx_bytes, read.pcie_tx_bytes), (old.pcie_rx_bytes, read.pcie_rx_bytes))
+    if any(a is None or b is None or b < a for a, b in pairs):
+        return None
+    seconds = now - before[0]
+    (tx0, tx1), (rx0, rx1) = pairs
+    assert tx0 is not None and tx1 is not None and rx0 is not None and rx1 is not None
+    return (tx1 - tx0) / seconds, (rx1 - rx0) / seconds

@@ -16,13 +16,16 @@ from dataclasses import dataclass, field
 from nodeagent.errors import AgentError
 from nodeagent.logs import get_logger
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
-from nodeagent.nvml.gpm import read_utilization
+from nodeagent.nvml.fields import DeviceFields
+from nodeagent.nvml.gpm import read_utilization_rates
 from nodeagent.nvml.health import THROTTLE_REASONS, Health
 
 # The NVML value types the collectors read, named here: metrics/ reads the store, never nvml/.
 __all__ = [
     "THROTTLE_REASONS",
     "Allocations",
+    "DeviceFields",
+    "FieldValues",
     "GpmValues",
     "Health",
     "HealthValues",
@@ -78,6 +81,7 @@ class Telemetry:
     """Per-GPU values read with the inventory that are not part of it."""
 
     utilization: Mapping[int, float | None] = field(default_factory=dict)
+    memory_utilization: Mapping[int, float | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,15 @@ class HealthValues:
 
 
 @dataclass(frozen=True)
+class FieldValues:
+    """The latest field-value reads per GPU, and the PCIe traffic between the last two reads
+    of each GPU in bytes per second (tx, rx)."""
+
+    by_gpu: Mapping[int, DeviceFields] = field(default_factory=dict)
+    pcie_rates: Mapping[int, tuple[float, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """One read of the node: GPUs, their telemetry, which devices pods hold (kubelet)."""
 
@@ -114,8 +127,9 @@ class Snapshot:
 
 
 class Store:
-    """Holds the latest Snapshot, GPM values and health values: `observe()` is the only way to
-    make a snapshot; the samplers hand theirs over with `publish_gpm` / `publish_health`. Each
+    """Holds the latest Snapshot, GPM, health and field values: `observe()` is the only way to
+    make a snapshot; the samplers hand theirs over with `publish_gpm` / `publish_health` /
+    `publish_fields`. Each
     is replaced in one assignment: a reader takes the attribute once."""
 
     def __init__(self, session: NvmlSession, clock: Clock) -> None:
@@ -124,6 +138,7 @@ class Store:
         self.snapshot: Snapshot | None = None
         self.gpm = GpmValues()
         self.health = HealthValues()
+        self.fields = FieldValues()
         self.dropped = 0  # reads that finished after a newer one and were not published
         self._generations = itertools.count(1)
         self._publish_lock = threading.Lock()
@@ -137,10 +152,12 @@ class Store:
             generation = next(self._generations)
             taken_at = self.clock()
             inventory = read_inventory(self.session)
-            utilization = {
-                g.index: None if g.mig_current else read_utilization(self.session, g.index)
+            rates = {
+                g.index: None if g.mig_current else read_utilization_rates(self.session, g.index)
                 for g in inventory.gpus
             }
+        utilization = {i: None if r is None else r[0] for i, r in rates.items()}
+        memory_utilization = {i: None if r is None else r[1] for i, r in rates.items()}
         previous = self.snapshot
         holders: Holders = previous.holders if previous else {}
         error: str | None = None
@@ -152,7 +169,7 @@ class Store:
                 log.warning("podresources.failed", error=error)
         snap = Snapshot(
             inventory,
-            Telemetry(utilization),
+            Telemetry(utilization, memory_utilization),
             in_use_view(holders),
             taken_at,
             generation,
@@ -168,6 +185,10 @@ class Store:
     def publish_health(self, values: HealthValues) -> None:
         """The health sampler's latest reads."""
         self.health = values
+
+    def publish_fields(self, values: FieldValues) -> None:
+        """The field sampler's latest reads."""
+        self.fields = values
 
     def offer(self, snap: Snapshot) -> Snapshot:
         """Publish `snap` if it is newer than the published one; return the published one."""

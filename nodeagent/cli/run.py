@@ -30,7 +30,7 @@ from nodeagent.labels.render import render_labels, slice_usage
 from nodeagent.lock import lock_path
 from nodeagent.nvml import read_inventory
 from nodeagent.sdnotify import Notifier
-from nodeagent.settings import GROUPS, SETTINGS_FILE_ENV, as_document
+from nodeagent.settings import GROUPS, SETTINGS_FILE_ENV, SPECS, as_document
 
 SLICES_ANNOTATION = "nodeagent.io/mig.slices"
 RUN_FLAG_NAMES = {
@@ -77,8 +77,6 @@ def _agent(ctx: Context) -> Any:
 
 def cmd_metrics(ctx: Context) -> int:
     """One exposition to stdout: the GPUs read, GPM sampled twice 100+ ms apart."""
-    from prometheus_client import generate_latest
-
     agent = _agent(ctx)
     agent.refresh()
     agent.gpm.tick()
@@ -86,7 +84,7 @@ def cmd_metrics(ctx: Context) -> int:
     agent.gpm.tick()
     agent.gpm.close()
     agent.health.close()
-    sys.stdout.write(generate_latest(agent.registry).decode())
+    sys.stdout.write(agent.exposition.latest().decode())
     return 0
 
 
@@ -281,7 +279,9 @@ def add_run_parsers(sub: Any) -> None:
     p.set_defaults(func=cmd_config_check, groups=tuple(GROUPS))
 
     p = sub.add_parser("metrics", help="print one Prometheus exposition to stdout")
-    p.set_defaults(func=cmd_metrics, groups=("node",))
+    only_dcgm = [s.dotted for s in SPECS if s.group == "metrics" and s.key != "dcgm-compat"]
+    add_setting_flags(p, ["metrics"], skip=only_dcgm)
+    p.set_defaults(func=cmd_metrics, groups=("node", "metrics"))
     p = sub.add_parser("labels", help="the node labels nodeagent publishes (GFD names)")
     output_flag(p)
     add_setting_flags(p, ["labels"], skip=["labels.nfd-features-file"])

@@ -10,14 +10,22 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable
 
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from nodeagent.logs import get_logger
+
+log = get_logger("nodeagent.metrics")
+
 
 class ExpositionCache:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, extra: Callable[[], bytes] | None = None
+    ) -> None:
         self.registry = registry
+        self.extra = extra  # families rendered outside prometheus_client (dcgm-compat)
         self._lock = threading.Lock()  # one render at a time; the others wait and reuse it
         self._versions = itertools.count(1)
         self._version = 0  # of the data; bumped by changed()
@@ -35,6 +43,15 @@ class ExpositionCache:
         with self._lock:
             version = self._version  # a change during the render is rendered next time
             if version != self._rendered:
-                self._body = generate_latest(self.registry)
+                self._body = generate_latest(self.registry) + self._extra()
                 self._rendered = version
             return self._body
+
+    def _extra(self) -> bytes:
+        if self.extra is None:
+            return b""
+        try:
+            return self.extra()
+        except Exception as err:  # never fails the scrape: the native families still go out
+            log.warning("collector.failed", collector="dcgm", error=repr(err))
+            return b""

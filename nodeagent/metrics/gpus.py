@@ -9,6 +9,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from nodeagent.snapshot import Store
 
 GPM_HELP = {
+    "graphics_active": "Share of time the graphics engine was busy (GPM GRAPHICS_UTIL).",
     "sm_active": "Share of SM time busy (GPM SM_UTIL).",
     "sm_occupancy": "Share of warp slots occupied (GPM SM_OCCUPANCY).",
     "tensor_active": "Share of time tensor cores were busy (GPM ANY_TENSOR_UTIL).",

@@ -13,6 +13,7 @@ from nodeagent.nvml.session import NvmlSession
 
 # NVML_GPM_METRIC_* ids, by the name nodeagent exposes (as ratios 0-1).
 GPM_METRICS = {
+    "graphics_active": 1,  # GRAPHICS_UTIL
     "sm_active": 2,  # SM_UTIL
     "sm_occupancy": 3,  # SM_OCCUPANCY
     "tensor_active": 5,  # ANY_TENSOR_UTIL
@@ -110,6 +111,15 @@ class GpmReader:
 def read_utilization(session: NvmlSession, index: int) -> float | None:
     """GPU utilization ratio (0-1) from nvmlDeviceGetUtilizationRates; None where NVML does not
     give it (MIG-enabled GPUs). nvidia-smi equivalent: `--query-gpu=utilization.gpu`."""
+    rates = read_utilization_rates(session, index)
+    return None if rates is None else rates[0]
+
+
+def read_utilization_rates(session: NvmlSession, index: int) -> tuple[float, float] | None:
+    """(GPU, memory-copy) utilization ratios (0-1) from nvmlDeviceGetUtilizationRates: the
+    share of time a kernel ran, and that memory was read or written; None where NVML does not
+    give them (MIG-enabled GPUs). nvidia-smi equivalent: `--query-gpu=utilization.gpu,
+    utilization.memory`."""
     dev = session.call("nvmlDeviceGetHandleByIndex", index)
     rates = session.read("nvmlDeviceGetUtilizationRates", dev)
-    return None if rates is None else int(rates.gpu) / 100.0
+    return None if rates is None else (int(rates.gpu) / 100.0, int(rates.memory) / 100.0)

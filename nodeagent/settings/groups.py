@@ -34,6 +34,7 @@ class Metrics:
     gpm_interval_seconds: float = 1.0
     web_config_file: Path | None = None  # TLS and basic auth (exporter-toolkit's format)
     health_details: bool = False  # /healthz and /readyz with paths and pids
+    dcgm_compat: bool = False  # also serve dcgm-exporter's DCGM_FI_* families on /metrics
 
 
 @dataclass(frozen=True)

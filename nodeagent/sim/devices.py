@@ -20,7 +20,7 @@ from nodeagent.sim.base import (
 from nodeagent.sim.models import (
     load_model,
 )
-from nodeagent.sim.rules import COMPUTE_MODES
+from nodeagent.sim.rules import COMPUTE_MODES, device_memory
 
 PCI_CLASS_3D_CONTROLLER = 0x030200
 _PCI_SUBSYSTEM_ID = 0x18C810DE
@@ -142,10 +142,26 @@ class DeviceCalls(SimBase):
 
     @nvml_call()
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> Any:
-        mem = pynvml.c_nvmlMemory_t()
+        """Version 1 counts the reserved memory as used; version 2 (nvmlMemory_v2) reports it
+        apart, as the driver does."""
         total, used = self._memory(handle)
-        mem.total, mem.used, mem.free = total, used, max(total - used, 0)
-        return mem
+        if not version:
+            mem = pynvml.c_nvmlMemory_t()
+            mem.total, mem.used, mem.free = total, used, max(total - used, 0)
+            return mem
+        if version != pynvml.nvmlMemory_v2:
+            _fail(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        reserved = self._reserved(handle)
+        mem2 = pynvml.c_nvmlMemory_v2_t()
+        mem2.version, mem2.total, mem2.reserved = version, total, reserved
+        mem2.used, mem2.free = used - reserved, max(total - used, 0)
+        return mem2
+
+    def _reserved(self, handle: Any) -> int:
+        if _decode(handle)[0] == _KIND_MIG:
+            _, model, gi, _ = self._mig_target(handle)
+            return device_memory(model, self._profile(model, gi.profile_id))[1]
+        return device_memory(self._gpu(handle)[1], None)[1]
 
     @nvml_call()
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:

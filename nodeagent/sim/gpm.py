@@ -22,6 +22,9 @@ from nodeagent.sim.state import SimState
 
 # metric id -> percent at full load, from the H200 capture
 PER_LOAD = {
+    # Not in the capture: any kernel running counts as graphics-engine activity, so a loaded
+    # GPU reads (nearly) 100.
+    pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 99.0,
     pynvml.NVML_GPM_METRIC_SM_UTIL: 96.5,
     pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: 14.3,
     pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 93.7,

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from nodeagent.sim.actions import UserActions
 from nodeagent.sim.devices import DeviceCalls
+from nodeagent.sim.fieldcalls import FieldCalls
 from nodeagent.sim.gpmcalls import GpmCalls
 from nodeagent.sim.healthcalls import HealthCalls
 from nodeagent.sim.instances import InstanceCalls
 
 
-class SimulatedNvml(DeviceCalls, InstanceCalls, GpmCalls, HealthCalls, UserActions):
+class SimulatedNvml(DeviceCalls, InstanceCalls, GpmCalls, HealthCalls, FieldCalls, UserActions):
     """A drop-in for the pynvml module over emulated GPUs (see the module docstring)."""

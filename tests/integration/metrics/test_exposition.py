@@ -25,7 +25,7 @@ GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 # Series whose values depend on the clock or the interpreter, not on the GPUs.
 VOLATILE = re.compile(
     r"^nodeagent_(collector_duration_seconds|inventory_timestamp_seconds|build_info"
-    r"|gpu_energy_joules_total)\b"
+    r"|gpu_energy_joules_total|gpu_pcie_bytes_total)\b"
 )
 
 LAYOUTS = {
