@@ -1,0 +1,56 @@
+"""`sharing apply` and `labels -f/-c` on a node NVIDIA's device plugin serves (a plugin config
+written, or MPS in the plugin's layout): a per-GPU sharing the plugin cannot serve is one
+sentence and exit 2, nothing changed; the same config on bare metal is taken."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Result
+
+FILE = """version: nodeagent/v1
+sharing-configs:
+  split:
+    - devices: [0]
+      time-slicing: {replicas: 4}
+    - devices: [1]
+      whole: {}
+"""
+SENTENCE = (
+    "nodeagent: NVIDIA's device plugin shares every GPU it advertises as nvidia.com/gpu the same"
+    " way (its config's devices list is ignored), so it cannot serve GPU 0 time-slicing x4; GPU"
+    " 1 whole: give those GPUs one sharing, or make the ones to keep apart MIG"
+)
+SERVED_BY_PLUGIN = {
+    "plugin-config-out": {"NODEAGENT_SHARING_PLUGIN_CONFIG_OUT": "dp.yaml"},
+    "mps-layout": {"NODEAGENT_MPS_LAYOUT": "device-plugin"},
+}
+
+
+def _node(tmp_path: Path) -> list[str]:
+    (tmp_path / "s.yaml").write_text(FILE)
+    return ["--simulate", "h200x2", "--sim-state", str(tmp_path / "node.json")]
+
+
+@pytest.mark.parametrize("served", sorted(SERVED_BY_PLUGIN))
+@pytest.mark.parametrize("command", [("sharing", "apply"), ("labels",)])
+def test_refused_in_one_sentence_with_exit_2(
+    cli: Callable[..., Result], tmp_path: Path, served: str, command: tuple[str, ...]
+) -> None:
+    got = cli(*_node(tmp_path), *command, "-f", "s.yaml", "-c", "split",
+              env=SERVED_BY_PLUGIN[served])  # fmt: skip
+    assert (got.returncode, got.stderr.strip()) == (2, SENTENCE)
+    assert got.stdout == ""
+    assert not (tmp_path / "dp.yaml").exists()
+
+
+def test_bare_metal_takes_it(cli: Callable[..., Result], tmp_path: Path) -> None:
+    applied = cli(*_node(tmp_path), "sharing", "apply", "-f", "s.yaml", "-c", "split")
+    assert applied.returncode == 0, applied.stderr
+    labels = cli(*_node(tmp_path), "labels", "-f", "s.yaml", "-c", "split")
+    assert labels.returncode == 0, labels.stderr
+    lines = set(labels.stdout.splitlines())
+    assert {"nodeagent.io/gpu.0.sharing=time-slicing", "nvidia.com/gpu.replicas=1"} <= lines
