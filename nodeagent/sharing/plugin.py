@@ -118,6 +118,13 @@ def check_served(offers: Mapping[int, Offer], settings: Settings) -> None:
     problem = advertised(offers, settings.labels.mig_strategy).problem
     if problem is not None:
         raise ConfigError(problem)
+    mps = sorted(i for i, (strategy, _) in offers.items() if strategy == "mps")
+    if mps and mps_layout(settings.mps, settings.kube.enabled) != DEVICE_PLUGIN:
+        raise ConfigError(
+            f"{_gpus(mps)} would be under MPS, and NVIDIA's device plugin serves MPS only from a"
+            f" daemon in its layout (<root>/{RESOURCE}/pipe), but mps.layout is"
+            f" {settings.mps.layout!r} here: set mps.layout to device-plugin"
+        )
 
 
 class PluginConfigSink:

@@ -89,6 +89,7 @@ def node(tmp_path: Path, fake_mps_control: str) -> Iterator[tuple[Agent, Path]]:
         "h200x4",
         FILE,
         fake_mps_control,
+        plugin_layout=True,
         sharing={"plugin_config_out": tmp_path / "dp" / "config.yaml"},
         labels={"nfd_features_file": tmp_path / "features"},
     ) as (agent, _lib):
@@ -151,6 +152,7 @@ def test_without_the_plugin_each_gpu_keeps_its_own_sharing(node: tuple[Agent, Pa
     agent.settings = dataclasses.replace(
         agent.settings,
         sharing=dataclasses.replace(agent.settings.sharing, plugin_config_out=None),
+        mps=dataclasses.replace(agent.settings.mps, layout="flat"),
     )
     assert _run(agent, "sliced-and-whole").result == "success"
     labels = _labels(tmp)

@@ -54,3 +54,15 @@ def test_bare_metal_takes_it(cli: Callable[..., Result], tmp_path: Path) -> None
     assert labels.returncode == 0, labels.stderr
     lines = set(labels.stdout.splitlines())
     assert {"nodeagent.io/gpu.0.sharing=time-slicing", "nvidia.com/gpu.replicas=1"} <= lines
+
+
+def test_mps_for_the_plugin_needs_its_layout(cli: Callable[..., Result], tmp_path: Path) -> None:
+    (tmp_path / "mps.yaml").write_text(
+        "version: nodeagent/v1\nsharing-configs:\n  m:\n    - {devices: all, mps: {replicas: 2}}\n"
+    )
+    env = {"NODEAGENT_SHARING_PLUGIN_CONFIG_OUT": "dp.yaml", "NODEAGENT_MPS_LAYOUT": "flat"}
+    got = cli(*_node(tmp_path), "sharing", "apply", "-f", "mps.yaml", "-c", "m", env=env)
+    assert got.returncode == 2
+    assert got.stderr.strip().endswith(
+        "but mps.layout is 'flat' here: set mps.layout to device-plugin"
+    )
