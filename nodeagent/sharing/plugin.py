@@ -70,6 +70,14 @@ def advertised(offers: Mapping[int, Offer], mig_strategy: str = "mixed") -> Adve
             f" ('sharing using MPS is not supported for MIG devices'), and {_gpus(mig)} would"
             f" have MIG while {_gpus(mps)} would be under MPS: put them on different nodes"
         )
+    full = [i for i, (strategy, _) in offers.items() if strategy != "mig"]
+    if mig_strategy == "single" and mig and full:
+        return Advertised(
+            problem=f"NVIDIA's device plugin does not start under the single MIG strategy with"
+            f" MIG on some GPUs only ('all devices on the node must be configured with the same"
+            f" migEnabled value'), and {_gpus(mig)} would have MIG while {_gpus(full)} would"
+            " not: use the mixed strategy (labels.mig-strategy) or MIG on every GPU"
+        )
     members: dict[Offer, list[int]] = {}
     for i, offer in sorted(offers.items()):
         if offer[0] == "mig":

@@ -91,9 +91,17 @@ def test_mig_resources_stand_apart_under_the_mixed_strategy(name: str) -> None:
     assert devices_per_gpu(document, offers, "mixed") == _labelled(offers, "mixed")
 
 
-@pytest.mark.parametrize("mig_strategy", ["none", "single"])
-def test_mig_beside_time_slicing_is_refused_where_mig_is_nvidia_com_gpu(mig_strategy: str) -> None:
-    with pytest.raises(ConfigError, match="GPU 0 whole; GPU 1 time-slicing x2"):
+@pytest.mark.parametrize(
+    ("mig_strategy", "words"),
+    [
+        ("none", "GPU 0 whole; GPU 1 time-slicing x2"),  # a MIG GPU is a full GPU there
+        ("single", "GPU 0 would have MIG while GPU 1 would not"),  # the plugin does not start
+    ],
+)
+def test_mig_beside_full_gpus_is_refused_where_mig_is_nvidia_com_gpu(
+    mig_strategy: str, words: str
+) -> None:
+    with pytest.raises(ConfigError, match=words):
         plugin_config({0: ("mig", 1), 1: ("time-slicing", 2)}, mig_strategy)
 
 
