@@ -111,17 +111,19 @@ def plugin_config(offers: Mapping[int, Offer], mig_strategy: str = "mixed") -> d
     return {"version": "v1", "flags": {"migStrategy": mig_strategy}, "sharing": sharing}
 
 
-def serves_through_plugin(settings: Settings) -> bool:
-    """Whether NVIDIA's device plugin serves this node's GPUs as nodeagent shares them: the
-    agent writes its config (sharing.plugin-config-out), or runs MPS in its layout."""
-    layout = mps_layout(settings.mps, settings.kube.enabled)
-    return settings.sharing.plugin_config_out is not None or layout == DEVICE_PLUGIN
+def serves_through_plugin(offers: Mapping[int, Offer], settings: Settings) -> bool:
+    """Whether NVIDIA's device plugin serves these offers as nodeagent makes them: the agent
+    writes its config (sharing.plugin-config-out), or runs MPS in its layout."""
+    if settings.sharing.plugin_config_out is not None:
+        return True
+    mps = any(strategy == "mps" for strategy, _ in offers.values())
+    return mps and mps_layout(settings.mps, settings.kube.enabled) == DEVICE_PLUGIN
 
 
 def check_served(offers: Mapping[int, Offer], settings: Settings) -> None:
     """Raises ConfigError (one sentence) when the plugin serves the node and cannot advertise
     what each GPU would offer."""
-    if not serves_through_plugin(settings):
+    if not serves_through_plugin(offers, settings):
         return
     problem = advertised(offers, settings.labels.mig_strategy).problem
     if problem is not None:

@@ -18,15 +18,24 @@ sharing-configs:
       time-slicing: {replicas: 4}
     - devices: [1]
       whole: {}
+  mps-split:
+    - devices: [0]
+      mps: {replicas: 2}
+    - devices: [1]
+      whole: {}
 """
-SENTENCE = (
+TOLD = (
     "nodeagent: NVIDIA's device plugin shares every GPU it advertises as nvidia.com/gpu the same"
-    " way (its config's devices list is ignored), so it cannot serve GPU 0 time-slicing x4; GPU"
-    " 1 whole: give those GPUs one sharing, or make the ones to keep apart MIG"
+    " way (its config's devices list is ignored), so it cannot serve GPU 0 {}; GPU 1 whole: give"
+    " those GPUs one sharing, or make the ones to keep apart MIG"
 )
-SERVED_BY_PLUGIN = {
-    "plugin-config-out": {"NODEAGENT_SHARING_PLUGIN_CONFIG_OUT": "dp.yaml"},
-    "mps-layout": {"NODEAGENT_MPS_LAYOUT": "device-plugin"},
+SERVED_BY_PLUGIN = {  # how the plugin serves the node -> (environment, config, refusal)
+    "plugin-config-out": (
+        {"NODEAGENT_SHARING_PLUGIN_CONFIG_OUT": "dp.yaml"},
+        "split",
+        TOLD.format("time-slicing x4"),
+    ),
+    "mps-layout": ({"NODEAGENT_MPS_LAYOUT": "device-plugin"}, "mps-split", TOLD.format("mps x2")),
 }
 
 
@@ -36,15 +45,30 @@ def _node(tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("served", sorted(SERVED_BY_PLUGIN))
-@pytest.mark.parametrize("command", [("sharing", "apply"), ("labels",)])
+@pytest.mark.parametrize("command", [("sharing", "apply"), ("sharing", "assert"), ("labels",)])
 def test_refused_in_one_sentence_with_exit_2(
-    cli: Callable[..., Result], tmp_path: Path, served: str, command: tuple[str, ...]
+    cli: Callable[..., Result],
+    tmp_path: Path,
+    fake_mps_control: str,
+    served: str,
+    command: tuple[str, ...],
 ) -> None:
-    got = cli(*_node(tmp_path), *command, "-f", "s.yaml", "-c", "split",
-              env=SERVED_BY_PLUGIN[served])  # fmt: skip
-    assert (got.returncode, got.stderr.strip()) == (2, SENTENCE)
+    env, name, told = SERVED_BY_PLUGIN[served]
+    env = {**env, "NODEAGENT_MPS_CONTROL": fake_mps_control}
+    got = cli(*_node(tmp_path), *command, "-f", "s.yaml", "-c", name, env=env)
+    assert (got.returncode, got.stderr.strip()) == (2, told)
     assert got.stdout == ""
     assert not (tmp_path / "dp.yaml").exists()
+
+
+def test_time_slicing_alone_is_not_the_mps_layouts_business(
+    cli: Callable[..., Result], tmp_path: Path
+) -> None:
+    """MPS in the plugin's layout binds only MPS: with no plugin config written, per-GPU
+    time-slicing is nodeagent's own (labels) and is taken."""
+    env = {"NODEAGENT_MPS_LAYOUT": "device-plugin"}
+    got = cli(*_node(tmp_path), "sharing", "apply", "-f", "s.yaml", "-c", "split", env=env)
+    assert got.returncode == 0, got.stderr
 
 
 def test_bare_metal_takes_it(cli: Callable[..., Result], tmp_path: Path) -> None:
