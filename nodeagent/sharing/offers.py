@@ -60,9 +60,9 @@ class Offers:
         mps_devices: tuple[int, ...],
         mps_replicas: int,
     ) -> dict[int, Offer]:
-        """The offers now (also kept in `per_gpu`). `intents`: the sharing config resolved in
-        this run, if any; `sharing_wanted`: whether a sharing config is wanted (one that failed
-        to resolve keeps the time-slicing last published)."""
+        """The offers now (also kept in `per_gpu`). `intents`: the sharing config this run
+        applied, if any; `sharing_wanted`: whether a sharing config is wanted (one that failed,
+        refused or not, keeps the time-slicing last published)."""
         if intents is not None:
             self._time_sliced = {
                 i: it.replicas for i, it in intents.items() if it.strategy == "time-slicing"
