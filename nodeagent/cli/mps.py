@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from nodeagent.cli.common import Context, print_json
-from nodeagent.errors import NothingMatched
+from nodeagent.errors import ConfigError, NothingMatched
 from nodeagent.mps.intent import mps_daemon_settings
 from nodeagent.nvml import read_inventory
 
@@ -62,6 +62,19 @@ def _print_mps(ctx: Context, status: MpsStatus) -> None:
     print(f"  servers: {status.servers or 'none'}; clients: {clients}")
 
 
+def _check_plugin(ctx: Context, settings: MpsSettings) -> None:
+    """In the device plugin's layout the daemon must serve what the plugin can: every full
+    GPU, and no MIG GPU on the node (nodeagent.sharing.plugin). Raises ConfigError."""
+    from nodeagent.sharing.offers import planned_offers
+    from nodeagent.sharing.plugin import advertised
+
+    inventory = read_inventory(ctx.session)
+    offers = planned_offers(inventory, None, None, set(settings.devices), settings.replicas)
+    problem = advertised(offers, ctx.settings.labels.mig_strategy).problem
+    if problem is not None:
+        raise ConfigError(problem)
+
+
 def cmd_mount_shm(ctx: Context) -> int:
     """The device plugin's `<root>/shm` tmpfs, before the agent starts (an init container
     with a Bidirectional mount of the MPS root, as upstream's `mount-shm`)."""
@@ -79,7 +92,14 @@ def cmd_mps(ctx: Context) -> int:
     if action == "mount-shm":
         return cmd_mount_shm(ctx)
     if action == "start":
-        status = _mps_daemon(ctx).start()
+        from nodeagent.mps.layout import DEVICE_PLUGIN
+        from nodeagent.mps.manager import prepare_layout
+
+        daemon = _mps_daemon(ctx)
+        if daemon.settings.layout == DEVICE_PLUGIN:
+            _check_plugin(ctx, daemon.settings)
+            prepare_layout(daemon.settings)
+        status = daemon.start()
         _print_mps(ctx, status)
         return 0
     daemon = _mps_daemon(ctx, check=False)

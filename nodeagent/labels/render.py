@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from nodeagent.labels.gfd import GfdOptions, Replication, gfd_labels
 from nodeagent.nvml.inventory import Inventory
-from nodeagent.sharing.plugin import plugin_config
+from nodeagent.sharing.plugin import advertised
 
 DEFAULT_PREFIX = "nvidia.com/"
 GPU_SHARING_PREFIX = "nodeagent.io/gpu."
@@ -26,14 +26,12 @@ class SharingState:
     replicas: int = 1
 
 
-def replication(offers: Mapping[int, tuple[str, int]]) -> Replication:
-    """What the device plugin config nodeagent writes for these offers says of `nvidia.com/gpu`
-    (GFD reads the plugin's config): MPS, else time-slicing, with its replicas; else none."""
-    sharing = plugin_config(offers)[0]["sharing"]
-    for key, strategy in (("mps", "mps"), ("timeSlicing", "time-slicing")):
-        if key in sharing:
-            return Replication(strategy, int(sharing[key]["resources"][0]["replicas"]))
-    return Replication()
+def replication(offers: Mapping[int, tuple[str, int]], mig_strategy: str = "mixed") -> Replication:
+    """What the device plugin config nodeagent writes for these offers makes the plugin
+    advertise as `nvidia.com/gpu` (GFD reads the plugin's config); none where it cannot
+    serve them (the per-GPU labels say what each GPU offers)."""
+    got = advertised(offers, mig_strategy)
+    return Replication(got.strategy, got.replicas)
 
 
 def render_labels(
@@ -53,11 +51,12 @@ def render_labels(
     would, and adds `nodeagent.io/gpu.<index>.sharing` and `.replicas`; without it they come
     from `sharing`.
     """
+    gfd = gfd or GfdOptions()
     if per_gpu is not None:
-        rep = replication(per_gpu)
+        rep = replication(per_gpu, gfd.mig_strategy)
     else:
         rep = Replication(sharing.strategy, sharing.replicas if sharing.strategy != "none" else 1)
-    labels = gfd_labels(inventory, gfd or GfdOptions(), rep, mps_capable=sharing.strategy == "mps")
+    labels = gfd_labels(inventory, gfd, rep, mps_capable=sharing.strategy == "mps")
     out = {prefix + k: v for k, v in sorted(labels.items())}
     if labels:
         for index, (strategy, replicas) in sorted((per_gpu or {}).items()):

@@ -38,6 +38,12 @@ FLAT = "flat"
 DEVICE_PLUGIN = "device-plugin"
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 SHM_FALLBACK_KIB = 65536  # upstream's size when /proc/meminfo cannot be read
+# Upstream's mps-control-daemon labels the pipe directory for unprivileged containers where
+# SELinux is enabled, as go-selinux's Chcon(path, label, recursive) (cmd/mps-control-daemon/mps/
+# daemon.go: unprivilegedContainerSELinuxLabel, setSELinuxContext); enabled means the selinuxfs
+# is there.
+CONTAINER_FILE_LABEL = "system_u:object_r:container_file_t:s0"
+SELINUX_FS = Path("/sys/fs/selinux")
 
 
 @dataclass(frozen=True)
@@ -127,10 +133,12 @@ def read_plugin_config(path: Path) -> PluginMps:
     return PluginMps(name, replicas, str(path))
 
 
-def prepare(p: Paths) -> None:
+def prepare(p: Paths, selinux_fs: Path | None = None) -> str:
     """Make the daemon's folders, traversable by non-root client containers (0755; a 0700
-    root keeps them out: bottlerocket #4673). Raises MpsError, or ConfigError when one of them
-    is a symbolic link (its mode is never set through one)."""
+    root keeps them out: bottlerocket #4673), and in the device plugin's layout give the pipe
+    directory the SELinux context containers may use (`label_for_containers`; `selinux_fs`:
+    where SELinux shows it is enabled). Returns what was done about SELinux. Raises MpsError,
+    or ConfigError when one of them is a symbolic link (its mode is never set through one)."""
     folders = [p.root, p.pipe_dir, p.log_dir]
     if p.started_file is not None:
         folders.insert(1, p.started_file.parent)
@@ -141,6 +149,41 @@ def prepare(p: Paths) -> None:
                 chmod_folder(folder, 0o755, "the MPS directory")
         except OSError as err:
             raise MpsError(f"cannot make MPS directory {folder}: {err.strerror}") from err
+    if p.layout != DEVICE_PLUGIN:
+        return "flat layout: SELinux context left as it is"
+    return label_for_containers(p.pipe_dir, SELINUX_FS if selinux_fs is None else selinux_fs)
+
+
+def label_for_containers(folder: Path, selinux_fs: Path) -> str:
+    """`chcon -R system_u:object_r:container_file_t:s0 FOLDER` where SELinux is enabled (the
+    selinuxfs at `selinux_fs` exists), as upstream's daemon labels its pipe directory so that
+    confined client containers can reach the daemon; nothing where SELinux is not. Returns what
+    was done. Raises MpsError when SELinux is on and the context cannot be set."""
+    try:
+        selinux_fs.stat()
+    except FileNotFoundError:
+        return f"SELinux disabled (no {selinux_fs}): context not set"
+    except OSError as err:
+        raise MpsError(f"cannot tell whether SELinux is enabled ({selinux_fs}): {err}") from err
+    _tool(
+        ["chcon", "-R", CONTAINER_FILE_LABEL, str(folder)],
+        f"SELinux is enabled but the MPS pipe directory {folder} cannot be labelled"
+        f" {CONTAINER_FILE_LABEL} for containers",
+    )
+    return f"{folder} labelled {CONTAINER_FILE_LABEL}"
+
+
+def _tool(command: list[str], failed: str) -> None:
+    """Run a host tool (30 s at most). Raises MpsError: `failed`, then the tool's last line of
+    output (or its exit status, or why it could not run)."""
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise MpsError(f"{failed} ({command[0]}: {err})") from err
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()
+        end = f": {detail[-1]}" if detail else f" ({command[0]} exit {proc.returncode})"
+        raise MpsError(failed + end)
 
 
 def shm_size_kib(text: str | None) -> int:
@@ -187,21 +230,11 @@ def mount_shm(shm_dir: Path, size_kib: int) -> str:
     if is_mounted(shm_dir):
         return f"{shm_dir} is a tmpfs already"
     options = f"rw,nosuid,nodev,noexec,relatime,size={size_kib}k,mode=1777"
-    try:
-        proc = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", options, "shm", str(shm_dir)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise MpsError(f"cannot mount a tmpfs at {shm_dir}: {err}") from err
-    if proc.returncode != 0:
-        detail = (proc.stderr or proc.stdout).strip().splitlines()
-        raise MpsError(
-            f"cannot mount a tmpfs at {shm_dir} (needs CAP_SYS_ADMIN; in a container a"
-            " Bidirectional mount of the MPS root)" + (f": {detail[-1]}" if detail else "")
-        )
+    _tool(
+        ["mount", "-t", "tmpfs", "-o", options, "shm", str(shm_dir)],
+        f"cannot mount a tmpfs at {shm_dir} (needs CAP_SYS_ADMIN; in a container a"
+        " Bidirectional mount of the MPS root)",
+    )
     return f"mounted a {size_kib // 1024} MiB tmpfs at {shm_dir}"
 
 

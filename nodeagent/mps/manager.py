@@ -45,6 +45,17 @@ class MpsChange:
     reason: str = ""
 
 
+def prepare_layout(settings: MpsSettings) -> bool:
+    """The device plugin's folders for this daemon (nodeagent.mps.layout.prepare: modes, the
+    SELinux context); False in the flat layout. Raises MpsError or ConfigError."""
+    if settings.shm_dir is None or settings.started_file is None:
+        return False
+    root = settings.shm_dir.parent
+    where = paths(DEVICE_PLUGIN, root, str(settings.started_file.parent.relative_to(root)))
+    log.info("mps.selinux", result=prepare(where))
+    return True
+
+
 class MpsManager:
     """The agent's MPS daemon. Every change and every probe holds `lock`: the health probe
     never restarts a daemon the pipeline is stopping or replacing."""
@@ -172,10 +183,8 @@ class MpsManager:
         """The device plugin's layout: folders clients can traverse, and `<root>/shm` as a
         tmpfs. A tmpfs that cannot be mounted here (no CAP_SYS_ADMIN) is reported, not fatal:
         the folder still works as shared memory where /run is a tmpfs, without a size cap."""
-        if settings.shm_dir is None or settings.started_file is None:
+        if settings.shm_dir is None or not prepare_layout(settings):
             return
-        root = settings.shm_dir.parent
-        prepare(paths(DEVICE_PLUGIN, root, str(settings.started_file.parent.relative_to(root))))
         try:
             self.shm = mount_shm(settings.shm_dir, shm_size_kib(settings.shm_size))
             log.info("mps.shm", result=self.shm)

@@ -44,7 +44,11 @@ def agent_pipeline(
     sharing.plugin-config-out is set), under the MIG writer lock at `lock_path`; step
     durations measured with `clock` (the agent's one monotonic clock)."""
     offers = Offers()
-    plugin = PluginConfigSink(lambda: settings().sharing.plugin_config_out, lambda: offers.per_gpu)
+    plugin = PluginConfigSink(
+        lambda: settings().sharing.plugin_config_out,
+        lambda: offers.per_gpu,
+        lambda: settings().labels.mig_strategy,
+    )
     return Pipeline(
         store=store,
         settings=settings,

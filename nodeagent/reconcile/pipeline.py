@@ -31,7 +31,8 @@ from nodeagent.reconcile.report import report_of
 from nodeagent.reconcile.run import Run, refuse_unknown_holders
 from nodeagent.settings import Settings
 from nodeagent.sharing.config import SharingFile, load_sharing_file
-from nodeagent.sharing.offers import Offer, Offers
+from nodeagent.sharing.offers import Offer, Offers, planned_offers
+from nodeagent.sharing.plugin import check_served
 from nodeagent.sharing.resolve import resolve_sharing, sharing_mps
 from nodeagent.snapshot import Allocations, Store
 
@@ -131,6 +132,7 @@ class Pipeline:
             except Exception as err:
                 failure = failure or (run.step, err)
         run.held.close()  # the MIG writer lock, once the clients are back
+        run.failed = failure is not None
         if failure is None or failure[0] != "observe":
             try:
                 self._step(run, "publish", self.publish)
@@ -227,10 +229,25 @@ class Pipeline:
             run.mig_plan = plan(run.snapshot.inventory, run.desired, run.snapshot.allocated)
             refuse_unknown_holders(run.snapshot, run.mig_plan)
         run.mps_change = self.mps.plan(run.mps_intent)
+        self._check_served(run)
         if run.settings.mig.hooks_file:  # a bad file fails here, before anything changes
             run.hooks = self.hook_files.load(run.settings.mig.hooks_file)
         if not compare:
             check_startable(run.mps_change)
+
+    def _check_served(self, run: Run) -> None:
+        """Where NVIDIA's device plugin serves the node, it must be able to advertise what
+        each GPU will offer after this run (nodeagent.sharing.plugin); else ConfigError."""
+        assert run.snapshot is not None
+        daemon = run.mps_intent.settings if run.mps_intent is not None else None
+        offers = planned_offers(
+            run.snapshot.inventory,
+            run.desired,
+            run.sharing.intents if run.sharing is not None else None,
+            set(daemon.devices) if daemon is not None else set(),
+            daemon.replicas if daemon is not None else 0,
+        )
+        check_served(offers, run.settings)
 
     def verify(self, run: Run) -> None:
         if run.done:
@@ -251,7 +268,7 @@ class Pipeline:
         daemon = self.mps.daemon
         self.offers.update(
             snap.inventory,
-            run.sharing.intents if run.sharing is not None else None,
+            run.sharing.intents if run.sharing is not None and not run.failed else None,
             run.wanted.sharing_config is not None,
             self.mps.serving,
             daemon.settings.replicas if daemon is not None else 0,

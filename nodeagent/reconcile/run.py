@@ -35,6 +35,7 @@ class Run:
     outcome: str = "success"  # what apply-exit is told
     done: list[dict[str, Any]] = field(default_factory=list)
     step: str = ""
+    failed: bool = False  # a step before publish failed: the sharing taken last still holds
     took_ms: dict[str, float] = field(default_factory=dict)  # step -> milliseconds
     # The MIG writer lock, from the start of pause to the end of restore.
     held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)

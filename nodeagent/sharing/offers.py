@@ -3,12 +3,45 @@ time-slicing (only the sharing config says so: nothing on a GPU does), or whole.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
+from typing import Protocol
 
 from nodeagent.nvml.inventory import Inventory
+from nodeagent.sharing.plugin import Offer as Offer
 from nodeagent.sharing.resolve import GpuIntent
 
-Offer = tuple[str, int]  # (strategy, replicas)
+
+class Desired(Protocol):
+    """What a MIG config wants of one GPU: only whether MIG is enabled matters here."""
+
+    @property
+    def mig_enabled(self) -> bool: ...
+
+
+def planned_offers(
+    inventory: Inventory,
+    desired: Mapping[int, Desired] | None,
+    intents: Mapping[int, GpuIntent] | None,
+    mps_devices: Set[int],
+    mps_replicas: int,
+) -> dict[int, Offer]:
+    """What each GPU will offer once a run's plan is applied (as `Offers.update` will then
+    publish it): a sharing config's intent, else MIG as the MIG config leaves it, MPS where
+    the daemon will serve, whole elsewhere. Pure."""
+    offers: dict[int, Offer] = {}
+    for gpu in inventory.gpus:
+        i = gpu.index
+        wanted = desired.get(i) if desired else None
+        mig = wanted.mig_enabled if wanted is not None else gpu.mig_current or gpu.mig_pending
+        if intents and i in intents:
+            offers[i] = (intents[i].strategy, intents[i].replicas)
+        elif mig:
+            offers[i] = ("mig", 1)
+        elif i in mps_devices:
+            offers[i] = ("mps", mps_replicas)
+        else:
+            offers[i] = ("whole", 1)
+    return offers
 
 
 class Offers:
@@ -27,9 +60,9 @@ class Offers:
         mps_devices: tuple[int, ...],
         mps_replicas: int,
     ) -> dict[int, Offer]:
-        """The offers now (also kept in `per_gpu`). `intents`: the sharing config resolved in
-        this run, if any; `sharing_wanted`: whether a sharing config is wanted (one that failed
-        to resolve keeps the time-slicing last published)."""
+        """The offers now (also kept in `per_gpu`). `intents`: the sharing config this run
+        applied, if any; `sharing_wanted`: whether a sharing config is wanted (one that failed,
+        refused or not, keeps the time-slicing last published)."""
         if intents is not None:
             self._time_sliced = {
                 i: it.replicas for i, it in intents.items() if it.strategy == "time-slicing"

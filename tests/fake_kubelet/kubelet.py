@@ -208,6 +208,18 @@ class FakeKubelet(pb_grpc.RegistrationServicer):  # type: ignore[misc]
             raise FakeKubeletError(f"no plugin registered {resource_name}")
         return _drive(plugin, allocate, time.monotonic() + timeout_seconds)
 
+    def allocate(
+        self, resource_name: str, device_ids: list[str], timeout_seconds: float
+    ) -> Allocation:
+        """Allocate exactly `device_ids` to one container (the kubelet's call once it has
+        picked them), without listing or asking for a preference first."""
+        with self._lock:
+            plugin = self._plugins.get(resource_name)
+        if plugin is None:
+            raise FakeKubeletError(f"no plugin registered {resource_name}")
+        deadline = time.monotonic() + timeout_seconds
+        return _allocate(plugin, device_ids, lambda: max(deadline - time.monotonic(), 0.001))
+
 
 def _drive(plugin: _Plugin, allocate: int, deadline: float) -> Session:
     def remaining() -> float:

@@ -247,6 +247,21 @@ def test_a_plugin_refusing_the_allocation_is_an_error(
         _session(kubelet, plugin, allocate=2)
 
 
+def test_allocates_the_devices_asked_for(
+    kubelet: FakeKubelet, tmp_path: Path, plugins: list[MiniPlugin]
+) -> None:
+    plugins.append(plugin := MiniPlugin(tmp_path, max_per_container=1))
+    plugin.register()
+    kubelet.wait_for_registration(timeout_seconds=2)
+    allocation = kubelet.allocate("example.com/gpu", [REPLICAS[2]], timeout_seconds=2)
+    assert allocation.device_ids == (REPLICAS[2],)
+    assert allocation.envs == {"CUDA_MPS_PIPE_DIRECTORY": PIPE, "NVIDIA_VISIBLE_DEVICES": GPU}
+    with pytest.raises(FakeKubeletError, match="Allocate: INVALID_ARGUMENT: unknown devices"):
+        kubelet.allocate("example.com/gpu", ["GPU-x::0"], timeout_seconds=2)
+    with pytest.raises(FakeKubeletError, match=r"no plugin registered example\.com/other"):
+        kubelet.allocate("example.com/other", [REPLICAS[0]], timeout_seconds=2)
+
+
 def _cli(plugin_dir: Path, *args: str) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "tests.fake_kubelet", "--dir", str(plugin_dir), *args]
     return subprocess.Popen(

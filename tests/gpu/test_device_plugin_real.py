@@ -12,6 +12,7 @@ stays off (the lent card's rules); everything made for the run is removed after 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -53,6 +54,11 @@ print(json.dumps(out), flush=True)
 
 def _needs() -> None:
     pytest.importorskip("torch")
+    needs_plugin()
+
+
+def needs_plugin() -> None:
+    """Skips unless the real plugin can run here: root, the tools, the binary, /mps free."""
     if os.geteuid() != 0:
         pytest.skip("needs root (mount namespaces, /var/lib/kubelet, /mps)")
     for tool in ("nvidia-cuda-mps-control", "unshare", "mount"):
@@ -67,6 +73,14 @@ def _needs() -> None:
 @pytest.fixture
 def stage() -> Iterator[Path]:
     _needs()
+    with staged() as work:
+        yield work
+
+
+@contextlib.contextmanager
+def staged() -> Iterator[Path]:
+    """A work folder with `<work>/mps` reachable as /mps and the kubelet's plugin folder; all
+    removed after."""
     work = Path(tempfile.mkdtemp(prefix="nodeagent-dp-"))
     made_plugin_dir = not PLUGIN_DIR.exists()
     PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
@@ -84,6 +98,35 @@ def stage() -> Iterator[Path]:
 
 def _nodeagent(*args: str) -> list[str]:
     return [sys.executable, "-m", "nodeagent", *args]
+
+
+def start_agent(stage: Path, root: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """The init container's step (`mps mount-shm`), then `nodeagent run` with <root>/shm as
+    its /dev/shm (what the DaemonSet's MPS component gives it); its log in <stage>/agent.log."""
+    shm = subprocess.run(_nodeagent("mps", "mount-shm"), env=env, capture_output=True, text=True)
+    assert shm.returncode == 0, shm.stderr
+    print("mount-shm:", shm.stdout.strip())
+    agent_cmd = " ".join(_nodeagent("run"))
+    return subprocess.Popen(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c",
+         f"mount --bind {root}/shm /dev/shm && exec {agent_cmd}"],
+        env=env, stderr=open(stage / "agent.log", "w"), cwd=REPO,
+    )  # fmt: skip
+
+
+def start_plugin(
+    stage: Path, config: Path, root: Path, kubelet: FakeKubelet, env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    """The unmodified plugin on `config`, MPS root `root`, registering with `kubelet`; its
+    health checks off (they would mark a GPU unhealthy on XIDs of other tests); its log in
+    <stage>/plugin.log."""
+    return subprocess.Popen(
+        [str(PLUGIN), f"--config-file={config}", f"--mps-root={root}",
+         f"--kubelet-socket={kubelet.socket_path}", "--driver-root-ctr-path=/",
+         "--device-discovery-strategy=nvml"],
+        env={**env, "DP_DISABLE_HEALTHCHECKS": "all"},
+        stdout=open(stage / "plugin.log", "w"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
 
 
 def _pid(root: Path) -> int | None:
@@ -129,29 +172,14 @@ def test_real_plugin_serves_mps_from_nodeagents_daemon(stage: Path) -> None:
         NODEAGENT_MPS_PROBE_INTERVAL="0.5", NODEAGENT_MPS_STOP_ON_EXIT="true",
         NODEAGENT_METRICS_ADDRESS="127.0.0.1:0", NODEAGENT_LOG_LEVEL="info",
     )  # fmt: skip
-    # The init container's step, then the agent with <root>/shm as its /dev/shm.
-    shm = subprocess.run(_nodeagent("mps", "mount-shm"), env=env, capture_output=True, text=True)
-    assert shm.returncode == 0, shm.stderr
-    print("mount-shm:", shm.stdout.strip())
-    agent_cmd = " ".join(_nodeagent("run"))
-    agent = subprocess.Popen(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c",
-         f"mount --bind {root}/shm /dev/shm && exec {agent_cmd}"],
-        env=env, stderr=open(stage / "agent.log", "w"), cwd=REPO,  # noqa: SIM115
-    )  # fmt: skip
+    agent = start_agent(stage, root, env)
     plugin = None
     try:
         _wait(lambda: (root / ".ready").exists() or agent.poll() is not None, "nodeagent ready")
         assert agent.poll() is None, (stage / "agent.log").read_text()[-3000:]
         assert (root / RESOURCE / ".started").exists()
         with FakeKubelet(PLUGIN_DIR) as kubelet:
-            plugin = subprocess.Popen(
-                [str(PLUGIN), f"--config-file={config}", f"--mps-root={root}",
-                 f"--kubelet-socket={kubelet.socket_path}", "--driver-root-ctr-path=/",
-                 "--device-discovery-strategy=nvml"],
-                env={**env, "DP_DISABLE_HEALTHCHECKS": "all"},
-                stdout=open(stage / "plugin.log", "w"), stderr=subprocess.STDOUT,  # noqa: SIM115
-            )  # fmt: skip
+            plugin = start_plugin(stage, config, root, kubelet, env)
             registration = kubelet.wait_for_registration(90, RESOURCE)
             print("registered:", registration)
             session = kubelet.drive(RESOURCE, 1, 60)

@@ -1,7 +1,9 @@
-"""Per-GPU sharing through the pipeline on an emulated 8xH200 node with the fake MPS daemon:
-every transition between four sharing configs converges with the fewest MIG operations, the
-MPS daemon restarts only when its set of GPUs changes, a fault at any mutation converges on the
-next run, and labels, metrics and the device plugin's config say what each GPU offers."""
+"""Per-GPU sharing through the pipeline on an emulated 8xH200 node with the fake MPS daemon, served
+without NVIDIA's device plugin (bare metal: flat MPS layout, no plugin config written): every
+transition between four sharing configs converges with the fewest MIG operations, the MPS
+daemon restarts only when its set of GPUs changes, a fault at any mutation converges on the next
+run, and labels and metrics say what each GPU offers. Where the plugin serves the node:
+tests/integration/test_sharing_plugin.py."""
 
 from __future__ import annotations
 
@@ -11,14 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from nodeagent.agent import Agent
-from nodeagent.mps.control import MpsControl
-from nodeagent.nvml import NvmlSession, read_inventory
-from nodeagent.sim import SimulatedNvml, parse_spec
+from nodeagent.nvml import read_inventory
+from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.faults import Fault
-from tests.agent_support import make_agent
+from tests.sharing_support import sharing_node
 
 BALANCED = '{"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}'
 CONFIGS = f"""version: nodeagent/v1
@@ -58,23 +58,8 @@ MPS_GPUS = {"mixed": (2, 3), "rotated": (0, 1), "more-mps": (0, 1, 2, 3), "all-w
 
 @pytest.fixture
 def node(tmp_path: Path, fake_mps_control: str) -> Iterator[tuple[Agent, SimulatedNvml, Path]]:
-    lib = SimulatedNvml(parse_spec("h200x8"))
-    session = NvmlSession(lib)
-    (tmp_path / "sharing.yaml").write_text(CONFIGS)
-    agent = make_agent(
-        session,
-        lib.reset,
-        sharing={
-            "config_file": str(tmp_path / "sharing.yaml"),
-            "plugin_config_out": tmp_path / "dp" / "config.yaml",
-        },
-        mps={"root": tmp_path / "mps", "control": fake_mps_control, "stop_on_exit": True},
-    )
-    yield agent, lib, tmp_path
-    agent.stop()
-    control = MpsControl(fake_mps_control, tmp_path / "mps" / "pipe", tmp_path / "mps" / "log")
-    if control.daemon_pid() is not None:
-        control.command("quit")
+    with sharing_node(tmp_path, "h200x8", CONFIGS, fake_mps_control) as (agent, lib):
+        yield agent, lib, tmp_path
 
 
 def _want(agent: Agent, name: str) -> None:
@@ -115,8 +100,10 @@ def test_every_transition_converges(node: tuple[Agent, SimulatedNvml, Path]) -> 
     print("operations per transition:", counts)
 
 
-def test_labels_metrics_and_device_plugin_config(node: tuple[Agent, SimulatedNvml, Path]) -> None:
-    agent, _, tmp = node
+def test_labels_and_metrics_say_what_each_gpu_offers(
+    node: tuple[Agent, SimulatedNvml, Path],
+) -> None:
+    agent, _, _tmp = node
     _want(agent, "mixed")
     agent.reconcile()
     labels = {}
@@ -134,14 +121,9 @@ def test_labels_metrics_and_device_plugin_config(node: tuple[Agent, SimulatedNvm
     assert (
         value("nodeagent_gpu_sharing_info", {"gpu": "2", "strategy": "mps", "replicas": "4"}) == 1
     )
-    plugin = yaml.safe_load((tmp / "dp" / "config.yaml").read_text())
-    assert plugin == {
-        "version": "v1",
-        "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}},
-    }
     _want(agent, "all-whole")
     agent.reconcile()
-    assert yaml.safe_load((tmp / "dp" / "config.yaml").read_text())["sharing"] == {}
+    assert set(agent.pipeline.per_gpu.values()) == {("whole", 1)}
 
 
 def _fault_sweep(agent: Agent, lib: SimulatedNvml, start: str, goal: str, ks: list[int]) -> None:

@@ -18,8 +18,9 @@ import pytest
 
 from nodeagent.agent import Agent
 from nodeagent.errors import MpsError
+from nodeagent.mps import layout
 from nodeagent.mps.control import MpsControl
-from nodeagent.mps.layout import is_mounted
+from nodeagent.mps.layout import CONTAINER_FILE_LABEL, is_mounted
 from nodeagent.nvml import NvmlSession
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.agent_support import make_agent
@@ -103,6 +104,25 @@ def test_the_layout_the_plugin_expects(plugin_node: Callable[..., tuple[Agent, P
     assert agent.mps.daemon is not None and agent.mps.daemon.settings.replicas == 4
     # The shared-memory tmpfs: mounted, or (no CAP_SYS_ADMIN here) said clearly.
     assert agent.mps.shm.startswith(("mounted a", "not mounted: cannot mount a tmpfs at"))
+
+
+def test_the_pipe_directory_gets_the_containers_selinux_context(
+    plugin_node: Callable[..., tuple[Agent, Path]],
+    chcon: Callable[..., Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SELinux enabled (its selinuxfs there): the agent labels the pipe directory for
+    containers before the daemon starts, as upstream's daemon does."""
+    calls = chcon()
+    (tmp_path / "selinuxfs").mkdir()
+    monkeypatch.setattr(layout, "SELINUX_FS", tmp_path / "selinuxfs")
+    agent, root = plugin_node()
+    report = agent.pipeline.last_report
+    assert report is not None and report.result == "success", report
+    pipe = root / "nvidia.com" / "gpu" / "pipe"
+    assert calls.read_text().split() == ["-R", CONTAINER_FILE_LABEL, str(pipe)]
+    assert agent.mps.daemon is not None
 
 
 def test_the_plugins_probe_succeeds(

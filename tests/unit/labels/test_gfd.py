@@ -195,9 +195,18 @@ def test_mig_enabled_gpus_have_zero_replicas_and_no_shared_suffix() -> None:
 @pytest.mark.parametrize(
     ("offers", "replicas", "strategy", "product"),
     [
-        ({0: ("time-slicing", 4), 1: ("whole", 1)}, "4", "time-slicing", "NVIDIA-H200-SHARED"),
-        ({0: ("mps", 2), 1: ("time-slicing", 4)}, "2", "mps", "NVIDIA-H200-SHARED"),
+        (
+            {0: ("time-slicing", 4), 1: ("time-slicing", 4)},
+            "4",
+            "time-slicing",
+            "NVIDIA-H200-SHARED",
+        ),
+        ({0: ("mps", 2), 1: ("mps", 2)}, "2", "mps", "NVIDIA-H200-SHARED"),
         ({0: ("whole", 1), 1: ("whole", 1)}, "1", "none", "NVIDIA-H200"),
+        # What the plugin cannot serve (it shares all of nvidia.com/gpu one way) is claimed for
+        # none of them: only the per-GPU labels say it.
+        ({0: ("time-slicing", 4), 1: ("whole", 1)}, "1", "none", "NVIDIA-H200"),
+        ({0: ("mps", 2), 1: ("time-slicing", 4)}, "1", "none", "NVIDIA-H200"),
     ],
 )
 def test_gfd_sharing_is_what_the_written_plugin_config_says(
