@@ -616,12 +616,8 @@ def print_idle(runs: dict[str, list[Row]]) -> None:
 def plot_idle(runs: dict[str, list[Row]], path: str) -> None:
     """The idle table as bars (median, min-max whiskers) against the target, if matplotlib
     (the `bench` extra) is importable."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6, 3.5))
     width = 0.8 / len(runs)
@@ -639,6 +635,22 @@ def plot_idle(runs: dict[str, list[Row]], path: str) -> None:
     ax.set_xticks([middle, 1 + middle], ["no scrape", "one scrape every 15 s"])
     ax.set_ylabel("% of one core")
     ax.set_title("idle agent, default intervals (emulated: 56 slices)", fontsize=9)
+    _save(fig, ax, path)
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot (off-screen), or None without the `bench` extra."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def _save(fig: Any, ax: Any, path: str) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
@@ -655,12 +667,8 @@ def _every(period: float) -> str:
 
 def plot(rows: list[Row], path: str) -> None:
     """p50/p99 per concurrency level, if matplotlib (the `bench` extra) is importable."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
@@ -671,10 +679,7 @@ def plot(rows: list[Row], path: str) -> None:
     ax.set_xlabel("concurrent scrapers, back to back")
     ax.set_ylabel("ms per scrape")
     ax.set_xscale("log", base=2)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    print(f"plot: {path}")
+    _save(fig, ax, path)
 
 
 if __name__ == "__main__":
