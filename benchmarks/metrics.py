@@ -15,14 +15,15 @@
 
 Run (in the project's .venv, from the repository root):
     .venv/bin/python benchmarks/metrics.py [--scrapes N] [--plot FILE] [--agent-python PY]
-        [--idle-seconds S] [--only-idle] [--baseline REV] [--repeat N]
-Prints tables (a plot of the sweep where matplotlib is importable); never passes or fails on
-time.
+        [--idle-seconds S] [--only-idle] [--baseline REV] [--repeat N] [--idle-plot FILE]
+Prints tables (plots of the sweep and of the idle cost where matplotlib is importable); never
+passes or fails on time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import importlib.util
 import json
@@ -58,6 +59,17 @@ def _nodeagent(*args: str) -> list[str]:
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wakeups(pid: int) -> int:
+    """Times the agent's threads went to sleep and were woken (voluntary context switches,
+    all threads): an idle agent's timer wake-ups show here."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            status = (task / "status").read_text()
+            total += int(status.split("voluntary_ctxt_switches:", 1)[1].split()[0])
+    return total
 
 
 def _rss_mib(pid: int) -> float:
@@ -389,9 +401,10 @@ def idle_cpu(
     proc, port = _start_agent(prefix, env, cwd=cwd)
     try:
         time.sleep(10)
-        cpu0, t0 = _cpu_seconds(proc.pid), time.monotonic()
+        cpu0, t0, woken = _cpu_seconds(proc.pid), time.monotonic(), _wakeups(proc.pid)
         time.sleep(seconds)
         quiet = (_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
+        wakeups = (_wakeups(proc.pid) - woken) / (time.monotonic() - t0)
         cpu0, t0 = _cpu_seconds(proc.pid), time.monotonic()
         due, scrapes = t0, 0
         while (left := t0 + seconds - time.monotonic()) > 0:
@@ -403,7 +416,13 @@ def idle_cpu(
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return {"seconds": seconds, "quiet": quiet, "scraped": scraped, "scrapes": scrapes}
+    return {
+        "seconds": seconds,
+        "quiet": quiet,
+        "scraped": scraped,
+        "scrapes": scrapes,
+        "wakeups": wakeups,
+    }
 
 
 def nvidia_smi(n: int) -> dict[str, object] | None:
@@ -448,6 +467,7 @@ def main() -> None:
     )
     parser.add_argument("--repeat", type=int, default=1, help="idle runs per agent")
     parser.add_argument("--plot", default="metrics-sweep.png", help="(with matplotlib)")
+    parser.add_argument("--idle-plot", default="metrics-idle.png", help="(with matplotlib)")
     parser.add_argument(
         "--agent-python",
         help="the Python that runs the agent (default: this one). RSS depends on what is "
@@ -461,7 +481,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if args.only_idle:
             prefix, env, _ = emulated_node(Path(tmp))
-            print_idle(idle_runs(prefix, env, args, Path(tmp)))
+            idle = idle_runs(prefix, env, args, Path(tmp))
+            print_idle(idle)
+            plot_idle(idle, args.idle_plot)
             return
         if not args.skip_emulated:
             prefix, env, uuids = emulated_node(Path(tmp))
@@ -512,6 +534,7 @@ def main() -> None:
         )
     if not args.skip_emulated:
         print_idle(idle)
+        plot_idle(idle, args.idle_plot)
     swept = [r for r in rows if r["sweep"]]
     if swept:
         print(
@@ -544,7 +567,8 @@ def idle_runs(
 ) -> dict[str, list[Row]]:
     """The idle cost of this checkout's agent (and of --baseline REV's: its `nodeagent`
     package exported from git, run from that folder so that `-m nodeagent` imports it),
-    `--repeat` runs each, alternating."""
+    `--repeat` runs each, alternating. Where a driver is present (the GPU machine), each
+    agent also on the real GPUs (rows "..., real NVML")."""
     agents: dict[str, Path | None] = {"this checkout": None}
     if args.baseline:
         root = Path(__file__).resolve().parents[1]
@@ -562,23 +586,75 @@ def idle_runs(
         ).stdout  # fmt: skip
         assert where.startswith(str(base)), f"the baseline agent would import {where}"
         agents = {args.baseline: base, **agents}
-    runs: dict[str, list[Row]] = {name: [] for name in agents}
+    nodes = {"": prefix}
+    if shutil.which("nvidia-smi"):
+        nodes[", real NVML"] = []
+    runs: dict[str, list[Row]] = {name + n: [] for n in nodes for name in agents}
     for _ in range(max(args.repeat, 1)):
-        for name, cwd in agents.items():
-            runs[name].append(idle_cpu(prefix, env, args.idle_seconds, cwd))
+        for node, flags in nodes.items():
+            for name, cwd in agents.items():
+                runs[name + node].append(idle_cpu(flags, env, args.idle_seconds, cwd))
     return runs
 
 
 def print_idle(runs: dict[str, list[Row]]) -> None:
     first = next(iter(runs.values()))[0]
-    print(f"\nidle agent, emulated 56 slices, default intervals: CPU over {first['seconds']:.0f} s"
+    print(f"\nidle agent, emulated 56 slices (or the real GPUs), default intervals: CPU over {first['seconds']:.0f} s"
           " as a share of one core (target <= 0.5 %); median (min-max) of the runs")  # fmt: skip
-    head = f"{'agent':<28}{'runs':>5}{'no scrape':>20}{'one scrape every 15 s':>24}"
+    head = (
+        f"{'agent':<36}{'runs':>5}{'no scrape':>20}{'one scrape every 15 s':>24}{'wake-ups/s':>12}"
+    )
     print(head)
     print("-" * len(head))
     for name, rows in runs.items():
         cells = [_spread([r[key] * 100 for r in rows]) for key in ("quiet", "scraped")]
-        print(f"{name:<28}{len(rows):>5}{cells[0]:>20}{cells[1]:>24}")
+        woken = statistics.median(r["wakeups"] for r in rows)
+        print(f"{name:<36}{len(rows):>5}{cells[0]:>20}{cells[1]:>24}{woken:>12.1f}")
+    print("(wake-ups/s: the agent's threads woken per second with no scrape)")
+
+
+def plot_idle(runs: dict[str, list[Row]], path: str) -> None:
+    """The idle table as bars (median, min-max whiskers) against the target, if matplotlib
+    (the `bench` extra) is importable."""
+    plt = _pyplot()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    width = 0.8 / len(runs)
+    for i, (name, rows) in enumerate(runs.items()):
+        for x, key in enumerate(("quiet", "scraped")):
+            values = [r[key] * 100 for r in rows]
+            mid = statistics.median(values)
+            ax.bar(
+                x + i * width, mid, width,
+                yerr=[[mid - min(values)], [max(values) - mid]], capsize=3,
+                color=f"C{i}", label=name if x == 0 else None,
+            )  # fmt: skip
+    ax.axhline(0.5, color="red", linestyle="--", linewidth=1, label="target 0.5 %")
+    middle = (len(runs) - 1) * width / 2
+    ax.set_xticks([middle, 1 + middle], ["no scrape", "one scrape every 15 s"])
+    ax.set_ylabel("% of one core")
+    ax.set_title("idle agent, default intervals (emulated: 56 slices)", fontsize=9)
+    _save(fig, ax, path)
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot (off-screen), or None without the `bench` extra."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def _save(fig: Any, ax: Any, path: str) -> None:
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    print(f"plot: {path}")
 
 
 def _spread(values: list[float]) -> str:
@@ -591,12 +667,8 @@ def _every(period: float) -> str:
 
 def plot(rows: list[Row], path: str) -> None:
     """p50/p99 per concurrency level, if matplotlib (the `bench` extra) is importable."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
@@ -607,10 +679,7 @@ def plot(rows: list[Row], path: str) -> None:
     ax.set_xlabel("concurrent scrapers, back to back")
     ax.set_ylabel("ms per scrape")
     ax.set_xscale("log", base=2)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    print(f"plot: {path}")
+    _save(fig, ax, path)
 
 
 if __name__ == "__main__":

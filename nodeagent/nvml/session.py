@@ -59,7 +59,9 @@ class NvmlSession:
         # error counter has a lock of its own. A library that serialises its own calls lends
         # its reentrant lock (`batch_lock`: the emulator, which then checks its state file
         # once per hold, not on every call); the real pynvml has none.
-        self.lock: Any = getattr(lib, "batch_lock", None) or threading.RLock()
+        lent = getattr(lib, "batch_lock", None)
+        self.lock: Any = lent or threading.RLock()
+        self._lib_locks = lent is not None  # each of its calls takes the lock itself
         # Answers that cannot change while NVML is loaded (a GPU's MIG profile tables), by
         # key; read and written under `lock`.
         self.static: dict[Any, Any] = {}
@@ -77,16 +79,18 @@ class NvmlSession:
         empty MIG device index): they return None and are not counted as errors.
         """
         fn = getattr(self.lib, function)
-        with self.lock:
-            try:
+        try:
+            if self._lib_locks:
                 return fn(*args)
-            except self.lib.NVMLError as err:
-                code = int(getattr(err, "value", 999))
-                if code in absent:
-                    return None
-                with self._errors_lock:
-                    self.errors_by_function[function] += 1
-                raise NvmlError(code, function, message_for(code), context) from err
+            with self.lock:
+                return fn(*args)
+        except self.lib.NVMLError as err:
+            code = int(getattr(err, "value", 999))
+            if code in absent:
+                return None
+            with self._errors_lock:
+                self.errors_by_function[function] += 1
+            raise NvmlError(code, function, message_for(code), context) from err
 
     def error_counts(self) -> Counter[str]:
         """A copy of the failed calls by function (safe to read from any thread)."""

@@ -12,7 +12,7 @@ naming the variable. Every error of every source is collected and raised togethe
 ConfigError.
 
     version: nodeagent/v1
-    metrics: {address: "0.0.0.0:9401", refresh-interval: 5, gpm-interval: 1}
+    metrics: {address: "0.0.0.0:9401", refresh-interval: 5, gpm-interval: 5}
     reconcile: {interval: 30}
     mig: {config-file: /etc/nodeagent/mig.yaml, config: all-balanced}
     mps: {enabled: true, replicas: 4}

@@ -31,7 +31,8 @@ class Node:
 class Metrics:
     address: str = DEFAULT_METRICS_ADDRESS
     refresh_interval_seconds: float = 5.0
-    gpm_interval_seconds: float = 1.0
+    # GPM ratios are averages over this window; dcgm-exporter collects every 30 s by default.
+    gpm_interval_seconds: float = 5.0
     web_config_file: Path | None = None  # TLS and basic auth (exporter-toolkit's format)
     health_details: bool = False  # /healthz and /readyz with paths and pids
     dcgm_compat: bool = False  # also serve dcgm-exporter's DCGM_FI_* families on /metrics

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from threading import get_ident
 from typing import Any, TypeVar
 
 import pynvml
@@ -94,30 +95,39 @@ def nvml_call(mutating: bool = False) -> Callable[[F], F]:
 
     def wrap(fn: F) -> F:
         name = fn.__name__
+        needs_init = name not in ("nvmlInit", "nvmlInitWithFlags")
+
+        def body(self: SimBase, lock: BatchLock, args: Any, kwargs: Any) -> Any:
+            if needs_init and not self._initialized:
+                _fail(pynvml.NVML_ERROR_UNINITIALIZED)
+            fired = self.faults.on_call(name, mutating)
+            for fault in fired:
+                if fault.when == "before":
+                    self._fire(fault)
+            if mutating:
+                lock.writing = True
+                with self._transaction(True, _changed_gpu(args)):
+                    result = fn(self, *args, **kwargs)
+            else:  # the hot path (an inventory read is ~750 calls): no context manager
+                if lock.writing or not lock.synced:  # see BatchLock
+                    self._sync()
+                    lock.synced = True
+                result = fn(self, *args, **kwargs)
+            for fault in fired:
+                if fault.when == "after":
+                    self._fire(fault)
+            return result
 
         @functools.wraps(fn)
         def inner(self: SimBase, *args: Any, **kwargs: Any) -> Any:
-            # NVML is thread-safe; so is the emulator (the agent samples from threads).
-            with self.batch_lock as lock:
-                if name not in ("nvmlInit", "nvmlInitWithFlags") and not self._initialized:
-                    _fail(pynvml.NVML_ERROR_UNINITIALIZED)
-                fired = self.faults.on_call(name, mutating)
-                for fault in fired:
-                    if fault.when == "before":
-                        self._fire(fault)
-                if mutating:
-                    lock.writing = True
-                    with self._transaction(True, _changed_gpu(args)):
-                        result = fn(self, *args, **kwargs)
-                else:  # the hot path (an inventory read is ~750 calls): no context manager
-                    if lock.writing or not lock.synced:  # see BatchLock
-                        self._sync()
-                        lock.synced = True
-                    result = fn(self, *args, **kwargs)
-                for fault in fired:
-                    if fault.when == "after":
-                        self._fire(fault)
-                return result
+            # NVML is thread-safe; so is the emulator (the agent samples from threads). A call
+            # inside a hold of this thread (the session's inventory read, a GPM tick) is
+            # already serialised: taking the lock again would only cost (~2 us a call).
+            lock = self.batch_lock
+            if lock.owner == get_ident():
+                return body(self, lock, args, kwargs)
+            with lock:
+                return body(self, lock, args, kwargs)
 
         return inner  # type: ignore[return-value]
 
@@ -146,6 +156,9 @@ class BatchLock:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._depth = 0  # changed only by the thread that holds _lock
+        # The thread that holds it (threading.get_ident()), None while free: only the holder
+        # ever finds its own id here, so it can be read without the lock.
+        self.owner: int | None = None
         self.synced = False  # the state is the file's as of this hold
         self.writing = False  # this hold changed the GPUs: every read checks the file
         # Values derived from the state (activity, MIG devices), kept while it cannot change:
@@ -155,6 +168,7 @@ class BatchLock:
     def __enter__(self) -> BatchLock:
         self._lock.acquire()
         self._depth += 1
+        self.owner = get_ident()
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -162,6 +176,7 @@ class BatchLock:
         if not self._depth:
             self.synced = self.writing = False
             self.derived.clear()
+            self.owner = None
         self._lock.release()
 
 

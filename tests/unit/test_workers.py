@@ -342,3 +342,30 @@ def test_idle_worker_keeps_beating_through_a_long_interval(start_worker: StartWo
     clock.advance(100.0)
     assert clock.wait_until(lambda: worker.health().ok), worker.health().reason
     assert work.calls == 1
+
+
+def test_idle_worker_on_the_monotonic_clock_sleeps_its_whole_interval_at_once() -> None:
+    """No wake-up every second to take a heartbeat: the thread sleeps until the interval ends
+    (or it is woken), and stays healthy through a wait longer than the 30 s of silence."""
+    waits: list[float | None] = []
+    slept = threading.Event()
+
+    class RecordingEvent(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            waits.append(timeout)
+            slept.set()
+            return super().wait(timeout)
+
+    work = Script()
+    worker = Worker("sampler", work, lambda: LONG, threading.Event())
+    worker.wake_event = RecordingEvent()
+    worker.start()
+    try:
+        assert work.ran[1].wait(TIMEOUT) and slept.wait(TIMEOUT)
+        assert len(waits) == 1 and waits[0] is not None and waits[0] > LONG - 60
+        assert worker.health() == Health(True, "ok")
+    finally:
+        worker.stop_event.set()
+        worker.wake()
+        worker.join(TIMEOUT)
+    assert not worker.is_alive() and work.calls == 1

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,31 @@ def test_a_read_under_the_session_lock_sees_one_state(tmp_path: Path) -> None:
         assert [p.pid for p in read_inventory(daemon).gpus[0].processes] == [55, 56]
     assert [p.pid for p in read_inventory(daemon).gpus[0].processes] == [55, 56]
     assert [p.pid for p in SimulatedNvml(["h200"], state).state.processes] == [55, 56]
+
+
+def test_another_thread_reads_after_a_hold_ends_and_sees_the_file_again(tmp_path: Path) -> None:
+    """A hold of the NVML lock serialises every call: a call of another thread waits for
+    it to end (calls inside the hold skip taking the lock again) and is a new hold, which
+    reads another process's change made meanwhile."""
+    state = tmp_path / "node.json"
+    daemon = NvmlSession(SimulatedNvml(["h200"], state))
+    other = SimulatedNvml(["h200"], state)
+    seen: list[list[int]] = []
+    gpu = daemon.call("nvmlDeviceGetHandleByIndex", 0)
+
+    def read() -> None:  # one call, no hold of its own around it
+        seen.append([p.pid for p in daemon.call("nvmlDeviceGetComputeRunningProcesses", gpu)])
+
+    reader = threading.Thread(target=read)
+    with daemon.lock:
+        assert read_inventory(daemon).gpus[0].processes == ()
+        reader.start()
+        reader.join(0.05)  # a chance to run: it must wait for this hold
+        other.attach("0", 55, 1024 * 1024 * 1024)
+        assert read_inventory(daemon).gpus[0].processes == ()
+        assert not seen
+    reader.join(10)
+    assert seen == [[55]]
 
 
 def test_state_file_is_written_atomically(tmp_path: Path) -> None:
