@@ -108,6 +108,11 @@ def plugin_config(offers: Mapping[int, Offer], mig_strategy: str = "mixed") -> d
     if got.strategy != "none":
         key = "mps" if got.strategy == "mps" else "timeSlicing"
         sharing[key] = {"resources": [{"name": RESOURCE, "replicas": got.replicas}]}
+    if got.strategy == "mps" and mig_strategy == "mixed":
+        # The plugin refuses to start with MPS under mixed ('using --mig-strategy=mixed is not
+        # supported with MPS'); with MPS there is no MIG GPU (above), and `none` advertises
+        # the same full GPUs.
+        mig_strategy = "none"
     return {"version": "v1", "flags": {"migStrategy": mig_strategy}, "sharing": sharing}
 
 

@@ -64,7 +64,8 @@ def _plugin(strategy: str | None, replicas: int = 0) -> dict[str, Any]:
         if strategy is None
         else {strategy: {"resources": [{"name": "nvidia.com/gpu", "replicas": replicas}]}}
     )
-    return {"version": "v1", "flags": {"migStrategy": "mixed"}, "sharing": sharing}
+    strategy_flag = "none" if strategy == "mps" else "mixed"  # the plugin refuses mixed + MPS
+    return {"version": "v1", "flags": {"migStrategy": strategy_flag}, "sharing": sharing}
 
 
 SERVED = {  # config -> (plugin config, gpu.sharing-strategy, gpu.replicas)

@@ -57,7 +57,10 @@ def devices_per_gpu(
     device of the resource, replicated by the active sharing's replicas (every device: the
     plugin resets `devices` to all). A MIG GPU under mixed adds none (its slices are
     `nvidia.com/mig-*`); under single each of its slices is a device, counted here as one."""
-    assert document["flags"] == {"migStrategy": mig_strategy}
+    mps = "mps" in document["sharing"]
+    # Under MPS the plugin takes `none` (it refuses mixed with MPS); no GPU has MIG then.
+    expected = "none" if mps and mig_strategy == "mixed" else mig_strategy
+    assert document["flags"] == {"migStrategy": expected}
     sharing = document["sharing"]
     active = sharing.get("mps") or sharing.get("timeSlicing") or {"resources": []}
     replicas = {r["name"]: r["replicas"] for r in active["resources"]}
