@@ -79,6 +79,11 @@ def _pipeline(ctx: Context, progress: bool = False) -> tuple[Pipeline, str]:
     show = _print_progress if progress and ctx.args.output != "json" else None
     path = lock_path(node.run_dir, node.sim_state, bool(node.simulate))
     configs = mig_config_cache()  # the one read of the file, kept for the run (stdin too)
+    if not (settings.mig.config_file or settings.mig.config):  # no file: the generated configs
+        raise ConfigError(
+            "no MIG config: pass -c NAME (of the configs generated from the GPUs, see"
+            " 'nodeagent mig generate-config', or of -f FILE)"
+        )
     name = settings.mig.config or _config_name(ctx, configs.load(settings.mig.config_file))
     named = dataclasses.replace(settings, mig=dataclasses.replace(settings.mig, config=name))
     reset = reset_for(settings, ctx.lib)
@@ -94,8 +99,6 @@ def failed(report: Report) -> None:
 
 
 def cmd_mig_apply(ctx: Context) -> int:
-    if not ctx.settings.mig.config_file:
-        raise ConfigError("no MIG config file: pass -f FILE or set NODEAGENT_MIG_CONFIG_FILE")
     pipeline, name = _pipeline(ctx, progress=True)
     report = pipeline.run_once(dry_run=ctx.args.dry_run)
     failed(report)
@@ -116,8 +119,6 @@ def cmd_mig_apply(ctx: Context) -> int:
 
 def cmd_mig_assert(ctx: Context) -> int:
     """As mig-parted's assert: a GPU the config does not select is a difference too."""
-    if not ctx.settings.mig.config_file:
-        raise ConfigError("no MIG config file: pass -f FILE or set NODEAGENT_MIG_CONFIG_FILE")
     pipeline, name = _pipeline(ctx)
     report = pipeline.run_once(compare=True)
     failed(report)

@@ -11,7 +11,9 @@ writes what the pipeline reports:
   tried again while the label keeps it; every change of the label (also away and back to the
   same value) or a user removing the state label asks again.
 - `KubeReporter` writes `<label>.state` = pending | success | failed (`pending` only when
-  something is about to change, as mig-manager), the reason of a failure (annotation
+  something is about to change, as mig-manager), `rebooting` when a MIG mode change waits for
+  the node to reboot (held like a failure until the agent starts again: a config still waiting
+  for its mode after that is `failed`, as mig-manager), the reason of a failure (annotation
   `nodeagent.io/mig.config.reason`) and Events.
 - `NodeLabelSink` merge-patches the labels nodeagent owns (and only those) onto the Node.
 
@@ -20,6 +22,7 @@ With nothing changing, nothing is written.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -119,6 +122,8 @@ class NodeLabelDesire:
         # protocol -> (the value that failed, the label's change count when it was asked for)
         self.failed: dict[LabelProtocol, tuple[str, int]] = {}
         self._asked: dict[LabelProtocol, tuple[str, int]] = {}
+        # protocols whose last request found the state `rebooting` (set before a reboot)
+        self._rebooted: set[LabelProtocol] = set()
         for proto in (self.mig, SHARING):
             if labels.get(proto.state) == "failed" and labels.get(proto.config):
                 self.failed[proto] = (labels[proto.config], view.changes(proto.config))
@@ -139,8 +144,14 @@ class NodeLabelDesire:
         for proto, (name, _) in list(self.failed.items()):
             if labels.get(proto.config) == name and self._held(proto, name):
                 reason = notes.get(proto.reason) or "see the node's events"
-                return f"{proto.what} {name!r} failed: {reason}"
+                how = "waits for a reboot" if labels.get(proto.state) == "rebooting" else "failed"
+                return f"{proto.what} {name!r} {how}: {reason}"
         return None
+
+    def after_reboot(self, proto: LabelProtocol) -> bool:
+        """The last request found the state `rebooting`: the node rebooted (or the agent
+        started again) since a MIG mode change asked for a reboot."""
+        return proto in self._rebooted
 
     def protocol_of(self, wanted: Wanted) -> LabelProtocol:
         return SHARING if wanted.sharing_config is not None else self.mig
@@ -155,6 +166,7 @@ class NodeLabelDesire:
             return Wanted("node-label", None)  # waits for a change (or a cleared state)
         self.failed.pop(proto, None)  # a new request, or a cleared state: ask again
         self._asked[proto] = (name, self.view.changes(proto.config))
+        (self._rebooted.add if state == "rebooting" else self._rebooted.discard)(proto)
         if proto is SHARING:
             return Wanted("node-label", None, tracked=True, sharing_config=name)
         return Wanted("node-label", name, tracked=True)
@@ -202,6 +214,13 @@ class KubeReporter:
         proto = self.desire.protocol_of(wanted)
         name = wanted.sharing_config or wanted.mig_config
         assert name is not None
+        if report.result == "failure" and report.reboot_required:
+            if not self.desire.after_reboot(proto):
+                self._rebooting(proto, name, report)
+                return
+            report = dataclasses.replace(
+                report, reason=f"{report.reason}; the node rebooted and it is still pending"
+            )
         if report.result == "failure" and report.config_failed:
             self._set_state(proto, "failed", (report.reason or "")[:4096])
             # Only once the state says so: a lost write is reported again by the next run.
@@ -218,6 +237,18 @@ class KubeReporter:
                 f"{proto.what} {name!r} applied ({report.operations} NVML operations)",
             )
             log.info("config.applied", kind=proto.what, config=name, operations=report.operations)
+
+    def _rebooting(self, proto: LabelProtocol, name: str, report: Report) -> None:
+        """mig-manager's `rebooting`: the mode change waits for a reboot (the agent's, with
+        mig.with-reboot, once this state is written; else the admin's)."""
+        self._set_state(proto, "rebooting", (report.reason or "")[:4096])
+        self.desire.hold(proto, name)  # not tried again before the agent starts again
+        self._event(
+            f"{proto.event}Rebooting",
+            f"{proto.what} {name!r} waits for the node to reboot: {report.reason}",
+            "Warning",
+        )
+        log.warning("config.rebooting", kind=proto.what, config=name, reason=report.reason)
 
 
 class NodeLabelSink:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from nodeagent.errors import RebootRequired
 from nodeagent.settings import Settings
 from nodeagent.snapshot import Snapshot
 
@@ -18,13 +19,17 @@ STEPS = (
     "pause",
     "apply",
     "verify",
+    "cdi",
     "restore",
     "publish",
     "report",
+    "reboot",
 )
 # A failure in these steps is the wanted config's failure (state label "failed"); one in
 # observe is the node's (retried, nothing reported against the config).
-CONFIG_STEPS = frozenset({"desire", "resolve", "plan", "pause", "apply", "verify", "restore"})
+CONFIG_STEPS = frozenset(
+    {"desire", "resolve", "plan", "pause", "apply", "verify", "cdi", "restore", "reboot"}
+)
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,11 @@ class Report:
     @property
     def config_failed(self) -> bool:
         return self.step in CONFIG_STEPS
+
+    @property
+    def reboot_required(self) -> bool:
+        """A MIG mode change waits for the node to reboot (state label `rebooting`)."""
+        return isinstance(self.error, RebootRequired)
 
 
 class Reporter(Protocol):
