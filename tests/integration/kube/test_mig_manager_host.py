@@ -7,7 +7,7 @@ mode stays pending until `sim reboot`."""
 
 from __future__ import annotations
 
-import stat
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from nodeagent.agent import Agent
 from nodeagent.nvml import NvmlSession
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.agent_support import make_agent
+from tests.host_support import fake_command, recorded
 from tests.integration.kube.conftest import PODS, Cluster, kube_group
 
 NODE = "gpu-node-1"
@@ -29,15 +30,6 @@ SPEC = "a100-40gbx2:no-reset"
 Start = Callable[..., tuple[Agent, SimulatedNvml]]
 
 
-def fake_command(tmp_path: Path, name: str) -> tuple[Path, Path]:
-    """A script that appends its argv (one line) to a log; returns (script, log)."""
-    log = tmp_path / f"{name}.log"
-    script = tmp_path / name
-    script.write_text(f'#!/bin/sh\necho "$0 $*" >> {log}\n')
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return script, log
-
-
 @pytest.fixture
 def start_agent(cluster: Cluster, tmp_path: Path) -> Iterator[Start]:
     """Starts an agent on the emulated node kept in one state file (so that a second agent,
@@ -46,10 +38,10 @@ def start_agent(cluster: Cluster, tmp_path: Path) -> Iterator[Start]:
     cluster.add_node(NODE, {"kubernetes.io/hostname": NODE})
     cluster.on_loop(lambda: cluster.km.resources.__setitem__(PODS, {}))
 
-    def start(mig: dict[str, Any] | None = None) -> tuple[Agent, SimulatedNvml]:
+    def start(mig: dict[str, Any] | None = None, spec: str = SPEC) -> tuple[Agent, SimulatedNvml]:
         if agents:
             agents[-1].stop()
-        lib = SimulatedNvml(parse_spec(SPEC), tmp_path / "node.json")
+        lib = SimulatedNvml(parse_spec(spec), tmp_path / "node.json")
         agent = make_agent(
             NvmlSession(lib),
             lib.reset,
@@ -67,20 +59,16 @@ def start_agent(cluster: Cluster, tmp_path: Path) -> Iterator[Start]:
         agent.stop()
 
 
-def _reboots(log: Path) -> list[str]:
-    return log.read_text().splitlines() if log.exists() else []
-
-
 def test_with_reboot_the_state_says_rebooting_then_the_agent_reboots_and_converges(
     cluster: Cluster, start_agent: Start, tmp_path: Path
 ) -> None:
-    script, log = fake_command(tmp_path, "reboot")
+    script = fake_command(tmp_path, "reboot")
     mig = {"with_reboot": True, "reboot_command": f"{script} --now"}
     _, lib = start_agent(mig)
     cluster.label(NODE, {CONFIG: "all-balanced"})
     cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "rebooting", what="rebooting")
-    cluster.wait(lambda: _reboots(log), what="the reboot command")
-    assert _reboots(log) == [f"{script} --now"]
+    cluster.wait(lambda: recorded(script), what="the reboot command")
+    assert recorded(script) == ["reboot --now"]
     assert "pending until the node reboots" in cluster.annotations(NODE)[REASON]
     assert [(g.mig_current, g.mig_pending) for g in lib.state.gpus] == [(0, 1), (0, 1)]
     assert "MigConfigRebooting" in [e["reason"] for e in cluster.events()]
@@ -90,7 +78,7 @@ def test_with_reboot_the_state_says_rebooting_then_the_agent_reboots_and_converg
     cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="success")
     assert [len(g.gis) for g in lib.state.gpus] == [4, 4]
     assert REASON not in cluster.annotations(NODE)
-    assert len(_reboots(log)) == 1  # rebooted once
+    assert recorded(script) == ["reboot --now"]  # rebooted once
 
 
 def test_without_reboot_it_waits_and_fails_when_the_restart_did_not_apply_the_mode(
@@ -115,3 +103,38 @@ def test_a_reboot_command_that_fails_is_the_configs_failure(
     cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "failed", what="failed")
     reason = cluster.annotations(NODE)[REASON]
     assert reason.startswith("reboot: the reboot command 'false' exited with 1"), reason
+
+
+def test_cdi_refresh_runs_after_the_change_and_before_success(
+    cluster: Cluster, start_agent: Start, tmp_path: Path
+) -> None:
+    """The fake nvidia-ctk records the state label it finds when it runs: still `pending`."""
+    seen = tmp_path / "state-seen"
+    ctk = tmp_path / "nvidia-ctk"
+    ctk.write_text(
+        f"#!{sys.executable}\nimport json, sys, urllib.request\n"
+        f"node = json.load(urllib.request.urlopen('{cluster.url.rstrip('/')}/api/v1/nodes/{NODE}'))\n"
+        f"with open('{seen}', 'a') as f:\n"
+        f"    f.write(' '.join(sys.argv[1:2]) + '=' + node['metadata']['labels'].get('{STATE}', '') + '\\n')\n"
+    )
+    ctk.chmod(0o755)
+    commands = [f"{ctk} system create-device-nodes", f"{ctk} cdi generate --mode=management"]
+    start_agent({"cdi_refresh": True, "cdi_commands": tuple(commands)}, spec="h200x2")
+    cluster.label(NODE, {CONFIG: "all-balanced"})
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="success")
+    assert seen.read_text().splitlines() == ["system=pending", "cdi=pending"]
+
+
+def test_a_failing_cdi_refresh_is_the_configs_failure(
+    cluster: Cluster, start_agent: Start, tmp_path: Path
+) -> None:
+    fake_command(tmp_path, "nvidia-ctk", exit_code=1, says="cannot write /var/run/cdi")
+    start_agent(
+        {"cdi_refresh": True, "cdi_commands": (f"{tmp_path / 'nvidia-ctk'} cdi generate",)},
+        spec="h200x2",
+    )
+    cluster.label(NODE, {CONFIG: "all-balanced"})
+    cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "failed", what="failed")
+    reason = cluster.annotations(NODE)[REASON]
+    assert reason.startswith("cdi: the CDI refresh command"), reason
+    assert reason.endswith("exited with 1: cannot write /var/run/cdi"), reason
