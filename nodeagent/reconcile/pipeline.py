@@ -70,6 +70,7 @@ class Pipeline:
     on_operation: Callable[[dict[str, Any]], None] | None = None  # each NVML operation done
     configs: ConfigCache[MigConfigFile] = field(default_factory=lambda: mig_config_cache())
     last_report: Report | None = field(default=None, init=False)
+    rebooted: bool = field(default=False, init=False)  # the reboot command ran: once a process
 
     def __post_init__(self) -> None:
         self.sharing_files = ConfigCache[SharingFile](load_sharing_file, "sharing config file")
@@ -170,10 +171,15 @@ class Pipeline:
         return True
 
     def _reboot(self, run: Run, report: Report) -> Report:
-        """mig.with-reboot: the state says `rebooting`; reboot the node. A reboot command that
+        """mig.with-reboot: the state says `rebooting`; reboot the node, once per process (a
+        reboot that did not come is not asked for again every run). A reboot command that
         fails is the config's failure (state `failed`, its reason)."""
+        if self.rebooted:
+            log.warning("host.reboot.waiting", reason=report.reason)
+            return report
         try:
             self._step(run, "reboot", lambda r: reboot(r.settings))
+            self.rebooted = True
         except AgentError as err:
             failed = report_of(run, ("reboot", err), self.per_gpu, self.log_failures)
             self._send_report(failed)

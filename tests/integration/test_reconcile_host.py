@@ -1,0 +1,43 @@
+"""The pipeline's host duties without Kubernetes (bare metal, `nodeagent run` under systemd):
+the reboot command runs once per process however often the mode still waits, and the CDI
+refresh comes after the change only (nodeagent.hostduties)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nodeagent.nvml import NvmlSession
+from nodeagent.reconcile import command_pipeline
+from nodeagent.sim import SimulatedNvml, parse_spec
+from tests.agent_support import make_settings
+from tests.host_support import fake_command, recorded
+
+
+def test_the_reboot_command_runs_once_per_process(tmp_path: Path) -> None:
+    lib = SimulatedNvml(parse_spec("a100-40gbx2:no-reset"))
+    script = fake_command(tmp_path, "reboot")
+    mig = {"config": "all-enabled", "with_reboot": True, "reboot_command": f"{script} now"}
+    pipeline = command_pipeline(NvmlSession(lib), make_settings(mig=mig), lib.reset, None)
+    first, second = pipeline.run_once(), pipeline.run_once()
+    assert first.reboot_required and second.reboot_required
+    assert first.step == "apply" and "pending until the node reboots" in (first.reason or "")
+    assert recorded(script) == ["reboot now"]
+    lib.reboot()
+    again = command_pipeline(NvmlSession(lib), make_settings(mig=mig), lib.reset, None)
+    assert again.run_once().result == "success"
+    assert recorded(script) == ["reboot now"]
+
+
+def test_a_cdi_refresh_follows_each_change_and_nothing_else(tmp_path: Path) -> None:
+    lib = SimulatedNvml(parse_spec("h200x2"))
+    ctk = fake_command(tmp_path, "ctk")
+    mig = {"cdi_refresh": True, "cdi_commands": (f"{ctk} one", f"{ctk} two")}
+    for name, runs in (("all-balanced", 2), ("all-balanced", 2), ("all-7g.141gb", 4)):
+        settings = make_settings(mig={**mig, "config": name})
+        report = command_pipeline(NvmlSession(lib), settings, lib.reset, None).run_once()
+        assert report.result == "success", report.reason
+        assert len(recorded(ctk)) == runs, name
+    assert recorded(ctk) == ["ctk one", "ctk two"] * 2
+    dry = make_settings(mig={**mig, "config": "all-disabled"})
+    assert command_pipeline(NvmlSession(lib), dry, lib.reset, None).run_once(dry_run=True).done
+    assert len(recorded(ctk)) == 4  # a dry run changes nothing, refreshes nothing
