@@ -13,7 +13,7 @@ def fake_command(folder: Path, name: str, exit_code: int = 0, says: str = "") ->
     log = folder / f"{name}.argv"
     script = folder / name
     script.write_text(
-        f'#!/bin/sh\necho "$(basename "$0") $*" >> "{log}"\n'
+        f'#!/bin/sh\necho "$(basename "$0")${{*:+ $*}}" >> "{log}"\n'
         + (f"echo '{says}'\n" if says else "")
         + f"exit {exit_code}\n"
     )

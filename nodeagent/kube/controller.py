@@ -22,7 +22,6 @@ With nothing changing, nothing is written.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -122,8 +121,6 @@ class NodeLabelDesire:
         # protocol -> (the value that failed, the label's change count when it was asked for)
         self.failed: dict[LabelProtocol, tuple[str, int]] = {}
         self._asked: dict[LabelProtocol, tuple[str, int]] = {}
-        # protocols whose last request found the state `rebooting` (set before a reboot)
-        self._rebooted: set[LabelProtocol] = set()
         for proto in (self.mig, SHARING):
             if labels.get(proto.state) == "failed" and labels.get(proto.config):
                 self.failed[proto] = (labels[proto.config], view.changes(proto.config))
@@ -148,11 +145,6 @@ class NodeLabelDesire:
                 return f"{proto.what} {name!r} {how}: {reason}"
         return None
 
-    def after_reboot(self, proto: LabelProtocol) -> bool:
-        """The last request found the state `rebooting`: the node rebooted (or the agent
-        started again) since a MIG mode change asked for a reboot."""
-        return proto in self._rebooted
-
     def protocol_of(self, wanted: Wanted) -> LabelProtocol:
         return SHARING if wanted.sharing_config is not None else self.mig
 
@@ -166,10 +158,12 @@ class NodeLabelDesire:
             return Wanted("node-label", None)  # waits for a change (or a cleared state)
         self.failed.pop(proto, None)  # a new request, or a cleared state: ask again
         self._asked[proto] = (name, self.view.changes(proto.config))
-        (self._rebooted.add if state == "rebooting" else self._rebooted.discard)(proto)
+        rebooted = state == "rebooting"  # the node rebooted (or the agent started again)
         if proto is SHARING:
-            return Wanted("node-label", None, tracked=True, sharing_config=name)
-        return Wanted("node-label", name, tracked=True)
+            return Wanted(
+                "node-label", None, tracked=True, sharing_config=name, after_reboot=rebooted
+            )
+        return Wanted("node-label", name, tracked=True, after_reboot=rebooted)
 
 
 class KubeReporter:
@@ -214,13 +208,9 @@ class KubeReporter:
         proto = self.desire.protocol_of(wanted)
         name = wanted.sharing_config or wanted.mig_config
         assert name is not None
-        if report.result == "failure" and report.reboot_required:
-            if not self.desire.after_reboot(proto):
-                self._rebooting(proto, name, report)
-                return
-            report = dataclasses.replace(
-                report, reason=f"{report.reason}; the node rebooted and it is still pending"
-            )
+        if report.reboot_required:
+            self._rebooting(proto, name, report)
+            return
         if report.result == "failure" and report.config_failed:
             self._set_state(proto, "failed", (report.reason or "")[:4096])
             # Only once the state says so: a lost write is reported again by the next run.

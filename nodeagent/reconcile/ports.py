@@ -40,6 +40,9 @@ class Wanted:
     mig_config: str | None
     tracked: bool = False
     sharing_config: str | None = None  # a per-GPU sharing config (nodeagent/v1)
+    # The state said `rebooting` when asked: a MIG mode change that still waits for a reboot
+    # now fails, and is not rebooted for again (mig-manager's "did not take effect").
+    after_reboot: bool = False
 
 
 class DesireSource(Protocol):
@@ -85,8 +88,9 @@ class Report:
 
     @property
     def reboot_required(self) -> bool:
-        """A MIG mode change waits for the node to reboot (state label `rebooting`)."""
-        return isinstance(self.error, RebootRequired)
+        """A MIG mode change waits for the node to reboot (state label `rebooting`), and did
+        not wait for one already (then it is a failure like any other)."""
+        return isinstance(self.error, RebootRequired) and not self.wanted.after_reboot
 
 
 class Reporter(Protocol):

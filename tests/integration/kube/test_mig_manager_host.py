@@ -81,18 +81,22 @@ def test_with_reboot_the_state_says_rebooting_then_the_agent_reboots_and_converg
     assert recorded(script) == ["reboot --now"]  # rebooted once
 
 
-def test_without_reboot_it_waits_and_fails_when_the_restart_did_not_apply_the_mode(
-    cluster: Cluster, start_agent: Start, tmp_path: Path
+@pytest.mark.parametrize("with_reboot", [False, True])
+def test_a_mode_still_pending_after_the_reboot_fails_and_is_not_rebooted_for_again(
+    cluster: Cluster, start_agent: Start, tmp_path: Path, with_reboot: bool
 ) -> None:
-    agent, _ = start_agent()
+    script = fake_command(tmp_path, "reboot")
+    mig = {"with_reboot": with_reboot, "reboot_command": str(script)}
+    agent, _ = start_agent(mig)
     cluster.label(NODE, {CONFIG: "all-enabled"})
     cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "rebooting", what="rebooting")
     ready, why = agent.ready()
     assert not ready and "reboot" in why, why
-    # The agent starts again but the node did not reboot: the mode is still pending.
-    start_agent()
+    # The agent starts again but the reboot did not apply the mode (no `lib.reboot()`).
+    start_agent(mig)
     cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "failed", what="failed")
     assert "the node rebooted and it is still pending" in cluster.annotations(NODE)[REASON]
+    assert recorded(script) == (["reboot"] if with_reboot else [])  # no reboot loop
 
 
 def test_a_reboot_command_that_fails_is_the_configs_failure(
