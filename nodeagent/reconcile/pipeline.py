@@ -172,10 +172,12 @@ class Pipeline:
 
     def _reboot(self, run: Run, report: Report) -> Report:
         """mig.with-reboot: the state says `rebooting`; reboot the node, once per process (a
-        reboot that did not come is not asked for again every run). A reboot command that
-        fails is the config's failure (state `failed`, its reason)."""
-        if self.rebooted:
-            log.warning("host.reboot.waiting", reason=report.reason)
+        reboot that did not come is not asked for again every run). Only where a reboot is
+        remembered across it: the state label of a node-label request, or a command's one run;
+        an agent on bare metal would reboot again at every boot where the mode stays pending.
+        A reboot command that fails is the config's failure (state `failed`, its reason)."""
+        if self.rebooted or not (report.wanted.tracked or self.one_shot):
+            log.warning("host.reboot.skipped", reason=report.reason, rebooted=self.rebooted)
             return report
         try:
             self._step(run, "reboot", lambda r: reboot(r.settings))
