@@ -14,7 +14,6 @@ from typing import Any
 from nodeagent.configfile import ConfigCache
 from nodeagent.errors import AgentError, ConfigError, MigError
 from nodeagent.hooks import HooksFile, load_hooks
-from nodeagent.hostduties import reboot, refresh_cdi
 from nodeagent.labels.machine import gfd_options
 from nodeagent.labels.render import SharingState, render_labels
 from nodeagent.logs import get_logger
@@ -70,7 +69,6 @@ class Pipeline:
     on_operation: Callable[[dict[str, Any]], None] | None = None  # each NVML operation done
     configs: ConfigCache[MigConfigFile] = field(default_factory=lambda: mig_config_cache())
     last_report: Report | None = field(default=None, init=False)
-    rebooted: bool = field(default=False, init=False)  # the reboot command ran: once a process
 
     def __post_init__(self) -> None:
         self.sharing_files = ConfigCache[SharingFile](load_sharing_file, "sharing config file")
@@ -120,7 +118,7 @@ class Pipeline:
         ]
         if not dry_run:
             steps += [("pause", self.change.pause), ("apply", self.change.apply)]
-            steps += [("verify", self.verify), ("cdi", self.cdi)]
+            steps += [("verify", self.verify), ("cdi", self.change.refresh_cdi)]
         try:
             for name, step in steps:
                 self._step(run, name, step)
@@ -171,17 +169,10 @@ class Pipeline:
         return True
 
     def _reboot(self, run: Run, report: Report) -> Report:
-        """mig.with-reboot: the state says `rebooting`; reboot the node, once per process (a
-        reboot that did not come is not asked for again every run). Only where a reboot is
-        remembered across it: the state label of a node-label request, or a command's one run;
-        an agent on bare metal would reboot again at every boot where the mode stays pending.
-        A reboot command that fails is the config's failure (state `failed`, its reason)."""
-        if self.rebooted or not (report.wanted.tracked or self.one_shot):
-            log.warning("host.reboot.skipped", reason=report.reason, rebooted=self.rebooted)
-            return report
+        """mig.with-reboot (nodeagent.reconcile.change.Changer.reboot); a reboot command that
+        fails is the config's failure (state `failed`, its reason)."""
         try:
-            self._step(run, "reboot", lambda r: reboot(r.settings))
-            self.rebooted = True
+            self._step(run, "reboot", lambda r: self.change.reboot(r, report))
         except AgentError as err:
             failed = report_of(run, ("reboot", err), self.per_gpu, self.log_failures)
             self._send_report(failed)
@@ -270,11 +261,6 @@ class Pipeline:
                 raise MigError("the GPUs do not match the config: " + "; ".join(problems))
         if run.mps_intent is not None:
             self.mps.verify()
-
-    def cdi(self, run: Run) -> None:
-        """After a MIG change, before success: the CDI specs follow the new MIG devices."""
-        if run.done and refresh_cdi(run.settings):
-            log.info("cdi.refreshed", commands=len(run.settings.mig.cdi_commands))
 
     def publish(self, run: Run) -> None:
         """Labels to every sink, all from the one snapshot the run ends with."""
