@@ -47,6 +47,22 @@ class ModeChangePending(MigError):
     """A MIG mode change stayed pending (Ampere needs a GPU reset)."""
 
 
+class ResetLeftToUser(ModeChangePending):
+    """A MIG mode change stays pending because the user reset the GPU themselves
+    (mig-parted's --skip-reset): theirs to do, no reboot needed."""
+
+
+class RebootRequired(ModeChangePending):
+    """A MIG mode change stays pending until the node reboots: the GPU reset that would apply
+    it failed or is not offered (Ampere, pass-through VMs). `gpus`: the GPUs it waits on."""
+
+    exit_code = 5
+
+    def __init__(self, message: str, gpus: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.gpus = gpus
+
+
 class MpsError(AgentError):
     """The MPS control daemon could not be started, configured or reached."""
 

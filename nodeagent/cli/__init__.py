@@ -23,6 +23,7 @@ from nodeagent.cli.status import (
     add_sim_health_parsers,
     cmd_sim_attach,
     cmd_sim_detach,
+    cmd_sim_reboot,
     cmd_sim_reset,
     cmd_status,
 )
@@ -77,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = simsub.add_parser("reset", help="reset one emulated GPU (nvidia-smi -r -i N)")
     p.add_argument("--gpu", "-i", required=True, type=int)
     p.set_defaults(func=cmd_sim_reset)
+    p = simsub.add_parser("reboot", help="reboot the emulated node (a pending MIG mode applies)")
+    p.set_defaults(func=cmd_sim_reboot)
     add_sim_health_parsers(simsub)
     return parser
 

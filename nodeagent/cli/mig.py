@@ -93,12 +93,21 @@ def _pipeline(ctx: Context, progress: bool = False) -> tuple[Pipeline, str]:
     show = _print_progress if text else None
     path = lock_path(node.run_dir, node.sim_state, bool(node.simulate))
     configs: ConfigCache[MigConfigFile] = mig_config_cache()  # one read of the file (stdin too)
-    cfg = configs.load(settings.mig.config_file)
-    name = settings.mig.config or _config_name(ctx, cfg)
+    if not settings.mig.config_file and _dialect(ctx) == "mig-parted":
+        raise ConfigError("missing required flags 'config-file'")  # mig-parted's CheckFlags
+    if not (settings.mig.config_file or settings.mig.config):  # no file: the generated configs
+        raise ConfigError(
+            "no MIG config: pass -c NAME (of the configs generated from the GPUs, see"
+            " 'nodeagent mig generate-config', or of -f FILE)"
+        )
+    cfg = configs.load(settings.mig.config_file) if settings.mig.config_file else None
+    name = settings.mig.config or (_config_name(ctx, cfg) if cfg else "")
     if ctx.args.mode_only:
         from nodeagent.cli.migparted import mode_only
+        from nodeagent.mig.generate import GeneratedConfigs
 
-        modes = mode_only(cfg, name, read_inventory(ctx.session))
+        inventory = read_inventory(ctx.session)
+        modes = mode_only(cfg or GeneratedConfigs().load(inventory), name, inventory)
         configs = ConfigCache(lambda _path: modes, "MIG config file")
     named = dataclasses.replace(settings, mig=dataclasses.replace(settings.mig, config=name))
     reset = reset_for(settings, ctx.lib)
@@ -124,8 +133,6 @@ def failed(report: Report) -> None:
 
 
 def cmd_mig_apply(ctx: Context) -> int:
-    if not ctx.settings.mig.config_file:
-        raise ConfigError(NO_FILE)
     pipeline, name = _pipeline(ctx, progress=True)
     with apply_switches(bool(ctx.args.skip_reset), bool(ctx.args.mode_only)):
         report = pipeline.run_once(dry_run=ctx.args.dry_run)
@@ -150,11 +157,12 @@ def cmd_mig_apply(ctx: Context) -> int:
 
 def cmd_mig_assert(ctx: Context) -> int:
     """As mig-parted's assert: a GPU the config does not select is a difference too."""
-    if not ctx.settings.mig.config_file:
-        raise ConfigError(NO_FILE)
     upstream = _dialect(ctx) == "mig-parted"
     if ctx.args.valid_config:  # the file and the name only, as mig-parted: no GPU is read
         from nodeagent.reconcile import mig_config_cache
+
+        if not ctx.settings.mig.config_file:
+            raise ConfigError(NO_FILE)
 
         cfg = mig_config_cache().load(ctx.settings.mig.config_file)
         name = ctx.settings.mig.config or _config_name(ctx, cfg)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from nodeagent import __version__
 from nodeagent.cli.common import Context, add_setting_flags
 from nodeagent.cli.mig import add_mig_commands
-from nodeagent.errors import ConfigError, ModeChangePending
+from nodeagent.errors import ConfigError, ResetLeftToUser
 
 if TYPE_CHECKING:
     from nodeagent.mig.config import MigConfigFile
@@ -113,7 +113,7 @@ def mode_only(cfg: MigConfigFile, name: str, inventory: Inventory) -> MigConfigF
 
 
 def no_reset(index: int) -> None:
-    raise ModeChangePending(
+    raise ResetLeftToUser(
         f"GPU {index}: the MIG mode change is pending and --skip-reset leaves the GPU reset to"
         f" you (nvidia-smi -r -i {index}); apply again after it"
     )

@@ -81,6 +81,13 @@ def cmd_sim_reset(ctx: Context) -> int:
     return 0
 
 
+def cmd_sim_reboot(ctx: Context) -> int:
+    """The emulated node reboots: processes end, MIG instances go, a pending mode applies."""
+    ctx.emulator("reboot").reboot()
+    print("the emulated node rebooted")
+    return 0
+
+
 def add_sim_health_parsers(simsub: Any) -> None:
     p = simsub.add_parser("health", help="set an emulated GPU's health counters")
     p.add_argument("--gpu", "-i", required=True, type=int)

@@ -11,7 +11,9 @@ writes what the pipeline reports:
   tried again while the label keeps it; every change of the label (also away and back to the
   same value) or a user removing the state label asks again.
 - `KubeReporter` writes `<label>.state` = pending | success | failed (`pending` only when
-  something is about to change, as mig-manager), the reason of a failure (annotation
+  something is about to change, as mig-manager), `rebooting` when a MIG mode change waits for
+  the node to reboot (held like a failure until the agent starts again: a config still waiting
+  for its mode after that is `failed`, as mig-manager), the reason of a failure (annotation
   `nodeagent.io/mig.config.reason`) and Events.
 - `NodeLabelSink` merge-patches the labels nodeagent owns (and only those) onto the Node.
 
@@ -139,7 +141,8 @@ class NodeLabelDesire:
         for proto, (name, _) in list(self.failed.items()):
             if labels.get(proto.config) == name and self._held(proto, name):
                 reason = notes.get(proto.reason) or "see the node's events"
-                return f"{proto.what} {name!r} failed: {reason}"
+                how = "waits for a reboot" if labels.get(proto.state) == "rebooting" else "failed"
+                return f"{proto.what} {name!r} {how}: {reason}"
         return None
 
     def protocol_of(self, wanted: Wanted) -> LabelProtocol:
@@ -155,9 +158,12 @@ class NodeLabelDesire:
             return Wanted("node-label", None)  # waits for a change (or a cleared state)
         self.failed.pop(proto, None)  # a new request, or a cleared state: ask again
         self._asked[proto] = (name, self.view.changes(proto.config))
+        rebooted = state == "rebooting"  # the node rebooted (or the agent started again)
         if proto is SHARING:
-            return Wanted("node-label", None, tracked=True, sharing_config=name)
-        return Wanted("node-label", name, tracked=True)
+            return Wanted(
+                "node-label", None, tracked=True, sharing_config=name, after_reboot=rebooted
+            )
+        return Wanted("node-label", name, tracked=True, after_reboot=rebooted)
 
 
 class KubeReporter:
@@ -202,6 +208,9 @@ class KubeReporter:
         proto = self.desire.protocol_of(wanted)
         name = wanted.sharing_config or wanted.mig_config
         assert name is not None
+        if report.reboot_required:
+            self._rebooting(proto, name, report)
+            return
         if report.result == "failure" and report.config_failed:
             self._set_state(proto, "failed", (report.reason or "")[:4096])
             # Only once the state says so: a lost write is reported again by the next run.
@@ -218,6 +227,18 @@ class KubeReporter:
                 f"{proto.what} {name!r} applied ({report.operations} NVML operations)",
             )
             log.info("config.applied", kind=proto.what, config=name, operations=report.operations)
+
+    def _rebooting(self, proto: LabelProtocol, name: str, report: Report) -> None:
+        """mig-manager's `rebooting`: the mode change waits for a reboot (the agent's, with
+        mig.with-reboot, once this state is written; else the admin's)."""
+        self._set_state(proto, "rebooting", (report.reason or "")[:4096])
+        self.desire.hold(proto, name)  # not tried again before the agent starts again
+        self._event(
+            f"{proto.event}Rebooting",
+            f"{proto.what} {name!r} waits for the node to reboot: {report.reason}",
+            "Warning",
+        )
+        log.warning("config.rebooting", kind=proto.what, config=name, reason=report.reason)
 
 
 class NodeLabelSink:

@@ -1,8 +1,10 @@
 """Execute a MIG plan through nodeagent.nvml: each operation in order, a pending mode change
-reset for its GPU only. The sequence around it (observe, resolve, plan, apply, verify) is the
-pipeline's (nodeagent.reconcile), for the agent and `mig apply` alike: idempotent, and it
-converges after a failure or a kill at any mutation, because each run plans from what NVML
-reports, including GIs left without their CI.
+reset for its GPU only. A mode change that the reset cannot apply waits for a reboot: the other
+GPUs' operations (their mode changes too, so that one reboot applies them all) still run, then
+RebootRequired names the GPUs that wait. The sequence around it (observe, resolve, plan,
+apply, verify) is the pipeline's (nodeagent.reconcile), for the agent and `mig apply` alike:
+idempotent, and it converges after a failure or a kill at any mutation, because each run plans
+from what NVML reports, including GIs left without their CI.
 """
 
 from __future__ import annotations
@@ -12,7 +14,13 @@ import subprocess
 from collections.abc import Callable
 from typing import Any
 
-from nodeagent.errors import ModeChangePending, NvmlError, SliceInUse
+from nodeagent.errors import (
+    ModeChangePending,
+    NvmlError,
+    RebootRequired,
+    ResetLeftToUser,
+    SliceInUse,
+)
 from nodeagent.logs import get_logger
 from nodeagent.mig.plan import Operation, Plan
 from nodeagent.mig.profile import profile_or_none
@@ -81,12 +89,23 @@ class _Executor:
                     f"GPU {op.gpu}: MIG mode change to {'enabled' if op.enabled else 'disabled'}"
                     " is pending: processes are using the GPU; stop them and apply again"
                 )
-            self.reset(op.gpu)
+            wanted = "enabled" if op.enabled else "disabled"
+            try:
+                self.reset(op.gpu)
+            except ResetLeftToUser:
+                raise  # --skip-reset: the user resets the GPU; nothing waits for a reboot
+            except (ModeChangePending, NvmlError) as err:
+                raise RebootRequired(
+                    f"GPU {op.gpu}: MIG mode {wanted} is pending until the node reboots ({err})",
+                    (op.gpu,),
+                ) from err
             current, pending = self.writer.mig_mode(op.gpu)
             if current != op.enabled:
-                raise ModeChangePending(
+                raise RebootRequired(
                     f"GPU {op.gpu}: MIG mode is still {'enabled' if current else 'disabled'}"
-                    f" (pending {'enabled' if pending else 'disabled'}) after the GPU reset"
+                    f" (pending {'enabled' if pending else 'disabled'}) after the GPU reset;"
+                    " it takes effect when the node reboots",
+                    (op.gpu,),
                 )
             return {**op.to_dict(), "reset": True}
         return op.to_dict()
@@ -128,10 +147,26 @@ def execute(
     `on_done` hears of each operation as soon as it is done (progress for a user watching)."""
     executor = _Executor(writer, reset)
     done = []
+    waiting: list[RebootRequired] = []  # GPUs whose mode waits for a reboot
     for op in the_plan.operations:
-        done.append(executor.run(op))
+        if any(op.gpu in w.gpus for w in waiting):
+            continue  # the rest of that GPU's change is planned again after the reboot
+        try:
+            done.append(executor.run(op))
+        except RebootRequired as err:
+            waiting.append(err)
+            continue
         if on_done is not None:
             on_done(done[-1])
+    if len(waiting) == 1:
+        raise waiting[0]
+    if waiting:
+        gpus = tuple(g for w in waiting for g in w.gpus)
+        raise RebootRequired(
+            f"GPUs {', '.join(map(str, gpus))}: MIG mode changes are pending until the node"
+            f" reboots (first: {waiting[0]})",
+            gpus,
+        )
     return done
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nodeagent.mig.config import MigConfigFile, dump_config, parse_config
 from nodeagent.mig.geometry import Geometry
 from nodeagent.mig.plan import device_counts
 from nodeagent.nvml.inventory import GiProfile, Gpu, Inventory
@@ -56,6 +57,26 @@ def generate_configs(inventory: Inventory) -> dict[str, list[dict[str, Any]]]:
         configs.setdefault("all-balanced", []).append({**base, "mig-devices": balanced(gpu)})
     configs.update(per_profile)
     return configs
+
+
+GENERATED_SOURCE = "the configs generated from this node's GPUs"
+
+
+class GeneratedConfigs:
+    """The configs of generate_configs() as a parsed file: what the agent and `mig apply` use
+    when no MIG config file is given, as mig-manager does since v0.14.0 (it generates its
+    config from the hardware). Generated again only when the GPU models change."""
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._file: MigConfigFile | None = None
+
+    def load(self, inventory: Inventory) -> MigConfigFile:
+        key = tuple((g.pci_device_id, tuple(p.name for p in g.profiles)) for g in inventory.gpus)
+        if self._file is None or key != self._key:
+            text = dump_config(generate_configs(inventory))
+            self._key, self._file = key, parse_config(text, GENERATED_SOURCE)
+        return self._file
 
 
 def export_current(inventory: Inventory) -> dict[str, list[dict[str, Any]]]:

@@ -16,12 +16,16 @@
     apply    under the NVML lock: read again, plan again, execute; then converge the MPS
              daemon
     verify   read again; the GPUs must match the config, the MPS limits must read back
+    cdi      after a MIG change, with mig.cdi-refresh: the CDI refresh commands
+             (nodeagent.hostduties), before the clients are back and the state says success
     restore  the apply-exit hook, then GPU clients back (always, whatever failed after the
              apply-start hook ran or the clients were paused)
     publish  labels to every sink (the device plugin's config is one), all from the one
              snapshot the run ends with
     report   state label, reason annotation and Events (node label protocol), metrics,
              readiness
+    reboot   only when a MIG mode change waits for a reboot (state `rebooting` written) and
+             mig.with-reboot is on: the reboot command
 
 Nothing changes before resolve and plan succeeded for the whole node. Every failure is
 reported as `<step>: <reason>` (`resolve: mig.yaml: no config named 'x'`), and each step's

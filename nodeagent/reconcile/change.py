@@ -10,13 +10,14 @@ from typing import Any
 
 from nodeagent.errors import AgentError
 from nodeagent.hooks import hook_env, run_hook
+from nodeagent.hostduties import reboot, refresh_cdi
 from nodeagent.logs import get_logger
 from nodeagent.mig.apply import Reset, execute
 from nodeagent.mig.plan import plan
 from nodeagent.mps.manager import MpsChange, MpsManager
 from nodeagent.mps.settings import validate
 from nodeagent.nvml import MigWriter
-from nodeagent.reconcile.ports import Clients, Reporter
+from nodeagent.reconcile.ports import Clients, Report, Reporter
 from nodeagent.reconcile.run import Run, refuse_unknown_holders
 from nodeagent.settings import Settings
 from nodeagent.snapshot import Allocations, Store
@@ -53,6 +54,7 @@ class Changer:
         self.reporter = reporter
         self.on_operation = on_operation
         self.one_shot = one_shot
+        self.rebooted = False  # the reboot command ran: once a process
         self.applying = False  # a MIG change holds the NVML lock: readers wait, by design
 
     def pause(self, run: Run) -> None:
@@ -124,6 +126,23 @@ class Changer:
             yield
         finally:
             self.applying = False
+
+    def refresh_cdi(self, run: Run) -> None:
+        """After a MIG change, before success: the CDI specs follow the new MIG devices."""
+        if run.done and refresh_cdi(run.settings):
+            log.info("cdi.refreshed", commands=len(run.settings.mig.cdi_commands))
+
+    def reboot(self, run: Run, report: Report) -> None:
+        """mig.with-reboot, once the state says `rebooting`: reboot the node, once per process
+        (a reboot that did not come is not asked for again every run), and only where a reboot
+        is remembered across it: the state label of a node-label request, or a command's one
+        run (an agent on bare metal would reboot at every boot where the mode stays pending).
+        Raises HostDutyError when the reboot command fails."""
+        if self.rebooted or not (report.wanted.tracked or self.one_shot):
+            log.warning("host.reboot.skipped", reason=report.reason, rebooted=self.rebooted)
+            return
+        reboot(run.settings)
+        self.rebooted = True
 
     def restore(self, run: Run) -> None:
         """apply-exit (once apply-start ran), then the clients back; both are tried."""

@@ -20,6 +20,7 @@ from nodeagent.logs import get_logger
 from nodeagent.metrics.agent import AgentStats
 from nodeagent.mig.apply import Reset
 from nodeagent.mig.config import MigConfigFile, load_config
+from nodeagent.mig.generate import GeneratedConfigs
 from nodeagent.mig.plan import mismatches, plan
 from nodeagent.mig.select import covered, resolve
 from nodeagent.mps.intent import check_startable, mps_intent
@@ -74,6 +75,7 @@ class Pipeline:
         self.sharing_files = ConfigCache[SharingFile](load_sharing_file, "sharing config file")
         self.hook_files = ConfigCache[HooksFile](load_hooks, "hooks file")
         self.workloads = WorkloadPlanner()  # sharing.workload-file
+        self.generated = GeneratedConfigs()  # the MIG configs when no file is given
         self.change = Changer(
             self.store, self.mps, self.reset, self.writer_lock, self.allocations,
             self.clients, self.reporter, self.on_operation, self.one_shot,
@@ -117,7 +119,7 @@ class Pipeline:
         ]
         if not dry_run:
             steps += [("pause", self.change.pause), ("apply", self.change.apply)]
-            steps += [("verify", self.verify)]
+            steps += [("verify", self.verify), ("cdi", self.change.refresh_cdi)]
         try:
             for name, step in steps:
                 self._step(run, name, step)
@@ -139,7 +141,10 @@ class Pipeline:
             except Exception as err:
                 failure = failure or (run.step, err)
         report = report_of(run, failure, self.per_gpu, self.log_failures)
-        self._step(run, "report", lambda r: self._send_report(report))
+        sent: list[bool] = []
+        self._step(run, "report", lambda r: sent.append(self._send_report(report)))
+        if report.reboot_required and run.settings.mig.with_reboot and all(sent):
+            report = self._reboot(run, report)
         self.stats.record(report.result, self.clock() - start, time.time())
         self.last_report = report
         return report
@@ -155,12 +160,26 @@ class Pipeline:
             run.took_ms[name] = round(seconds * 1000, 1)
             self.stats.record_step(name, seconds)
 
-    def _send_report(self, report: Report) -> None:
+    def _send_report(self, report: Report) -> bool:
+        """Whether the reporter took the report (the state label was written)."""
         if self.reporter is not None:
             try:
                 self.reporter.finished(report)
             except AgentError as err:  # the change itself is done (or failed) either way
                 log.warning("report.failed", error=str(err))
+                return False
+        return True
+
+    def _reboot(self, run: Run, report: Report) -> Report:
+        """mig.with-reboot (nodeagent.reconcile.change.Changer.reboot); a reboot command that
+        fails is the config's failure (state `failed`, its reason)."""
+        try:
+            self._step(run, "reboot", lambda r: self.change.reboot(r, report))
+        except AgentError as err:
+            failed = report_of(run, ("reboot", err), self.per_gpu, self.log_failures)
+            self._send_report(failed)
+            return failed
+        return report
 
     # -- the steps ----------------------------------------------------------------------------
 
@@ -185,11 +204,6 @@ class Pipeline:
                 f"sharing config {run.wanted.sharing_config!r} is wanted but no sharing config"
                 " file is set (sharing.config-file, --sharing-file)"
             )
-        if run.wanted.mig_config is not None and not run.settings.mig.config_file:
-            raise ConfigError(
-                f"MIG config {run.wanted.mig_config!r} is wanted but no MIG config file is set"
-                " (mig.config-file, -f, NODEAGENT_MIG_CONFIG_FILE)"
-            )
 
     def resolve_step(self, run: Run) -> None:
         """Per GPU: the MIG state the config asks for, and the MPS daemon. A sharing config
@@ -210,7 +224,12 @@ class Pipeline:
             return
         name = run.wanted.mig_config
         if name is not None:
-            mig_file = self.configs.load(s.mig.config_file)
+            # No file given: the configs generated from the GPUs (mig-manager since v0.14.0).
+            mig_file = (
+                self.configs.load(s.mig.config_file)
+                if s.mig.config_file
+                else self.generated.load(inventory)
+            )
             run.desired = resolve(mig_file, name, inventory)
             selected = covered(mig_file, name, inventory)
             run.uncovered = [

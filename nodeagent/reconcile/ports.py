@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from nodeagent.errors import RebootRequired
 from nodeagent.settings import Settings
 from nodeagent.snapshot import Snapshot
 
@@ -18,13 +19,17 @@ STEPS = (
     "pause",
     "apply",
     "verify",
+    "cdi",
     "restore",
     "publish",
     "report",
+    "reboot",
 )
 # A failure in these steps is the wanted config's failure (state label "failed"); one in
 # observe is the node's (retried, nothing reported against the config).
-CONFIG_STEPS = frozenset({"desire", "resolve", "plan", "pause", "apply", "verify", "restore"})
+CONFIG_STEPS = frozenset(
+    {"desire", "resolve", "plan", "pause", "apply", "verify", "cdi", "restore", "reboot"}
+)
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,9 @@ class Wanted:
     mig_config: str | None
     tracked: bool = False
     sharing_config: str | None = None  # a per-GPU sharing config (nodeagent/v1)
+    # The state said `rebooting` when asked: a MIG mode change that still waits for a reboot
+    # now fails, and is not rebooted for again (mig-manager's "did not take effect").
+    after_reboot: bool = False
 
 
 class DesireSource(Protocol):
@@ -77,6 +85,12 @@ class Report:
     @property
     def config_failed(self) -> bool:
         return self.step in CONFIG_STEPS
+
+    @property
+    def reboot_required(self) -> bool:
+        """A MIG mode change waits for the node to reboot (state label `rebooting`), and did
+        not wait for one already (then it is a failure like any other)."""
+        return isinstance(self.error, RebootRequired) and not self.wanted.after_reboot
 
 
 class Reporter(Protocol):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from nodeagent.errors import AgentError
+from nodeagent.errors import AgentError, RebootRequired
 from nodeagent.logs import get_logger
 from nodeagent.mig.plan import mismatches
 from nodeagent.reconcile.ports import Report
@@ -55,6 +55,8 @@ def report_of(
         )  # fmt: skip
     step, err = failure
     text = str(err) if isinstance(err, AgentError) else f"internal error: {err!r}"
+    if isinstance(err, RebootRequired) and run.wanted.after_reboot:
+        text += "; the node rebooted and it is still pending"
     (log.error if log_failures else log.debug)(
         "reconcile.failed",
         step=step,

@@ -12,6 +12,15 @@ DEFAULT_LABEL_PREFIX = "nvidia.com/"
 DEFAULT_MPS_ROOT = Path("/run/nvidia/mps")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 DEFAULT_RUN_DIR = Path("/run/nodeagent")
+DEFAULT_REBOOT_COMMAND = "systemctl reboot"
+# mig-manager's CDI refresh after a MIG change (NVIDIA/mig-parted bd7160f4,
+# pkg/mig/reconfigure/reconfigure.go handleCDI/createCDISpec), for a driver installed on the
+# host: the control device nodes (nvidia-caps), then the management CDI spec.
+DEFAULT_CDI_COMMANDS = (
+    "nvidia-ctk system create-device-nodes --control-devices",
+    "nvidia-ctk cdi generate --mode=management --vendor=management.nvidia.com --class=gpu"
+    " --output=/var/run/cdi/management.nvidia.com-gpu.yaml",
+)
 MAX_ERRORS = 20
 
 
@@ -51,6 +60,12 @@ class Mig:
     lock_timeout_seconds: float = 60.0
     hooks_file: str | None = None  # mig-parted's hooks file (v1): commands around a change
     hook_timeout_seconds: float = 300.0
+    # mig-manager's host duties (nodeagent.hostduties): reboot when a MIG mode change waits
+    # for one (WITH_REBOOT), and refresh the CDI specs after a MIG change (CDI_ENABLED).
+    with_reboot: bool = False
+    reboot_command: str = DEFAULT_REBOOT_COMMAND
+    cdi_refresh: bool = False
+    cdi_commands: tuple[str, ...] = DEFAULT_CDI_COMMANDS
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -323,6 +324,26 @@ def driver_name(raw: Any) -> str:
 
 def selectors(raw: Any) -> tuple[dict[str, str], ...]:
     return tuple(selector(item) for item in _items(raw))
+
+
+def command(raw: Any) -> str:
+    """A command line, split as a shell would (no shell runs it)."""
+    value = text(raw)
+    try:
+        argv = shlex.split(value)
+    except ValueError as err:
+        raise Invalid(f"command {_show(raw)} cannot be split: {err}") from err
+    if not argv:
+        raise Invalid("must name a command")
+    return value
+
+
+def commands(raw: Any) -> tuple[str, ...]:
+    """Command lines: a YAML list, or a text of commands separated by ';'."""
+    items = tuple(command(item) for item in _items(raw))
+    if not items:
+        raise Invalid("must name at least one command")
+    return items
 
 
 def socket(raw: Any) -> Path | None:

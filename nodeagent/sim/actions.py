@@ -1,4 +1,5 @@
-"""What a user or the hardware does outside NVML: processes start and end, a GPU is reset."""
+"""What a user or the hardware does outside NVML: processes start and end, a GPU is reset, the
+node reboots."""
 
 from __future__ import annotations
 
@@ -12,9 +13,7 @@ from nodeagent.sim.base import (
     _handle,
 )
 from nodeagent.sim.health import checkpoint_energy
-from nodeagent.sim.models import (
-    MIB,
-)
+from nodeagent.sim.models import MIB, load_model
 from nodeagent.sim.rules import MAX_PID
 from nodeagent.sim.state import CiState, GiState, GpuState, ProcessState
 
@@ -84,7 +83,8 @@ class UserActions(SimBase):
         """`nvidia-smi -r -i INDEX`: apply a pending MIG mode; instances do not survive.
 
         Raises SimError for an unknown GPU, NvmlError IN_USE (what the driver answers) for one
-        with processes on it.
+        with processes on it, NOT_SUPPORTED for one whose reset the platform does not expose
+        (spec suffix ':no-reset').
         """
         with self.edit() as state:
             if not 0 <= index < len(state.gpus):
@@ -98,8 +98,28 @@ class UserActions(SimBase):
                     context=f"GPU {index}",
                 )
             gpu = state.gpus[index]
+            if gpu.reset_refused:
+                raise NvmlError(
+                    pynvml.NVML_ERROR_NOT_SUPPORTED,
+                    "GPU reset",
+                    "this platform does not expose a GPU reset (a pass-through VM)",
+                    context=f"GPU {index}",
+                )
             gpu.gis.clear()
             gpu.mig_current = gpu.mig_pending
+
+    def reboot(self) -> None:
+        """The node reboots: every process ends and no MIG instance survives; a pending MIG
+        mode takes effect on Ampere (its mode is kept across a reboot), while from Hopper on
+        MIG mode does not survive a reboot (NVIDIA's MIG user guide)."""
+        with self.edit() as state:
+            checkpoint_energy(state, self.health_clock())
+            state.processes.clear()
+            for gpu in state.gpus:
+                gpu.gis.clear()
+                if load_model(gpu.model).architecture >= pynvml.NVML_DEVICE_ARCH_HOPPER:
+                    gpu.mig_pending = 0
+                gpu.mig_current = gpu.mig_pending
 
     def _find_device(self, device: str) -> tuple[GpuState, GiState | None, CiState | None]:
         gpus = self.state.gpus

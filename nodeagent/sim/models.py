@@ -257,10 +257,14 @@ def load_model(key: str) -> DeviceModel:
 
 
 MAX_GPUS = 255  # one PCI bus of domain 0 each (state.py numbers them)
+# Spec suffix: GPUs whose platform exposes no GPU reset (a pass-through VM), so that an Ampere
+# MIG mode change stays pending until `nodeagent sim reboot` (a100-40gbx2:no-reset).
+NO_RESET = ":no-reset"
 
 
 def parse_spec(spec: str) -> list[str]:
-    """Turn a simulate SPEC (`h200`, `h200x8`, `a100-40gbx2,h100-80gb`) into model keys.
+    """Turn a simulate SPEC (`h200`, `h200x8`, `a100-40gbx2,h100-80gb`) into model keys; a
+    part ending in `:no-reset` keeps that suffix (its GPUs refuse a reset: state.py).
 
     Raises SimError naming the bad part: an empty one, an unknown model, a count that is not
     1 to MAX_GPUS, or more than MAX_GPUS GPUs in all.
@@ -270,16 +274,17 @@ def parse_spec(spec: str) -> list[str]:
     if not spec.strip() or any(not p for p in parts):
         raise SimError(f"simulate spec {spec!r} is empty or has an empty part; try 'h200x2'")
     for part in parts:
-        match = re.fullmatch(r"(.+?)(?:x(-?[0-9]+))?", part.lower())
+        match = re.fullmatch(r"(.+?)(?:x(-?[0-9]+))?(:no-reset)?", part.lower())
         if not match or match.group(1) not in MODEL_NAMES:
             raise SimError(
                 f"simulate spec part {part!r} names no known GPU model; "
-                f"known models: {', '.join(MODEL_NAMES)} (optionally xN, e.g. h200x8)"
+                f"known models: {', '.join(MODEL_NAMES)} (optionally xN, e.g. h200x8, and"
+                f" {NO_RESET} for GPUs whose reset is refused)"
             )
         count = int(match.group(2)) if match.group(2) else 1
         if not 1 <= count <= MAX_GPUS:
             raise SimError(f"simulate spec part {part!r}: count must be 1..{MAX_GPUS} GPUs")
-        keys.extend([match.group(1)] * count)
+        keys.extend([match.group(1) + (match.group(3) or "")] * count)
     if len(keys) > MAX_GPUS:
         raise SimError(f"simulate spec {spec!r} asks for {len(keys)} GPUs; at most {MAX_GPUS}")
     return keys

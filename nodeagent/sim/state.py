@@ -7,7 +7,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from nodeagent.sim.models import MAX_GPUS, load_model
+from nodeagent.sim.models import MAX_GPUS, NO_RESET, load_model
 
 STATE_VERSION = 1
 _UUID_NAMESPACE = uuid.UUID("6d1f5c8e-3f0a-4c0b-9a43-1f7e2b9c4d10")
@@ -81,6 +81,9 @@ class GpuState:
     compute_mode: int = 0
     uuid_serial: int = 0
     health: HealthState = field(default_factory=HealthState)
+    # The platform does not expose a GPU reset (pass-through virtualization, per NVML's
+    # nvmlDeviceSetMigMode docs): a pending MIG mode (Ampere) waits for a reboot (':no-reset').
+    reset_refused: bool = False
 
     def new_mig_uuid(self) -> str:
         self.uuid_serial += 1
@@ -94,17 +97,20 @@ class SimState:
 
     @property
     def models(self) -> list[str]:
-        return [g.model for g in self.gpus]
+        """The model keys as a simulate spec names them (with ':no-reset' where it applies)."""
+        return [g.model + (NO_RESET if g.reset_refused else "") for g in self.gpus]
 
 
 def fresh_state(models: list[str]) -> SimState:
     """A node just booted: MIG off on every GPU, no instances, no processes."""
     gpus = []
-    for index, key in enumerate(models):
+    for index, spec_key in enumerate(models):
+        key = spec_key.removesuffix(NO_RESET)
         load_model(key)
         gpu_uuid = "GPU-" + str(uuid.uuid5(_UUID_NAMESPACE, f"gpu/{index}/{key}"))
         bus = f"00000000:{BUSES[index]:02X}:00.0"
-        gpus.append(GpuState(index=index, model=key, uuid=gpu_uuid, pci_bus_id=bus))
+        refused = spec_key.endswith(NO_RESET)
+        gpus.append(GpuState(index, key, gpu_uuid, bus, reset_refused=refused))
     return SimState(gpus=gpus)
 
 

@@ -92,6 +92,12 @@ def _int(value: Any, where: str, allowed: range | tuple[int, ...]) -> int:
     return value
 
 
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        _fail(f"{where} must be true or false, not {_show(value)}")
+    return value
+
+
 def _text(value: Any, where: str) -> str:
     if not isinstance(value, str) or not _ID_TEXT.fullmatch(value):
         _fail(f"{where} must be 1 to 80 printable characters without spaces, not {_show(value)}")
@@ -179,7 +185,7 @@ def _health(raw: Any, where: str) -> HealthState:
 def _gpu(raw: Any, index: int) -> GpuState:
     where = f"gpus[{index}]"
     required = ("index", "model", "uuid", "pci_bus_id", "mig_current", "mig_pending", "gis")
-    _object(raw, where, (*required, "uuid_serial"), ("compute_mode", "health"))
+    _object(raw, where, (*required, "uuid_serial"), ("compute_mode", "health", "reset_refused"))
     _int(raw["index"], f"{where}.index", range(index, index + 1))
     if raw["model"] not in MODEL_NAMES:
         _fail(f"{where}.model {_show(raw['model'])} is none of {', '.join(MODEL_NAMES)}")
@@ -195,6 +201,7 @@ def _gpu(raw: Any, index: int) -> GpuState:
         compute_mode=_int(raw.get("compute_mode", 0), f"{where}.compute_mode", COMPUTE_MODES),
         uuid_serial=_int(raw["uuid_serial"], f"{where}.uuid_serial", range(0, _I64)),
         health=_health(raw.get("health", {}), f"{where}.health"),
+        reset_refused=_flag(raw.get("reset_refused", False), f"{where}.reset_refused"),
     )
 
 

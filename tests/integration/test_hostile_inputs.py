@@ -178,7 +178,11 @@ CASES: dict[str, Case] = {
     "mig-assert-bad-bytes": Case(
         ("mig", "assert", "-f", "{tmp}/mig.yaml", "-c", "a"), 2, ("not UTF-8",), mig(RANDOM)
     ),
-    "mig-no-file-flag": Case(("mig", "apply", "-c", "all-balanced"), 2, ("no MIG config file",)),
+    # No -f: -c names a config generated from the GPUs; with neither there is nothing to apply.
+    "mig-no-file-no-name": Case(("mig", "apply"), 2, ("no MIG config", "-c NAME")),
+    "mig-no-file-unknown-name": Case(
+        ("mig", "apply", "-c", "all-9g"), 2, ("generated from this node's GPUs", "all-9g")
+    ),
     # -- stdin --------------------------------------------------------------------------------
     "stdin-empty": Case(("mig", "apply", "-f", "-", "-c", "a"), 2, ("<stdin>", "empty"), stdin=""),
     "stdin-garbage": Case(("mig", "apply", "-f", "-", "-c", "a"), 2, ("<stdin>",), stdin="{{{{"),

@@ -655,18 +655,29 @@ def test_aliases_are_found() -> None:
     assert {"NODE_NAME", "CUDA_MPS_PIPE_DIRECTORY"} <= {v for s in ALIASED for v in s.env[1:]}
 
 
+def _two_values(spec: Spec) -> tuple[str, str]:
+    """Two values `spec` parses to different settings: paths and names, or a switch's."""
+    try:
+        spec.parse("/from/first")
+    except Invalid:
+        return "true", "false"
+    return "/from/first", "/from/second"
+
+
 @pytest.mark.parametrize("spec", ALIASED, ids=lambda s: s.dotted)
 def test_first_listed_variable_wins(spec: Spec) -> None:
     first, second = spec.env[:2]
-    settings, sources = load(environ={second: "/from/second", first: "/from/first"})
-    assert value_of(settings, spec) == spec.parse("/from/first")
+    one, other = _two_values(spec)
+    settings, sources = load(environ={second: other, first: one})
+    assert value_of(settings, spec) == spec.parse(one) != spec.parse(other)
     assert sources[spec.dotted] == Source("env", first)
 
 
 @pytest.mark.parametrize("spec", ALIASED, ids=lambda s: s.dotted)
 def test_alias_alone_works(spec: Spec) -> None:
-    settings, sources = load(environ={spec.env[-1]: "/from/alias"})
-    assert value_of(settings, spec) == spec.parse("/from/alias")
+    value = _two_values(spec)[0]
+    settings, sources = load(environ={spec.env[-1]: value})
+    assert value_of(settings, spec) == spec.parse(value)
     assert sources[spec.dotted] == Source("env", spec.env[-1])
 
 

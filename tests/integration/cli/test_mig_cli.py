@@ -198,7 +198,9 @@ def test_parse_errors_exit_2_and_change_nothing(
         "cannot read",
         "No such file",
     )
-    assert_one_error(node("mig", "apply", "-c", "x"), 2, "-f FILE")
+    # No -f: the configs generated from the GPUs (as mig-manager), which name no 'x'.
+    assert_one_error(node("mig", "apply", "-c", "x"), 2, "generated", "no config named 'x'")
+    assert_one_error(node("mig", "apply"), 2, "-c NAME", "-f FILE")
     assert_one_error(node("mig", "apply", "-f", str(_generated(node, tmp_path))), 2, "-c NAME")
     assert_one_error(
         node("mig", "apply", "-f", str(tmp_path / "configs.yaml"), "-c", "all-5g"),
@@ -287,7 +289,8 @@ def test_ampere_reset_command(node: Callable[..., Result], tmp_path: Path) -> No
         "false",
         spec="a100-40gbx2",
     )
-    assert_one_error(res, 3, "GPU 0", "pending", "'false' failed")
+    # The reset failed: the mode waits for a reboot (exit 5), on every GPU it was set on.
+    assert_one_error(res, 5, "GPUs 0, 1", "pending until the node reboots", "'false' failed")
     reset = f"{sys.executable} -m nodeagent --simulate a100-40gbx2 --sim-state {node.state} sim reset --gpu {{index}}"  # type: ignore[attr-defined]
     res = node(
         "mig",

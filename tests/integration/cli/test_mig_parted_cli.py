@@ -59,7 +59,7 @@ CASES = [
     (None, ["apply", "-f", CONFIG, "-c", "all-3g.20gb"], {"MIG_PARTED_SKIP_RESET": "true"}, 3, 1, None),
     (None, ["apply", "-f", CONFIG, "-c", "no-such-config"], {}, 2, 1, None),
     (None, ["apply", "-f", CONFIG], {}, 2, 1, None),
-    (None, ["apply", "-c", "all-1g.5gb"], {}, 2, 1, None),
+    (None, ["apply"], {}, 2, 1, None),  # neither -f nor -c (-c alone: generated configs, below)
     (None, ["apply", "-f", CONFIG, "-c", "all-1g.5gb", "--no-such-flag"], {}, 2, 1, None),
     (None, ["apply", "-f", CONFIG, "-c", "all-1g.5gb"], {"MIG_PARTED_SKIP_RESET": "maybe"}, 2, 1, None),
     (None, ["assert", "-f", CONFIG, "-c", "all-disabled"], {}, 0, 0, None),
@@ -199,3 +199,16 @@ def test_the_console_script_is_installed_with_nodeagent() -> None:
     pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
     scripts = tomllib.loads(pyproject.read_text())["project"]["scripts"]
     assert scripts["nvidia-mig-parted"] == "nodeagent.cli.migparted:main"
+
+
+def test_without_a_file_mig_parted_refuses_and_nodeagent_uses_the_generated_configs(
+    cli: Callable[..., Result], mig_parted: Callable[..., Result], tmp_path: Path
+) -> None:
+    """mig-parted requires -f (its CheckFlags); nodeagent, as mig-manager since v0.14.0, takes
+    the configs generated from the GPUs."""
+    state = tmp_path / "node.json"
+    theirs = mig_parted("apply", "-c", "all-1g.5gb", env=_env(state))
+    assert theirs.returncode == 1
+    assert "missing required flags 'config-file'" in theirs.stderr
+    ours = cli("mig", "apply", "-c", "all-1g.5gb", env=_env(state))
+    assert ours.returncode == 0, ours.stderr

@@ -129,6 +129,18 @@ class Cluster:
         raise AssertionError(f"timed out waiting for {what or predicate}; last: {last!r}")
 
 
+def kube_group(cluster: Cluster, node: str, **extra: Any) -> dict[str, Any]:
+    """The kube settings of an agent on `node` of `cluster` (a 1 s watch, no kubelet)."""
+    return {
+        "enabled": True,
+        "node_name": node,
+        "host": cluster.url,
+        "watch_timeout_seconds": 1,
+        "pod_resources_socket": None,
+        **extra,
+    }
+
+
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
     c = Cluster()

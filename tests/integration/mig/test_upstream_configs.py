@@ -52,9 +52,13 @@ def node(model: str) -> Inventory:
 
 @cache
 def result(file: str, name: str, model: str) -> str:
-    """'planned', 'lacks <profile>' or 'not selected' for config `name` of `file` on a 2-GPU
-    node of `model`."""
-    cfg = upstream(file)
+    """outcome() for config `name` of the upstream `file`, worked out once."""
+    return outcome(upstream(file), name, model)
+
+
+def outcome(cfg: MigConfigFile, name: str, model: str) -> str:
+    """'planned', 'lacks <profile>' or 'not selected' for config `name` on a 2-GPU node of
+    `model`."""
     inventory = node(model)
     try:
         desired = resolve(cfg, name, inventory, [])
