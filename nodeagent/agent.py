@@ -37,6 +37,7 @@ from nodeagent.metrics.pods import PodCollector
 from nodeagent.metrics.server import MetricsServer
 from nodeagent.metrics.sharing import SharingCollector
 from nodeagent.metrics.slices import SliceCollector
+from nodeagent.metrics.utilization import UtilizationCollector
 from nodeagent.metrics.webconfig import load_web_config
 from nodeagent.mig.apply import Reset
 from nodeagent.mps.manager import MpsManager
@@ -45,7 +46,7 @@ from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.gpm import GpmReader
 from nodeagent.nvml.write import ComputeModeWriter
 from nodeagent.reconcile import Pipeline, agent_pipeline
-from nodeagent.sampling import GpmSampler, HealthSampler
+from nodeagent.sampling import GpmSampler, HealthSampler, UtilizationSampler
 from nodeagent.settings import Settings, merge_reload
 from nodeagent.snapshot import Allocations, Snapshot, Store, in_use_view
 from nodeagent.workers import Worker
@@ -93,6 +94,7 @@ class Agent:
         self.stats = AgentStats()
         self.gpm = GpmSampler(GpmReader(session), self.store, monotonic)
         self.health = HealthSampler(session, self.store)
+        self.utilization = UtilizationSampler(session, self.store, clock)
         self.mps = MpsManager(ComputeModeWriter(session))
         self.supervisor = MpsSupervisor()
         self.workers: dict[str, Worker] = {}
@@ -104,6 +106,7 @@ class Agent:
                     SliceCollector(self.store),
                     PodCollector(self.store),
                     HealthCollector(lambda: self.store.health),
+                    UtilizationCollector(self.store),
                     AgentCollector(
                         self.stats,
                         self.store,
@@ -147,6 +150,7 @@ class Agent:
         self.store.observe(self.pipeline.allocations)
         try:
             self.health.tick()  # health and XIDs with each new snapshot
+            self.utilization.tick()  # per-process utilization of the GPUs without MIG
         finally:
             self.exposition.changed()
 

@@ -13,7 +13,10 @@ from nodeagent.sim.devices import DeviceCalls
 from nodeagent.sim.gpmcalls import GpmCalls
 from nodeagent.sim.healthcalls import HealthCalls
 from nodeagent.sim.instances import InstanceCalls
+from nodeagent.sim.utilizationcalls import UtilizationCalls
 
 
-class SimulatedNvml(DeviceCalls, InstanceCalls, GpmCalls, HealthCalls, UserActions):
+class SimulatedNvml(
+    DeviceCalls, InstanceCalls, GpmCalls, HealthCalls, UtilizationCalls, UserActions
+):
     """A drop-in for the pynvml module over emulated GPUs (see the module docstring)."""
