@@ -4,10 +4,12 @@ the process placed on its slice and pod, none under MIG, 0 once a process goes i
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nodeagent.agent import Agent
 from nodeagent.nvml import NvmlSession, read_inventory
@@ -15,10 +17,12 @@ from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.snapshot import Holder, Holders
 from tests.agent_support import make_agent
 from tests.conftest import Result
+from tests.integration.metrics.conftest import prometheus_tool
 from tests.integration.metrics.test_health import samples, value
 
 GIB = 1024**3
 RATES = ("sm", "memory", "encoder", "decoder")
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 def _process(agent: Agent, gpu: str, pid: str) -> dict[str, float | None]:
@@ -102,9 +106,9 @@ def test_each_sample_counts_once_and_an_idle_process_reads_0() -> None:
     assert ("0", "31") not in _info(agent)
 
 
-def test_processes_are_placed_on_the_pod_holding_their_device() -> None:
-    """A whole GPU or a slice held by one container names it; a GPU shared by replicas held by
-    two containers names none (NVML does not say which container a pid is in)."""
+def _attributed_node() -> Agent:
+    """Three A100s with a process each (load 0.5): GPU 0 held by one container, GPU 1's two
+    replicas by two containers, GPU 2's two replicas by one container."""
     lib = SimulatedNvml(parse_spec("a100-40gbx3"))
     session = NvmlSession(lib)
     gpus = read_inventory(session).gpus
@@ -114,11 +118,18 @@ def test_processes_are_placed_on_the_pod_holding_their_device() -> None:
         gpus[0].uuid: Holder("llm", "vllm-0", "engine"),
         f"{gpus[1].uuid}::0": Holder("guard", "guard-a", "main"),
         f"{gpus[1].uuid}::1": Holder("guard", "guard-b", "main"),
-        f"{gpus[2].uuid}::0": Holder("asr", "asr-0", "server"),  # both replicas: one container
+        f"{gpus[2].uuid}::0": Holder("asr", "asr-0", "server"),
         f"{gpus[2].uuid}::1": Holder("asr", "asr-0", "server"),
     }
     agent = make_agent(session, lib.reset, allocations=lambda: holders)
     agent.refresh()
+    return agent
+
+
+def test_processes_are_placed_on_the_pod_holding_their_device() -> None:
+    """A whole GPU or a slice held by one container names it; a GPU shared by replicas held by
+    two containers names none (NVML does not say which container a pid is in)."""
+    agent = _attributed_node()
     who = {k: (v["namespace"], v["pod"], v["container"]) for k, v in _info(agent).items()}
     assert who == {
         ("0", "10"): ("llm", "vllm-0", "engine"),
@@ -126,6 +137,55 @@ def test_processes_are_placed_on_the_pod_holding_their_device() -> None:
         ("2", "12"): ("asr", "asr-0", "server"),
     }
     assert _process(agent, "1", "11")["sm"] == 0.5
+
+
+def documented_query() -> str:
+    """README's "SM time per pod" query, as written there."""
+    text = README.read_text()
+    start = text.index("```promql\n", text.index("SM time per pod:")) + 10
+    return " ".join(text[start : text.index("```", start)].split())
+
+
+def test_the_documented_query_sums_sm_time_per_pod(tmp_path: Path) -> None:
+    """README's query over this agent's series, evaluated by promtool (no server): a pod per
+    attributed process, none for the shared GPU's."""
+    agent = _attributed_node()
+    series = [
+        {"series": _selector(s.name, s.labels), "values": str(s.value)}
+        for family in agent.registry.collect()
+        if family.name.startswith("nodeagent_process_")
+        for s in family.samples
+    ]
+    want = [
+        {"labels": _selector("", {"namespace": ns, "pod": pod}), "value": 0.5}
+        for ns, pod in sorted([("asr", "asr-0"), ("llm", "vllm-0")])
+    ]
+    test = {
+        "rule_files": [],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {"expr": documented_query(), "eval_time": "0m", "exp_samples": want}
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "query_test.yml"
+    path.write_text(yaml.safe_dump(test))
+    proc = subprocess.run(
+        [prometheus_tool("promtool"), "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _selector(name: str, labels: dict[str, str]) -> str:
+    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}}"
 
 
 def test_sim_attach_load_shows_in_nodeagent_metrics(
