@@ -32,9 +32,10 @@ def test_the_loads_pid_shows_busy_then_goes(
     session: NvmlSession, load: subprocess.Popen[str]
 ) -> None:
     gpus = read_inventory(session).gpus
+    if gpus[0].mig_current:
+        pytest.skip("GPU 0 has MIG enabled: NVML has no per-process utilization there")
     gpu = next((g for g in gpus if load.pid in {p.pid for p in g.processes}), None)
-    if gpu is None or gpu.mig_current:
-        pytest.skip("the load's GPU is not visible to NVML here, or has MIG enabled")
+    assert gpu is not None, f"NVML lists the load's pid {load.pid} on no GPU"
     agent = make_agent(session, lambda _index: None)
     key = (str(gpu.index), str(load.pid))
     agent.refresh()  # from the driver's whole sample buffer
