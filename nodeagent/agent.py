@@ -40,6 +40,7 @@ from nodeagent.metrics.pods import PodCollector
 from nodeagent.metrics.server import MetricsServer
 from nodeagent.metrics.sharing import SharingCollector
 from nodeagent.metrics.slices import SliceCollector
+from nodeagent.metrics.utilization import UtilizationCollector
 from nodeagent.metrics.webconfig import load_web_config
 from nodeagent.mig.apply import Reset
 from nodeagent.mps.manager import MpsManager
@@ -48,7 +49,7 @@ from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.gpm import GpmReader
 from nodeagent.nvml.write import ComputeModeWriter
 from nodeagent.reconcile import Pipeline, agent_pipeline
-from nodeagent.sampling import FieldSampler, GpmSampler, HealthSampler
+from nodeagent.sampling import FieldSampler, GpmSampler, HealthSampler, UtilizationSampler
 from nodeagent.settings import Settings, merge_reload
 from nodeagent.snapshot import Allocations, Snapshot, Store, in_use_view
 from nodeagent.workers import Worker
@@ -97,6 +98,7 @@ class Agent:
         self.gpm = GpmSampler(GpmReader(session), self.store, monotonic)
         self.health = HealthSampler(session, self.store)
         self.fields = FieldSampler(session, self.store, monotonic)
+        self.utilization = UtilizationSampler(session, self.store, clock)
         self.mps = MpsManager(ComputeModeWriter(session))
         self.supervisor = MpsSupervisor()
         self.workers: dict[str, Worker] = {}
@@ -109,6 +111,7 @@ class Agent:
                     PodCollector(self.store),
                     HealthCollector(lambda: self.store.health),
                     FieldCollector(self.store),
+                    UtilizationCollector(self.store),
                     AgentCollector(
                         self.stats,
                         self.store,
@@ -158,6 +161,7 @@ class Agent:
         try:
             self.health.tick()  # health and XIDs with each new snapshot
             self.fields.tick()
+            self.utilization.tick()  # per-process utilization of the GPUs without MIG
         finally:
             self.exposition.changed()
 

@@ -4,6 +4,7 @@ nodeagent.metrics read it. metrics/ itself never calls NVML."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +14,13 @@ from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.fields import DeviceFields, FieldReader
 from nodeagent.nvml.gpm import GpmReader
 from nodeagent.nvml.health import Health, XidWatcher, gpu_handle, mig_handle, read_health
-from nodeagent.snapshot import FieldValues, GpmValues, HealthValues, Store
+from nodeagent.nvml.utilization import (
+    MAX_SAMPLE_PERIOD_US,
+    ProcessSample,
+    ProcessUtilizationReader,
+    idle_sample,
+)
+from nodeagent.snapshot import FieldValues, GpmValues, HealthValues, ProcessUtilization, Store
 
 Clock = Callable[[], float]
 MIN_GPM_WINDOW_SECONDS = 0.1
@@ -214,3 +221,47 @@ def _pcie_rate(
     (tx0, tx1), (rx0, rx1) = pairs
     assert tx0 is not None and tx1 is not None and rx0 is not None and rx1 is not None
     return (tx1 - tx0) / seconds, (rx1 - rx0) / seconds
+
+
+class UtilizationSampler:
+    """Per-process utilization of every GPU without MIG: one nvmlDeviceGetProcessUtilization
+    per GPU, run by the refresh worker after each new snapshot (never by a scrape, never on a
+    loop of its own). MIG-enabled GPUs are not asked: NVML has no per-process utilization
+    there. `clock` is the wall clock NVML dates its samples by (CPU time, microseconds)."""
+
+    def __init__(self, session: NvmlSession, store: Store, clock: Clock = time.time) -> None:
+        self.session = session
+        self.store = store
+        self.clock = clock
+        self.reader = ProcessUtilizationReader(session)
+        self._mig: dict[str, bool] = {}  # by GPU UUID, as last seen
+
+    def tick(self) -> None:
+        """One read of every GPU without MIG; raises NvmlError on a GPU fault (the last
+        values stay)."""
+        snap = self.store.snapshot
+        if snap is None:
+            return
+        by_gpu: dict[int, dict[int, ProcessSample]] = {}
+        previous = self.store.utilization.by_gpu
+        with self.session.lock:
+            for gpu in snap.inventory.gpus:
+                if self._mig.get(gpu.uuid, gpu.mig_current) != gpu.mig_current:
+                    self.reader.forget(gpu.uuid)
+                self._mig[gpu.uuid] = gpu.mig_current
+                if gpu.mig_current:
+                    continue
+                samples = self.reader.read(gpu.index, gpu.uuid)
+                if samples is None:
+                    continue
+                if not samples and self._too_soon(gpu.uuid):
+                    # Asked again within one driver sample period: no news is not idleness.
+                    old = previous.get(gpu.index, {})
+                    samples = {pid: s for pid, s in old.items() if s.timestamp_us}
+                idle = {p.pid: idle_sample(p.pid) for p in gpu.processes if p.pid not in samples}
+                by_gpu[gpu.index] = {**idle, **samples}
+        self.store.publish_utilization(ProcessUtilization(by_gpu))
+
+    def _too_soon(self, uuid: str) -> bool:
+        newest = self.reader.newest(uuid)
+        return newest > 0 and self.clock() * 1e6 - newest < MAX_SAMPLE_PERIOD_US

@@ -17,8 +17,8 @@ from nodeagent.errors import AgentError
 from nodeagent.logs import get_logger
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.nvml.fields import DeviceFields
-from nodeagent.nvml.gpm import read_utilization_rates
 from nodeagent.nvml.health import THROTTLE_REASONS, Health
+from nodeagent.nvml.utilization import ProcessSample, read_rates
 
 # The NVML value types the collectors read, named here: metrics/ reads the store, never nvml/.
 __all__ = [
@@ -32,6 +32,8 @@ __all__ = [
     "Holder",
     "Holders",
     "Inventory",
+    "ProcessSample",
+    "ProcessUtilization",
     "Snapshot",
     "Store",
     "Telemetry",
@@ -81,7 +83,7 @@ class Telemetry:
     """Per-GPU values read with the inventory that are not part of it."""
 
     utilization: Mapping[int, float | None] = field(default_factory=dict)
-    memory_utilization: Mapping[int, float | None] = field(default_factory=dict)
+    memory_utilization: Mapping[int, float | None] = field(default_factory=dict)  # the same read
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,14 @@ class GpmValues:
 
     by_gpu: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
     by_gi: Mapping[tuple[int, int], Mapping[str, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProcessUtilization:
+    """Per GPU without MIG, per pid: the process's newest utilization sample since the last
+    refresh (all 0 for a running process NVML sent none for: it was idle)."""
+
+    by_gpu: Mapping[int, Mapping[int, ProcessSample]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -139,6 +149,7 @@ class Store:
         self.gpm = GpmValues()
         self.health = HealthValues()
         self.fields = FieldValues()
+        self.utilization = ProcessUtilization()
         self.dropped = 0  # reads that finished after a newer one and were not published
         self._generations = itertools.count(1)
         self._publish_lock = threading.Lock()
@@ -153,11 +164,9 @@ class Store:
             taken_at = self.clock()
             inventory = read_inventory(self.session)
             rates = {
-                g.index: None if g.mig_current else read_utilization_rates(self.session, g.index)
+                g.index: None if g.mig_current else read_rates(self.session, g.index)
                 for g in inventory.gpus
             }
-        utilization = {i: None if r is None else r[0] for i, r in rates.items()}
-        memory_utilization = {i: None if r is None else r[1] for i, r in rates.items()}
         previous = self.snapshot
         holders: Holders = previous.holders if previous else {}
         error: str | None = None
@@ -169,7 +178,10 @@ class Store:
                 log.warning("podresources.failed", error=error)
         snap = Snapshot(
             inventory,
-            Telemetry(utilization, memory_utilization),
+            Telemetry(
+                {i: None if r is None else r.gpu for i, r in rates.items()},
+                {i: None if r is None else r.memory for i, r in rates.items()},
+            ),
             in_use_view(holders),
             taken_at,
             generation,
@@ -189,6 +201,10 @@ class Store:
     def publish_fields(self, values: FieldValues) -> None:
         """The field sampler's latest reads."""
         self.fields = values
+
+    def publish_utilization(self, values: ProcessUtilization) -> None:
+        """The utilization sampler's latest per-process samples."""
+        self.utilization = values
 
     def offer(self, snap: Snapshot) -> Snapshot:
         """Publish `snap` if it is newer than the published one; return the published one."""

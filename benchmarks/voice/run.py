@@ -393,9 +393,10 @@ class Activity:
                 out.update(self.reader.ratios(first, second))
                 self.reader.free(second)
             if self.session is not None:  # also where GPM is not supported: the fallback
-                from nodeagent.nvml.gpm import read_utilization
+                from nodeagent.nvml.utilization import read_rates
 
-                utilization = read_utilization(self.session, 0)
+                rates = read_rates(self.session, 0)
+                utilization = None if rates is None else rates.gpu
                 if utilization is not None:
                     out["utilization"] = utilization
         finally:

@@ -106,20 +106,3 @@ class GpmReader:
         slots = tuple((name, metrics[i]) for i, name in enumerate(GPM_METRICS))
         self._request = (request, slots)
         return self._request
-
-
-def read_utilization(session: NvmlSession, index: int) -> float | None:
-    """GPU utilization ratio (0-1) from nvmlDeviceGetUtilizationRates; None where NVML does not
-    give it (MIG-enabled GPUs). nvidia-smi equivalent: `--query-gpu=utilization.gpu`."""
-    rates = read_utilization_rates(session, index)
-    return None if rates is None else rates[0]
-
-
-def read_utilization_rates(session: NvmlSession, index: int) -> tuple[float, float] | None:
-    """(GPU, memory-copy) utilization ratios (0-1) from nvmlDeviceGetUtilizationRates: the
-    share of time a kernel ran, and that memory was read or written; None where NVML does not
-    give them (MIG-enabled GPUs). nvidia-smi equivalent: `--query-gpu=utilization.gpu,
-    utilization.memory`."""
-    dev = session.call("nvmlDeviceGetHandleByIndex", index)
-    rates = session.read("nvmlDeviceGetUtilizationRates", dev)
-    return None if rates is None else (int(rates.gpu) / 100.0, int(rates.memory) / 100.0)

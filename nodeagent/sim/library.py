@@ -14,7 +14,10 @@ from nodeagent.sim.fieldcalls import FieldCalls
 from nodeagent.sim.gpmcalls import GpmCalls
 from nodeagent.sim.healthcalls import HealthCalls
 from nodeagent.sim.instances import InstanceCalls
+from nodeagent.sim.utilizationcalls import UtilizationCalls
 
 
-class SimulatedNvml(DeviceCalls, InstanceCalls, GpmCalls, HealthCalls, FieldCalls, UserActions):
+class SimulatedNvml(
+    DeviceCalls, InstanceCalls, GpmCalls, HealthCalls, FieldCalls, UtilizationCalls, UserActions
+):
     """A drop-in for the pynvml module over emulated GPUs (see the module docstring)."""
