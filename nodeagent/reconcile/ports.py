@@ -35,6 +35,9 @@ class Wanted:
     mig_config: str | None
     tracked: bool = False
     sharing_config: str | None = None  # a per-GPU sharing config (nodeagent/v1)
+    # The device plugin config the node label names (labels.device-plugin-config-label);
+    # the labels follow it (nodeagent.labels.pluginconfig). Never a change of the GPUs.
+    device_plugin_config: str | None = None
 
 
 class DesireSource(Protocol):

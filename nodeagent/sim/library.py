@@ -13,7 +13,8 @@ from nodeagent.sim.devices import DeviceCalls
 from nodeagent.sim.gpmcalls import GpmCalls
 from nodeagent.sim.healthcalls import HealthCalls
 from nodeagent.sim.instances import InstanceCalls
+from nodeagent.sim.platform import PlatformCalls
 
 
-class SimulatedNvml(DeviceCalls, InstanceCalls, GpmCalls, HealthCalls, UserActions):
+class SimulatedNvml(DeviceCalls, InstanceCalls, GpmCalls, HealthCalls, PlatformCalls, UserActions):
     """A drop-in for the pynvml module over emulated GPUs (see the module docstring)."""
