@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import uuid
 from typing import Any
 
@@ -32,7 +33,10 @@ def read_fabric(session: NvmlSession, dev: Any, uuid_key: str) -> Fabric | None:
         return None
     info = lib.c_nvmlGpuFabricInfo_t()
     answer = session.call(
-        "nvmlDeviceGetGpuFabricInfo", dev, info, absent=(NOT_SUPPORTED, _FUNCTION_NOT_FOUND)
+        "nvmlDeviceGetGpuFabricInfo",
+        dev,
+        ctypes.byref(info),  # pynvml hands it to the C function as it is: a pointer
+        absent=(NOT_SUPPORTED, _FUNCTION_NOT_FOUND),
     )
     if answer is None or int(info.state) == STATE_NOT_SUPPORTED:
         kept[uuid_key] = None
