@@ -390,12 +390,13 @@ def read_inventory(session: NvmlSession, sysfs: Path = SYSFS) -> Inventory:
 def _read_inventory(session: NvmlSession, sysfs: Path) -> Inventory:
     count = int(session.call("nvmlDeviceGetCount"))
     gpus = tuple(read_gpu(session, i, sysfs) for i in range(count))
-    pci = sysfs / "bus" / "pci" / "devices"
     return Inventory(
         driver_version=_text(session.call("nvmlSystemGetDriverVersion")),
         cuda_driver_version=int(session.call("nvmlSystemGetCudaDriverVersion")),
         gpus=gpus,
         vgpu=read_vgpus(
-            session, tuple((g.pci_bus_id, pci / sysfs_bus_id(g.pci_bus_id)) for g in gpus)
+            session,
+            tuple(g.pci_bus_id for g in gpus),
+            lambda bus: sysfs / "bus" / "pci" / "devices" / sysfs_bus_id(bus),
         ),
     )

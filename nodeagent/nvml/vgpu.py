@@ -10,6 +10,7 @@ needs root: with less, nothing is said of vGPUs (GFD likewise publishes no vgpu 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from nodeagent.nvml.inventory import VgpuDevice
@@ -82,22 +83,23 @@ def _config_space(session: NvmlSession, device: Path, bus_id: str) -> bytes | No
 
 
 def read_vgpus(
-    session: NvmlSession, devices: tuple[tuple[str, Path], ...]
+    session: NvmlSession, bus_ids: tuple[str, ...], folder: Callable[[str], Path]
 ) -> tuple[VgpuDevice, ...] | None:
-    """The vGPUs among the GPUs (`devices`: each GPU's NVML bus id and sysfs folder), or None
-    when a GPU's config space cannot be read in full (not root). Read once per session and
-    set of GPUs: a config space's vGPU record is the host's, fixed while the guest runs."""
-    kept: dict[tuple[tuple[str, Path], ...], tuple[VgpuDevice, ...] | None]
+    """The vGPUs among the GPUs at `bus_ids` (NVML's form; `folder` gives each one's sysfs
+    folder), or None when a GPU's config space cannot be read in full (not root). Read once
+    per session and set of GPUs: a config space's vGPU record is the host's, fixed while the
+    guest runs (an inventory read after the first costs one dict lookup)."""
+    kept: dict[tuple[str, ...], tuple[VgpuDevice, ...] | None]
     kept = session.static.setdefault("vgpu", {})
-    if devices not in kept:
+    if bus_ids not in kept:
         found: list[VgpuDevice] = []
-        for bus_id, folder in devices:
-            config = _config_space(session, folder, bus_id)
+        for bus_id in bus_ids:
+            config = _config_space(session, folder(bus_id), bus_id)
             if config is None or len(config) < CONFIG_SPACE_BYTES:
-                kept[devices] = None
+                kept[bus_ids] = None
                 return None
             vgpu = parse_config_space(bus_id, config)
             if vgpu is not None:
                 found.append(vgpu)
-        kept[devices] = tuple(found)
-    return kept[devices]
+        kept[bus_ids] = tuple(found)
+    return kept[bus_ids]
