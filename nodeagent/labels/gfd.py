@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from nodeagent.labels.platform import clique_labels, vgpu_labels
+from nodeagent.labels.replication import UNSHARED, Replication, ResourceSharing, sharing_of
 from nodeagent.nvml.inventory import Engines, Gpu, Inventory, MigAttributes, Slice
 
 STRATEGIES = ("none", "single", "mixed")
@@ -35,41 +36,6 @@ class GfdOptions:
 
     mig_strategy: str = "mixed"
     machine_type: str | None = None
-
-
-@dataclass(frozen=True)
-class Replication:
-    """What the device plugin's config says of the full-GPU resource (`nvidia.com/gpu`): its
-    sharing strategy (none, mps, time-slicing) and replicas."""
-
-    strategy: str = "none"
-    replicas: int = 1
-    renamed: bool = False  # renameByDefault: the shared resource is `<name>.shared`, no -SHARED
-
-
-@dataclass(frozen=True)
-class ResourceSharing:
-    """The device plugin config's sharing as GFD reads it: one strategy for the node (MPS when
-    any MPS resource has replicas, else time-slicing when any time-sliced one has), and the
-    replicas of each resource listed (keys without the `nvidia.com/` prefix: `gpu`,
-    `mig-1g.18gb`). A resource it does not list has 1 replica and strategy none."""
-
-    strategy: str = "none"
-    replicas: Mapping[str, int] = field(default_factory=dict)
-    renamed: bool = False
-
-    def of(self, resource: str) -> Replication:
-        replicas = self.replicas.get(resource, 1)
-        strategy = self.strategy if replicas > 1 else "none"
-        return Replication(strategy, replicas, self.renamed)
-
-
-def _sharing_of(replication: Replication | ResourceSharing, resource: str) -> Replication:
-    """What `resource` gets: a Replication describes nvidia.com/gpu alone (the config nodeagent
-    writes shares no MIG resource), a ResourceSharing every resource it lists."""
-    if isinstance(replication, ResourceSharing):
-        return replication.of(resource)
-    return replication if resource == "gpu" else Replication()
 
 
 @dataclass(frozen=True)
@@ -313,7 +279,7 @@ def _mixed(gpus: tuple[Gpu, ...], sharing: Replication | ResourceSharing) -> dic
     labels: dict[str, str] = {}
     for name, (d, count) in found.items():
         base = f"mig-{name}"
-        rep = _sharing_of(sharing, base)
+        rep = sharing_of(sharing, base)
         labels |= _resource(base, [d.gpu.name, "MIG", d.name], count, rep)
         labels |= _attribute_labels(base, d.attributes)
     return labels
@@ -322,7 +288,7 @@ def _mixed(gpus: tuple[Gpu, ...], sharing: Replication | ResourceSharing) -> dic
 def gfd_labels(
     inventory: Inventory,
     options: GfdOptions = GfdOptions(),
-    replication: Replication | ResourceSharing = Replication(),
+    replication: Replication | ResourceSharing = UNSHARED,
     mps_capable: bool = False,
 ) -> dict[str, str]:
     """Every label GFD would publish for the node (keys without prefix), except gfd.timestamp
@@ -337,7 +303,7 @@ def gfd_labels(
     labels |= version_labels(inventory.driver_version, inventory.cuda_driver_version)
     labels["mig.capable"] = "true" if any(g.mig_capable for g in gpus) else "false"
     labels["mps.capable"] = "true" if mps_capable else "false"
-    full = _sharing_of(replication, "gpu")
+    full = sharing_of(replication, "gpu")
     labels |= _gpu_labels(gpus, full)
     if options.mig_strategy == "single":
         labels |= {"mig.strategy": "single"} | _single(gpus, full)

@@ -22,7 +22,8 @@ import yaml
 
 from nodeagent.configfile import ConfigCache, Errors, compose, kind, mapping, read_text, scalar
 from nodeagent.errors import ConfigError
-from nodeagent.labels.gfd import STRATEGIES, ResourceSharing
+from nodeagent.labels.gfd import STRATEGIES
+from nodeagent.labels.replication import ResourceSharing
 from nodeagent.settings import Labels
 
 RESOURCE_PREFIX = "nvidia.com/"

@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nodeagent.errors import ConfigError
-from nodeagent.labels.gfd import GfdOptions, Replication, ResourceSharing, gfd_labels
+from nodeagent.labels.gfd import GfdOptions, gfd_labels
 from nodeagent.labels.pluginconfig import PluginConfig
+from nodeagent.labels.replication import Replication, ResourceSharing
 from nodeagent.nvml.inventory import Inventory
 from nodeagent.sharing.plugin import plugin_config
 
