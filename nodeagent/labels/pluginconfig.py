@@ -144,6 +144,8 @@ def load_plugin_config(path: str | None) -> PluginConfig:
     """Read and parse the plugin config at `path` (bounded: nodeagent.configfile)."""
     if not path:
         return EMPTY
+    if os.path.realpath(path) == os.devnull:  # config-manager's empty config: a link to it
+        return PluginConfig(ResourceSharing(), None, path)
     return parse_plugin_config(read_text(path, WHAT), path)
 
 

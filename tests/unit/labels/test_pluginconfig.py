@@ -242,3 +242,12 @@ def test_the_reader_follows_the_label_and_the_file(tmp_path: Path) -> None:
         {"gpu": 6},
     )
     assert reader.read(Labels(), "a") is None  # no plugin config set: nothing read
+
+
+def test_config_managers_empty_config_is_a_link_to_dev_null(tmp_path: Path) -> None:
+    """config-manager's `empty` fallback points the plugin's (and GFD's) file at /dev/null."""
+    link = tmp_path / "config.yaml"
+    link.symlink_to("/dev/null")
+    s = dataclasses.replace(Labels(), device_plugin_config_file=link)
+    found = PluginConfigReader().read(s, None)
+    assert found is not None and found.sharing.strategy == "none"
