@@ -41,7 +41,9 @@ RUN_FLAG_NAMES = {
 
 def cmd_labels(ctx: Context) -> int:
     """The labels nodeagent publishes for the node as it is, or (-f/-c) as a sharing config
-    would leave it."""
+    would leave it. The device plugin config is the file set, or the folder's default or
+    fallback (no node label is read here)."""
+    from nodeagent.labels.pluginconfig import PluginConfigReader
     from nodeagent.labels.render import SharingState
 
     inventory = read_inventory(ctx.session)
@@ -54,7 +56,10 @@ def cmd_labels(ctx: Context) -> int:
         mps = [n for strategy, n in preview.values() if strategy == "mps"]
         if mps:
             sharing = SharingState("mps", mps[0])
-    labels = render_labels(inventory, sharing, s.labels.prefix, offers, gfd_options(s.labels))
+    plugin = PluginConfigReader().read(s.labels, None)
+    labels = render_labels(
+        inventory, sharing, s.labels.prefix, offers, gfd_options(s.labels), plugin
+    )
     if ctx.args.output == "json":
         print_json({"labels": labels, "annotations": {SLICES_ANNOTATION: slice_usage(inventory)}})
     else:

@@ -22,6 +22,7 @@ With nothing changing, nothing is written.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -149,6 +150,11 @@ class NodeLabelDesire:
         return SHARING if wanted.sharing_config is not None else self.mig
 
     def wanted(self, settings: Settings) -> Wanted:
+        """The wanted config, and the device plugin config the node's label names."""
+        plugin = self.view.labels().get(settings.labels.device_plugin_config_label) or None
+        return dataclasses.replace(self._wanted(settings), device_plugin_config=plugin)
+
+    def _wanted(self, settings: Settings) -> Wanted:
         labels = self.view.labels()
         proto = SHARING if labels.get(SHARING_CONFIG) else self.mig
         name, state = labels.get(proto.config), labels.get(proto.state)

@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from nodeagent.labels.platform import clique_labels, vgpu_labels
+from nodeagent.labels.replication import UNSHARED, Replication, ResourceSharing, sharing_of
 from nodeagent.nvml.inventory import Engines, Gpu, Inventory, MigAttributes, Slice
 
 STRATEGIES = ("none", "single", "mixed")
@@ -34,15 +36,6 @@ class GfdOptions:
 
     mig_strategy: str = "mixed"
     machine_type: str | None = None
-
-
-@dataclass(frozen=True)
-class Replication:
-    """What the device plugin's config says of the full-GPU resource (`nvidia.com/gpu`): its
-    sharing strategy (none, mps, time-slicing) and replicas."""
-
-    strategy: str = "none"
-    replicas: int = 1
 
 
 @dataclass(frozen=True)
@@ -185,7 +178,7 @@ def _resource(
     """GFD's product, count, replicas and sharing-strategy of one resource. No replication
     (None) is GFD's "sharing disabled": replicas 0, as on MIG-enabled GPUs' gpu.* labels."""
     parts = [sanitise(p) for p in product if p]
-    if _shared(replication):
+    if _shared(replication) and not (replication is not None and replication.renamed):
         parts.append("SHARED")
     replicas = 0 if replication is None else max(replication.replicas, 1)
     strategy = replication.strategy if replication is not None and _shared(replication) else "none"
@@ -273,9 +266,9 @@ def _single(gpus: tuple[Gpu, ...], replication: Replication) -> dict[str, str]:
     return labels | _attribute_labels("gpu", first.attributes)
 
 
-def _mixed(gpus: tuple[Gpu, ...]) -> dict[str, str]:
-    """The mixed strategy: mig-<name>.* per MIG device name, from its first device; the plugin
-    config nodeagent writes shares no MIG resource, so replicas 1 and strategy none."""
+def _mixed(gpus: tuple[Gpu, ...], sharing: Replication | ResourceSharing) -> dict[str, str]:
+    """The mixed strategy: mig-<name>.* per MIG device name, from its first device, shared as
+    the plugin config shares the resource nvidia.com/mig-<name>."""
     found: dict[str, tuple[MigDevice, int]] = {}
     for gpu in gpus:
         if not gpu.mig_current:
@@ -286,7 +279,8 @@ def _mixed(gpus: tuple[Gpu, ...]) -> dict[str, str]:
     labels: dict[str, str] = {}
     for name, (d, count) in found.items():
         base = f"mig-{name}"
-        labels |= _resource(base, [d.gpu.name, "MIG", d.name], count, Replication())
+        rep = sharing_of(sharing, base)
+        labels |= _resource(base, [d.gpu.name, "MIG", d.name], count, rep)
         labels |= _attribute_labels(base, d.attributes)
     return labels
 
@@ -294,11 +288,11 @@ def _mixed(gpus: tuple[Gpu, ...]) -> dict[str, str]:
 def gfd_labels(
     inventory: Inventory,
     options: GfdOptions = GfdOptions(),
-    replication: Replication = Replication(),
+    replication: Replication | ResourceSharing = UNSHARED,
     mps_capable: bool = False,
 ) -> dict[str, str]:
     """Every label GFD would publish for the node (keys without prefix), except gfd.timestamp
-    (it would change the Node at every reconcile) and the IMEX and vGPU labels. No GPU: none.
+    (it would change the Node at every reconcile). No GPU: none.
     Raises ValueError for a MIG strategy other than none, single, mixed."""
     if options.mig_strategy not in STRATEGIES:
         raise ValueError(f"unknown MIG strategy {options.mig_strategy!r}")
@@ -309,10 +303,12 @@ def gfd_labels(
     labels |= version_labels(inventory.driver_version, inventory.cuda_driver_version)
     labels["mig.capable"] = "true" if any(g.mig_capable for g in gpus) else "false"
     labels["mps.capable"] = "true" if mps_capable else "false"
-    labels |= _gpu_labels(gpus, replication)
+    full = sharing_of(replication, "gpu")
+    labels |= _gpu_labels(gpus, full)
     if options.mig_strategy == "single":
-        labels |= {"mig.strategy": "single"} | _single(gpus, replication)
+        labels |= {"mig.strategy": "single"} | _single(gpus, full)
     elif options.mig_strategy == "mixed":
-        labels |= {"mig.strategy": "mixed"} | _mixed(gpus)
+        labels |= {"mig.strategy": "mixed"} | _mixed(gpus, replication)
     labels["gpu.mode"] = gpu_mode(g.pci_class for g in gpus)
-    return labels
+    vgpu = {k: label_value(v) for k, v in vgpu_labels(inventory.vgpu).items()}  # host's bytes
+    return labels | clique_labels(gpus) | vgpu

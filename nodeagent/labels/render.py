@@ -6,11 +6,15 @@ prefix (default `nvidia.com/`) is configurable for clusters that also run GFD.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nodeagent.labels.gfd import GfdOptions, Replication, gfd_labels
+from nodeagent.errors import ConfigError
+from nodeagent.labels.gfd import GfdOptions, gfd_labels
+from nodeagent.labels.pluginconfig import PluginConfig
+from nodeagent.labels.replication import Replication, ResourceSharing
 from nodeagent.nvml.inventory import Inventory
 from nodeagent.sharing.plugin import advertised
 
@@ -40,6 +44,7 @@ def render_labels(
     prefix: str = DEFAULT_PREFIX,
     per_gpu: Mapping[int, tuple[str, int]] | None = None,
     gfd: GfdOptions | None = None,
+    plugin: PluginConfig | None = None,
 ) -> dict[str, str]:
     """Every label nodeagent owns for this node. No GPU: no labels.
 
@@ -50,13 +55,32 @@ def render_labels(
     GFD's gpu.replicas and gpu.sharing-strategy as the device plugin config written for it
     would, and adds `nodeagent.io/gpu.<index>.sharing` and `.replicas`; without it they come
     from `sharing`.
+
+    `plugin` (the device plugin's own config, nodeagent.labels.pluginconfig) decides them
+    instead, as GFD reads it, where nodeagent shares no GPU itself: nodeagent's own sharing
+    wins (its MPS daemon, or a sharing config that shares a GPU). Its flags.migStrategy, when
+    given, is the MIG strategy (the plugin advertises MIG devices by it). Raises ConfigError
+    for what GFD refuses: MPS in the plugin config on a node with a MIG-enabled GPU.
     """
     gfd = gfd or GfdOptions()
+    rep: Replication | ResourceSharing
     if per_gpu is not None:
         rep = replication(per_gpu, gfd.mig_strategy)
     else:
         rep = Replication(sharing.strategy, sharing.replicas if sharing.strategy != "none" else 1)
-    labels = gfd_labels(inventory, gfd, rep, mps_capable=sharing.strategy == "mps")
+    mps_capable = sharing.strategy == "mps"
+    shared = mps_capable or any(s in ("mps", "time-slicing") for s, _ in (per_gpu or {}).values())
+    if plugin is not None and not shared:
+        rep, mps_capable = plugin.sharing, plugin.sharing.strategy == "mps"
+        if plugin.mig_strategy is not None:
+            gfd = dataclasses.replace(gfd, mig_strategy=plugin.mig_strategy)
+        enabled = [g.index for g in inventory.gpus if g.mig_current]
+        if mps_capable and enabled:
+            raise ConfigError(
+                f"device plugin config {plugin.source} shares GPUs with MPS, which the plugin"
+                f" and GFD refuse on MIG-enabled GPUs (GPU {', '.join(map(str, enabled))})"
+            )
+    labels = gfd_labels(inventory, gfd, rep, mps_capable=mps_capable)
     out = {prefix + k: v for k, v in sorted(labels.items())}
     if labels:
         for index, (strategy, replicas) in sorted((per_gpu or {}).items()):

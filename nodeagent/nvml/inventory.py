@@ -117,6 +117,37 @@ class Slice:
 
 
 @dataclass(frozen=True)
+class Fabric:
+    """What NVML says of the GPU's NVLink fabric (nvmlDeviceGetGpuFabricInfo): its state
+    (NVML_GPU_FABRIC_STATE_*: 3 completed), the status of the registration (an NVML return
+    code, 0 success), the cluster's UUID and the clique the GPU belongs to."""
+
+    state: int
+    status: int
+    cluster_uuid: str  # 8-4-4-4-12 hex; all zeros when the GPU is in no cluster
+    clique_id: int
+
+    @property
+    def attached(self) -> bool:
+        """Registered with the fabric (go-nvlib's IsFabricAttached): completed, successfully,
+        in a cluster."""
+        return self.state == 3 and self.status == 0 and self.cluster_uuid != ZERO_UUID
+
+
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+@dataclass(frozen=True)
+class VgpuDevice:
+    """A vGPU seen from the guest: its PCI address and what the vGPU manager on the hypervisor
+    host says of itself in the device's PCI config space (None where the record is absent)."""
+
+    pci_bus_id: str
+    host_driver_version: str | None
+    host_driver_branch: str | None
+
+
+@dataclass(frozen=True)
 class Gpu:
     index: int
     uuid: str
@@ -137,6 +168,7 @@ class Gpu:
     processes: tuple[Process, ...]  # on the full GPU (MIG disabled)
     pci_subsystem_id: int = 0  # device << 16 | vendor of the board; 0 when unknown
     pci_class: int | None = None  # PCI class code, 0x030200 a 3D controller; None: unknown
+    fabric: Fabric | None = None  # None: NVML reports no fabric for this GPU
 
     def profile_named(self, name: str) -> GiProfile | None:
         return next((p for p in self.profiles if p.name == name), None)
@@ -150,6 +182,9 @@ class Inventory:
     driver_version: str
     cuda_driver_version: int  # as NVML gives it: 13000 is CUDA 13.0
     gpus: tuple[Gpu, ...]
+    # The vGPUs among the GPUs' PCI devices (empty: none is one); None where their PCI config
+    # space could not be read in full (nodeagent.nvml.vgpu).
+    vgpu: tuple[VgpuDevice, ...] | None = None
 
     @property
     def cuda_version(self) -> str:

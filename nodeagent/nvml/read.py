@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from nodeagent.nvml.fabric import read_fabric
 from nodeagent.nvml.inventory import (
     ARCHITECTURES,
     Engines,
@@ -19,6 +20,7 @@ from nodeagent.nvml.inventory import (
     Slice,
 )
 from nodeagent.nvml.session import INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, NvmlSession
+from nodeagent.nvml.vgpu import read_vgpus
 
 MIB = 1024 * 1024
 PROFILE_CONSTANT_COUNT = 18  # NVML_GPU_INSTANCE_PROFILE_COUNT
@@ -371,6 +373,7 @@ def read_gpu(session: NvmlSession, index: int, sysfs: Path = SYSFS) -> Gpu:
             processes=() if current else _processes(session, dev),
             pci_subsystem_id=ident.pci_subsystem_id,
             pci_class=ident.pci_class,
+            fabric=read_fabric(session, dev, ident.uuid),
         )
 
 
@@ -386,8 +389,14 @@ def read_inventory(session: NvmlSession, sysfs: Path = SYSFS) -> Inventory:
 
 def _read_inventory(session: NvmlSession, sysfs: Path) -> Inventory:
     count = int(session.call("nvmlDeviceGetCount"))
+    gpus = tuple(read_gpu(session, i, sysfs) for i in range(count))
     return Inventory(
         driver_version=_text(session.call("nvmlSystemGetDriverVersion")),
         cuda_driver_version=int(session.call("nvmlSystemGetCudaDriverVersion")),
-        gpus=tuple(read_gpu(session, i, sysfs) for i in range(count)),
+        gpus=gpus,
+        vgpu=read_vgpus(
+            session,
+            tuple(g.pci_bus_id for g in gpus),
+            lambda bus: sysfs / "bus" / "pci" / "devices" / sysfs_bus_id(bus),
+        ),
     )

@@ -15,6 +15,7 @@ from nodeagent.configfile import ConfigCache
 from nodeagent.errors import AgentError, ConfigError, MigError
 from nodeagent.hooks import HooksFile, load_hooks
 from nodeagent.labels.machine import gfd_options
+from nodeagent.labels.pluginconfig import PluginConfigReader
 from nodeagent.labels.render import SharingState, render_labels
 from nodeagent.logs import get_logger
 from nodeagent.metrics.agent import AgentStats
@@ -74,6 +75,7 @@ class Pipeline:
     def __post_init__(self) -> None:
         self.sharing_files = ConfigCache[SharingFile](load_sharing_file, "sharing config file")
         self.hook_files = ConfigCache[HooksFile](load_hooks, "hooks file")
+        self.plugin_configs = PluginConfigReader()  # labels.device-plugin-config-*
         self.workloads = WorkloadPlanner()  # sharing.workload-file
         self.generated = GeneratedConfigs()  # the MIG configs when no file is given
         self.change = Changer(
@@ -295,12 +297,16 @@ class Pipeline:
         if not self.sinks:  # a command's run: nothing to publish to
             self.on_published()
             return
+        # A bad device plugin config fails the step before any sink: every sink keeps the
+        # labels last published.
+        plugin = self.plugin_configs.read(run.settings.labels, run.wanted.device_plugin_config)
         labels = render_labels(
             snap.inventory,
             self.sharing(),
             run.settings.labels.prefix,
             self.per_gpu,
             gfd_options(run.settings.labels),
+            plugin,
         )
         errors = []
         for sink in self.sinks:

@@ -43,6 +43,9 @@ class Wanted:
     # The state said `rebooting` when asked: a MIG mode change that still waits for a reboot
     # now fails, and is not rebooted for again (mig-manager's "did not take effect").
     after_reboot: bool = False
+    # The device plugin config the node label names (labels.device-plugin-config-label);
+    # the labels follow it (nodeagent.labels.pluginconfig). Never a change of the GPUs.
+    device_plugin_config: str | None = None
 
 
 class DesireSource(Protocol):

@@ -210,6 +210,15 @@ def _cross_checks(s: Settings, groups: set[str]) -> list[str]:
             f"give a workload file (--workload-file) or {given}, not both: the planned config"
             " says what every GPU becomes"
         )
+    if (
+        "labels" in groups
+        and s.labels.device_plugin_config_file
+        and s.labels.device_plugin_config_dir
+    ):
+        problems.append(
+            "give a device plugin config file or a folder of named configs, not both"
+            " (labels.device-plugin-config-file, labels.device-plugin-config-dir)"
+        )
     if "mps" in groups and s.mps.enabled and s.mps.pinned_memory and s.mps.devices:
         for part in s.mps.pinned_memory.split(","):
             index, sep, _ = part.rpartition("=")

@@ -322,6 +322,20 @@ def driver_name(raw: Any) -> str:
     return value
 
 
+FALLBACKS = ("named", "single", "empty")  # config-manager's fallback strategies
+
+
+def fallbacks(raw: Any) -> tuple[str, ...]:
+    """config-manager's FALLBACK_STRATEGIES: named, single, empty, in order (a list, or a
+    text separated by ',' as the Helm chart joins them, or ';'); empty: none."""
+    items = raw if isinstance(raw, list) else _text(raw).replace(",", ";").split(";")
+    out = tuple(_text(i).strip().lower() for i in items if _text(i).strip())
+    for item in out:
+        if item not in FALLBACKS:
+            raise Invalid(f"must list {', '.join(FALLBACKS)}, not {_show(item)}")
+    return out
+
+
 def selectors(raw: Any) -> tuple[dict[str, str], ...]:
     return tuple(selector(item) for item in _items(raw))
 

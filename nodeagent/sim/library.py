@@ -14,10 +14,18 @@ from nodeagent.sim.fieldcalls import FieldCalls
 from nodeagent.sim.gpmcalls import GpmCalls
 from nodeagent.sim.healthcalls import HealthCalls
 from nodeagent.sim.instances import InstanceCalls
+from nodeagent.sim.platform import PlatformCalls
 from nodeagent.sim.utilizationcalls import UtilizationCalls
 
 
 class SimulatedNvml(
-    DeviceCalls, InstanceCalls, GpmCalls, HealthCalls, FieldCalls, UtilizationCalls, UserActions
+    DeviceCalls,
+    InstanceCalls,
+    GpmCalls,
+    HealthCalls,
+    FieldCalls,
+    UtilizationCalls,
+    PlatformCalls,
+    UserActions,
 ):
     """A drop-in for the pynvml module over emulated GPUs (see the module docstring)."""

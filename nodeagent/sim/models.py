@@ -86,6 +86,9 @@ class DeviceModel:
     cuda_driver_version: int
     gpm_supported: bool
     profiles: tuple[ProfileModel, ...]
+    # NVLink fabric as nvmlDeviceGetGpuFabricInfo reports it: (state, status, cluster UUID,
+    # clique id); None: NOT_SUPPORTED (the model's JSON has no "fabric").
+    fabric: tuple[int, int, str, int] | None = None
 
     def profile_by_id(self, profile_id: int) -> ProfileModel | None:
         return next((p for p in self.profiles if p.id == profile_id), None)
@@ -210,7 +213,14 @@ def _from_table(key: str, file: str, raw_key: str) -> DeviceModel:
         cuda_driver_version=13000,
         gpm_supported=int(raw["nvml_architecture"]) >= 9,
         profiles=profiles,
+        fabric=_fabric(raw.get("fabric")),
     )
+
+
+def _fabric(raw: dict[str, Any] | None) -> tuple[int, int, str, int] | None:
+    if raw is None:
+        return None
+    return (int(raw["state"]), int(raw["status"]), str(raw["clusterUuid"]), int(raw["cliqueId"]))
 
 
 _USER_GUIDE_KEYS = {

@@ -90,3 +90,50 @@ def test_a_machine_type_file_that_is_no_file_reads_unknown_at_once(
     assert got["nvidia.com/gpu.machine"] == want
     if want == "unknown":
         assert "labels.machine_type.refused" in res.stderr
+
+
+PLUGIN = "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "replicas"),
+    [
+        (("--device-plugin-config-file", "{dir}/ts"), {}, "3"),
+        ((), {"NODEAGENT_DEVICE_PLUGIN_CONFIG_DIR": "{dir}"}, "5"),  # the `named` fallback
+        (("--device-plugin-config-dir", "{dir}", "--device-plugin-default-config", "ts"), {}, "3"),
+        (
+            ("--device-plugin-config-dir", "{dir}"),
+            {"NODEAGENT_DEVICE_PLUGIN_FALLBACK_STRATEGIES": "single,empty"},
+            "1",
+        ),
+    ],
+)
+def test_the_device_plugin_config_shares_the_mig_devices(
+    node: Callable[..., Result],
+    tmp_path: Path,
+    args: tuple[str, ...],
+    env: dict[str, str],
+    replicas: str,
+) -> None:
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "ts").write_text(PLUGIN + "    - {name: mig-1g.18gb, replicas: 3}\n")
+    (configs / "default").write_text(PLUGIN + "    - {name: nvidia.com/mig-1g.18gb, replicas: 5}\n")
+    fill = {"dir": str(configs)}
+    got = _labels(
+        node(*(a.format(**fill) for a in args), env={k: v.format(**fill) for k, v in env.items()})
+    )
+    assert got["nvidia.com/mig-1g.18gb.replicas"] == replicas
+    shared = replicas != "1"
+    assert got["nvidia.com/mig-1g.18gb.sharing-strategy"] == ("time-slicing" if shared else "none")
+    assert got["nvidia.com/mig-1g.18gb.product"].endswith("-SHARED") == shared
+
+
+def test_a_bad_device_plugin_config_is_one_sentence(
+    node: Callable[..., Result], tmp_path: Path
+) -> None:
+    (tmp_path / "plugin.yaml").write_text(PLUGIN + "    - {name: gpu, replicas: 0}\n")
+    res = node("--device-plugin-config-file", str(tmp_path / "plugin.yaml"))
+    assert_one_error(res, 2, f"{tmp_path / 'plugin.yaml'}:6:", "replicas must be a number >= 2")
+    both = node("--device-plugin-config-file", "a", "--device-plugin-config-dir", "b")
+    assert_one_error(both, 2, "not both")

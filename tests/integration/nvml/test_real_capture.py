@@ -22,8 +22,10 @@ def test_emulated_h200_reads_like_the_real_one(make_session: Callable[..., NvmlS
         for gpu in data["gpus"]:
             gpu.pop("uuid")
             gpu.pop("pci_bus_id")
-    # Read since the capture was taken (and checked on real NVML by tests/gpu): the PCI class.
-    newer = {"pci_class", "pci_subsystem_id"}
+    # Read since the capture was taken (and checked on real NVML by tests/gpu): the PCI class,
+    # the fabric (tests/gpu/test_real_platform_labels.py) and the node's vGPUs.
+    newer = {"pci_class", "pci_subsystem_id", "fabric"}
+    assert emulated.pop("vgpu") is None  # the emulated H200 has no PCI config space to read
     for gpu in emulated["gpus"]:
         assert newer <= set(gpu)
         for key in newer:

@@ -12,7 +12,12 @@ a reason:
 - MIG profile names with attributes (`1g.18gb.me`) or a compute-instance part (`1c.3g.71gb`):
   the files predate them and their key regex `mig-[0-9]+g\\.[0-9]+gb\\.` cannot match; GFD itself
   names such devices that way (go-nvlib's profile String(), `+` written `.`), so for those keys
-  alone the profile part of the regex is widened.
+  alone the profile part of the regex is widened;
+- the labels of GFD's other labelers, published only on some nodes, are checked against their
+  own lines, none of them required: `vgpu.*` against tests/expected-output-vgpu.txt, and
+  `gpu.clique` (the emulated GB200 is fabric-attached) against the form in GFD's README
+  (docs/gpu-feature-discovery/README.md: "GPUFabric ClusterUUID + CliqueID",
+  `7b968a6d-c8aa-45e1-9e07-e1e51be99c31.1`), which has no expected-output file.
 """
 
 from __future__ import annotations
@@ -49,10 +54,17 @@ class Expected:
     line: re.Pattern[str]
 
 
-def expected(strategy: str) -> list[Expected]:
+CLIQUE = r"nvidia\.com\/gpu\.clique=[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}\.[0-9]+$"
+
+
+def _optional_lines() -> list[str]:
+    return [*(UPSTREAM / "expected-output-vgpu.txt").read_text().splitlines(), CLIQUE]
+
+
+def expected(strategy: str, optional: bool = True) -> list[Expected]:
     lines = (UPSTREAM / f"expected-output-mig-{strategy}.txt").read_text().splitlines()
     out = []
-    for text in lines:
+    for text in lines + (_optional_lines() if optional else []):
         key, _, _ = text.partition("=")
         out.append(Expected(text, re.compile(key), re.compile(text)))
     return out
@@ -88,7 +100,8 @@ def check(labels: dict[str, str], strategy: str, every_line: bool = True) -> Non
         assert e is not None, f"{key}={value} matches no line of expected-output-mig-{strategy}"
         matched.add(e.text)
     if every_line:
-        wanted = {e.text for e in lines if e.key.pattern not in NOT_PUBLISHED}
+        required = expected(strategy, optional=False)
+        wanted = {e.text for e in required if e.key.pattern not in NOT_PUBLISHED}
         assert wanted - matched == set(), f"lines no label matched ({strategy})"
 
 
