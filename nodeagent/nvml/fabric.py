@@ -44,7 +44,7 @@ def read_fabric(session: NvmlSession, dev: Any, uuid_key: str) -> Fabric | None:
     fabric = Fabric(
         state=int(info.state),
         status=int(info.status),
-        cluster_uuid=str(uuid.UUID(bytes=_uuid_bytes(info))),
+        cluster_uuid=str(uuid.UUID(bytes=cluster_uuid_bytes(info))),
         clique_id=int(info.cliqueId),
     )
     if fabric.state == STATE_COMPLETED:
@@ -52,7 +52,7 @@ def read_fabric(session: NvmlSession, dev: Any, uuid_key: str) -> Fabric | None:
     return fabric
 
 
-def _uuid_bytes(info: Any) -> bytes:
+def cluster_uuid_bytes(info: Any) -> bytes:
     """The 16 bytes of clusterUuid as the driver wrote them: read from the structure's memory,
     since pynvml versions declare the field as c_uint8 or as c_char (whose value stops at the
     first zero byte: an all-zero UUID read as b'', found on the H200)."""

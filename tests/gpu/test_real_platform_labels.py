@@ -18,6 +18,7 @@ import pytest
 
 from nodeagent.labels.gfd import GfdOptions, gfd_labels
 from nodeagent.nvml import Inventory, NvmlSession
+from nodeagent.nvml.fabric import cluster_uuid_bytes
 from nodeagent.nvml.read import sysfs_bus_id
 
 pytestmark = pytest.mark.gpu
@@ -37,7 +38,7 @@ def _fabric_by_hand(session: NvmlSession) -> set[tuple[str, int]]:
         except pynvml.NVMLError as err:
             print(f"GPU {i}: nvmlDeviceGetGpuFabricInfo -> {err}")
             continue
-        cluster = str(uuid.UUID(bytes=bytes(info.clusterUuid)))
+        cluster = str(uuid.UUID(bytes=cluster_uuid_bytes(info)))
         print(f"GPU {i}: fabric state {info.state} status {info.status} {cluster} {info.cliqueId}")
         if info.state == 3 and info.status == 0 and int(uuid.UUID(cluster)) != 0:
             found.add((cluster, int(info.cliqueId)))
