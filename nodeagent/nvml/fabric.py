@@ -31,7 +31,7 @@ def read_fabric(session: NvmlSession, dev: Any, uuid_key: str) -> Fabric | None:
     if not hasattr(lib, "nvmlDeviceGetGpuFabricInfo"):
         kept[uuid_key] = None
         return None
-    info = lib.c_nvmlGpuFabricInfo_t()
+    info = GpuFabricInfo()
     answer = session.call(
         "nvmlDeviceGetGpuFabricInfo",
         dev,
@@ -52,9 +52,20 @@ def read_fabric(session: NvmlSession, dev: Any, uuid_key: str) -> Fabric | None:
     return fabric
 
 
-def cluster_uuid_bytes(info: Any) -> bytes:
-    """The 16 bytes of clusterUuid as the driver wrote them: read from the structure's memory,
-    since pynvml versions declare the field as c_uint8 or as c_char (whose value stops at the
-    first zero byte: an all-zero UUID read as b'', found on the H200)."""
-    field = type(info).clusterUuid
-    return ctypes.string_at(ctypes.addressof(info) + field.offset, field.size)
+class GpuFabricInfo(ctypes.Structure):
+    """nvmlGpuFabricInfo_t as nvml.h declares it (go-nvml's copy in k8s-device-plugin 1b826ac:
+    a 16-byte UUID, status, clique, and an unsigned char state). Not pynvml's
+    c_nvmlGpuFabricInfo_t: the lent H200's pynvml declares the UUID 80 bytes long, which moves
+    every field after it (state read as 0, a UUID of 80 bytes)."""
+
+    _fields_ = [
+        ("clusterUuid", ctypes.c_uint8 * 16),
+        ("status", ctypes.c_uint),
+        ("cliqueId", ctypes.c_uint),
+        ("state", ctypes.c_uint8),
+    ]
+
+
+def cluster_uuid_bytes(info: GpuFabricInfo) -> bytes:
+    """The 16 bytes of the cluster UUID."""
+    return bytes(info.clusterUuid)

@@ -18,7 +18,7 @@ import pytest
 
 from nodeagent.labels.gfd import GfdOptions, gfd_labels
 from nodeagent.nvml import Inventory, NvmlSession
-from nodeagent.nvml.fabric import cluster_uuid_bytes
+from nodeagent.nvml.fabric import GpuFabricInfo, cluster_uuid_bytes
 from nodeagent.nvml.read import sysfs_bus_id
 
 pytestmark = pytest.mark.gpu
@@ -32,7 +32,7 @@ def _fabric_by_hand(session: NvmlSession) -> set[tuple[str, int]]:
     found = set()
     for i in range(pynvml.nvmlDeviceGetCount()):
         dev = pynvml.nvmlDeviceGetHandleByIndex(i)
-        info = pynvml.c_nvmlGpuFabricInfo_t()
+        info = GpuFabricInfo()  # nvml.h's layout (not every pynvml's)
         try:
             pynvml.nvmlDeviceGetGpuFabricInfo(dev, ctypes.byref(info))
         except pynvml.NVMLError as err:
