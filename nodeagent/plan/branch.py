@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nodeagent.plan.options import Demand, GpuView, Option, TooLarge, Vec
-from nodeagent.plan.relax import Digits, Prices, lp_prices
+from nodeagent.plan.relax import Digits, Lagrangian, Prices, lp_prices
 
 
 @dataclass(frozen=True)
@@ -79,12 +79,18 @@ class Scorer:
 
 
 def best_plan(
-    tables: Sequence[Table], score: Scorer, cap: Vec, need: int, budget: list[int]
+    tables: Sequence[Table],
+    score: Scorer,
+    cap: Vec,
+    need: int,
+    budget: list[int],
+    prices: Prices | None = None,
 ) -> tuple[int, list[Option]] | None:
     """The first best plan (its score and one option per GPU) when its score is at least
-    `need`; None when none is. Raises TooLarge once `budget` (option evaluations) is spent."""
+    `need`; None when none is. Raises TooLarge once `budget` (option evaluations) is spent.
+    `prices`: the bounds to use (the tables' own by default)."""
     n = len(tables)
-    prices = bounds(tables, score, cap)
+    prices = prices or bounds(tables, score, cap)
     solved: dict[tuple[int, Vec], tuple[int, Option]] = {}  # the best from a state, exact
     capped: dict[tuple[int, Vec], int] = {}  # an upper bound proven for a state
     runs = [1] * n  # GPUs in a row from i on with the same table
@@ -164,13 +170,14 @@ def choices(table: Table, left: Vec) -> list[Option]:
     return out
 
 
-def bounds(tables: Sequence[Table], score: Scorer, cap: Vec) -> Prices:
-    """The bounds of every state (see _relaxation)."""
-    return _relaxation(tables, score, cap)[0]
+def bounds(tables: Sequence[Table], score: Scorer, cap: Vec, refine: bool = False) -> Prices:
+    """The bounds of every state (see _relaxation); `refine`: each lower digit bounded on its
+    own too (nodeagent.plan.relax.Level: a few more LPs, a bound closer to the plans)."""
+    return _relaxation(tables, score, cap, refine)[0]
 
 
 def _relaxation(
-    tables: Sequence[Table], score: Scorer, cap: Vec
+    tables: Sequence[Table], score: Scorer, cap: Vec, refine: bool = False
 ) -> tuple[Prices, list[tuple[int, Vec | None, int]]]:
     """The bounds of every state: the LP's prices at the root, no prices (every GPU at its
     best) and full ones (every replica placed, every GPU unused); and the LP's solution
@@ -209,7 +216,10 @@ def _relaxation(
         for j, x in solution
         if x + 1e-6 >= 1
     ]
-    return Prices(unit, kinds, rows, [lam, [0] * len(unit), unit], digits), rounded
+    prices = Prices(Lagrangian(unit, kinds, rows, [lam, [0] * len(unit), unit]), digits)
+    if refine:
+        prices.refine(columns, counts, cap)
+    return prices, rounded
 
 
 def rounded_plan(

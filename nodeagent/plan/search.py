@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from nodeagent.mps.settings import MAX_PLUGIN_REPLICAS
-from nodeagent.plan.branch import Scorer, Table, best_plan, bounds, levels, rounded_plan
+from nodeagent.plan.branch import NOTHING, Scorer, Table, best_plan, bounds, levels, rounded_plan
 from nodeagent.plan.options import (
     Demand,
     GpuView,
@@ -35,6 +35,7 @@ from nodeagent.plan.options import (
     mps_options,
     whole_options,
 )
+from nodeagent.plan.relax import Prices
 
 
 @dataclass(frozen=True)
@@ -188,11 +189,13 @@ def _search(
     def solution(options: Sequence[Option]) -> Solution:
         return Solution(objective(views, demands, options), tuple(options), replicas)
 
+    prices: list[Prices] = []  # the refined bounds, once the short search ran out
+
     def search(floor: int, limit: int) -> Solution | None:
         share = [min(limit, budget[0])]
         budget[0] -= share[0]
         try:
-            plan = best_plan(tables, score, cap, floor, share)
+            plan = best_plan(tables, score, cap, floor, share, *prices)
         finally:
             budget[0] += max(share[0], 0)
         return solution(plan[1]) if plan is not None else None
@@ -204,13 +207,19 @@ def _search(
     try:
         rounded = rounded_plan(tables, score, cap, budget)
     except TooLarge:
-        return False, None
+        rounded = None
+    top = rounded[0] if rounded is not None else NOTHING
+    if rounded is None or rounded[1] < top:  # a gap: each lower digit bounded on its own too
+        prices.append(bounds(tables, score, cap, refine=True))
+        top = prices[0].bound(0, cap)
+        if top < need:
+            return True, None
     if rounded is None or rounded[1] < need:
         try:
             return True, search(need, budget[0])
         except TooLarge:
             return False, None
-    top, value, options = rounded
+    _, value, options = rounded
     try:
         return True, search(value, TIE_LIMIT if value >= top else budget[0])
     except TooLarge:

@@ -2,8 +2,9 @@
 
 The plain programme (written here again) tries every option of every GPU for every demand
 left; the branch and bound must pick the very same plan (same score, same option on every
-GPU: the first best one in that order), its bound must never be below the best score of any
-state, and asked for more than the best it must find nothing. Small nodes of mixed models,
+GPU: the first best one in that order, with the refined bounds too), its bounds (plain, and
+refined: each lower digit bounded on its own, the memory term's remainders) must never be below
+the best score of any state, and asked for more than the best it must find nothing. Small nodes of mixed models,
 existing and in-use slices, every MPS client count (hypothesis); then the reach it was made for.
 """
 
@@ -111,9 +112,12 @@ def test_branch_and_bound_picks_the_plain_programmes_plan(
         value, chosen = found
         assert (value, chosen) == (states[(0, cap)], want)
         assert best_plan(tables, score, cap, value + 1, [10**9]) is None
-        prices = bounds(tables, score, cap)
+        prices, refined = bounds(tables, score, cap), bounds(tables, score, cap, refine=True)
         for (i, left), best in states.items():
             assert prices.bound(i, left) >= best
+            assert refined.bound(i, left) >= best
+        found = best_plan(tables, score, cap, 0, [10**9], refined)
+        assert found == (value, chosen)  # tighter bounds, the same first best plan
         rounded = rounded_plan(tables, score, cap, [10**9])
         assert rounded is not None and rounded[1] <= value <= rounded[0]
 
