@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nodeagent.plan.options import Demand, GpuView, Option, TooLarge, Vec
-from nodeagent.plan.relax import Digits, Lagrangian, Prices, lp_prices
+from nodeagent.plan.relax import Column, Digits, Lagrangian, Prices, lp_prices
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,10 @@ def levels(demands: Sequence[Demand]) -> tuple[int, ...]:
     return tuple(sorted({d.priority for d in demands}, reverse=True))
 
 
+Rounded = list[tuple[int, Vec | None, int]]  # the LP's solution rounded down (_relaxation)
+Relaxed = tuple[tuple[Table, ...], Prices, Rounded, list[Column], list[int]]
+
+
 class Scorer:
     """The objective terms of one option as one integer: sums of these compare as the
     objective does (each term's node-wide total fits below the next one's weight)."""
@@ -46,6 +50,7 @@ class Scorer:
         self.memory_base = sum(v.memory_mib for v in views) + 1
         self.kept_base = sum(len(v.idle) + len(v.busy) for v in views) + 1
         self.cache: dict[tuple[int, Option], int] = {}
+        self.relaxed: dict[tuple[tuple[int, ...], Vec], Relaxed] = {}
 
     def __call__(self, i: int, option: Option) -> int:
         key = (i, option)
@@ -85,10 +90,11 @@ def best_plan(
     need: int,
     budget: list[int],
     prices: Prices | None = None,
+    sieve: Sieve | None = None,
 ) -> tuple[int, list[Option]] | None:
     """The first best plan (its score and one option per GPU) when its score is at least
     `need`; None when none is. Raises TooLarge once `budget` (option evaluations) is spent.
-    `prices`: the bounds to use (the tables' own by default)."""
+    `prices`: the bounds to use (the tables' own by default), `sieve` made of them."""
     n = len(tables)
     prices = prices or bounds(tables, score, cap)
     solved: dict[tuple[int, Vec], tuple[int, Option]] = {}  # the best from a state, exact
@@ -97,6 +103,7 @@ def best_plan(
     for i in range(n - 2, -1, -1):
         if tables[i + 1] is tables[i]:
             runs[i] = runs[i + 1] + 1
+    sieve = sieve or Sieve(prices, tables)
 
     def best(i: int, left: Vec, need: int) -> int:
         """The best score of GPUs i.. when it is at least `need` (then in `solved`); below
@@ -117,16 +124,12 @@ def best_plan(
         budget[0] -= 2 * len(table.front)  # capped, then bounded
         if budget[0] < 0:
             raise TooLarge("over the search limit")
-        options = choices(table, left)
-        run = runs[i]
-        unused = score(i, table.unused) if table.unused is not None else None
-        used = [(o.vec, o.kept) for o in options if o.mode != "unused"]
-        ceiling = prices.bound(i, left, (used, unused, run))
-        if ceiling < need:
-            capped[key] = ceiling
-            return ceiling
         top: tuple[int, Option] | None = None
         proven = NOTHING  # no option fits (a GPU held to one option by rounded_plan)
+        passed = sieve.passing(i, left, need, ceiling)
+        if len(passed) < len(table.front):
+            proven = need - 1  # the options sifted out reach less
+        options = choices(table, left, passed)
         for option in options:
             s = score(i, option)
             goal = (top[0] + 1 if top else need) - s
@@ -153,11 +156,57 @@ def best_plan(
     return solved[(0, cap)][0], chosen
 
 
-def choices(table: Table, left: Vec) -> list[Option]:
-    """A GPU's options capped by what is left, each once, in frontier order, unused last."""
+class Sieve:
+    """The options of a state that may reach a score, sifted by the prices alone: through
+    option o (capped to c <= o.vec), a plan from (i, left) scores at most
+    lambda . left + (the suffix's sum from i + 1) + M_o, M_o = kept + gain . o.vec >=
+    score(c) - lambda . c; for a level (mu, weight), the same for mu * H + R, which every plan
+    scoring at least `need` has at least mu * Hn + Rn (need = Hn * weight + Rn) where no plan
+    of the state has H above Hn (its bound says so), mu * Hn + min(Rn, mu) otherwise."""
+
+    def __init__(self, prices: Prices, tables: Sequence[Table]) -> None:
+        self.cores = [(prices.core, 0, 0)]
+        self.cores += [(level.bound, level.weight, level.mu) for level in prices.levels]
+        self.margins: dict[int, list[tuple[Vec, tuple[int, ...]]]] = {}
+        for table in tables:
+            if id(table) in self.margins:
+                continue
+            rows = []
+            for vec in table.front:
+                kept = table.options[vec].kept
+                rows.append((vec, tuple(
+                    kept + sum(g * n for g, n in zip(core.gains[0], vec, strict=True) if n)
+                    for core, _, _ in self.cores
+                )))  # fmt: skip
+            self.margins[id(table)] = rows
+        self.tables = tables
+
+    def passing(self, i: int, left: Vec, need: int, ceiling: int) -> set[Vec]:
+        """The frontier vectors of GPU i's table that may reach `need` from (i, left)."""
+        floors = []
+        for core, weight, mu in self.cores:
+            lam, sums = core.prices[0], core.suffix[0]
+            goal = need
+            if weight:
+                high, low = divmod(need, weight)
+                goal = mu * high + (low if ceiling // weight <= high else min(low, mu))
+            floors.append(goal - sum(p * n for p, n in zip(lam, left, strict=True) if n)
+                          - sums[i + 1])  # fmt: skip
+        out = set()
+        for vec, margins in self.margins[id(self.tables[i])]:
+            if all(m >= f for m, f in zip(margins, floors, strict=True)):
+                out.add(vec)
+        return out
+
+
+def choices(table: Table, left: Vec, among: set[Vec] | None = None) -> list[Option]:
+    """A GPU's options capped by what is left, each once, in frontier order, unused last;
+    `among`: only these frontier vectors (and unused)."""
     out: list[Option] = []
     seen: set[Vec] = set()
     for vec in table.front:
+        if among is not None and vec not in among:
+            continue
         capped = tuple(a if a < b else b for a, b in zip(vec, left, strict=True))
         if capped in seen:
             continue
@@ -178,10 +227,24 @@ def bounds(tables: Sequence[Table], score: Scorer, cap: Vec, refine: bool = Fals
 
 def _relaxation(
     tables: Sequence[Table], score: Scorer, cap: Vec, refine: bool = False
-) -> tuple[Prices, list[tuple[int, Vec | None, int]]]:
+) -> tuple[Prices, Rounded]:
     """The bounds of every state: the LP's prices at the root, no prices (every GPU at its
     best) and full ones (every replica placed, every GPU unused); and the LP's solution
-    rounded down: (kind, vector or None for unused, how many GPUs)."""
+    rounded down: (kind, vector or None for unused, how many GPUs). Made once per tables
+    and demand for a Scorer (it keeps the tables, so their ids name them), refined once."""
+    key = (tuple(id(t) for t in tables), cap)
+    hit = score.relaxed.get(key)
+    if hit is None:
+        hit = score.relaxed[key] = (tuple(tables), *_relax(tables, score, cap))
+    _, prices, rounded, columns, counts = hit
+    if refine and not prices.refined:
+        prices.refine(columns, counts, cap)
+    return prices, rounded
+
+
+def _relax(
+    tables: Sequence[Table], score: Scorer, cap: Vec
+) -> tuple[Prices, Rounded, list[Column], list[int]]:
     ids: dict[int, int] = {}
     kinds: list[int] = []
     rows: list[tuple[list[tuple[Vec, int]], int | None]] = []
@@ -217,9 +280,7 @@ def _relaxation(
         if x + 1e-6 >= 1
     ]
     prices = Prices(Lagrangian(unit, kinds, rows, [lam, [0] * len(unit), unit]), digits)
-    if refine:
-        prices.refine(columns, counts, cap)
-    return prices, rounded
+    return prices, rounded, columns, counts
 
 
 def rounded_plan(

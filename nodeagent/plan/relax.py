@@ -114,6 +114,7 @@ class Prices:
         self.core = core
         self.digits = digits
         self.levels: list[Level] = []
+        self.refined = False
         n = len(core.kinds)
         self.top_memory = [max(digits.gpu_memory[i:], default=0) for i in range(n + 1)]
         self.kept = [sum(digits.kept[i:]) for i in range(n + 1)]
@@ -154,6 +155,7 @@ class Prices:
     def refine(self, columns: Sequence[Column], counts: Sequence[int], left: Vec) -> None:
         """Adds a level per lower digit (replicas placed / GPUs unused / memory / slices kept),
         its mu the best of a walk over powers of two (an LP each) at the state (0, left)."""
+        self.refined = True
         d = self.digits
         weights = [d.used_base * d.memory_base * d.kept_base, d.memory_base * d.kept_base]
         if d.kept_base > 1:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from nodeagent.mps.settings import MAX_PLUGIN_REPLICAS
-from nodeagent.plan.branch import NOTHING, Scorer, Table, best_plan, bounds, levels, rounded_plan
+from nodeagent.plan.branch import Scorer, Table, best_plan, bounds, levels, rounded_plan
 from nodeagent.plan.options import (
     Demand,
     GpuView,
@@ -36,6 +36,7 @@ from nodeagent.plan.options import (
     whole_options,
 )
 from nodeagent.plan.relax import Prices
+from nodeagent.plan.targets import improve
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ SEARCH_LIMIT = 300_000  # option evaluations (a bound: 20) of one MPS client cou
 TOTAL_SEARCHES = 3  # all client counts together may use this many times SEARCH_LIMIT
 FIRST_LIMIT = 5_000  # the short search, before the LP's rounded plan is tried
 TIE_LIMIT = 10_000  # the first best plan, once the rounded plan is known to be a best one
+ROUND_LIMIT = 20_000  # the rest of the GPUs beside the LP's rounded plan
 
 
 def solve(
@@ -151,7 +153,7 @@ def solve(
             continue  # cannot beat the best found
         need = 0 if best is None else best[0] + (rank < best[1])
         budget = [min(search_limit, total)]
-        exact, found = _search(views, demands, tables, cap, replicas, need, budget)
+        exact, found = _search(views, demands, tables, cap, replicas, need, budget, score)
         if not exact:  # too large for an exact search: the better of the greedy plan and it
             missed.append((bound, rank))
             greedy = _greedy(views, demands, cap, replicas)
@@ -175,6 +177,7 @@ def _search(
     replicas: int | None,
     need: int,
     budget: list[int],
+    score: Scorer,
 ) -> tuple[bool, Solution | None]:
     """(exact, the first best plan of one client count) when it scores at least `need`
     (None: none does); not exact when the budget ran out (then the best plan seen, if any).
@@ -184,7 +187,6 @@ def _search(
     (the one a longer search finds) is looked for with its score as the floor, on a small
     budget, the rounded plan kept if that runs out. Else the search goes on with the rest
     of the budget and the rounded plan's score as the floor."""
-    score = Scorer(views, demands)
 
     def solution(options: Sequence[Option]) -> Solution:
         return Solution(objective(views, demands, options), tuple(options), replicas)
@@ -195,7 +197,7 @@ def _search(
         share = [min(limit, budget[0])]
         budget[0] -= share[0]
         try:
-            plan = best_plan(tables, score, cap, floor, share, *prices)
+            plan = best_plan(tables, score, cap, floor, share, prices[0] if prices else None)
         finally:
             budget[0] += max(share[0], 0)
         return solution(plan[1]) if plan is not None else None
@@ -204,26 +206,41 @@ def _search(
         return True, search(need, FIRST_LIMIT)
     except TooLarge:
         pass
+    plans = [_greedy(views, demands, cap, replicas)]
     try:
-        rounded = rounded_plan(tables, score, cap, budget)
+        share = [min(ROUND_LIMIT, budget[0])]
+        budget[0] -= share[0]
+        rounded = rounded_plan(tables, score, cap, share)
+        budget[0] += share[0]
     except TooLarge:
         rounded = None
-    top = rounded[0] if rounded is not None else NOTHING
-    if rounded is None or rounded[1] < top:  # a gap: each lower digit bounded on its own too
+    if rounded is not None:
+        plans.append(solution(rounded[2]))
+    plan = max(plans, key=lambda p: _value(score, p))  # the best plan known, and its score
+    value = _value(score, plan)
+    plain = bounds(tables, score, cap)
+    if value < plain.bound(0, cap):  # a gap: each lower digit bounded on its own too
         prices.append(bounds(tables, score, cap, refine=True))
-        top = prices[0].bound(0, cap)
-        if top < need:
-            return True, None
-    if rounded is None or rounded[1] < need:
-        try:
-            return True, search(need, budget[0])
-        except TooLarge:
-            return False, None
-    _, value, options = rounded
+    else:
+        prices.append(plain)
+    top = prices[0].bound(0, cap)
+    if top < need:
+        return True, None
     try:
-        return True, search(value, TIE_LIMIT if value >= top else budget[0])
+        better = improve(tables, score, cap, prices[0], max(value, need - 1), budget)
     except TooLarge:
-        return value >= top, solution(options)
+        try:  # the branch and bound alone, from the best plan known
+            better = best_plan(tables, score, cap, max(value, need - 1) + 1, budget, prices[0])
+        except TooLarge:
+            return False, plan if value >= need else None
+    if better is not None:
+        plan, value = solution(better[1]), better[0]
+    if value < need:
+        return True, None
+    try:  # the first best plan, as the search finds it, if the budget holds
+        return True, search(value, TIE_LIMIT)
+    except TooLarge:
+        return True, plan
 
 
 def _value(score: Scorer, solution: Solution) -> int:
