@@ -91,10 +91,12 @@ def best_plan(
     budget: list[int],
     prices: Prices | None = None,
     sieve: Sieve | None = None,
+    first: bool = False,
 ) -> tuple[int, list[Option]] | None:
     """The first best plan (its score and one option per GPU) when its score is at least
     `need`; None when none is. Raises TooLarge once `budget` (option evaluations) is spent.
-    `prices`: the bounds to use (the tables' own by default), `sieve` made of them."""
+    `prices`: the bounds to use (the tables' own by default), `sieve` made of them;
+    `first`: the first plan found scoring at least `need`, not the best."""
     n = len(tables)
     prices = prices or bounds(tables, score, cap)
     solved: dict[tuple[int, Vec], tuple[int, Option]] = {}  # the best from a state, exact
@@ -137,6 +139,8 @@ def best_plan(
             value = best(i + 1, rest, goal)
             if value >= goal:
                 top = (s + value, option)
+                if first:
+                    break
             elif s + value > proven:
                 proven = s + value
         if top is not None:

@@ -206,7 +206,7 @@ def _search(
         return True, search(need, FIRST_LIMIT)
     except TooLarge:
         pass
-    plans = [_greedy(views, demands, cap, replicas)]
+    plans = []
     try:
         share = [min(ROUND_LIMIT, budget[0])]
         budget[0] -= share[0]
@@ -214,8 +214,8 @@ def _search(
         budget[0] += share[0]
     except TooLarge:
         rounded = None
-    if rounded is not None:
-        plans.append(solution(rounded[2]))
+    # the better plan known (the greedy one only without the rounded one: it costs as much)
+    plans.append(solution(rounded[2]) if rounded else _greedy(views, demands, cap, replicas))
     plan = max(plans, key=lambda p: _value(score, p))  # the best plan known, and its score
     value = _value(score, plan)
     plain = bounds(tables, score, cap)

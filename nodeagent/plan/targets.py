@@ -17,8 +17,8 @@ from nodeagent.plan.branch import Scorer, Sieve, Table, best_plan
 from nodeagent.plan.options import Option, TooLarge, Vec
 from nodeagent.plan.relax import Prices
 
-CASES = 2_000  # (v, u) cases at most
-HEAD_LIMIT = 20_000  # option evaluations to settle a whole head at once
+CASES = 2_000  # (v, u) cases of a head at most
+PER_CASE = 150  # option evaluations a case costs, about: what a whole head may take
 
 
 def improve(
@@ -30,20 +30,26 @@ def improve(
     budget: list[int],
 ) -> tuple[int, list[Option]] | None:
     """The best plan scoring above `best` (None: none does). Raises TooLarge past CASES
-    cases or the budget. The cases go head by head (replicas placed per level, GPUs
+    cases of a head or the budget. The cases go head by head (replicas placed per level, GPUs
     unused), from the bound's down: all of a head checked, the bound drops below it."""
     top = prices.bound(0, cap)
     weight = score.memory_base * score.kept_base  # of the lowest head digit: GPUs unused
     found: tuple[int, list[Option]] | None = None
-    cases = 0
     sieve = Sieve(prices, tables)
     while top > best:
         head = top // weight  # replicas placed per level and GPUs unused, at their most
-        if head * weight > best:  # the whole head first: often no plan has it
-            share = [min(HEAD_LIMIT, budget[0])]
+        try:
+            todo: list[tuple[int, int, Vec]] | None
+            todo = _cases(tables, score, cap, max(best, head * weight - 1), top)
+        except TooLarge:
+            todo = None
+        if head * weight > best:  # the whole head first (any plan of it, or none), on as
+            # much budget as its cases would take
+            limit = budget[0] if todo is None else PER_CASE * len(todo)
+            share = [min(limit, budget[0])]
             budget[0] -= share[0]
             try:
-                plan = best_plan(tables, score, cap, head * weight, share, prices, sieve)
+                plan = best_plan(tables, score, cap, head * weight, share, prices, sieve, True)
             except TooLarge:
                 pass
             else:
@@ -52,9 +58,7 @@ def improve(
                     top = head * weight - 1
                     continue
                 best, found = plan[0], plan
-        todo = _cases(tables, score, cap, max(best, head * weight - 1), top)
-        cases += len(todo)
-        if cases > CASES:
+        if todo is None:
             raise TooLarge("too many cases between the plan and the bound")
         for upper, need, v in todo:
             if upper <= best:
@@ -116,4 +120,8 @@ def _sums(
         return
     k = order[j]
     for n in range(cap[k], -1, -1):
-        yield from _sums(unit, order, rest, cap, low, high, j + 1, total + n * unit[k], (*vec, n))
+        here = total + n * unit[k]
+        if here + rest[j + 1] <= low:
+            break  # fewer of class k reach less still
+        if here <= high:
+            yield from _sums(unit, order, rest, cap, low, high, j + 1, here, (*vec, n))
