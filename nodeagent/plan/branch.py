@@ -288,11 +288,12 @@ def _relax(
 
 
 def rounded_plan(
-    tables: Sequence[Table], score: Scorer, cap: Vec, budget: list[int]
+    tables: Sequence[Table], score: Scorer, cap: Vec, budget: list[int], need: int = 0
 ) -> tuple[int, int, list[Option]] | None:
     """The root's bound, and a plan from the LP's solution rounded down (whole GPUs of its
-    options, the first GPUs of their kind), the other GPUs searched exactly for the rest;
-    None when that finds no plan. Raises TooLarge past the budget."""
+    options, the first GPUs of their kind), the other GPUs searched exactly for the rest
+    (with `need`: the first plan found scoring that); None when that finds no plan. Raises
+    TooLarge past the budget."""
     prices, rounded = _relaxation(tables, score, cap)
     first: dict[int, int] = {}  # kinds numbered as _relaxation numbers them
     kinds: dict[int, list[int]] = {}  # kind -> its GPUs, in order
@@ -303,12 +304,12 @@ def rounded_plan(
         gpus = [i for i in kinds.get(kind, []) if forced[i] is tables[i]][:copies]
         for i in gpus:
             table = tables[i]
-            if vec is None:  # left unused
+            if vec is None:  # left unused (scored as such: no other option)
                 assert table.unused is not None
-                forced[i] = Table({table.unused.vec: table.unused}, (table.unused.vec,), None)
+                forced[i] = Table({}, (), table.unused)
             else:  # capped by what is left, as any option is
                 forced[i] = Table(table.options, (vec,), None)
-    found = best_plan(forced, score, cap, 0, budget)
+    found = best_plan(forced, score, cap, need, budget, first=need > 0)
     if found is None:
         return None
     return prices.bound(0, cap), found[0], found[1]
