@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import mul
 
 Vec = tuple[int, ...]
 Column = tuple[int, Vec, int]  # (score, replicas per class, row of its GPU kind)
@@ -248,6 +249,8 @@ def lp_prices(
         [(k, float(n)) for k, n in enumerate(vec) if n] + [(width + kind, 1.0)]
         for _, vec, kind in columns
     ]
+    vecs = [tuple(float(n) for n in vec) for _, vec, _ in columns]  # for the pricing
+    kinds = [width + kind for _, _, kind in columns]
     basis = [-1 - r for r in range(rows)]  # slack r is column -1 - r
     inverse = [[float(r == c) for c in range(rows)] for r in range(rows)]
     x = b[:]
@@ -256,10 +259,13 @@ def lp_prices(
         cb = [cost[j] if j >= 0 else 0.0 for j in basis]
         duals = [sum(cb[r] * inverse[r][c] for r in range(rows)) for c in range(rows)]
         enter, gain = None, 1e-9
-        for j, col in enumerate(entries):
-            d = cost[j] - sum(duals[r] * a for r, a in col)
-            if d > gain:
-                enter, gain = j, d
+        head = duals[:width]
+        reduced = [
+            c - duals[k] - sum(map(mul, head, v)) for c, v, k in zip(cost, vecs, kinds, strict=True)
+        ]
+        best = max(reduced, default=0.0)
+        if best > gain:
+            enter, gain = reduced.index(best), best
         for r in range(rows):  # a slack back in: its dual went negative
             if -duals[r] > gain:
                 enter, gain = -1 - r, -duals[r]
