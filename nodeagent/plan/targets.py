@@ -38,6 +38,9 @@ def improve(
     sieve = Sieve(prices, tables)
     while top > best:
         head = top // weight  # replicas placed per level and GPUs unused, at their most
+        budget[0] -= 20  # a head costs a bound or so, and its cases one each (below)
+        if budget[0] < 0:
+            raise TooLarge("over the search limit")
         try:
             todo: list[tuple[int, int, Vec]] | None
             todo = _cases(tables, score, cap, max(best, head * weight - 1), top)
@@ -60,6 +63,7 @@ def improve(
                 best, found = plan[0], plan
         if todo is None:
             raise TooLarge("too many cases between the plan and the bound")
+        budget[0] -= len(todo)
         for upper, need, v in todo:
             if upper <= best:
                 break
