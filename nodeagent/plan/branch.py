@@ -5,7 +5,9 @@ what is left, each once, the unused option last). A branch is cut where the boun
 nodeagent.plan.relax says it cannot reach the score wanted; a state (GPU, demand left) met
 again, as alike GPUs taking the same options in another order do, is answered from what was
 proven about it (its best score, or an upper bound). The plan found is the first best one in
-that order: the one a full dynamic programme over (GPU, demand left) picks.
+that order: the one a full dynamic programme over (GPU, demand left) picks. A state's options
+are sifted by the prices before any is bounded (Sieve: an option whose price-reduced score
+cannot reach the goal is never capped or bounded).
 """
 
 from __future__ import annotations

@@ -11,7 +11,10 @@ picks on its own, and for ANY prices
 downwards.) The bound is exact integer arithmetic whatever the prices, so it never cuts an
 optimal plan; the prices only decide how tight it is. The tightest prices are the duals of the
 LP relaxation (each GPU a fraction of options, the classes' rows capped by what is left), found
-here by a small revised simplex in floats once per search, at the root.
+here by a small revised simplex in floats once per search, at the root. The score's terms are
+digits of one integer (replicas placed per level, GPUs unused, memory, slices kept): the
+bound's lower digits are tightened as integers (Prices.bound) and, refined, each bounded on
+its own among the plans whose higher digits are at their most (Level).
 """
 
 from __future__ import annotations

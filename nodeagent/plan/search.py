@@ -182,11 +182,13 @@ def _search(
     """(exact, the first best plan of one client count) when it scores at least `need`
     (None: none does); not exact when the budget ran out (then the best plan seen, if any).
 
-    A short search first; past it, the LP's solution rounded down and the rest searched
-    exactly. Where that plan meets the root's bound it is a best one: the first best plan
-    (the one a longer search finds) is looked for with its score as the floor, on a small
-    budget, the rounded plan kept if that runs out. Else the search goes on with the rest
-    of the budget and the rounded plan's score as the floor."""
+    A short search first (most files end there). Past it, the plan to beat: the LP's
+    solution rounded down, the rest searched (first for a plan meeting the bound, then for
+    the best; the greedy plan where that runs out). Where it falls short of the bound, the
+    bound is refined and the cases between them checked (nodeagent.plan.targets; where
+    they are too many, the branch and bound with the plan's score as the floor). The best
+    plan known then, the first best plan (the one a longer search finds) is looked for with
+    its score as the floor, on a small budget, the plan known kept if that runs out."""
 
     def solution(options: Sequence[Option]) -> Solution:
         return Solution(objective(views, demands, options), tuple(options), replicas)
@@ -206,7 +208,6 @@ def _search(
         return True, search(need, FIRST_LIMIT)
     except TooLarge:
         pass
-    plans = []
     try:
         share = [min(ROUND_LIMIT, budget[0])]
         budget[0] -= share[0]
@@ -217,9 +218,8 @@ def _search(
         budget[0] += share[0]
     except TooLarge:
         rounded = None
-    # the better plan known (the greedy one only without the rounded one: it costs as much)
-    plans.append(solution(rounded[2]) if rounded else _greedy(views, demands, cap, replicas))
-    plan = max(plans, key=lambda p: _value(score, p))  # the best plan known, and its score
+    # the plan to beat (the greedy one only without the rounded one: it costs as much)
+    plan = solution(rounded[2]) if rounded else _greedy(views, demands, cap, replicas)
     value = _value(score, plan)
     plain = bounds(tables, score, cap)
     if value < plain.bound(0, cap):  # a gap: each lower digit bounded on its own too
