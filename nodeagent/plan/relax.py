@@ -123,6 +123,9 @@ class Prices:
         self.top_memory = [max(digits.gpu_memory[i:], default=0) for i in range(n + 1)]
         self.kept = [sum(digits.kept[i:]) for i in range(n + 1)]
         self.step = math.gcd(*digits.memory)
+        self.least = [  # per suffix, the memory of its u smallest GPUs
+            [sum(sorted(digits.gpu_memory[i:])[:u]) for u in range(n - i + 1)] for i in range(n + 1)
+        ]
         self.residues = _residues(digits.gpu_memory, self.step)
 
     def bound(self, i: int, left: Vec, first: First | None = None) -> int:
@@ -136,25 +139,32 @@ class Prices:
         at most the memory left to place plus that of the unused GPUs. That term is the placed
         replicas' memory (a multiple of the classes' common divisor) plus the memory of the
         unused GPUs: its remainder is one of those of so many unused GPUs, and the bound is
-        rounded down to the largest such (a bound a few MiB above a plan is that plan's)."""
+        rounded down to the largest such (a bound a few MiB above a plan is that plan's); it is
+        at least the unused GPUs' own memory, or no plan has that head (the next one down
+        is read the same way)."""
         b = self.core.raw(i, left, first)
         for level in self.levels:
             b = level.cut(b, i, left, first)
         d = self.digits
         weight = d.memory_base * d.kept_base
-        head = b // weight
-        unused = head % d.used_base
-        if unused > len(self.kept) - 1 - i:
-            return head * weight - 1  # no plan has that many GPUs unused: a lower head
-        memory = sum(m * n for m, n in zip(d.memory, left, strict=True) if n)
-        memory = min(memory + unused * self.top_memory[i], d.memory_base - 1)
-        memory = min(memory, b % weight // d.kept_base)
-        remainders = self.residues[i][unused]
-        if remainders is not None:
-            memory -= min((memory - r) % self.step for r in remainders)
-            if memory < 0:
-                return head * weight - 1
-        return min(b, head * weight + memory * d.kept_base + self.kept[i])
+        placed = sum(m * n for m, n in zip(d.memory, left, strict=True) if n)
+        for _ in range(2 * len(self.kept)):  # each round a lower head, or the bound
+            head = b // weight
+            unused = head % d.used_base
+            if b < 0 or unused > len(self.kept) - 1 - i:
+                return head * weight - 1  # no plan has that many GPUs unused: a lower head
+            memory = min(placed + unused * self.top_memory[i], d.memory_base - 1)
+            memory = min(memory, b % weight // d.kept_base)
+            remainders = self.residues[i][unused]
+            if remainders is not None:
+                memory -= min((memory - r) % self.step for r in remainders)
+            if memory < self.least[i][unused]:  # below the unused GPUs' own memory
+                b = head * weight - 1
+                for level in self.levels:  # each lower digit again, under the new head
+                    b = level.cut(b, i, left, first)
+                continue
+            return min(b, head * weight + memory * d.kept_base + self.kept[i])
+        return b
 
     def refine(self, columns: Sequence[Column], counts: Sequence[int], left: Vec) -> None:
         """Adds a level per lower digit (replicas placed / GPUs unused / memory / slices kept),
