@@ -179,6 +179,9 @@ class Prices:
             found: dict[int, tuple[int, Level]] = {}  # j -> (bound, level of mu weight >> j)
             for j in range(3, weight.bit_length(), 3):  # every third power, then beside the best
                 self._attempt(found, weight, j, columns, counts, left)
+                least = min(v for v, _ in found.values())
+                if least < top and found[j][0] > least:
+                    break  # past the best: the bound only grows from here (it is unimodal in j)
             if not found:
                 continue
             best = min(found, key=lambda j: found[j][0])

@@ -112,7 +112,8 @@ SEARCH_LIMIT = 300_000  # option evaluations (a bound: 20) of one MPS client cou
 TOTAL_SEARCHES = 3  # all client counts together may use this many times SEARCH_LIMIT
 FIRST_LIMIT = 5_000  # the short search, before the LP's rounded plan is tried
 TIE_LIMIT = 10_000  # the first best plan, once the rounded plan is known to be a best one
-ROUND_LIMIT = 250_000  # the rest of the GPUs beside the LP's rounded plan
+ROUND_LIMIT = 250_000  # the rest of the GPUs beside the LP's rounded plan, meeting the bound
+ROUND_REST_LIMIT = 100_000  # the rest of the GPUs beside the LP's rounded plan, the best
 
 
 def solve(
@@ -214,8 +215,12 @@ def _search(
         # first a plan that meets the bound, if the LP's rounding leads to one, quickly
         top = bounds(tables, score, cap).bound(0, cap)
         rounded = rounded_plan(tables, score, cap, share, top)
-        rounded = rounded or rounded_plan(tables, score, cap, share)
         budget[0] += share[0]
+        if rounded is None:  # else the best the rounding leads to
+            share = [min(ROUND_REST_LIMIT, budget[0])]
+            budget[0] -= share[0]
+            rounded = rounded_plan(tables, score, cap, share)
+            budget[0] += share[0]
     except TooLarge:
         rounded = None
     # the plan to beat (the greedy one only without the rounded one: it costs as much)

@@ -18,6 +18,7 @@ from nodeagent.plan.options import Option, TooLarge, Vec
 from nodeagent.plan.relax import Prices
 
 CASES = 2_000  # (v, u) cases of a head at most
+HEADS = 16  # heads between the plan and the bound at most
 PER_CASE = 150  # option evaluations a case costs, about: what a whole head may take
 
 
@@ -36,6 +37,8 @@ def improve(
     weight = score.memory_base * score.kept_base  # of the lowest head digit: GPUs unused
     found: tuple[int, list[Option]] | None = None
     sieve = Sieve(prices, tables)
+    if top // weight - best // weight > HEADS:
+        raise TooLarge("too many heads between the plan and the bound")
     while top > best:
         head = top // weight  # replicas placed per level and GPUs unused, at their most
         budget[0] -= 20  # a head costs a bound or so, and its cases one each (below)

@@ -20,7 +20,16 @@ from hypothesis import strategies as st
 
 from nodeagent.nvml import Gpu, Inventory
 from nodeagent.plan.branch import Scorer, Table, best_plan, bounds, rounded_plan
-from nodeagent.plan.options import Demand, GpuView, Option, Vec, merge, mig_options, whole_options
+from nodeagent.plan.options import (
+    Demand,
+    GpuView,
+    Option,
+    TooLarge,
+    Vec,
+    merge,
+    mig_options,
+    whole_options,
+)
 from nodeagent.plan.planner import demand_classes, plan_node
 from nodeagent.plan.search import _tables, mps_candidates, solve
 from nodeagent.plan.targets import improve
@@ -124,7 +133,10 @@ def test_branch_and_bound_picks_the_plain_programmes_plan(
         rounded = rounded_plan(tables, score, cap, [10**9])
         assert rounded is not None and rounded[1] <= value <= rounded[0]
         for below in {rounded[1], value - 1, value}:  # the cases between a plan and the bound
-            better = improve(tables, score, cap, refined, below, [10**9])
+            try:
+                better = improve(tables, score, cap, refined, below, [10**9])
+            except TooLarge:  # many heads between the bound and it: the caller searches
+                continue
             assert (better[0] if better else below) == max(value, below)
 
 
