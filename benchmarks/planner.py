@@ -24,6 +24,9 @@ times; `--before PATH` (times saved by a run of older code: PYTHONPATH pointing 
 exported older tree) adds them beside, and both go to benchmarks/planner-time.png, or
 --time-plot PATH.
 
+Then, per model and node size (`--reach-gpus 8,16`: 16-GPU nodes too), the most kinds
+planned exactly within 1 s: the bound stated in the README.
+
 Run: python benchmarks/planner.py [--repeat 5] [--plot PATH] [--json P] [--before P]
 """
 
@@ -216,9 +219,9 @@ def planner(inv: Inventory, workloads: list[Workload], repeat: int) -> Result:
     )
 
 
-def node(model: str) -> Inventory | None:
+def node(model: str, gpus: int = 8) -> Inventory | None:
     try:
-        lib = SimulatedNvml(parse_spec(f"{model}x8"))
+        lib = SimulatedNvml(parse_spec(f"{model}x{gpus}"))
     except ConfigError:
         return None
     session = NvmlSession(lib)
@@ -245,6 +248,7 @@ def main() -> int:
     parser.add_argument("--json", help="save the planning times here")
     parser.add_argument("--before", help="planning times saved by a run of older code")
     parser.add_argument("--time-plot", default=str(Path(__file__).with_name("planner-time.png")))
+    parser.add_argument("--reach-gpus", default="8", help="node sizes of the reach, e.g. 8,16")
     args = parser.parse_args()
     nodes = {m: inv for m in MODELS if (inv := node(m)) is not None}
     missing = [m for m in MODELS if m not in nodes]
@@ -278,9 +282,13 @@ def main() -> int:
         {"table": "mix", "name": mix, "model": model, "ms": r.seconds * 1000, "exact": r.exact}
         for mix, model, r, _, _ in rows
     ]
-    times += reach(nodes, args.repeat)
+    times += reach(nodes, args.repeat, [int(n) for n in args.reach_gpus.split(",")])
     before = json.loads(Path(args.before).read_text()) if args.before else []
     compare(times, before)
+    bound(times)
+    if before:
+        print("before:", end="")
+        bound(before)
     if args.json:
         Path(args.json).write_text(json.dumps(times, indent=1) + "\n")
     time_plot(times, before, args.time_plot)
@@ -290,16 +298,40 @@ def main() -> int:
 Time = dict[str, object]
 
 
-def reach(nodes: dict[str, Inventory], repeat: int) -> list[Time]:
-    """The first k workloads of `ten-kinds`, k = 1..10, on every model."""
+def reach(nodes: dict[str, Inventory], repeat: int, sizes: list[int]) -> list[Time]:
+    """The first k workloads of `ten-kinds`, k = 1..10, on every model: on its 8-GPU node,
+    and on nodes of the other `sizes` (named model x N) where the emulator makes them."""
     out: list[Time] = []
     ten = MIXES["ten-kinds"]
-    for model, inv in nodes.items():
-        for k in range(1, len(ten) + 1):
-            r = planner(inv, ten[:k], repeat)
-            out.append({"table": "kinds", "name": str(k), "model": model,
-                        "ms": r.seconds * 1000, "exact": r.exact})  # fmt: skip
+    for model, inv8 in nodes.items():
+        for n in sizes:
+            inv = inv8 if n == 8 else node(model, n)
+            if inv is None:
+                continue
+            name = model if n == 8 else f"{model}x{n}"
+            for k in range(1, len(ten) + 1):
+                r = planner(inv, ten[:k], repeat)
+                out.append({"table": "kinds", "name": str(k), "model": name,
+                            "ms": r.seconds * 1000, "exact": r.exact})  # fmt: skip
     return out
+
+
+def bound(times: list[Time], within_ms: float = 1000.0) -> None:
+    """Per model (and node size): the most kinds planned exactly within `within_ms`, all
+    fewer kinds exact and within it too."""
+    print(f"\nexact within {within_ms:.0f} ms: the most kinds k of ten-kinds (every k' <= k too)")
+    for model in dict.fromkeys(str(t["model"]) for t in times if t["table"] == "kinds"):
+        rows = sorted(
+            (int(str(t["name"])), bool(t["exact"]) and float(t["ms"]) <= within_ms)  # type: ignore[arg-type]
+            for t in times
+            if t["table"] == "kinds" and t["model"] == model
+        )
+        most = 0
+        for k, ok in rows:
+            if not ok:
+                break
+            most = k
+        print(f"  {model:<14} {most}")
 
 
 def compare(times: list[Time], before: list[Time]) -> None:

@@ -199,10 +199,11 @@ def mig_options(
     past `limit` (vectors times classes squared: the cost of the frontier; 0: no limit)."""
     best: dict[Vec, Option] = {}
     for sig in signatures(view):
+        like = _sig_option(view, sig, ())  # the layout's terms; each vector its own copy
         for vec in _fill(view, demands, cap, Counter(sig), limit):
-            option = _sig_option(view, sig, vec)
-            if vec not in best or option.better_than(best[vec]):
-                best[vec] = option
+            other = best.get(vec)
+            if other is None or like.better_than(other):
+                best[vec] = Option("mig", vec, like.kept, like.memory_mib, like.detail)
         if limit and len(best) * len(demands) ** 2 > limit:
             raise TooLarge(f"too many ways to fill GPU {view.index} with MIG slices")
     return best

@@ -35,6 +35,8 @@ from nodeagent.plan.options import (
     mps_options,
     whole_options,
 )
+from nodeagent.plan.relax import Prices
+from nodeagent.plan.targets import improve
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,8 @@ SEARCH_LIMIT = 300_000  # option evaluations (a bound: 20) of one MPS client cou
 TOTAL_SEARCHES = 3  # all client counts together may use this many times SEARCH_LIMIT
 FIRST_LIMIT = 5_000  # the short search, before the LP's rounded plan is tried
 TIE_LIMIT = 10_000  # the first best plan, once the rounded plan is known to be a best one
+ROUND_LIMIT = 250_000  # the rest of the GPUs beside the LP's rounded plan, meeting the bound
+ROUND_REST_LIMIT = 100_000  # the rest of the GPUs beside the LP's rounded plan, the best
 
 
 def solve(
@@ -150,7 +154,7 @@ def solve(
             continue  # cannot beat the best found
         need = 0 if best is None else best[0] + (rank < best[1])
         budget = [min(search_limit, total)]
-        exact, found = _search(views, demands, tables, cap, replicas, need, budget)
+        exact, found = _search(views, demands, tables, cap, replicas, need, budget, score)
         if not exact:  # too large for an exact search: the better of the greedy plan and it
             missed.append((bound, rank))
             greedy = _greedy(views, demands, cap, replicas)
@@ -174,25 +178,29 @@ def _search(
     replicas: int | None,
     need: int,
     budget: list[int],
+    score: Scorer,
 ) -> tuple[bool, Solution | None]:
     """(exact, the first best plan of one client count) when it scores at least `need`
     (None: none does); not exact when the budget ran out (then the best plan seen, if any).
 
-    A short search first; past it, the LP's solution rounded down and the rest searched
-    exactly. Where that plan meets the root's bound it is a best one: the first best plan
-    (the one a longer search finds) is looked for with its score as the floor, on a small
-    budget, the rounded plan kept if that runs out. Else the search goes on with the rest
-    of the budget and the rounded plan's score as the floor."""
-    score = Scorer(views, demands)
+    A short search first (most files end there). Past it, the plan to beat: the LP's
+    solution rounded down, the rest searched (first for a plan meeting the bound, then for
+    the best; the greedy plan where that runs out). Where it falls short of the bound, the
+    bound is refined and the cases between them checked (nodeagent.plan.targets; where
+    they are too many, the branch and bound with the plan's score as the floor). The best
+    plan known then, the first best plan (the one a longer search finds) is looked for with
+    its score as the floor, on a small budget, the plan known kept if that runs out."""
 
     def solution(options: Sequence[Option]) -> Solution:
         return Solution(objective(views, demands, options), tuple(options), replicas)
+
+    prices: list[Prices] = []  # the refined bounds, once the short search ran out
 
     def search(floor: int, limit: int) -> Solution | None:
         share = [min(limit, budget[0])]
         budget[0] -= share[0]
         try:
-            plan = best_plan(tables, score, cap, floor, share)
+            plan = best_plan(tables, score, cap, floor, share, prices[0] if prices else None)
         finally:
             budget[0] += max(share[0], 0)
         return solution(plan[1]) if plan is not None else None
@@ -202,19 +210,45 @@ def _search(
     except TooLarge:
         pass
     try:
-        rounded = rounded_plan(tables, score, cap, budget)
+        share = [min(ROUND_LIMIT, budget[0])]
+        budget[0] -= share[0]
+        # first a plan that meets the bound, if the LP's rounding leads to one, quickly
+        top = bounds(tables, score, cap).bound(0, cap)
+        rounded = rounded_plan(tables, score, cap, share, top)
+        budget[0] += share[0]
+        if rounded is None:  # else the best the rounding leads to
+            share = [min(ROUND_REST_LIMIT, budget[0])]
+            budget[0] -= share[0]
+            rounded = rounded_plan(tables, score, cap, share)
+            budget[0] += share[0]
     except TooLarge:
-        return False, None
-    if rounded is None or rounded[1] < need:
-        try:
-            return True, search(need, budget[0])
-        except TooLarge:
-            return False, None
-    top, value, options = rounded
+        rounded = None
+    # the plan to beat (the greedy one only without the rounded one: it costs as much)
+    plan = solution(rounded[2]) if rounded else _greedy(views, demands, cap, replicas)
+    value = _value(score, plan)
+    plain = bounds(tables, score, cap)
+    if value < plain.bound(0, cap):  # a gap: each lower digit bounded on its own too
+        prices.append(bounds(tables, score, cap, refine=True))
+    else:
+        prices.append(plain)
+    top = prices[0].bound(0, cap)
+    if top < need:
+        return True, None
     try:
-        return True, search(value, TIE_LIMIT if value >= top else budget[0])
+        better = improve(tables, score, cap, prices[0], max(value, need - 1), budget)
     except TooLarge:
-        return value >= top, solution(options)
+        try:  # the branch and bound alone, from the best plan known
+            better = best_plan(tables, score, cap, max(value, need - 1) + 1, budget, prices[0])
+        except TooLarge:
+            return False, plan if value >= need else None
+    if better is not None:
+        plan, value = solution(better[1]), better[0]
+    if value < need:
+        return True, None
+    try:  # the first best plan, as the search finds it, if the budget holds
+        return True, search(value, TIE_LIMIT)
+    except TooLarge:
+        return True, plan
 
 
 def _value(score: Scorer, solution: Solution) -> int:

@@ -2,8 +2,10 @@
 
 The plain programme (written here again) tries every option of every GPU for every demand
 left; the branch and bound must pick the very same plan (same score, same option on every
-GPU: the first best one in that order), its bound must never be below the best score of any
-state, and asked for more than the best it must find nothing. Small nodes of mixed models,
+GPU: the first best one in that order, with the refined bounds too), its bounds (plain, and
+refined: each lower digit bounded on its own, the memory term's remainders) must never be below
+the best score of any state, and asked for more than the best it must find nothing; the cases
+between a plan and the bound (nodeagent.plan.targets) must lead to the best score. Small nodes of mixed models,
 existing and in-use slices, every MPS client count (hypothesis); then the reach it was made for.
 """
 
@@ -18,9 +20,19 @@ from hypothesis import strategies as st
 
 from nodeagent.nvml import Gpu, Inventory
 from nodeagent.plan.branch import Scorer, Table, best_plan, bounds, rounded_plan
-from nodeagent.plan.options import Demand, GpuView, Option, Vec, merge, mig_options, whole_options
+from nodeagent.plan.options import (
+    Demand,
+    GpuView,
+    Option,
+    TooLarge,
+    Vec,
+    merge,
+    mig_options,
+    whole_options,
+)
 from nodeagent.plan.planner import demand_classes, plan_node
 from nodeagent.plan.search import _tables, mps_candidates, solve
+from nodeagent.plan.targets import improve
 from tests.mig_support import blank_gpu, gpu_with
 from tests.unit.plan.test_same_plans import MIXES
 
@@ -111,11 +123,21 @@ def test_branch_and_bound_picks_the_plain_programmes_plan(
         value, chosen = found
         assert (value, chosen) == (states[(0, cap)], want)
         assert best_plan(tables, score, cap, value + 1, [10**9]) is None
-        prices = bounds(tables, score, cap)
+        unrefined = Scorer(score.views, mix)  # its own cache of bounds: these stay plain
+        prices, refined = bounds(tables, unrefined, cap), bounds(tables, score, cap, refine=True)
         for (i, left), best in states.items():
             assert prices.bound(i, left) >= best
+            assert refined.bound(i, left) >= best
+        found = best_plan(tables, score, cap, 0, [10**9], refined)
+        assert found == (value, chosen)  # tighter bounds, the same first best plan
         rounded = rounded_plan(tables, score, cap, [10**9])
         assert rounded is not None and rounded[1] <= value <= rounded[0]
+        for below in {rounded[1], value - 1, value}:  # the cases between a plan and the bound
+            try:
+                better = improve(tables, score, cap, refined, below, [10**9])
+            except TooLarge:  # many heads between the bound and it: the caller searches
+                continue
+            assert (better[0] if better else below) == max(value, below)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
