@@ -263,11 +263,14 @@ def test_concurrent_refreshes_around_an_apply_publish_in_order(
     published: list[int] = []
     original = store.offer
 
+    recording = threading.Lock()  # the record's order is the order of publishing
+
     def offer(snap: Snapshot) -> Snapshot:
-        got = original(snap)
-        if got is snap:
-            published.append(snap.generation)
-        return got
+        with recording:
+            got = original(snap)
+            if got is snap:
+                published.append(snap.generation)
+            return got
 
     store.offer = offer  # type: ignore[method-assign]
     stop = threading.Event()
