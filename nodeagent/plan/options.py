@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import combinations_with_replacement
@@ -197,50 +198,85 @@ def mig_options(
     """The best MIG option (most existing slices kept, then least slice memory) for every
     vector of replicas, each at most `cap`, that some valid layout can hold. Raises TooLarge
     past `limit` (vectors times classes squared: the cost of the frontier; 0: no limit)."""
-    best: dict[Vec, Option] = {}
+    pack = _Packing(cap)
+    best: dict[int, Option] = {}  # by packed vector; the vector is filled in at the end
     for sig in signatures(view):
-        like = _sig_option(view, sig, ())  # the layout's terms; each vector its own copy
-        for vec in _fill(view, demands, cap, Counter(sig), limit):
-            other = best.get(vec)
+        like = _sig_option(view, sig, ())  # the layout's terms
+        for state in _fill(view, demands, pack, Counter(sig), limit):
+            other = best.get(state)
             if other is None or like.better_than(other):
-                best[vec] = Option("mig", vec, like.kept, like.memory_mib, like.detail)
+                best[state] = like
         if limit and len(best) * len(demands) ** 2 > limit:
             raise TooLarge(f"too many ways to fill GPU {view.index} with MIG slices")
-    return best
+    out = {}
+    for state, like in best.items():
+        vec = pack.decode(state)
+        out[vec] = Option("mig", vec, like.kept, like.memory_mib, like.detail)
+    return out
 
 
 def _fill(
     view: GpuView,
     demands: tuple[Demand, ...],
-    cap: Vec,
+    pack: _Packing,
     groups: Counter[tuple[int, int]],
     limit: int = 0,
-) -> set[Vec]:
-    """Every vector the slices of `groups` can hold (new slices each hold one replica)."""
-    zero = (0,) * len(demands)
-    vectors = {zero}
+) -> set[int]:
+    """Every vector the slices of `groups` can hold (new slices each hold one replica), at
+    most `pack.cap`, packed.
+
+    Vectors are packed into one integer each (`_Packing`), so that adding a group's
+    replicas to every vector so far and dropping those past the cap is an integer sum and a
+    mask test, not a loop over the coordinates (this was half of a plan's time)."""
+    cap = pack.cap
+    states = {pack.start}
     for (pid, state), n in sorted(groups.items()):
         profile = view.profile(pid)
         fit = [k for k, d in enumerate(demands) if fits_slice(d, profile, view.sms)]
-        if limit and math.comb(len(fit) + n, n) * len(vectors) * len(demands) ** 2 > limit:
+        if limit and math.comb(len(fit) + n, n) * len(states) * len(demands) ** 2 > limit:
             raise TooLarge(f"too many ways to fill GPU {view.index} with MIG slices")
-        sizes = [n] if state == NEW else list(range(n + 1))
-        adds: set[Vec] = set()
-        for size in sizes:
-            for combo in combinations_with_replacement(fit, size):
-                add = [0] * len(demands)
-                for k in combo:
-                    add[k] += 1
-                adds.add(tuple(add))
-        vectors = {
-            tuple(a + b for a, b in zip(v, add, strict=True))
-            for v in vectors
-            for add in adds
-            if all(a + b <= c for a, b, c in zip(v, add, cap, strict=True))
-        }
-        if not vectors:
+        sizes = (n,) if state == NEW else tuple(range(n + 1))
+        key = (tuple(fit), sizes)
+        adds = pack.adds.get(key)
+        if adds is None:  # the same slices recur in many layouts
+            adds = pack.adds[key] = set()
+            for size in sizes:
+                for combo in combinations_with_replacement(fit, size):
+                    add = [0] * len(demands)
+                    for k in combo:
+                        add[k] += 1
+                    if all(a <= c for a, c in zip(add, cap, strict=True)):
+                        adds.add(pack.encode(add))
+        guard = pack.guard
+        states = {s + a for s in states for a in adds if not (s + a) & guard}
+        if not states:
             return set()
-    return vectors
+    return states
+
+
+class _Packing:
+    """Vectors of replicas, each coordinate at most its cap, packed into an integer: field k
+    holds v[k] + (2**(bits-1) - 1 - cap[k]), its top bit (the guard) clear exactly while
+    v[k] <= cap[k]. Adding a packed vector whose coordinates are at most the caps never
+    carries out of a field, so a sum is within the caps exactly when no guard bit is set."""
+
+    def __init__(self, cap: Vec) -> None:
+        self.cap = cap
+        self.bits = max(cap, default=0).bit_length() + 1
+        half = 1 << (self.bits - 1)
+        self.offsets = tuple(half - 1 - c for c in cap)
+        self.start = self.encode(self.offsets)
+        self.guard = sum(half << (k * self.bits) for k in range(len(cap)))
+        self.mask = (1 << self.bits) - 1
+        self.adds: dict[tuple[tuple[int, ...], tuple[int, ...]], set[int]] = {}
+
+    def encode(self, vec: Sequence[int]) -> int:
+        return sum(v << (k * self.bits) for k, v in enumerate(vec))
+
+    def decode(self, state: int) -> Vec:
+        return tuple(
+            ((state >> (k * self.bits)) & self.mask) - off for k, off in enumerate(self.offsets)
+        )
 
 
 def mig_greedy(view: GpuView, demands: tuple[Demand, ...], left: Vec) -> list[Option]:
