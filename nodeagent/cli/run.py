@@ -254,7 +254,11 @@ def _serve(ctx: Context, notify: Notifier, signals: Signals) -> int:
         signals.wake.wait(min(beat, SIGNAL_POLL_SECONDS) if beat else SIGNAL_POLL_SECONDS)
         signals.wake.clear()
         if signals.reload and not signals.stop and reloader.due(time.monotonic()):
-            signals.reload = reloader.run(announced)
+            # Cleared before the reload: a SIGHUP that lands while it runs (the file may have
+            # changed after it was read) is another reload, not lost.
+            signals.reload = False
+            if reloader.run(announced):
+                signals.reload = True
     notify.send("STOPPING=1", "STATUS=stopping")
     log.info("agent.stopping")
     agent.stop()
