@@ -154,11 +154,17 @@ def dra_node(short_root: Path, fake_mps_control: str) -> Iterator[DraNode]:
 
 
 def _quit_mps(control: str, root: Path) -> None:
-    """Leave no fake MPS daemon behind a failed test."""
+    """Quit the (fake) MPS daemon of `root` and wait until its control socket is gone (`quit`
+    returns before the daemon has exited); leaves no daemon behind a failed test."""
     import os
     import subprocess
+    import time
 
     env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe")}
     env["CUDA_MPS_LOG_DIRECTORY"] = str(root / "log")
-    if (root / "pipe" / "control").exists():
+    socket = root / "pipe" / "control"
+    if socket.exists():
         subprocess.run([control], input="quit\n", text=True, env=env, timeout=10, check=False)
+        deadline = time.monotonic() + 10
+        while socket.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
