@@ -13,7 +13,8 @@ from nodeagent.errors import NvmlError
 from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.fields import DeviceFields, FieldReader
 from nodeagent.nvml.gpm import GpmReader
-from nodeagent.nvml.health import Health, XidWatcher, gpu_handle, mig_handle, read_health
+from nodeagent.nvml.health import Health, XidWatcher, mig_handle, read_health
+from nodeagent.nvml.session import gpu_handle
 from nodeagent.nvml.utilization import (
     MAX_SAMPLE_PERIOD_US,
     ProcessSample,
@@ -182,7 +183,6 @@ class FieldSampler:
         self.store = store
         self.clock = clock
         self.reader = FieldReader(session)
-        self._handles: dict[int, Any] = {}  # fixed while NVML is loaded
         self._last: dict[int, tuple[float, DeviceFields]] = {}
 
     def tick(self) -> None:
@@ -194,9 +194,7 @@ class FieldSampler:
         rates: dict[int, tuple[float, float]] = {}
         with self.session.lock:
             for gpu in snap.inventory.gpus:
-                handle = self._handles.get(gpu.index)
-                if handle is None:
-                    handle = self._handles[gpu.index] = gpu_handle(self.session, gpu.index)
+                handle = gpu_handle(self.session, gpu.index)
                 now = self.clock()
                 read = by_gpu[gpu.index] = self.reader.read(gpu.index, handle, gpu.mig_current)
                 rate = _pcie_rate(self._last.get(gpu.index), now, read)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from nodeagent.errors import NvmlError
-from nodeagent.nvml.session import NvmlSession
+from nodeagent.nvml.session import NvmlSession, gpu_handle
 
 # NVML_GPM_METRIC_* ids, by the name nodeagent exposes (as ratios 0-1).
 GPM_METRICS = {
@@ -34,15 +34,11 @@ class GpmReader:
 
     def __init__(self, session: NvmlSession) -> None:
         self.session = session
-        self._handles: dict[int, Any] = {}
         self._spare: list[Any] = []
         self._request: tuple[Any, tuple[tuple[str, Any], ...]] | None = None
 
     def _device(self, index: int) -> Any:
-        dev = self._handles.get(index)
-        if dev is None:
-            dev = self._handles[index] = self.session.call("nvmlDeviceGetHandleByIndex", index)
-        return dev
+        return gpu_handle(self.session, index)
 
     def supported(self, index: int) -> bool:
         """Does the GPU support GPM? False for pre-Hopper GPUs (NOT_SUPPORTED)."""

@@ -13,7 +13,13 @@ from typing import Any
 
 from nodeagent.errors import NvmlError
 from nodeagent.logs import get_logger
-from nodeagent.nvml.session import INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, NvmlSession
+from nodeagent.nvml.session import (
+    INVALID_ARGUMENT,
+    NOT_FOUND,
+    NOT_SUPPORTED,
+    NvmlSession,
+    gpu_handle,
+)
 
 log = get_logger("nodeagent.nvml")
 
@@ -134,10 +140,6 @@ def _clock_event_reasons(session: NvmlSession, read: Callable[[str], Any]) -> in
             if value is not None:
                 return int(value)
     return None
-
-
-def gpu_handle(session: NvmlSession, index: int) -> Any:
-    return session.call("nvmlDeviceGetHandleByIndex", index, context=f"GPU {index}")
 
 
 def mig_handle(session: NvmlSession, mig_uuid: str) -> Any:

@@ -127,3 +127,16 @@ def load_real_library() -> Any:
     except ImportError as err:  # pragma: no cover - nvidia-ml-py is a dependency
         raise NvmlError(12, "import pynvml", "nvidia-ml-py is not installed") from err
     return pynvml
+
+
+def gpu_handle(session: NvmlSession, index: int) -> Any:
+    """GPU `index`'s device handle, asked of NVML once per session: a handle is fixed while
+    NVML is loaded, and the samplers ask for it on every tick."""
+    with session.lock:
+        handles: dict[int, Any] = session.static.setdefault("gpu-handles", {})
+        handle = handles.get(index)
+        if handle is None:
+            handle = handles[index] = session.call(
+                "nvmlDeviceGetHandleByIndex", index, context=f"GPU {index}"
+            )
+        return handle

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodeagent.errors import NvmlError
-from nodeagent.nvml.session import NOT_FOUND, NOT_SUPPORTED, NvmlSession
+from nodeagent.nvml.session import NOT_FOUND, NOT_SUPPORTED, NvmlSession, gpu_handle
 
 _FUNCTION_NOT_FOUND = 13  # a driver older than the call
 # pynvml raises NVMLError(SUCCESS) when the sizing call finds nothing to size: no samples.
@@ -58,7 +58,7 @@ def _ratio(percent: Any) -> float:
 def read_rates(session: NvmlSession, index: int) -> UtilizationRates | None:
     """GPU and memory utilization of GPU `index`; None where NVML has none (MIG-enabled
     GPUs). nvidia-smi equivalent: `--query-gpu=utilization.gpu,utilization.memory`."""
-    dev = session.call("nvmlDeviceGetHandleByIndex", index, context=f"GPU {index}")
+    dev = gpu_handle(session, index)
     rates = session.read("nvmlDeviceGetUtilizationRates", dev, context=f"GPU {index}")
     return None if rates is None else UtilizationRates(_ratio(rates.gpu), _ratio(rates.memory))
 
@@ -76,7 +76,6 @@ class ProcessUtilizationReader:
     def __init__(self, session: NvmlSession) -> None:
         self.session = session
         self._last: dict[str, int] = {}
-        self._handles: dict[int, Any] = {}
         self._unsupported: set[str] = set()
 
     def read(self, index: int, uuid: str) -> dict[int, ProcessSample] | None:
@@ -85,11 +84,7 @@ class ProcessUtilizationReader:
         pmon -c 1 -s u`. Raises NvmlError for a failure other than "not supported"."""
         if uuid in self._unsupported:
             return None
-        dev = self._handles.get(index)
-        if dev is None:
-            dev = self._handles[index] = self.session.call(
-                "nvmlDeviceGetHandleByIndex", index, context=f"GPU {index}"
-            )
+        dev = gpu_handle(self.session, index)
         last = self._last.get(uuid, 0)
         try:
             raw = self.session.call(

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.nvml.fields import FieldReader
-from nodeagent.nvml.health import gpu_handle
+from nodeagent.nvml.session import gpu_handle
 from tests.agent_support import make_agent
 
 pytestmark = pytest.mark.gpu

@@ -10,7 +10,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from nodeagent.nvml import NvmlSession, read_inventory
-from nodeagent.nvml.health import XidWatcher, gpu_handle, read_health
+from nodeagent.nvml.health import XidWatcher, read_health
+from nodeagent.nvml.session import gpu_handle
 from tests.agent_support import make_agent
 
 pytestmark = pytest.mark.gpu

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from nodeagent.agent import Agent
 from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.fields import MEMORY_V2, FieldReader
-from nodeagent.nvml.health import gpu_handle, mig_handle
-from nodeagent.nvml.session import NOT_SUPPORTED
+from nodeagent.nvml.health import mig_handle
+from nodeagent.nvml.session import NOT_SUPPORTED, gpu_handle
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.integration.metrics.conftest import sample
 
