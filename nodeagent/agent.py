@@ -24,9 +24,9 @@ from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
 
+from nodeagent.dra.held import inventory_reader, owner_store, with_owners
 from nodeagent.errors import AgentError, KubeError
 from nodeagent.labels.nfd import write_features
-from nodeagent.lock import mig_writer_lock
 from nodeagent.logs import get_logger
 from nodeagent.metrics.agent import AgentCollector, AgentStats
 from nodeagent.metrics.collectorset import CollectorSet
@@ -51,7 +51,7 @@ from nodeagent.nvml.write import ComputeModeWriter
 from nodeagent.reconcile import Pipeline, agent_pipeline
 from nodeagent.sampling import FieldSampler, GpmSampler, HealthSampler, UtilizationSampler
 from nodeagent.settings import Settings, merge_reload
-from nodeagent.snapshot import Allocations, Snapshot, Store, in_use_view
+from nodeagent.snapshot import Allocations, Snapshot, Store
 from nodeagent.workers import Worker
 
 log = get_logger("nodeagent.agent")
@@ -136,11 +136,14 @@ class Agent:
         self.reload_pending: str | None = None  # why a SIGHUP's reload waits for a retry
 
         self._reset, self._lock_path, self._allocations = reset, lock_path, allocations
+        # Who owns each slice, read by every path that changes MIG (nodeagent.dra.owners).
+        self.owners = owner_store(self.session, self.settings.dra, lock_path)
         self.pipeline = self._pipeline()
 
     def _pipeline(self, **kube: Any) -> Pipeline:
         """The reconcile pipeline, with the Kubernetes ports when given (`_setup_kube`)."""
         sinks = [NfdSink(lambda: self.settings), *kube.pop("sinks", ())]
+        pods = kube.pop("allocations", self._allocations)
         return agent_pipeline(
             self.store,
             lambda: self.settings,
@@ -149,8 +152,9 @@ class Agent:
             self.mps,
             self.stats,
             sinks,
-            allocations=kube.pop("allocations", self._allocations),
+            allocations=with_owners(pods, self.owners, inventory_reader(self.session)),
             clock=self.monotonic,
+            owners=self.owners,
             **kube,
         )
 
@@ -231,12 +235,6 @@ class Agent:
         # a test's own allocations win over the kubelet's socket
         socket_allocations = (lambda: pod_devices(socket)) if socket is not None else None
         allocations = self._allocations or socket_allocations
-        if self.settings.dra.enabled:
-            allocations = self._setup_dra(kube_settings, allocations)
-        else:  # the claims an agent with --dra prepared stay held (the pods still run)
-            from nodeagent.dra.held import checkpointed_claims
-
-            allocations = checkpointed_claims(self.session, self.settings.dra, allocations)
         # The pipeline with the Node's ports, built before its first run.
         self.pipeline = self._pipeline(
             desire=desire,
@@ -245,30 +243,26 @@ class Agent:
             clients=clients,
             allocations=allocations,
         )
+        if self.settings.dra.enabled:  # an edge of the pipeline: its MIG changes go through it
+            self._setup_dra(kube_settings)
         self.held_failure = desire.failure
         self.watcher = NodeWatcher(api, view, self._wake_reconcile, self.stop_event)
 
-    def _setup_dra(self, kube_settings: Any, pods: Allocations | None) -> Allocations:
+    def _setup_dra(self, kube_settings: Any) -> None:
         """The DRA kubelet plugin beside the device-plugin path, serving the kubelet from now;
-        returns the allocations the pipeline reads: the pods' devices and the claims' slices
-        (both count as busy)."""
-        from nodeagent.dra.held import inventory_reader, with_claims
+        its MIG changes run through the agent's pipeline, its claims go into the ownership
+        record that the pipeline reads (both count as busy)."""
         from nodeagent.kube.dra_plugin import DraPlugin
-
-        def held() -> dict[str, str]:
-            return in_use_view(pods()) if pods is not None else {}
 
         self.dra = DraPlugin(
             self.session,
             self.settings,
             kube_settings,
-            self._reset(self.settings),
-            lambda: mig_writer_lock(self._lock_path, self.settings.mig.lock_timeout_seconds),
-            held,
+            self.pipeline,
+            self.owners,
             self.stop_event,
         )
         self.dra.start()
-        return with_claims(pods, self.dra.checkpoint, inventory_reader(self.session))
 
     def publish_dra(self) -> None:
         snap = self.store.snapshot

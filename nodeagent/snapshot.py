@@ -56,6 +56,10 @@ class Holder:
     kind: str = "pod"
 
     def __str__(self) -> str:
+        if not (self.namespace or self.pod):
+            return self.kind  # no object to name: the kind says it all
+        if not self.namespace:
+            return f"{self.kind} {self.pod}"
         return f"{self.kind} {self.namespace}/{self.pod}"
 
 

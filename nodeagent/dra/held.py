@@ -1,5 +1,7 @@
 """Which GPUs and MIG devices DRA claims hold, for the busy-slice protection: the reconcile
-pipeline and `nodeagent mig apply` plan around them as around a slice a pod holds."""
+pipeline, `nodeagent mig apply|sharing apply` and the DRA driver itself plan around them as
+around a slice a pod holds. The holders come from the one ownership record
+(nodeagent.dra.owners), whatever the DRA settings of the command that reads it."""
 
 from __future__ import annotations
 
@@ -7,58 +9,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nodeagent.dra.checkpoint import load
-from nodeagent.dra.node import CHECKPOINT_NAME
-from nodeagent.dra.operations import slice_at
+from nodeagent.dra.owners import OwnerStore, evidence_of, owners_path
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.settings import Dra
+from nodeagent.settings.groups import DEFAULT_KUBELET_PLUGINS
 from nodeagent.snapshot import Allocations, Holder, Holders
 
 CLAIM = "claim"
 
 
-def claim_holders(
-    checkpoint: Path, inventory: Callable[[], Inventory] | None = None
-) -> dict[str, Holder]:
-    """{GPU or MIG UUID: the claim holding it} from the DRA checkpoint. A claim still being
-    prepared counts too: its MIG slice has no UUID in the checkpoint until it is prepared (an
-    agent killed between the slice's creation and the checkpoint's write), so the slice at its
-    placement is found in `inventory` (read only then). Raises ConfigError for a checkpoint it
-    cannot read (a MIG change then refuses, as when the kubelet cannot be asked)."""
-    claims = load(checkpoint).claims.values()
-    gpus = {}
-    if inventory is not None and any(
-        d.is_mig and not d.mig_uuid for claim in claims for d in claim.devices
-    ):
-        gpus = {g.index: g for g in inventory().gpus}
+def claim_holders(checkpoint: Path) -> dict[str, Holder]:
+    """{GPU or MIG UUID: the claim holding it} as one DRA checkpoint records it (prepared
+    claims with their UUIDs). Raises ConfigError for a checkpoint it cannot read."""
     held: dict[str, Holder] = {}
-    for claim in claims:
+    for claim in load(checkpoint).claims.values():
         for d in claim.devices:
-            if d.admin:  # looks, holds nothing
-                continue
             uuid = d.mig_uuid if d.is_mig else d.gpu_uuid
-            if not uuid and d.gpu in gpus:
-                there = slice_at(gpus[d.gpu], d.profile_id or 0, d.placement_start or 0)
-                uuid = there.mig_uuid if there is not None else None
-            if uuid:
+            if uuid and not d.admin:
                 held.setdefault(uuid, Holder(claim.namespace, claim.name, "", kind=CLAIM))
     return held
-
-
-def with_claims(
-    allocations: Allocations | None,
-    checkpoint: Path,
-    inventory: Callable[[], Inventory] | None = None,
-) -> Callable[[], Holders]:
-    """`allocations` (the kubelet's pod-resources answer; None: no pods known) plus the DRA
-    claims' devices (`inventory`: see claim_holders)."""
-
-    def both() -> Holders:
-        pods = dict(allocations()) if allocations is not None else {}
-        for uuid, holder in claim_holders(checkpoint, inventory).items():
-            pods.setdefault(uuid, holder)
-        return pods
-
-    return both
 
 
 def inventory_reader(session: NvmlSession) -> Callable[[], Inventory]:
@@ -69,11 +38,30 @@ def inventory_reader(session: NvmlSession) -> Callable[[], Inventory]:
     return read
 
 
-def checkpointed_claims(
-    session: NvmlSession, dra: Dra, pods: Allocations | None = None
+def owner_store(session: NvmlSession, dra: Dra, lock_path: Path | None) -> OwnerStore:
+    """The node's ownership record, beside the MIG writer lock at `lock_path`; rebuilt when
+    missing from the DRA traces in `dra`'s directories and the default ones."""
+    plugin_dirs = (dra.plugin_path, DEFAULT_KUBELET_PLUGINS / dra.driver)
+    evidence = evidence_of(dra.driver, plugin_dirs, (dra.cdi_dir,))
+    return OwnerStore(owners_path(lock_path), evidence, inventory_reader(session))
+
+
+def with_owners(
+    allocations: Allocations | None, store: OwnerStore, inventory: Callable[[], Inventory]
 ) -> Callable[[], Holders]:
-    """`pods` plus the claims of the DRA checkpoint in `dra`'s plugin directory, DRA on or
-    off: a checkpoint an agent with --dra left holds its claims' slices until the kubelet
-    unprepares them (no claims when there is no checkpoint). What `nodeagent mig apply|sharing
-    apply` and an agent without --dra count as held."""
-    return with_claims(pods, dra.plugin_path / CHECKPOINT_NAME, inventory_reader(session))
+    """`allocations` (the kubelet's pod-resources answer; None: no pods known) plus the
+    devices the ownership record gives to claims (or every device, when it is uncertain)."""
+
+    def both() -> Holders:
+        pods = dict(allocations()) if allocations is not None else {}
+        owners = store.read()
+        # The GPUs are read again only where the record lacks a UUID (a slice being made) or
+        # holds everything (uncertain).
+        need = owners.uncertain is not None or any(
+            d.is_mig and not d.mig_uuid for c in owners.claims.values() for d in c.devices
+        )
+        for uuid, holder in owners.holders(inventory() if need else None).items():
+            pods.setdefault(uuid, holder)
+        return pods
+
+    return both

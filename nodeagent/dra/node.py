@@ -1,36 +1,56 @@
 """The node side of the DRA driver: prepare and unprepare claims on this node's GPUs.
 
+A claim's MIG change is not made here: the driver hands the reconcile pipeline what the claim
+wants of the GPUs (nodeagent.dra.wanted -> nodeagent.mig.wanted.WantedChange), and the pipeline
+plans, applies and verifies it under the node-wide MIG writer lock, with the hooks, step
+metrics and logs of every MIG change (nodeagent.reconcile.edge). Under that lock, before the
+first NVML operation, the claim's devices go into the node's ownership record
+(nodeagent.dra.owners), which every path reads before it destroys a slice.
+
 `prepare` is idempotent and converges after a crash at any step: the claim and what it will
-create go into the checkpoint before the first mutation; the MIG operations run under the
-node-wide MIG writer lock (as `nodeagent mig apply` and the reconcile pipeline take it) and are
-planned from what NVML reports, so a retry finishes what a killed run began (a GI left without
-its CI gets its CI); the MPS daemon is adopted if it runs; the CDI spec and the checkpoint
-(`prepared`) are written last. `unprepare` undoes what the claim created, and only that; an
-unknown claim is already unprepared.
+create go into the checkpoint before the first mutation; a retry plans again from what NVML
+reports (a GI left without its CI gets its CI); the MPS daemon is adopted if it runs; the CDI
+spec and the checkpoint (`prepared`) are written last. A prepare that fails undoes what it did
+(nothing is left half held). `unprepare` undoes what the claim created, and only that: its MPS
+daemon and directories, its MIG slices, its CDI spec, its records; an unknown claim is already
+unprepared. Claims are prepared side by side: one claim's calls are serialised, and a claim
+waits for another only while the pipeline holds the MIG writer lock for an NVML change.
 """
 
 from __future__ import annotations
 
-import contextlib
+import shutil
 import threading
-from collections.abc import Callable, Collection, Mapping
-from contextlib import AbstractContextManager
+import time
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from nodeagent.dra import cdi
 from nodeagent.dra.checkpoint import PREPARED, PREPARING, PreparedClaim, PreparedDevice, load, save
 from nodeagent.dra.claims import ClaimRef, claimed_devices
-from nodeagent.dra.operations import destroy_ops, intents, plan_claim, slice_at
-from nodeagent.errors import AgentError, MigError
+from nodeagent.dra.owners import ClaimOwner, Held, Owners, OwnerStore
+from nodeagent.dra.wanted import intents, prepare_wants, release_wants, slice_at
+from nodeagent.errors import (
+    AgentError,
+    ConfigError,
+    GeometryInvalid,
+    KubeError,
+    LockHeld,
+    MigError,
+    MpsError,
+    NvmlError,
+    SliceInUse,
+)
 from nodeagent.files import atomic_write_text
 from nodeagent.logs import get_logger
-from nodeagent.mig.apply import Reset, execute
-from nodeagent.mig.plan import GpuPlan, Plan
+from nodeagent.mig.select import Desired
+from nodeagent.mig.wanted import MigEngine, WantedChange
 from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.settings import Limits, MpsSettings, validate
-from nodeagent.nvml import Inventory, MigWriter, NvmlSession, read_inventory
+from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 
 log = get_logger("nodeagent.dra")
 CHECKPOINT_NAME = "checkpoint.json"
@@ -62,69 +82,208 @@ class Prepared:
     cdi_ids: tuple[str, ...]
 
 
+class Stats(Protocol):
+    """What the driver reports (nodeagent.metrics.dra.DraStats)."""
+
+    def observe_prepare(self, kind: str, seconds: float, ok: bool) -> None: ...
+    def observe_unprepare(self, kind: str, seconds: float, ok: bool) -> None: ...
+    def observe_nvml(self, op: str, seconds: float) -> None: ...
+    def refused(self, reason: str) -> None: ...
+    def set_prepared(self, counts: Mapping[str, int]) -> None: ...
+
+
+def kind_of(devices: tuple[PreparedDevice, ...] | list[PreparedDevice]) -> str:
+    """mig | mps | gpu | admin: what a claim's devices are, for the metrics."""
+    if devices and all(d.admin for d in devices):
+        return "admin"
+    if any(d.mps for d in devices):
+        return "mps"
+    if any(d.is_mig for d in devices):
+        return "mig"
+    return "gpu"
+
+
+def reason_of(err: BaseException) -> str:
+    """A refusal's reason, as the metrics count it."""
+    for cls, reason in (
+        (SliceInUse, "in-use"),
+        (GeometryInvalid, "in-use"),
+        (LockHeld, "lock"),
+        (KubeError, "api"),
+        (MpsError, "mps"),
+        (NvmlError, "nvml"),
+        (MigError, "nvml"),
+        (ConfigError, "bad-claim"),
+    ):
+        if isinstance(err, cls):
+            return reason
+    return "other"
+
+
 class NodeDriver:
-    """Prepares claims. `writer_lock` is the MIG writer lock; `held` says which GPU or MIG
-    UUIDs pods hold through the device plugin (kubelet pod-resources)."""
+    """Prepares claims. `engine` runs MIG changes (the reconcile pipeline); `owners` is the
+    node's ownership record, shared with every other path; `stats` hears of each call."""
 
     def __init__(
         self,
         session: NvmlSession,
         config: NodeConfig,
-        reset: Reset,
-        writer_lock: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
-        held: Callable[[], Mapping[str, str]] = dict,
+        engine: MigEngine,
+        owners: OwnerStore,
+        stats: Stats | None = None,
     ) -> None:
         self.session = session
         self.config = config
-        self.reset = reset
-        self.writer_lock = writer_lock
-        self.held = held
-        self._lock = threading.Lock()  # one claim at a time: the checkpoint is one file
+        self.engine = engine
+        self.owners = owners
+        self.stats = stats
+        self._checkpoint_lock = threading.Lock()  # the checkpoint is one file
+        self._guard = threading.Lock()
+        self._claims: dict[str, threading.Lock] = {}  # one call per claim at a time
+        # A record from now on: a missing one would be rebuilt from this driver's own
+        # traces, claims still being prepared among them.
+        self.owners.ensure()
+
+    @contextmanager
+    def _claim(self, uid: str) -> Iterator[None]:
+        with self._guard:
+            lock = self._claims.setdefault(uid, threading.Lock())
+        with lock:
+            yield
+
+    def _update(self, uid: str, record: PreparedClaim | None) -> None:
+        """Put (or drop, None) one claim in the checkpoint."""
+        with self._checkpoint_lock:
+            checkpoint = load(self.config.checkpoint)
+            changed = checkpoint.with_claim(uid, record) if record else checkpoint.without(uid)
+            save(self.config.checkpoint, changed)
+            counts: dict[str, int] = {}
+            for c in changed.claims.values():
+                if c.state == PREPARED:
+                    counts[kind_of(c.devices)] = counts.get(kind_of(c.devices), 0) + 1
+        if self.stats is not None:
+            self.stats.set_prepared(counts)
+
+    def _inventory(self) -> Inventory:
+        with self.session.lock:
+            return read_inventory(self.session)
 
     # -- prepare ------------------------------------------------------------------------------
 
-    def prepare(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[Prepared]:
-        """Make the claim's devices ready. Raises ConfigError (a bad claim), SliceInUse (a
-        device overlaps a busy slice or another claim's), NvmlError, MpsError."""
+    def prepare(
+        self, ref: ClaimRef, claim: Mapping[str, Any], deadline: float | None = None
+    ) -> list[Prepared]:
+        """Make the claim's devices ready. `deadline` (time.monotonic) bounds the wait for the
+        MIG writer lock. Raises ConfigError (a bad claim), SliceInUse (a device overlaps a busy
+        slice or another claim's), LockHeld, NvmlError, MpsError, AgentError; whatever it
+        raises, the claim holds nothing afterwards."""
+        began = time.monotonic()
+        kind = "gpu"
+        try:
+            with self._claim(ref.uid):
+                prepared, kind = self._prepare(ref, claim, deadline)
+        except AgentError as err:
+            if self.stats is not None:
+                self.stats.refused(reason_of(err))
+                self.stats.observe_prepare(kind, time.monotonic() - began, False)
+            raise
+        if self.stats is not None:
+            self.stats.observe_prepare(kind, time.monotonic() - began, True)
+        return prepared
+
+    def _prepare(
+        self, ref: ClaimRef, claim: Mapping[str, Any], deadline: float | None
+    ) -> tuple[list[Prepared], str]:
         c = self.config
-        # The writer lock (a file lock) around all of it: another process preparing (an old
-        # agent still stopping) never interleaves its checkpoint or its MIG operations.
-        with self._lock, self.writer_lock():
-            checkpoint = load(c.checkpoint)
-            before = checkpoint.claims.get(ref.uid)
-            if before is not None and before.state == PREPARED:
-                gone = self._gone(ref.uid, before)
-                if gone is None:
-                    return _answer(before)
-                # A reboot (MIG slices, /var/run/cdi and MPS daemons do not survive one; the
-                # checkpoint does), or someone destroyed it: made again, as NVIDIA's driver
-                # drops a checkpoint of an earlier boot.
-                log.warning("dra.prepare_again", claim=str(ref), gone=gone)
+        before = load(c.checkpoint).claims.get(ref.uid)
+        if before is not None and before.state == PREPARED:
+            gone = self._gone(ref.uid, before)
+            if gone is None:
+                return _answer(before), kind_of(before.devices)
+            # A reboot (MIG slices, /var/run/cdi and MPS daemons do not survive one; the
+            # checkpoint does), or someone destroyed it: made again, as NVIDIA's driver
+            # drops a checkpoint of an earlier boot.
+            log.warning("dra.prepare_again", claim=str(ref), gone=gone)
+        try:
             claimed = claimed_devices(claim, c.driver, c.pool)
-            held = dict(self.held())
-            with self.session.lock:
-                inventory = read_inventory(self.session)
-                wanted = intents(inventory, claimed, before.devices if before else (), c.gpus)
-                the_plan = plan_claim(inventory, ref.uid, wanted, checkpoint, held)
-                record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted))
-                save(c.checkpoint, checkpoint.with_claim(ref.uid, record))
-                self._execute(the_plan, ref)
-                after = read_inventory(self.session)
-                made = _made(after, wanted, ref)
-            made = [self._start_mps(ref.uid, d, after) for d in made]
+            wanted = intents(self._inventory(), claimed, before.devices if before else (), c.gpus)
+        except AgentError:
+            if before is not None:  # a retry that is refused now holds nothing
+                self._release(ref.uid, before, deadline)
+            raise
+        kind = kind_of(wanted)
+        record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted))
+        self._update(ref.uid, record)
+        try:
+            done = self.engine.run_change(self._change(ref, wanted, deadline))
+            if self.stats is not None:
+                for op in done.operations:
+                    self.stats.observe_nvml(str(op["op"]), float(op["seconds"]))
+            made = _made(done.inventory, wanted, ref)
+            made = [self._start_mps(ref.uid, d, done.inventory) for d in made]
             ids = tuple(cdi.cdi_id(c.driver, ref.uid, d.device) for d in made)
             self._write_cdi(ref.uid, made)
             record = PreparedClaim(ref.namespace, ref.name, PREPARED, tuple(made), ids)
-            save(c.checkpoint, load(c.checkpoint).with_claim(ref.uid, record))
-            log.info("dra.prepared", claim=str(ref), devices=[d.device for d in made])
-            return _answer(record)
+            self._update(ref.uid, record)
+        except BaseException as err:
+            log.warning("dra.prepare_undone", claim=str(ref), error=str(err))
+            try:
+                self._release(ref.uid, record, deadline)
+            except AgentError as undo:  # the claim stays recorded: unprepare finishes it
+                log.error("dra.undo_failed", claim=str(ref), error=str(undo))
+            raise
+        log.info("dra.prepared", claim=str(ref), devices=[d.device for d in made])
+        return _answer(record), kind
+
+    def _change(
+        self, ref: ClaimRef, wanted: list[PreparedDevice], deadline: float | None
+    ) -> WantedChange:
+        me = f"claim {ref.namespace}/{ref.name}"
+
+        def wants(inventory: Inventory, held: Mapping[str, str]) -> Mapping[int, Desired]:
+            owners = self.owners.read()
+            gpus = {g.index: g for g in inventory.gpus}
+            for d in wanted:
+                if d.admin:
+                    continue
+                gpu = gpus[d.gpu]
+                start, size = (
+                    (d.placement_start or 0, d.placement_size or 0)
+                    if d.is_mig
+                    else (0, gpu.memory_slice_count)
+                )
+                other = owners.owner_of(gpu.uuid, start, size, but=ref.uid)
+                if other is None and owners.uncertain is not None and not d.is_mig:
+                    other = f"an unknown owner ({owners.uncertain})"
+                if other is not None:
+                    where = f"memory slices {start}-{start + size - 1}" if d.is_mig else "the GPU"
+                    raise SliceInUse(f"{d.device}: {other} holds {where} of GPU {d.gpu}")
+            return prepare_wants(inventory, wanted, held, me)
+
+        def record(inventory: Inventory, done: bool) -> None:
+            gpus = {g.index: g for g in inventory.gpus}
+            devices = []
+            for d in wanted:
+                if d.admin:
+                    continue
+                if not d.is_mig:
+                    devices.append(Held(d.gpu_uuid))
+                    continue
+                there = slice_at(gpus[d.gpu], d.profile_id or 0, d.placement_start or 0)
+                uuid = there.mig_uuid if there is not None else None
+                devices.append(
+                    Held(d.gpu_uuid, d.placement_start, d.placement_size, d.profile_id, uuid)
+                )
+            owner = ClaimOwner(ref.namespace, ref.name, tuple(devices))
+            self.owners.update(lambda o: o.with_claim(ref.uid, owner))
+
+        return WantedChange(me, wants, ignore=me, record=record, deadline=deadline)
 
     def _gone(self, uid: str, claim: PreparedClaim) -> str | None:
         """What of a prepared claim is no longer there (None: all of it is)."""
         if not cdi.spec_file(self.config.cdi_dir, self.config.driver, uid).exists():
             return "its CDI spec"
-        with self.session.lock:
-            gpus = {g.index: g for g in read_inventory(self.session).gpus}
+        gpus = {g.index: g for g in self._inventory().gpus}
         for d in claim.devices:
             if d.is_mig:
                 gpu = gpus.get(d.gpu)
@@ -133,6 +292,8 @@ class NodeDriver:
                     return f"the MIG device of {d.device}"
             if d.mps is not None and self._mps_stopper(uid, d).control.daemon_pid() is None:
                 return f"the MPS daemon of {d.device}"
+        if uid not in self.owners.read().claims and not all(d.admin for d in claim.devices):
+            return "its entry in the ownership record"
         return None
 
     def _mps_stopper(self, uid: str, d: PreparedDevice) -> MpsDaemon:
@@ -143,11 +304,6 @@ class NodeDriver:
             ready_file=root / "ready", control_binary=self.config.mps_control,
         )  # fmt: skip
         return MpsDaemon(settings, Limits(100, {}, d.gpu_uuid))
-
-    def _execute(self, the_plan: Plan, ref: ClaimRef) -> None:
-        if the_plan.operations:
-            log.info("dra.mig", claim=str(ref), operations=len(the_plan.operations))
-            execute(the_plan, MigWriter(self.session), self.reset)
 
     def _start_mps(self, uid: str, d: PreparedDevice, inventory: Inventory) -> PreparedDevice:
         if d.mps is None:
@@ -187,26 +343,64 @@ class NodeDriver:
 
     # -- unprepare ----------------------------------------------------------------------------
 
-    def unprepare(self, uid: str) -> None:
-        """Undo what the claim created: its MPS daemon, the MIG slices it made (slices that
-        were there before stay), its CDI spec; then forget it. Raises SliceInUse when a slice
-        still has processes or a pod holds it (the kubelet asks again), KubeError when the
-        kubelet cannot say which devices pods hold, NvmlError, MpsError."""
+    def unprepare(self, uid: str, deadline: float | None = None) -> None:
+        """Undo what the claim created: its MPS daemons and directories, the MIG slices it made
+        (slices that were there before stay), its CDI spec, its records. Raises SliceInUse when
+        a slice still has processes or a pod holds it (the kubelet asks again), NvmlError,
+        MpsError, AgentError (a file that cannot be removed)."""
+        began = time.monotonic()
+        kind = "gpu"
+        try:
+            with self._claim(uid):
+                claim = load(self.config.checkpoint).claims.get(uid)
+                if claim is None:
+                    if uid in self.owners.read().claims:  # a crash before the checkpoint
+                        self._release(uid, PreparedClaim("", "", PREPARING), deadline)
+                    return
+                kind = kind_of(claim.devices)
+                self._release(uid, claim, deadline)
+        except AgentError as err:
+            if self.stats is not None:
+                self.stats.refused(reason_of(err))
+                self.stats.observe_unprepare(kind, time.monotonic() - began, False)
+            raise
+        if self.stats is not None:
+            self.stats.observe_unprepare(kind, time.monotonic() - began, True)
+        log.info("dra.unprepared", claim=str(claim))
+
+    def _release(self, uid: str, claim: PreparedClaim, deadline: float | None) -> None:
+        """Undo what `claim` made, in the order that never leaves a slice unowned while it
+        exists: MPS daemons, the slices (the ownership entry dropped under the same lock, once
+        they are gone), the CDI spec, the MPS directories, the checkpoint entry."""
         c = self.config
-        with self._lock, self.writer_lock():
-            claim = load(c.checkpoint).claims.get(uid)
-            if claim is None:
-                return
-            for d in claim.devices:
-                if d.mps is not None:
-                    self._mps_stopper(uid, d).stop()
-            held = dict(self.held())  # a device-plugin pod handed the claim's slice
-            with self.session.lock:
-                inventory = read_inventory(self.session)
-                self._execute(Plan(_destroys(inventory, claim, held)), ClaimRef("", "", uid))
-            cdi.spec_file(c.cdi_dir, c.driver, uid).unlink(missing_ok=True)
-            save(c.checkpoint, load(c.checkpoint).without(uid))
-            log.info("dra.unprepared", claim=str(claim))
+        for d in claim.devices:
+            if d.mps is not None:
+                self._mps_stopper(uid, d).stop()
+        me = f"claim {claim.namespace}/{claim.name}"
+
+        def wants(inventory: Inventory, held: Mapping[str, str]) -> Mapping[int, Desired]:
+            return release_wants(inventory, claim.devices, me)
+
+        def record(inventory: Inventory, done: bool) -> None:
+            if done:
+                self.owners.update(lambda o: o.without(uid))
+
+        done = self.engine.run_change(WantedChange(me, wants, me, record, deadline))
+        if self.stats is not None:
+            for op in done.operations:
+                self.stats.observe_nvml(str(op["op"]), float(op["seconds"]))
+        spec = cdi.spec_file(c.cdi_dir, c.driver, uid)
+        try:
+            spec.unlink(missing_ok=True)
+            shutil.rmtree(self.config.plugin_dir / "mps" / uid, ignore_errors=False)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            raise AgentError(
+                f"cannot remove what {me} left ({err.filename}: {err.strerror}); the kubelet"
+                " will ask again"
+            ) from err
+        self._update(uid, None)
 
 
 def _answer(claim: PreparedClaim) -> list[Prepared]:
@@ -232,17 +426,4 @@ def _made(
     return out
 
 
-def _destroys(
-    inventory: Inventory, claim: PreparedClaim, held: Mapping[str, str]
-) -> tuple[GpuPlan, ...]:
-    """The GpuPlans that destroy the slices this claim created (found by profile and
-    placement: after a crash their ids may not be in the checkpoint). Raises SliceInUse when
-    one still has processes or a pod holds it (`held`)."""
-    gpus = {g.index: g for g in inventory.gpus}
-    plans = []
-    for d in claim.devices:
-        if d.is_mig and not d.existed and d.gpu in gpus:
-            mine = slice_at(gpus[d.gpu], d.profile_id or 0, d.placement_start or 0)
-            if mine is not None:
-                plans.append(GpuPlan(d.gpu, tuple(destroy_ops(gpus[d.gpu], [mine], held))))
-    return tuple(plans)
+__all__ = ["NodeConfig", "NodeDriver", "Owners", "Prepared"]

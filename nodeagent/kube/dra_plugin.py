@@ -5,17 +5,16 @@ busy by the rest of the agent."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
 from pathlib import Path
 
 from nodeagent.dra.devices import resource_slices
-from nodeagent.dra.node import NodeConfig, NodeDriver
+from nodeagent.dra.node import NodeConfig, NodeDriver, Stats
+from nodeagent.dra.owners import OwnerStore
 from nodeagent.kube.api import KubeSettings, make_api_client
 from nodeagent.kube.dra_api import DraApi
 from nodeagent.kube.dra_server import DraPluginServer, Sockets
 from nodeagent.kube.dra_slices import SlicePublisher
-from nodeagent.mig.apply import Reset
+from nodeagent.mig.wanted import MigEngine
 from nodeagent.nvml import Inventory, NvmlSession
 from nodeagent.settings import Settings
 
@@ -35,10 +34,10 @@ class DraPlugin:
         session: NvmlSession,
         settings: Settings,
         kube: KubeSettings,
-        reset: Reset,
-        writer_lock: Callable[[], AbstractContextManager[None]],
-        held: Callable[[], Mapping[str, str]],
+        engine: MigEngine,
+        owners: OwnerStore,
         stop: threading.Event | None = None,
+        stats: Stats | None = None,
     ) -> None:
         d = settings.dra
         self.driver = d.driver
@@ -52,7 +51,7 @@ class DraPlugin:
             gpus=d.devices,
             mps_control=settings.mps.control,
         )
-        self.node = NodeDriver(session, config, reset, writer_lock, held)
+        self.node = NodeDriver(session, config, engine, owners, stats)
         self.server = DraPluginServer(self.node, self.api, d.driver, sockets(settings))
         self.publisher = SlicePublisher(self.api, d.driver)
 

@@ -270,7 +270,7 @@ def choose_target(geometry: Geometry, want: Desired, existing: list[_Gi]) -> _Ta
     """The cheapest valid layout with the wanted counts and shapes keeping every in-use GI
     (and its busy compute instances); None if there is none."""
     by_inst = {gi.instance: gi for gi in existing}
-    required = [gi.instance for gi in existing if gi.in_use]
+    required = sorted({gi.instance for gi in existing if gi.in_use} | set(want.pinned))
     best: _Target | None = None
     for layout in geometry.layouts(want.counts, required):
         target = _assign(geometry, layout, want, by_inst)
@@ -291,11 +291,13 @@ def device_counts(gpu: Gpu) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def _blockers(geometry: Geometry, counts: Mapping[int, int], existing: list[_Gi]) -> list[_Gi]:
+def _blockers(
+    geometry: Geometry, counts: Mapping[int, int], existing: list[_Gi], pinned: tuple[Instance, ...]
+) -> list[_Gi]:
     """The in-use GIs that stand in the way: those left out of the layout keeping the most."""
     busy = [gi for gi in existing if gi.in_use]
     best: set[Instance] = set()
-    for layout in geometry.layouts(counts):
+    for layout in geometry.layouts(counts, pinned):
         kept = {gi.instance for gi in busy} & set(layout)
         if len(kept) > len(best):
             best = kept
@@ -341,7 +343,8 @@ def plan_gpu(gpu: Gpu, want: Desired, in_use: Mapping[str, str] | None = None) -
     if not (gpu.mig_current and gpu.mig_pending):
         ops.append(Operation("set-mig-mode", gpu.index, enabled=True))
     complete = all(gi.cis for gi in existing)
-    if complete and not ops and device_counts(gpu) == want.named_counts(gpu):
+    pinned_there = set(want.pinned) <= {gi.instance for gi in existing}
+    if complete and pinned_there and not ops and device_counts(gpu) == want.named_counts(gpu):
         return GpuPlan(gpu.index, ())  # the wanted MIG devices, however they are grouped
     geometry = Geometry.of(gpu)
     chosen = choose_target(geometry, want, existing)
@@ -354,7 +357,7 @@ def plan_gpu(gpu: Gpu, want: Desired, in_use: Mapping[str, str] | None = None) -
                 chosen = found
     if chosen is None:
         names = want.named_counts(gpu)
-        blockers = _blockers(geometry, want.counts, existing)
+        blockers = _blockers(geometry, want.counts, existing, want.pinned)
         blockers = blockers or [gi for gi in existing if gi.busy_cis]
         if blockers:
             raise SliceInUse(
@@ -449,4 +452,9 @@ def mismatches(inventory: Inventory, desired: Mapping[int, Desired]) -> list[str
         wanted = want.named_counts(gpu)
         if have != wanted:
             problems.append(f"GPU {gpu.index}: has {describe(have)}, wanted {describe(wanted)}")
+        there = {gi.instance for gi in existing_instances(gpu)}
+        for inst in want.pinned:
+            if inst not in there:
+                name = next((p.name for p in gpu.profiles if p.id == inst.profile_id), "?")
+                problems.append(f"GPU {gpu.index}: no {name} slice at placement {inst.placement}")
     return problems

@@ -14,7 +14,7 @@ from nodeagent.logs import get_logger, listing
 from nodeagent.mig import compute
 from nodeagent.mig.compute import Shape
 from nodeagent.mig.config import Entry, MigConfigFile, ProfileCount
-from nodeagent.mig.geometry import Geometry
+from nodeagent.mig.geometry import Geometry, Instance
 from nodeagent.mig.profile import profile_or_none
 from nodeagent.nvml.inventory import GiProfile, Gpu, Inventory
 
@@ -31,6 +31,9 @@ class Desired:
     counts: dict[int, int]
     source: str  # "file:line:col" of the config entry, for messages
     shapes: dict[int, tuple[Shape, ...]] = field(default_factory=dict)
+    # GPU instances the layout must hold (a DRA claim's slice at its placement; with every
+    # instance of a layout pinned, that layout exactly). Empty: any placement of the counts.
+    pinned: tuple[Instance, ...] = ()
 
     def shapes_of(self, profile: GiProfile) -> tuple[Shape, ...]:
         """One CI shape per wanted GI of `profile`, largest first."""

@@ -4,10 +4,12 @@ succeeded for the whole node and every prerequisite held (nodeagent.reconcile.pi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
+from nodeagent.dra.owners import OwnerStore
 from nodeagent.errors import AgentError
 from nodeagent.hooks import hook_env, run_hook
 from nodeagent.hostduties import reboot, refresh_cdi
@@ -44,6 +46,7 @@ class Changer:
         reporter: Reporter | None,
         on_operation: Callable[[dict[str, Any]], None] | None,
         one_shot: bool,
+        owners: OwnerStore | None = None,
     ) -> None:
         self.store = store
         self.mps = mps
@@ -54,6 +57,7 @@ class Changer:
         self.reporter = reporter
         self.on_operation = on_operation
         self.one_shot = one_shot
+        self.owners = owners
         self.rebooted = False  # the reboot command ran: once a process
         self.applying = False  # a MIG change holds the NVML lock: readers wait, by design
 
@@ -113,11 +117,19 @@ class Changer:
                 refuse_unknown_holders(snap, current)
                 writer = MigWriter(self.store.session)
                 run.done = execute(current, writer, self.reset(run.settings), self.on_operation)
+                self._own(run)
         if change.action != "none":
             if run.done and change.intent is not None:  # validated against the GPUs as now
                 snap = self.store.observe(self.allocations)
                 validate(change.intent.settings, snap.inventory)
             self.mps.apply(change)
+
+    def _own(self, run: Run) -> None:
+        """The slices a config made are the config's in the ownership record (under the MIG
+        writer lock, held since pause)."""
+        name = run.wanted.sharing_config or run.wanted.mig_config
+        if self.owners is not None and run.done and name is not None:
+            self.owners.update(lambda o: dataclasses.replace(o, config=name))
 
     @contextlib.contextmanager
     def _applying(self) -> Iterator[None]:

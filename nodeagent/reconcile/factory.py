@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from nodeagent.configfile import ConfigCache
-from nodeagent.dra.held import checkpointed_claims
+from nodeagent.dra.held import inventory_reader, owner_store, with_owners
+from nodeagent.dra.node import NodeConfig, NodeDriver, Stats
+from nodeagent.dra.owners import OwnerStore
 from nodeagent.lock import mig_writer_lock
 from nodeagent.metrics.agent import AgentStats
 from nodeagent.mig.apply import Reset
@@ -39,6 +42,7 @@ def agent_pipeline(
     reporter: Reporter | None = None,
     on_published: Callable[[], None] = lambda: None,
     clock: Callable[[], float] = time.monotonic,
+    owners: OwnerStore | None = None,
 ) -> Pipeline:
     """The agent's pipeline: its sinks, then the device plugin's config (when
     sharing.plugin-config-out is set), under the MIG writer lock at `lock_path`; step
@@ -64,6 +68,7 @@ def agent_pipeline(
         on_published=on_published,
         offers=offers,
         clock=clock,
+        owners=owners,
     )
 
 
@@ -79,8 +84,9 @@ def command_pipeline(
     """One command's run: no sinks (a command publishes nothing), failures said once by the
     command, hooks around every run as mig-parted's apply, each NVML operation reported to
     `on_operation` as it completes. `configs`: the MIG config file as the command read it;
-    `allocations`: which devices pods hold (none given: only the DRA claims checkpointed in
-    the dra settings' plugin directory count as held)."""
+    `allocations`: which devices pods hold; the claims of the node's ownership record
+    (nodeagent.dra.owners, beside the MIG writer lock) count as held too."""
+    owners = owner_store(session, settings.dra, lock_path)
     return Pipeline(
         store=Store(session, time.time),
         settings=lambda: settings,
@@ -93,5 +99,38 @@ def command_pipeline(
         one_shot=True,
         on_operation=on_operation,
         configs=configs or mig_config_cache(),
-        allocations=allocations or checkpointed_claims(session, settings.dra),
+        allocations=with_owners(allocations, owners, inventory_reader(session)),
+        owners=owners,
     )
+
+
+def dra_driver(
+    session: NvmlSession,
+    settings: Settings,
+    config: NodeConfig,
+    reset: Reset,
+    lock_path: Path | None,
+    pods: Allocations | None = None,
+    owners: OwnerStore | None = None,
+    stats: Stats | None = None,
+) -> NodeDriver:
+    """The DRA driver's node side on a pipeline of its own (a test, a benchmark; the agent
+    gives it the agent's pipeline): its MIG changes go through the pipeline's steps, under
+    the MIG writer lock at `lock_path`, around the pods' devices and the claims of the
+    ownership record (`owners`; default: the one beside the lock)."""
+    dra = dataclasses.replace(settings.dra, plugin_dir=config.plugin_dir, cdi_dir=config.cdi_dir)
+    settings = dataclasses.replace(settings, dra=dra)
+    owners = owners or owner_store(session, dra, lock_path)
+    pipeline = Pipeline(
+        store=Store(session, time.time),
+        settings=lambda: settings,
+        desire=SettingsDesire(),
+        reset=lambda _s: reset,
+        mps=MpsManager(ComputeModeWriter(session)),
+        stats=AgentStats(),
+        writer_lock=lambda s: mig_writer_lock(lock_path, s.mig.lock_timeout_seconds),
+        log_failures=False,
+        allocations=with_owners(pods, owners, inventory_reader(session)),
+        owners=owners,
+    )
+    return NodeDriver(session, config, pipeline, owners, stats)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodeagent.configfile import ConfigCache
+from nodeagent.dra.owners import OwnerStore
 from nodeagent.errors import AgentError, ConfigError, MigError
 from nodeagent.hooks import HooksFile, load_hooks
 from nodeagent.labels.machine import gfd_options
@@ -24,10 +25,12 @@ from nodeagent.mig.config import MigConfigFile, load_config
 from nodeagent.mig.generate import GeneratedConfigs
 from nodeagent.mig.plan import mismatches, plan
 from nodeagent.mig.select import covered, resolve
+from nodeagent.mig.wanted import ChangeDone, WantedChange
 from nodeagent.mps.intent import check_startable, mps_intent
 from nodeagent.mps.manager import MpsManager
 from nodeagent.plan.hook import PLANNED, WorkloadPlanner
 from nodeagent.reconcile.change import Changer
+from nodeagent.reconcile.edge import run_change
 from nodeagent.reconcile.ports import Clients, DesireSource, LabelSink, Report, Reporter
 from nodeagent.reconcile.report import report_of
 from nodeagent.reconcile.run import Run, refuse_unknown_holders
@@ -70,6 +73,7 @@ class Pipeline:
     one_shot: bool = False  # a command's run: hooks around every run (mig-parted's apply)
     on_operation: Callable[[dict[str, Any]], None] | None = None  # each NVML operation done
     configs: ConfigCache[MigConfigFile] = field(default_factory=lambda: mig_config_cache())
+    owners: OwnerStore | None = None  # the node's ownership record (nodeagent.dra.owners)
     last_report: Report | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -80,7 +84,7 @@ class Pipeline:
         self.generated = GeneratedConfigs()  # the MIG configs when no file is given
         self.change = Changer(
             self.store, self.mps, self.reset, self.writer_lock, self.allocations,
-            self.clients, self.reporter, self.on_operation, self.one_shot,
+            self.clients, self.reporter, self.on_operation, self.one_shot, self.owners,
         )  # fmt: skip
         # One run at a time: the reconcile worker, a reload's wake-up and a caller (a test, a
         # one-shot command) must never interleave their steps on the same node.
@@ -94,6 +98,11 @@ class Pipeline:
     @property
     def applying(self) -> bool:
         return self.change.applying
+
+    def run_change(self, change: WantedChange) -> ChangeDone:
+        """A MIG change an edge asks for (the DRA driver), through these same steps
+        (nodeagent.reconcile.edge). Raises the failing step's error."""
+        return run_change(self, change)
 
     # -- the run ----------------------------------------------------------------------------
 

@@ -16,10 +16,12 @@ from nodeagent.dra.node import NodeConfig, NodeDriver
 from nodeagent.kube.api import KubeSettings, make_api_client
 from nodeagent.kube.dra_api import DraApi
 from nodeagent.kube.dra_server import DraPluginServer, Sockets
-from nodeagent.lock import mig_writer_lock
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
+from nodeagent.reconcile.factory import dra_driver
+from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
+from nodeagent.snapshot import Holder
 from tests.fake_kubelet.dra import Claim, FakeDraKubelet
 from tests.integration.kube.conftest import Cluster
 
@@ -88,6 +90,7 @@ class DraNode:
     kubelet: FakeDraKubelet
     root: Path
     state: Path
+    pods: dict[str, Holder]  # devices the device plugin's pods hold (pod-resources)
 
     def add_claim(self, claim: dict[str, Any]) -> Claim:
         meta = claim["metadata"]
@@ -132,19 +135,16 @@ def dra_node(short_root: Path, fake_mps_control: str) -> Iterator[DraNode]:
     kube = KubeSettings(node_name=NODE, host=cluster.url, retry_seconds=1.0)
     api = DraApi(make_api_client(kube), kube)
     lock = state.with_name(".sim.json.lock")
-    node = NodeDriver(
-        session,
-        node_config(short_root, fake_mps_control),
-        no_reset,
-        lambda: mig_writer_lock(lock, 10.0),
-    )
+    pods: dict[str, Holder] = {}
+    config = node_config(short_root, fake_mps_control)
+    node = dra_driver(session, Settings(), config, no_reset, lock, pods=lambda: dict(pods))
     sockets = Sockets(short_root / "p" / "dra.sock", short_root / "reg" / f"{DRIVER}-reg.sock")
     server = DraPluginServer(node, api, DRIVER, sockets)
     server.start()
     kubelet = FakeDraKubelet(short_root / "reg")
     kubelet.register(DRIVER)
     try:
-        yield DraNode(cluster, lib, session, node, server, kubelet, short_root, state)
+        yield DraNode(cluster, lib, session, node, server, kubelet, short_root, state, pods)
     finally:
         server.stop()
         for daemon_dir in (short_root / "p" / "mps").glob("*/*"):

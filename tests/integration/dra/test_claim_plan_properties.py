@@ -1,4 +1,4 @@
-"""The claim planner on random layouts (hypothesis), executed on the emulator: either only
+"""What a claim wants (nodeagent.dra.wanted), planned by the one MIG planner, on random layouts (hypothesis), executed on the emulator: either only
 destroying a busy slice would make room and nothing is planned, or after the operations the
 claimed slice is there, every other slice kept has its ids, only idle ones went and no fewer
 would do (by tests/mig_support.py's independent rules: overlap, one +me, compute slices), and
@@ -11,13 +11,13 @@ from itertools import combinations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nodeagent.dra.checkpoint import Checkpoint
 from nodeagent.dra.claims import ClaimedDevice
 from nodeagent.dra.devices import DeviceRef, mig_device_name
-from nodeagent.dra.operations import intents, plan_claim
+from nodeagent.dra.wanted import intents, prepare_wants
 from nodeagent.errors import SliceInUse
 from nodeagent.mig.apply import execute
 from nodeagent.mig.geometry import Geometry, Instance
+from nodeagent.mig.plan import plan
 from nodeagent.nvml import MigWriter, NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml
 from tests.mig_support import reference_valid
@@ -84,7 +84,7 @@ def test_the_claimed_slice_is_made_and_only_what_must_goes(
     else:
         fewest = fewest_removals(layout, busy, want)
     try:
-        the_plan = plan_claim(before, "uid", wanted, Checkpoint(), {})
+        the_plan = plan(before, prepare_wants(before, wanted, {}, "claim t/t"), {})
     except SliceInUse:
         assert fewest is None
         return

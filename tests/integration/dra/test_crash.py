@@ -18,6 +18,8 @@ from nodeagent.dra.checkpoint import PREPARED, load
 from nodeagent.dra.claims import ClaimRef
 from nodeagent.dra.node import NodeDriver
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
+from nodeagent.reconcile.factory import dra_driver
+from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
 from tests.integration.dra.conftest import allocated_claim, no_reset, node_config
@@ -27,13 +29,16 @@ SCRIPT = """
 import json, sys
 from pathlib import Path
 from nodeagent.dra.claims import ClaimRef
-from nodeagent.dra.node import NodeConfig, NodeDriver
+from nodeagent.dra.node import NodeConfig
 from nodeagent.nvml import NvmlSession
+from nodeagent.reconcile.factory import dra_driver
+from nodeagent.settings import Settings
 from nodeagent.sim import open_emulator
 
 root, action, claim = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
 config = NodeConfig("gpu.nodeagent.io", "node-1", root / "p", root / "cdi")
-node = NodeDriver(NvmlSession(open_emulator("h200x2", root / "sim.json")), config, lambda i: None)
+session = NvmlSession(open_emulator("h200x2", root / "sim.json"))
+node = dra_driver(session, Settings(), config, lambda i: None, root / ".sim.json.lock")
 meta = claim["metadata"]
 if action == "prepare":
     node.prepare(ClaimRef(meta["namespace"], meta["name"], meta["uid"]), claim)
@@ -84,7 +89,9 @@ def layout(root: Path) -> tuple[bool, list[tuple[str, int, bool]]]:
 
 def driver(root: Path) -> NodeDriver:
     lib = SimulatedNvml(parse_spec("h200x2"), root / "sim.json")
-    return NodeDriver(NvmlSession(lib), node_config(root), no_reset)
+    return dra_driver(
+        NvmlSession(lib), Settings(), node_config(root), no_reset, root / ".sim.json.lock"
+    )
 
 
 CASES = [

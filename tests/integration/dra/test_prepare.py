@@ -12,6 +12,7 @@ import pytest
 
 from nodeagent.dra.held import claim_holders
 from nodeagent.nvml import MigWriter, Placement
+from nodeagent.snapshot import Holder
 from tests.fake_kubelet.dra import Claim, FakeDraKubelet, FakeKubeletError
 from tests.integration.dra.conftest import DRIVER, NODE, DraNode, allocated_claim, mps_config
 
@@ -131,7 +132,9 @@ def test_a_busy_slice_is_never_touched(dra_node: DraNode) -> None:
     dra_node.lib.attach(str(mig.mig_uuid), 4000, 1 << 30)
     # The claim goes while a process still runs on its slice: refused, the slice stays.
     error = dra_node.kubelet.unprepare([first])["uid-a"]
-    assert "in use (process 4000)" in error and dra_node.layout(0) == [("1g.35gb", 0)]
+    assert "in use by pid 4000; nothing was changed" in error and dra_node.layout(0) == [
+        ("1g.35gb", 0)
+    ]
     dra_node.lib.detach(4000)
     assert dra_node.kubelet.unprepare([first]) == {"uid-a": ""}
     assert dra_node.layout(0) == []
@@ -176,7 +179,8 @@ def test_a_whole_gpu_turns_mig_off_only_when_its_slices_are_idle(dra_node: DraNo
     dra_node.lib.attach(str(mig.mig_uuid), 4100, 1 << 30)
     claim = dra_node.add_claim(allocated_claim("tts", "uid-t", {"gpu": "gpu-1"}, mps_config(50)))
     refused = dra_node.kubelet.prepare([claim])["uid-t"].error
-    assert "GPU 1 slice 3g.71gb at placement 0:4 is in use (process 4100)" in refused
+    assert "GPU 1 slice 3g.71gb (GI 1, placement 0:4," in refused
+    assert "is in use by pid 4100; nothing was changed" in refused
     assert dra_node.layout(1) == [("3g.71gb", 0)]
     dra_node.lib.detach(4100)
     assert dra_node.kubelet.prepare([claim])["uid-t"].error == ""
@@ -188,16 +192,15 @@ def test_a_whole_gpu_turns_mig_off_only_when_its_slices_are_idle(dra_node: DraNo
 def test_unprepare_leaves_a_slice_a_device_plugin_pod_holds(dra_node: DraNode) -> None:
     """Both paths on one GPU (no dra.devices split): the device plugin handed the claim's
     slice to a pod whose process has not started; the claim going must not take it."""
-    pods: dict[str, str] = {}
-    dra_node.node.held = lambda: pods
+    pods = dra_node.pods
     claim = dra_node.add_claim(allocated_claim("asr", "uid-1", {"gpu": "gpu-0-mig-1g35gb-15-2"}))
     assert dra_node.kubelet.prepare([claim])["uid-1"].error == ""
     (mig,) = dra_node.inventory().gpus[0].slices
-    pods[str(mig.mig_uuid)] = "pod speech/other"
+    pods[str(mig.mig_uuid)] = Holder("speech", "other", "main")
 
     error = dra_node.kubelet.unprepare([claim])["uid-1"]
 
-    assert "is in use (pod speech/other); nothing was changed" in error
+    assert "is in use by pod speech/other; nothing was changed" in error
     assert dra_node.layout(0) == [("1g.35gb", 2)]
     pods.clear()
     assert dra_node.kubelet.unprepare([claim]) == {"uid-1": ""}

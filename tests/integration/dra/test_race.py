@@ -14,8 +14,9 @@ from nodeagent.dra.claims import ClaimRef
 from nodeagent.dra.held import claim_holders
 from nodeagent.dra.node import NodeDriver
 from nodeagent.errors import AgentError
-from nodeagent.lock import mig_writer_lock
 from nodeagent.nvml import NvmlSession, read_inventory
+from nodeagent.reconcile.factory import dra_driver
+from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
 from tests.fake_kubelet.dra import PrepareResult
@@ -77,9 +78,7 @@ def test_two_drivers_sharing_the_node_never_both_win(short_root: Path) -> None:
 
     def make() -> NodeDriver:
         session = NvmlSession(SimulatedNvml(parse_spec("h200x2"), state))
-        return NodeDriver(
-            session, node_config(short_root), no_reset, lambda: mig_writer_lock(lock, 30.0)
-        )
+        return dra_driver(session, Settings(), node_config(short_root), no_reset, lock)
 
     first, second = make(), make()
     claims = {

@@ -1,0 +1,384 @@
+"""Who owns each GPU and MIG slice of the node: one record that every path reads before it
+destroys anything (the reconcile pipeline, for the node label and the settings; `nodeagent mig
+apply|sharing apply`; the DRA driver).
+
+    {"version": 1, "config": "all-balanced",
+     "claims": {"<uid>": {"namespace": "speech", "name": "asr-0",
+                          "devices": [{"gpu_uuid": "GPU-..", "start": 3, "size": 1,
+                                       "profile_id": 19, "mig_uuid": "MIG-.."}]}}}
+
+A DRA claim owns the whole GPUs and the MIG slices (by GPU and placement) it was prepared with;
+`config` names the MIG config the pipeline applied last; every other slice is foreign (made by
+hand or by another tool). Nobody but its claim's unprepare destroys a claim's slice.
+
+The record lives beside the node-wide MIG writer lock (`owners.json` in the run directory, or
+beside the emulator's state file), so every writer finds the same one whatever its DRA settings
+say, and it is written only under that lock. When it is missing or cannot be read, it is
+rebuilt from what is on the node: the DRA checkpoints, the claims' CDI specs and their MPS
+roots, in the directories the settings name and in the defaults. A source that exists but
+cannot be read leaves the rebuilt record `uncertain`: then every GPU and slice counts as held,
+and every destroy is refused with one sentence saying why. Nothing is guessed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from nodeagent.dra import cdi
+from nodeagent.dra.checkpoint import load as load_checkpoint
+from nodeagent.dra.devices import parse_device_name
+from nodeagent.errors import ConfigError
+from nodeagent.files import atomic_write_text
+from nodeagent.logs import get_logger
+from nodeagent.nvml.inventory import Inventory
+from nodeagent.snapshot import Holder
+
+log = get_logger("nodeagent.owners")
+VERSION = 1
+OWNERS_NAME = "owners.json"
+CLAIM = "claim"
+DEFAULT_CDI_DIRS = (Path("/var/run/cdi"), Path("/etc/cdi"))
+
+
+@dataclass(frozen=True)
+class Held:
+    """One device a claim holds: a whole GPU (no placement) or a MIG slice at a placement."""
+
+    gpu_uuid: str
+    start: int | None = None
+    size: int | None = None
+    profile_id: int | None = None
+    mig_uuid: str | None = None
+
+    @property
+    def is_mig(self) -> bool:
+        return self.start is not None
+
+
+@dataclass(frozen=True)
+class ClaimOwner:
+    namespace: str
+    name: str
+    devices: tuple[Held, ...] = ()
+
+    def holder(self, uid: str) -> Holder:
+        """The claim by name; by UID where only its traces named it (a rebuilt record)."""
+        if not self.name:
+            return Holder("", f"with UID {uid}", "", kind=CLAIM)
+        return Holder(self.namespace, self.name, "", kind=CLAIM)
+
+
+@dataclass(frozen=True)
+class Owners:
+    claims: Mapping[str, ClaimOwner] = field(default_factory=dict)
+    config: str | None = None
+    uncertain: str | None = None  # why the owners are unknown: every destroy is refused
+
+    def with_claim(self, uid: str, owner: ClaimOwner) -> Owners:
+        return replace(self, claims={**self.claims, uid: owner})
+
+    def without(self, uid: str) -> Owners:
+        return replace(self, claims={k: v for k, v in self.claims.items() if k != uid})
+
+    def holders(self, inventory: Inventory | None) -> dict[str, Holder]:
+        """{GPU or MIG UUID: its holder}. A claim's slice still being made has no MIG UUID in
+        the record: the slice at its placement is found in `inventory`. An uncertain record
+        holds every GPU and slice of `inventory`."""
+        held: dict[str, Holder] = {}
+        gpus = {g.uuid: g for g in inventory.gpus} if inventory is not None else {}
+        if self.uncertain is not None:
+            unknown = Holder("", "", "", kind=f"an unknown owner ({self.uncertain})")
+            for g in gpus.values():
+                held[g.uuid] = unknown
+                held.update({s.mig_uuid: unknown for s in g.slices if s.mig_uuid})
+        for uid, owner in sorted(self.claims.items()):
+            for d in owner.devices:
+                uuid = d.mig_uuid if d.is_mig else d.gpu_uuid
+                gpu = gpus.get(d.gpu_uuid)
+                if d.is_mig and gpu is not None:
+                    there = next(
+                        (
+                            s
+                            for s in gpu.slices
+                            if s.placement.start == d.start and s.profile_id == d.profile_id
+                        ),
+                        None,
+                    )
+                    uuid = there.mig_uuid if there is not None else uuid
+                if uuid:
+                    held.setdefault(uuid, owner.holder(uid))
+        return held
+
+    def owner_of(self, gpu_uuid: str, start: int, size: int, but: str = "") -> str | None:
+        """The claim (other than `but`) holding any of those memory slices of that GPU."""
+        for uid, owner in self.claims.items():
+            for d in owner.devices:
+                if uid == but or d.gpu_uuid != gpu_uuid:
+                    continue
+                if not d.is_mig:
+                    return f"claim {owner.namespace}/{owner.name}"
+                assert d.start is not None and d.size is not None
+                if start < d.start + d.size and d.start < start + size:
+                    return f"claim {owner.namespace}/{owner.name}"
+        return None
+
+    def to_json(self) -> str:
+        claims = {uid: asdict(c) for uid, c in sorted(self.claims.items())}
+        data = {"version": VERSION, "config": self.config, "claims": claims}
+        return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+
+def owners_path(lock_path: Path | None) -> Path | None:
+    """Beside the MIG writer lock (None: an emulator in one process keeps it in memory)."""
+    return None if lock_path is None else lock_path.with_name(OWNERS_NAME)
+
+
+def _parse(text: str, path: Path) -> Owners:
+    """Raises ConfigError for anything but a version-1 record with well-typed fields."""
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("version") != VERSION:
+            raise ValueError(f"not a version {VERSION} record")
+        config = data.get("config")
+        if config is not None and not isinstance(config, str):
+            raise ValueError("'config' is not a string")
+        claims = {}
+        for uid, raw in dict(data["claims"]).items():
+            devices = []
+            for d in raw["devices"]:
+                held = Held(**d)
+                if not isinstance(held.gpu_uuid, str) or not all(
+                    v is None or (isinstance(v, int) and not isinstance(v, bool))
+                    for v in (held.start, held.size, held.profile_id)
+                ):
+                    raise ValueError(f"claim {uid}: a device is malformed")
+                devices.append(held)
+            if not isinstance(raw["namespace"], str) or not isinstance(raw["name"], str):
+                raise ValueError(f"claim {uid}: namespace and name must be strings")
+            claims[str(uid)] = ClaimOwner(raw["namespace"], raw["name"], tuple(devices))
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        raise ConfigError(f"ownership record {path} is unreadable ({err})") from err
+    return Owners(claims, config)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Where the DRA driver leaves traces of its claims: plugin directories (checkpoint.json,
+    mps/<uid>/<device>) and CDI directories (k8s.<driver>-claim_<uid>.json)."""
+
+    driver: str
+    plugin_dirs: tuple[Path, ...] = ()
+    cdi_dirs: tuple[Path, ...] = DEFAULT_CDI_DIRS
+
+
+def _unique(paths: Iterable[Path]) -> tuple[Path, ...]:
+    return tuple(dict.fromkeys(paths))
+
+
+def evidence_of(driver: str, plugin_dirs: Iterable[Path], cdi_dirs: Iterable[Path]) -> Evidence:
+    return Evidence(driver, _unique(plugin_dirs), _unique([*cdi_dirs, *DEFAULT_CDI_DIRS]))
+
+
+def rebuild(evidence: Evidence, inventory: Inventory | None) -> Owners:
+    """The claims' devices as the node shows them. A source that exists but cannot be read
+    makes the record uncertain (every destroy refused)."""
+    claims: dict[str, ClaimOwner] = {}
+    problems: list[str] = []
+    for d in evidence.plugin_dirs:
+        try:
+            checkpoint = load_checkpoint(d / "checkpoint.json")
+        except ConfigError as err:
+            problems.append(str(err))
+            continue
+        for uid, c in checkpoint.claims.items():
+            devices = tuple(
+                Held(
+                    p.gpu_uuid,
+                    p.placement_start,
+                    p.placement_size,
+                    p.profile_id,
+                    p.mig_uuid,
+                )
+                for p in c.devices
+                if not p.admin
+            )
+            claims[uid] = ClaimOwner(c.namespace, c.name, devices)
+        _mps_roots(d / "mps", inventory, claims, problems)
+    for d in evidence.cdi_dirs:
+        _cdi_specs(d, evidence.driver, inventory, claims, problems)
+    if problems:
+        return Owners(claims, uncertain="; ".join(problems))
+    return Owners(claims)
+
+
+def _add(claims: dict[str, ClaimOwner], uid: str, held: Held) -> None:
+    owner = claims.get(uid) or ClaimOwner("", "")
+    if held not in owner.devices:
+        claims[uid] = replace(owner, devices=(*owner.devices, held))
+
+
+def _listdir(path: Path, problems: list[str]) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except FileNotFoundError:
+        return []
+    except OSError as err:
+        problems.append(f"cannot read {path}: {err.strerror}")
+        return []
+
+
+def _mps_roots(
+    root: Path, inventory: Inventory | None, claims: dict[str, ClaimOwner], problems: list[str]
+) -> None:
+    """mps/<uid>/<device>: a claim's MPS daemon holds that device's GPU."""
+    gpus = {g.index: g for g in inventory.gpus} if inventory is not None else {}
+    for uid in _listdir(root, problems):
+        for device in _listdir(root / uid, problems):
+            ref = parse_device_name(device)
+            if ref is None:
+                continue
+            gpu = gpus.get(ref.gpu)
+            if gpu is None:
+                problems.append(f"MPS root {root / uid / device} names a GPU this node lacks")
+                continue
+            _add(claims, uid, Held(gpu.uuid))
+
+
+def _cdi_specs(
+    root: Path,
+    driver: str,
+    inventory: Inventory | None,
+    claims: dict[str, ClaimOwner],
+    problems: list[str],
+) -> None:
+    """A claim's CDI spec names the GPU or MIG UUIDs it hands its containers."""
+    prefix = f"{cdi.vendor(driver)}-{cdi.CLASS}_"
+    parents: dict[str, str] = {}
+    slices: dict[str, tuple[str, int, int, int]] = {}
+    if inventory is not None:
+        for g in inventory.gpus:
+            parents[g.uuid] = g.uuid
+            for s in g.slices:
+                if s.mig_uuid:
+                    slices[s.mig_uuid] = (g.uuid, s.placement.start, s.placement.size, s.profile_id)
+    for name in _listdir(root, problems):
+        if not (name.startswith(prefix) and name.endswith(".json")):
+            continue
+        uid = name[len(prefix) : -len(".json")]
+        try:
+            spec = json.loads((root / name).read_text())
+            envs = [
+                e
+                for dev in spec["devices"]
+                for e in dev["containerEdits"].get("env", [])
+                if isinstance(e, str) and e.startswith("NVIDIA_VISIBLE_DEVICES=")
+            ]
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+            problems.append(f"CDI spec {root / name} is unreadable ({err})")
+            continue
+        for env in envs:
+            uuid = env.split("=", 1)[1]
+            if uuid in slices:
+                gpu, start, size, profile = slices[uuid]
+                _add(claims, uid, Held(gpu, start, size, profile, uuid))
+            elif uuid in parents:
+                _add(claims, uid, Held(uuid))
+            elif uuid.startswith("MIG-"):
+                problems.append(f"CDI spec {root / name} names {uuid}, a MIG device not here")
+
+
+class OwnerStore:
+    """The record, read and written by every path. `path` None: kept in memory (an emulator
+    in one process). Writers hold the MIG writer lock; reads may happen any time (a write is
+    one atomic rename)."""
+
+    def __init__(
+        self,
+        path: Path | None,
+        evidence: Evidence,
+        inventory: Callable[[], Inventory] | None = None,
+    ) -> None:
+        self.path = path
+        self.evidence = evidence
+        self.inventory = inventory
+        self._memory: Owners | None = None
+        self._lock = threading.Lock()
+
+    def read(self) -> Owners:
+        """The record; rebuilt from the node when missing or unreadable (see the module)."""
+        with self._lock:
+            if self.path is None:
+                if self._memory is None:
+                    self._memory = self._rebuilt("there is none yet")
+                return self._memory
+            try:
+                text = self.path.read_text()
+            except FileNotFoundError:
+                return self._rebuilt(f"{self.path} does not exist")
+            except OSError as err:
+                return self._rebuilt(f"cannot read {self.path}: {err.strerror}")
+            try:
+                return _parse(text, self.path)
+            except ConfigError as err:
+                return self._rebuilt(str(err))
+
+    def ensure(self) -> Owners:
+        """Write the record when there is none or it is unreadable (the DRA driver starting,
+        before its first claim): rebuilt once from the node, so that claims prepared later are
+        never mistaken for a lost record's traces. An uncertain rebuild is not written."""
+        owners = self.read()
+        if self.path is not None and owners.uncertain is None:
+            try:
+                current = _parse(self.path.read_text(), self.path)
+            except (OSError, ConfigError):
+                current = None
+            if current != owners:
+                self.write(owners)
+        return owners
+
+    def _rebuilt(self, why: str) -> Owners:
+        inventory = self.inventory() if self.inventory is not None else None
+        owners = rebuild(self.evidence, inventory)
+        if owners.claims or owners.uncertain:
+            log.warning(
+                "owners.rebuilt",
+                reason=why,
+                claims=sorted(owners.claims),
+                uncertain=owners.uncertain,
+            )
+        return owners
+
+    def write(self, owners: Owners) -> None:
+        """Replace the record (the caller holds the MIG writer lock). An uncertain record is
+        never written: its uncertainty is rebuilt at every read until the sources are
+        readable. Raises ConfigError when the file cannot be written."""
+        owners = replace(owners, uncertain=None) if owners.uncertain is None else owners
+        with self._lock:
+            if self.path is None:
+                self._memory = owners
+                return
+            if owners.uncertain is not None:
+                return
+            try:
+                atomic_write_text(self.path, owners.to_json(), mode=0o600)
+            except OSError as err:
+                raise ConfigError(
+                    f"cannot write the ownership record {self.path}: {err.strerror}"
+                ) from err
+
+    def update(self, change: Callable[[Owners], Owners]) -> Owners:
+        """Read, change, write (under the MIG writer lock, held by the caller)."""
+        owners = change(self.read())
+        self.write(owners)
+        return owners
+
+
+def holders_of(store: OwnerStore, inventory: Callable[[], Inventory]) -> dict[str, Any]:
+    """{UUID: Holder} of every claim in the record (read now)."""
+    return store.read().holders(inventory())

@@ -1,0 +1,45 @@
+"""A MIG change an edge asks the pipeline for (the DRA driver: a claim's slice made, or the
+slices it made destroyed), and the port the pipeline serves it on. The edge says what the GPUs
+it names should be, from the GPUs and their holders as they are once the MIG writer lock is
+held; the pipeline plans, applies and verifies it as it does a MIG config."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from nodeagent.mig.select import Desired
+from nodeagent.nvml.inventory import Inventory
+
+# (the GPUs, {device UUID: who holds it}) -> what each GPU the change touches should be
+Wants = Callable[[Inventory, Mapping[str, str]], Mapping[int, Desired]]
+
+
+@dataclass(frozen=True)
+class WantedChange:
+    """`name` says who asks, in logs and errors ("claim speech/asr-0"). `ignore`: a holder
+    (as `in_use_view` names it) that does not count as busy for this change (the claim itself).
+    `record` runs under the MIG writer lock twice: after planning, before the first NVML
+    operation, with the GPUs as planned (done False), and after the operations, with the GPUs
+    as they left them (done True); the ownership record is written there. `deadline`
+    (time.monotonic) bounds the wait for the MIG writer lock."""
+
+    name: str
+    wants: Wants
+    ignore: str | None = None
+    record: Callable[[Inventory, bool], None] | None = None
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class ChangeDone:
+    """What the change did: each NVML operation (with `seconds`), and the GPUs after it."""
+
+    operations: tuple[dict[str, Any], ...]
+    inventory: Inventory
+    lock_wait_seconds: float = 0.0
+
+
+class MigEngine(Protocol):
+    def run_change(self, change: WantedChange) -> ChangeDone: ...
