@@ -80,13 +80,14 @@ def command_pipeline(
     on_operation: Callable[[dict[str, Any]], None] | None = None,
     configs: ConfigCache[MigConfigFile] | None = None,
     allocations: Allocations | None = None,
+    owners: OwnerStore | None = None,
 ) -> Pipeline:
     """One command's run: no sinks (a command publishes nothing), failures said once by the
     command, hooks around every run as mig-parted's apply, each NVML operation reported to
     `on_operation` as it completes. `configs`: the MIG config file as the command read it;
     `allocations`: which devices pods hold; the claims of the node's ownership record
     (nodeagent.dra.owners, beside the MIG writer lock) count as held too."""
-    owners = owner_store(session, settings.dra, lock_path)
+    owners = owners or owner_store(session, settings.dra, lock_path)
     return Pipeline(
         store=Store(session, time.time),
         settings=lambda: settings,
@@ -121,16 +122,7 @@ def dra_driver(
     dra = dataclasses.replace(settings.dra, plugin_dir=config.plugin_dir, cdi_dir=config.cdi_dir)
     settings = dataclasses.replace(settings, dra=dra)
     owners = owners or owner_store(session, dra, lock_path)
-    pipeline = Pipeline(
-        store=Store(session, time.time),
-        settings=lambda: settings,
-        desire=SettingsDesire(),
-        reset=lambda _s: reset,
-        mps=MpsManager(ComputeModeWriter(session)),
-        stats=AgentStats(),
-        writer_lock=lambda s: mig_writer_lock(lock_path, s.mig.lock_timeout_seconds),
-        log_failures=False,
-        allocations=with_owners(pods, owners, inventory_reader(session)),
-        owners=owners,
+    pipeline = command_pipeline(
+        session, settings, reset, lock_path, allocations=pods, owners=owners
     )
     return NodeDriver(session, config, pipeline, owners, stats)
