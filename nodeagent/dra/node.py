@@ -385,7 +385,8 @@ class NodeDriver:
             if done:
                 self.owners.update(lambda o: o.without(uid))
 
-        done = self.engine.run_change(WantedChange(me, wants, me, record, deadline))
+        change = WantedChange(me, wants, me, record, deadline, lock_when_idle=False)
+        done = self.engine.run_change(change)
         if self.stats is not None:
             for op in done.operations:
                 self.stats.observe_nvml(str(op["op"]), float(op["seconds"]))

@@ -23,13 +23,16 @@ class WantedChange:
     `record` runs under the MIG writer lock twice: after planning, before the first NVML
     operation, with the GPUs as planned (done False), and after the operations, with the GPUs
     as they left them (done True); the ownership record is written there. `deadline`
-    (time.monotonic) bounds the wait for the MIG writer lock."""
+    (time.monotonic) bounds the wait for the MIG writer lock. `lock_when_idle` False: a change
+    that plans no NVML operation takes no lock (a claim let go: dropping it from the record
+    never endangers a slice, so it never waits behind another writer)."""
 
     name: str
     wants: Wants
     ignore: str | None = None
     record: Callable[[Inventory, bool], None] | None = None
     deadline: float | None = None
+    lock_when_idle: bool = True
 
 
 @dataclass(frozen=True)

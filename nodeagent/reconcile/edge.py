@@ -72,6 +72,8 @@ def run_change(pipeline: Pipeline, change: WantedChange) -> ChangeDone:
             r.hooks = pipeline.hook_files.load(r.settings.mig.hooks_file)
 
     def pause(r: Run) -> None:
+        if not (r.mig_plan.operations or change.lock_when_idle):
+            return
         s = r.settings
         if change.deadline is not None:
             left = max(0.0, min(s.mig.lock_timeout_seconds, change.deadline - time.monotonic()))
@@ -79,6 +81,7 @@ def run_change(pipeline: Pipeline, change: WantedChange) -> ChangeDone:
         began = time.monotonic()
         r.held.enter_context(pipeline.writer_lock(s))
         state["lock_wait"] = time.monotonic() - began
+        state["locked"] = True
         ops = r.mig_plan.operations
         if r.hooks is not None and ops:
             pipeline.change.hook(r, "apply-start")
@@ -93,6 +96,8 @@ def run_change(pipeline: Pipeline, change: WantedChange) -> ChangeDone:
         with pipeline.store.session.lock:
             snap = pipeline.store.observe(pipeline.allocations)
             current, r.desired = _plan(snap, change)  # another writer may have acted
+            if current.operations and not state.get("locked"):
+                raise MigError(f"{change.name}: the GPUs changed while it was planned; try again")
             if change.record is not None:
                 change.record(snap.inventory, False)
             if current.operations:

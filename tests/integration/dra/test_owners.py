@@ -150,3 +150,33 @@ def test_a_claims_mig_change_runs_the_pipelines_named_steps(dra_node: DraNode) -
     steps = dra_node.node.engine.stats.steps  # type: ignore[attr-defined]
     assert {"observe", "plan", "pause", "apply", "verify"} <= set(steps)
     assert steps["apply"][-1] >= 1
+
+
+def test_unprepare_never_waits_behind_a_writer_and_prepare_keeps_its_deadline(
+    dra_node: DraNode,
+) -> None:
+    import threading
+    import time
+
+    from nodeagent.dra.claims import ClaimRef
+    from nodeagent.errors import LockHeld
+    from nodeagent.lock import mig_writer_lock
+
+    whole = dra_node.add_claim(allocated_claim("llm", "uid-w", {"gpu": "gpu-1"}))
+    assert dra_node.kubelet.prepare([whole])["uid-w"].error == ""
+    lock = dra_node.state.with_name(".sim.json.lock")
+    with mig_writer_lock(lock, 5.0):  # another writer (a mig apply, a reconcile run) holds it
+        done = threading.Event()
+        threading.Thread(target=lambda: (dra_node.node.unprepare("uid-w"), done.set())).start()
+        assert done.wait(5), "unprepare waited for the MIG writer lock"
+        # A prepare that needs a MIG change gives up by its deadline, holding nothing.
+        claim = allocated_claim("asr", "uid-s", {"gpu": "gpu-0-mig-1g18gb-19-0"})
+        began = time.monotonic()
+        try:
+            dra_node.node.prepare(ClaimRef("speech", "asr", "uid-s"), claim, began + 0.5)
+            raise AssertionError("prepared without the lock")
+        except LockHeld as err:
+            assert "another MIG writer holds" in str(err) and "gave up after" in str(err)
+        assert time.monotonic() - began < 3
+    assert load(dra_node.checkpoint).claims == {}
+    assert dra_node.layout(0) == []
