@@ -16,6 +16,7 @@ Workers, each a `Worker` (catches every exception, backs off, keeps a heartbeat)
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import threading
 import time
@@ -252,6 +253,7 @@ class Agent:
         """The DRA kubelet plugin beside the device-plugin path, serving the kubelet from now;
         its MIG changes run through the agent's pipeline, its claims go into the ownership
         record that the pipeline reads (both count as busy)."""
+        from nodeagent.kube.dra_claims import allocated_here
         from nodeagent.kube.dra_plugin import DraPlugin
 
         self.dra = DraPlugin(
@@ -262,6 +264,9 @@ class Agent:
             self.owners,
             self.stop_event,
         )
+        # A lost ownership record is rebuilt from the claims allocated here too.
+        api = allocated_here(self.dra.api, self.settings.dra.driver)
+        self.owners.evidence = dataclasses.replace(self.owners.evidence, api=api)
         self.dra.start()
 
     def publish_dra(self) -> None:

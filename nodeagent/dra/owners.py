@@ -33,7 +33,7 @@ from typing import Any
 from nodeagent.dra import cdi
 from nodeagent.dra.checkpoint import load as load_checkpoint
 from nodeagent.dra.devices import parse_device_name
-from nodeagent.errors import ConfigError
+from nodeagent.errors import AgentError, ConfigError
 from nodeagent.files import atomic_write_text
 from nodeagent.logs import get_logger
 from nodeagent.nvml.inventory import Inventory
@@ -148,8 +148,10 @@ def _parse(text: str, path: Path) -> Owners:
         config = data.get("config")
         if config is not None and not isinstance(config, str):
             raise ValueError("'config' is not a string")
+        if not isinstance(data.get("claims"), dict):
+            raise ValueError("'claims' is not a mapping")
         claims = {}
-        for uid, raw in dict(data["claims"]).items():
+        for uid, raw in data["claims"].items():
             devices = []
             for d in raw["devices"]:
                 held = Held(**d)
@@ -168,21 +170,38 @@ def _parse(text: str, path: Path) -> Owners:
 
 
 @dataclass(frozen=True)
+class AllocatedClaim:
+    """A ResourceClaim the scheduler allocated devices of this node's pool to (the API's
+    answer): its devices by name."""
+
+    namespace: str
+    name: str
+    devices: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Evidence:
     """Where the DRA driver leaves traces of its claims: plugin directories (checkpoint.json,
-    mps/<uid>/<device>) and CDI directories (k8s.<driver>-claim_<uid>.json)."""
+    mps/<uid>/<device>), CDI directories (k8s.<driver>-claim_<uid>.json) and, with an API
+    server (`api`: the claims allocated on this node, by UID), the claims themselves."""
 
     driver: str
     plugin_dirs: tuple[Path, ...] = ()
     cdi_dirs: tuple[Path, ...] = DEFAULT_CDI_DIRS
+    api: Callable[[], Mapping[str, AllocatedClaim]] | None = None
 
 
 def _unique(paths: Iterable[Path]) -> tuple[Path, ...]:
     return tuple(dict.fromkeys(paths))
 
 
-def evidence_of(driver: str, plugin_dirs: Iterable[Path], cdi_dirs: Iterable[Path]) -> Evidence:
-    return Evidence(driver, _unique(plugin_dirs), _unique([*cdi_dirs, *DEFAULT_CDI_DIRS]))
+def evidence_of(
+    driver: str,
+    plugin_dirs: Iterable[Path],
+    cdi_dirs: Iterable[Path],
+    api: Callable[[], Mapping[str, AllocatedClaim]] | None = None,
+) -> Evidence:
+    return Evidence(driver, _unique(plugin_dirs), _unique([*cdi_dirs, *DEFAULT_CDI_DIRS]), api)
 
 
 def rebuild(evidence: Evidence, inventory: Inventory | None) -> Owners:
@@ -212,6 +231,8 @@ def rebuild(evidence: Evidence, inventory: Inventory | None) -> Owners:
         _mps_roots(d / "mps", inventory, claims, problems)
     for d in evidence.cdi_dirs:
         _cdi_specs(d, evidence.driver, inventory, claims, problems)
+    if evidence.api is not None:
+        _api_claims(evidence.api, inventory, claims, problems)
     if problems:
         return Owners(claims, uncertain="; ".join(problems))
     return Owners(claims)
@@ -291,6 +312,43 @@ def _cdi_specs(
                 _add(claims, uid, Held(uuid))
             elif uuid.startswith("MIG-"):
                 problems.append(f"CDI spec {root / name} names {uuid}, a MIG device not here")
+
+
+def _api_claims(
+    api: Callable[[], Mapping[str, AllocatedClaim]],
+    inventory: Inventory | None,
+    claims: dict[str, ClaimOwner],
+    problems: list[str],
+) -> None:
+    """The claims the scheduler allocated here hold their devices (a slice not made yet is
+    held at its placement: nothing else may take it)."""
+    try:
+        allocated = api()
+    except AgentError as err:
+        problems.append(f"cannot list the claims allocated on this node ({err})")
+        return
+    gpus = {g.index: g for g in inventory.gpus} if inventory is not None else {}
+    for uid, claim in allocated.items():
+        for device in claim.devices:
+            ref = parse_device_name(device)
+            gpu = gpus.get(ref.gpu) if ref is not None else None
+            if ref is None or gpu is None:
+                continue  # another driver's naming, or a GPU this node lacks: nothing held here
+            if not ref.is_mig:
+                held = Held(gpu.uuid)
+            else:
+                profile = gpu.profile_by_id(ref.profile_id or 0)
+                at = next(
+                    (p for p in (profile.placements if profile else ()) if p.start == ref.start),
+                    None,
+                )
+                if at is None:
+                    continue
+                held = Held(gpu.uuid, at.start, at.size, ref.profile_id)
+            _add(claims, uid, held)
+            owner = claims[uid]
+            if not owner.name:
+                claims[uid] = replace(owner, namespace=claim.namespace, name=claim.name)
 
 
 class OwnerStore:

@@ -1,0 +1,41 @@
+"""The ResourceClaims the scheduler allocated on this node, for the ownership record's rebuild
+(nodeagent.dra.owners): a claim allocated here holds its devices even before the kubelet asks
+to prepare it, and after a lost record."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from nodeagent.dra.owners import AllocatedClaim
+from nodeagent.kube.dra_api import DraApi
+
+CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+
+
+def allocated_here(api: DraApi, driver: str) -> Callable[[], Mapping[str, AllocatedClaim]]:
+    """A function listing every claim (all namespaces) with a device of `driver` in this
+    node's pool; raises KubeError when the API server cannot be asked."""
+
+    def read() -> Mapping[str, AllocatedClaim]:
+        result: dict[str, Any] = (
+            api._call("list resourceclaims", lambda: api._request("GET", CLAIMS)) or {}
+        )
+        out: dict[str, AllocatedClaim] = {}
+        for item in result.get("items") or []:
+            meta = item.get("metadata") or {}
+            allocation = (item.get("status") or {}).get("allocation") or {}
+            results = (allocation.get("devices") or {}).get("results") or []
+            devices = tuple(
+                str(r.get("device"))
+                for r in results
+                if isinstance(r, dict) and r.get("driver") == driver and r.get("pool") == api.name
+            )
+            uid = meta.get("uid")
+            if devices and isinstance(uid, str):
+                out[uid] = AllocatedClaim(
+                    str(meta.get("namespace", "")), str(meta.get("name", "")), devices
+                )
+        return out
+
+    return read
