@@ -32,6 +32,7 @@ from nodeagent.logs import get_logger
 from nodeagent.metrics.agent import AgentCollector, AgentStats
 from nodeagent.metrics.collectorset import CollectorSet
 from nodeagent.metrics.dcgm import DcgmExposition
+from nodeagent.metrics.dra import DraCollector, DraStats
 from nodeagent.metrics.exposition import ExpositionCache
 from nodeagent.metrics.fields import FieldCollector
 from nodeagent.metrics.gpus import GpuCollector
@@ -96,6 +97,7 @@ class Agent:
         self.stop_event = threading.Event()
         self.store = Store(session, clock)
         self.stats = AgentStats()
+        self.dra_stats = DraStats()  # the DRA driver's, with --dra
         self.gpm = GpmSampler(GpmReader(session), self.store, monotonic)
         self.health = HealthSampler(session, self.store)
         self.fields = FieldSampler(session, self.store, monotonic)
@@ -121,6 +123,10 @@ class Agent:
                     ),
                     MpsCollector(lambda: self.mps.status),
                     SharingCollector(lambda: self.pipeline.per_gpu),
+                    DraCollector(
+                        self.dra_stats,
+                        lambda: self.dra.publisher if self.dra is not None else None,
+                    ),
                 ]
             )
         )
@@ -263,6 +269,7 @@ class Agent:
             self.pipeline,
             self.owners,
             self.stop_event,
+            self.dra_stats,
         )
         # A lost ownership record is rebuilt from the claims allocated here too.
         api = allocated_here(self.dra.api, self.settings.dra.driver)

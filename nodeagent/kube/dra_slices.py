@@ -41,6 +41,9 @@ class SlicePublisher:
         self._published: list[SliceSpec] | None = None
         self.generation = 0
         self.writes = 0  # create, patch and delete calls made (metrics, tests)
+        # Whether the API server dropped the counters (DRAPartitionableDevices off); None
+        # before the first read-back.
+        self.counters_dropped: bool | None = None
 
     def publish(self, wanted: Sequence[SliceSpec]) -> bool:
         """Make the API hold exactly `wanted`; True when something was written. Raises

@@ -1,0 +1,167 @@
+"""The DRA driver's metrics: how long prepares and unprepares take (and the NVML operations
+inside them, apart), the claims prepared now by kind, the refusals by reason, and what the
+ResourceSlice publisher wrote and found. Written by the driver (nodeagent.dra.node) through
+DraStats; read per scrape by DraCollector, which yields nothing while DRA is off.
+
+    nodeagent_dra_prepare_duration_seconds{kind,result}     histogram
+    nodeagent_dra_unprepare_duration_seconds{kind,result}   histogram
+    nodeagent_dra_nvml_operation_duration_seconds{op}       histogram
+    nodeagent_dra_claims_prepared{kind}                     gauge
+    nodeagent_dra_refusals_total{reason}                    counter
+    nodeagent_dra_slice_writes_total                        counter
+    nodeagent_dra_partitionable_devices                     gauge (1 counters kept, 0 dropped)
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+# A prepare is milliseconds (a slice there, an MPS daemon adopted) to tens of seconds (a MIG
+# mode change, an NVML create on a busy GPU); the kubelet gives up after 45 s.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 45.0)
+KINDS = ("mig", "mps", "gpu", "admin")
+
+
+@dataclass
+class _Histogram:
+    counts: list[int] = field(default_factory=lambda: [0] * len(DURATION_BUCKETS))
+    total: float = 0.0
+    n: int = 0
+
+    def observe(self, seconds: float) -> None:
+        i = bisect.bisect_left(DURATION_BUCKETS, seconds)
+        if i < len(DURATION_BUCKETS):
+            self.counts[i] += 1
+        self.total += seconds
+        self.n += 1
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out, seen = [], 0
+        for bound, n in zip(DURATION_BUCKETS, self.counts, strict=True):
+            seen += n
+            out.append((repr(bound), float(seen)))
+        out.append(("+Inf", float(self.n)))
+        return out
+
+
+class DraStats:
+    """What the DRA driver did; thread-safe (the kubelet's calls run side by side)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.prepares: dict[tuple[str, str], _Histogram] = {}
+        self.unprepares: dict[tuple[str, str], _Histogram] = {}
+        self.nvml: dict[str, _Histogram] = {}
+        self.refusals: Counter[str] = Counter()
+        self.prepared: dict[str, int] = {}
+
+    def observe_prepare(self, kind: str, seconds: float, ok: bool) -> None:
+        with self.lock:
+            key = (kind, "success" if ok else "failure")
+            self.prepares.setdefault(key, _Histogram()).observe(seconds)
+
+    def observe_unprepare(self, kind: str, seconds: float, ok: bool) -> None:
+        with self.lock:
+            key = (kind, "success" if ok else "failure")
+            self.unprepares.setdefault(key, _Histogram()).observe(seconds)
+
+    def observe_nvml(self, op: str, seconds: float) -> None:
+        with self.lock:
+            self.nvml.setdefault(op, _Histogram()).observe(seconds)
+
+    def refused(self, reason: str) -> None:
+        with self.lock:
+            self.refusals[reason] += 1
+
+    def set_prepared(self, counts: Mapping[str, int]) -> None:
+        with self.lock:
+            self.prepared = dict(counts)
+
+
+class Publisher(Protocol):
+    """What the ResourceSlice publisher tells (nodeagent.kube.dra_slices.SlicePublisher)."""
+
+    writes: int
+
+    @property
+    def counters_dropped(self) -> bool | None: ...
+
+
+class DraCollector:
+    name = "dra"
+
+    def __init__(
+        self, stats: DraStats, publisher: Callable[[], Publisher | None] = lambda: None
+    ) -> None:
+        self.stats = stats
+        self.publisher = publisher
+
+    def collect(self) -> Iterator[Metric]:
+        publisher = self.publisher()
+        if publisher is None:  # DRA off: no families at all
+            return
+        s = self.stats
+        with s.lock:
+            families: list[Metric] = []
+            for name, what, table in (
+                ("prepare", "NodePrepareResources", s.prepares),
+                ("unprepare", "NodeUnprepareResources", s.unprepares),
+            ):
+                h = HistogramMetricFamily(
+                    f"nodeagent_dra_{name}_duration_seconds",
+                    f"Time one claim's {what} took, by the claim's kind and result.",
+                    labels=["kind", "result"],
+                )
+                for (kind, result), hist in sorted(table.items()):
+                    h.add_metric([kind, result], hist.buckets(), sum_value=hist.total)
+                families.append(h)
+            nvml = HistogramMetricFamily(
+                "nodeagent_dra_nvml_operation_duration_seconds",
+                "Time each NVML MIG operation of a claim's change took, by operation.",
+                labels=["op"],
+            )
+            for op, hist in sorted(s.nvml.items()):
+                nvml.add_metric([op], hist.buckets(), sum_value=hist.total)
+            families.append(nvml)
+            prepared = GaugeMetricFamily(
+                "nodeagent_dra_claims_prepared",
+                "Claims prepared on this node now, by kind.",
+                labels=["kind"],
+            )
+            for kind in KINDS:
+                prepared.add_metric([kind], s.prepared.get(kind, 0))
+            families.append(prepared)
+            refusals = CounterMetricFamily(
+                "nodeagent_dra_refusals",
+                "Prepares and unprepares refused or failed, by reason.",
+                labels=["reason"],
+            )
+            for reason, n in sorted(s.refusals.items()):
+                refusals.add_metric([reason], n)
+            families.append(refusals)
+        yield from families
+        yield CounterMetricFamily(
+            "nodeagent_dra_slice_writes",
+            "ResourceSlice creates, patches and deletes the driver made.",
+            value=publisher.writes,
+        )
+        dropped = publisher.counters_dropped
+        if dropped is not None:
+            yield GaugeMetricFamily(
+                "nodeagent_dra_partitionable_devices",
+                "1 when the API server kept the ResourceSlices' counters (the"
+                " DRAPartitionableDevices feature gate is on), 0 when it dropped them.",
+                value=0 if dropped else 1,
+            )
