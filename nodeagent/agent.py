@@ -123,9 +123,11 @@ class Agent:
                     ),
                     MpsCollector(lambda: self.mps.status),
                     SharingCollector(lambda: self.pipeline.per_gpu),
-                    DraCollector(
-                        self.dra_stats,
-                        lambda: self.dra.publisher if self.dra is not None else None,
+                    # with --dra only: the golden expositions of an agent without it stay
+                    *(
+                        [DraCollector(self.dra_stats, lambda: self.dra and self.dra.publisher)]
+                        if settings.dra.enabled
+                        else []
                     ),
                 ]
             )
