@@ -321,6 +321,9 @@ class Agent:
         held = self.held_failure()
         if held is not None:  # a node-label config that failed stays failed until changed
             return False, held
+        dra = self.dra.node.problem() if self.dra is not None else None
+        if dra is not None:
+            return False, dra
         return True, "ok"
 
     # -- lifecycle ----------------------------------------------------------------------------

@@ -67,6 +67,37 @@ class ClaimRef:
         return f"claim {self.namespace}/{self.name}"
 
 
+# What the API server accepts (a UID is a UUID there; any short token of these characters is
+# taken, as tests and other servers use them), so a value never steers a path (the UID names
+# the MPS root and the CDI spec file) nor floods an error.
+_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # DNS-1123 label: a namespace
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # DNS-1123 subdomain
+QUOTED_MAX = 64
+
+
+def quoted(value: object) -> str:
+    """`value` for an error: repr'd (escapes shown), at most QUOTED_MAX characters of it."""
+    text = repr(value)
+    return text if len(text) <= QUOTED_MAX else text[: QUOTED_MAX - 1] + "…"
+
+
+def checked_ref(namespace: object, name: object, uid: object) -> ClaimRef:
+    """A claim reference from the kubelet, checked before it touches a path or the API.
+    Raises ConfigError naming the first bad field (quoted, cut short)."""
+    for what, value, pattern in (
+        ("UID", uid, _UID),
+        ("namespace", namespace, _LABEL),
+        ("name", name, _SUBDOMAIN),
+    ):
+        if not isinstance(value, str) or not pattern.match(value):
+            raise ConfigError(
+                f"the claim's {what} {quoted(value)} is not a valid Kubernetes {what}"
+            )
+    assert isinstance(namespace, str) and isinstance(name, str) and isinstance(uid, str)
+    return ClaimRef(namespace, name, uid)
+
+
 def parse_quantity(text: object, what: str) -> int:
     """A Kubernetes quantity of bytes ('16Gi', '500M', '1073741824') -> bytes."""
     m = _QUANTITY.match(str(text).strip()) if isinstance(text, str | int) else None

@@ -164,6 +164,18 @@ class NodeDriver:
         if self.stats is not None:
             self.stats.set_prepared(counts)
 
+    def problem(self) -> str | None:
+        """Why the driver cannot serve claims now (its checkpoint is unreadable: every prepare
+        and unprepare would fail), for /readyz; None when it can."""
+        try:
+            load(self.config.checkpoint)
+        except ConfigError as err:
+            return (
+                f"DRA: {err}; every claim's prepare and unprepare fails until it is fixed or"
+                " moved aside (README: 'If the DRA checkpoint is unreadable')"
+            )
+        return None
+
     def _inventory(self) -> Inventory:
         with self.session.lock:
             return read_inventory(self.session)

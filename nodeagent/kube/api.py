@@ -159,11 +159,15 @@ class NodeApi:
     def _sleep(self, seconds: float) -> None:
         self.stop_event.wait(seconds)
 
-    def _call(self, what: str, fn: Callable[[], T]) -> T:
+    def _call(self, what: str, fn: Callable[[], T], retry_seconds: float | None = None) -> T:
+        """`fn` retried while the API server cannot answer, for `retry_seconds` (default: the
+        settings'). Raises KubeError."""
         retrying = Retrying(
             retry=retry_if_exception(_retryable),
             wait=wait_exponential(multiplier=0.1, max=5),
-            stop=stop_after_delay(self.settings.retry_seconds)
+            stop=stop_after_delay(
+                self.settings.retry_seconds if retry_seconds is None else retry_seconds
+            )
             | stop_when_event_set(self.stop_event),
             sleep=self._sleep,
             before_sleep=lambda state: _log_retry(what, state),

@@ -51,11 +51,19 @@ class DraApi(NodeApi):
             f"delete resourceslice {name}", _none_on(404, lambda: self._request("DELETE", path))
         )
 
-    def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """A ResourceClaim as plain JSON, or None when there is no such claim."""
+    def read_claim(
+        self, namespace: str, name: str, budget_seconds: float | None = None
+    ) -> dict[str, Any] | None:
+        """A ResourceClaim as plain JSON, or None when there is no such claim. `budget_seconds`
+        bounds the whole read, retries included (a prepare must answer before the kubelet's
+        deadline). Raises KubeError."""
         path = _path(CLAIM, ns=namespace, name=name)
+        timeout = self.settings.request_timeout_seconds
+        if budget_seconds is not None:
+            timeout = max(0.1, min(timeout, budget_seconds))
         claim: dict[str, Any] | None = self._call(
             f"read resourceclaim {namespace}/{name}",
-            _none_on(404, lambda: self._request("GET", path)),
+            _none_on(404, lambda: self._request("GET", path, timeout=timeout)),
+            retry_seconds=None if budget_seconds is None else max(0.0, budget_seconds - timeout),
         )
         return claim

@@ -13,7 +13,12 @@ never fails the others.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import os
 import threading
+import time
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +27,10 @@ from typing import Any
 
 import grpc
 
-from nodeagent.dra.claims import ClaimRef
+from nodeagent.dra.claims import checked_ref, quoted
 from nodeagent.dra.node import NodeDriver
-from nodeagent.errors import AgentError, KubeError
+from nodeagent.errors import AgentError, KubeError, LockHeld
+from nodeagent.files import open_lock_file
 from nodeagent.kube.dra_api import DraApi
 from nodeagent.kube.proto import (
     dra_v1_pb2,
@@ -72,27 +78,70 @@ class Registration(pluginregistration_pb2_grpc.RegistrationServicer):
         return pluginregistration_pb2.RegistrationStatusResponse()  # type: ignore[attr-defined]
 
 
-class DraService:
-    """NodePrepareResources / NodeUnprepareResources for one version of the API (`pb`)."""
+# The kubelet gives every call 45 s (kubernetes v1.36 pkg/kubelet/cm/dra/plugin/
+# registration.go: defaultClientCallTimeout, "half of the kubelet retry period"); its context
+# deadline says so when the call carries one. A prepare answers this much before it, so its
+# error (not the kubelet's timeout) is what the pod's event shows.
+KUBELET_CALL_SECONDS = 45.0
+ANSWER_MARGIN_SECONDS = 3.0
+# The API read's share: its own retries stop here, leaving time for the MIG change.
+API_SHARE = 0.5
+# Threads for the kubelet's calls; prepares may take at most PREPARE_SLOTS of them, so an
+# unprepare (and a registration call) always finds one free.
+WORKERS = 16
+PREPARE_SLOTS = 12
 
-    def __init__(self, node: NodeDriver, api: DraApi, pb: ModuleType) -> None:
+
+def _deadline(context: Any) -> float:
+    """The monotonic time by which a call must answer: the gRPC deadline (if the caller set
+    one) or the kubelet's 45 s, less a margin."""
+    remaining = None
+    with contextlib.suppress(Exception):
+        remaining = context.time_remaining()
+    if remaining is None or remaining <= 0 or remaining > KUBELET_CALL_SECONDS:
+        remaining = KUBELET_CALL_SECONDS
+    return time.monotonic() + max(0.5, remaining - ANSWER_MARGIN_SECONDS)
+
+
+def _internal(err: BaseException) -> str:
+    """One sentence for an error that is not the driver's own (a bug): its type and the start
+    of its text; the traceback goes to the debug log."""
+    return f"internal error ({type(err).__name__}: {quoted(str(err))}); see the agent's log"
+
+
+class DraService:
+    """NodePrepareResources / NodeUnprepareResources for one version of the API (`pb`). Every
+    claim of a call gets its own answer: a claim that is malformed, refused or breaks never
+    fails the others."""
+
+    def __init__(
+        self, node: NodeDriver, api: DraApi, pb: ModuleType, slots: threading.Semaphore
+    ) -> None:
         self.node = node
         self.api = api
         self.pb = pb
+        self.slots = slots
 
-    def _prepare_one(self, claim: Any) -> Any:
-        ref = ClaimRef(claim.namespace, claim.name, claim.uid)
+    def _prepare_one(self, claim: Any, deadline: float) -> Any:
+        where = f"claim {quoted(claim.namespace)}/{quoted(claim.name)}"
         try:
-            obj = self.api.read_claim(ref.namespace, ref.name)
+            ref = checked_ref(claim.namespace, claim.name, claim.uid)
+            where = str(ref)
+            budget = (deadline - time.monotonic()) * API_SHARE
+            obj = self.api.read_claim(ref.namespace, ref.name, budget_seconds=max(0.1, budget))
             if obj is None:
                 raise KubeError(f"{ref} does not exist")
             uid = (obj.get("metadata") or {}).get("uid")
             if uid != ref.uid:
-                raise KubeError(f"{ref} has UID {uid}, not {ref.uid}: it was replaced")
-            prepared = self.node.prepare(ref, obj)
+                raise KubeError(f"{ref} has UID {quoted(uid)}, not {ref.uid}: it was replaced")
+            prepared = self.node.prepare(ref, obj, deadline)
         except AgentError as err:
-            log.warning("dra.prepare_failed", claim=str(ref), error=str(err))
-            return self.pb.NodePrepareResourceResponse(error=f"{ref}: {err}")
+            log.warning("dra.prepare_failed", claim=where, error=str(err))
+            return self.pb.NodePrepareResourceResponse(error=f"{where}: {err}")
+        except Exception as err:  # a bug: this claim's answer, not the whole call's
+            log.debug("dra.prepare_crashed", claim=where, exc_info=True)
+            log.error("dra.prepare_failed", claim=where, error=_internal(err))
+            return self.pb.NodePrepareResourceResponse(error=f"{where}: {_internal(err)}")
         devices = [
             self.pb.Device(
                 request_names=[p.request],
@@ -104,21 +153,46 @@ class DraService:
         ]
         return self.pb.NodePrepareResourceResponse(devices=devices)
 
-    def _unprepare_one(self, claim: Any) -> Any:
-        ref = ClaimRef(claim.namespace, claim.name, claim.uid)
+    def _unprepare_one(self, claim: Any, deadline: float) -> Any:
+        where = f"claim {quoted(claim.namespace)}/{quoted(claim.name)}"
         try:
-            self.node.unprepare(ref.uid)
+            ref = checked_ref(claim.namespace, claim.name, claim.uid)
+            where = str(ref)
+            self.node.unprepare(ref.uid, deadline)
         except AgentError as err:
-            log.warning("dra.unprepare_failed", claim=str(ref), error=str(err))
-            return self.pb.NodeUnprepareResourceResponse(error=f"{ref}: {err}")
+            log.warning("dra.unprepare_failed", claim=where, error=str(err))
+            return self.pb.NodeUnprepareResourceResponse(error=f"{where}: {err}")
+        except Exception as err:
+            log.debug("dra.unprepare_crashed", claim=where, exc_info=True)
+            log.error("dra.unprepare_failed", claim=where, error=_internal(err))
+            return self.pb.NodeUnprepareResourceResponse(error=f"{where}: {_internal(err)}")
         return self.pb.NodeUnprepareResourceResponse()
 
     def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        answers = {c.uid: self._prepare_one(c) for c in request.claims}
+        deadline = _deadline(context)
+        if not self.slots.acquire(blocking=False):
+            busy = self.pb.NodePrepareResourceResponse(
+                error=f"the driver is preparing {PREPARE_SLOTS} calls already; the kubelet"
+                " retries this one"
+            )
+            return self.pb.NodePrepareResourcesResponse(
+                claims={c.uid: busy for c in request.claims}
+            )
+        try:
+            answers: dict[str, Any] = {}
+            for c in request.claims:  # a uid listed twice is prepared once
+                if c.uid not in answers:
+                    answers[c.uid] = self._prepare_one(c, deadline)
+        finally:
+            self.slots.release()
         return self.pb.NodePrepareResourcesResponse(claims=answers)
 
     def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-        answers = {c.uid: self._unprepare_one(c) for c in request.claims}
+        deadline = _deadline(context)
+        answers: dict[str, Any] = {}
+        for c in request.claims:
+            if c.uid not in answers:
+                answers[c.uid] = self._unprepare_one(c, deadline)
         return self.pb.NodeUnprepareResourcesResponse(claims=answers)
 
 
@@ -126,7 +200,7 @@ def _listen(socket: Path, add: list[Any]) -> grpc.Server:
     """A server on a unix socket (a stale socket file from a killed run is replaced)."""
     socket.parent.mkdir(parents=True, exist_ok=True)
     socket.unlink(missing_ok=True)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS))
     for adder in add:
         adder(server)
     if server.add_insecure_port(f"unix://{socket}") == 0:
@@ -135,19 +209,51 @@ def _listen(socket: Path, add: list[Any]) -> grpc.Server:
     return server
 
 
+PLUGIN_LOCK = "plugin.lock"
+
+
+def own_plugin_dir(plugin_dir: Path) -> int:
+    """Take `<plugin dir>/plugin.lock` (an flock held for the plugin's life, this process's pid
+    written in it); returns its descriptor. Raises LockHeld naming the pid that holds it (one
+    agent serves a plugin directory at a time), ConfigError/AgentError when it cannot be made."""
+    path = plugin_dir / PLUGIN_LOCK
+    fd = open_lock_file(path, "the DRA plugin lock")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise LockHeld(
+                f"another nodeagent (pid {holder}) serves the DRA plugin directory {plugin_dir};"
+                " one agent per plugin directory: stop it first"
+            ) from err
+        raise KubeError(f"cannot lock {path}: {err.strerror}") from err
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 class DraPluginServer:
-    """The registration and DRA services, started and stopped together."""
+    """The registration and DRA services, started and stopped together, by the one agent
+    that holds the plugin directory's lock."""
 
     def __init__(self, node: NodeDriver, api: DraApi, driver: str, sockets: Sockets) -> None:
         self.sockets = sockets
         self.registration = Registration(driver, sockets.plugin)
-        self.v1 = DraService(node, api, dra_v1_pb2)
-        self.v1beta1 = DraService(node, api, dra_v1beta1_pb2)
+        slots = threading.Semaphore(PREPARE_SLOTS)  # both API versions share them
+        self.v1 = DraService(node, api, dra_v1_pb2, slots)
+        self.v1beta1 = DraService(node, api, dra_v1beta1_pb2, slots)
         self._servers: list[grpc.Server] = []
+        self._lock_fd: int | None = None
+        self._made: dict[Path, int] = {}  # the sockets this server bound: path -> inode
 
     def start(self) -> None:
-        """Serve DRA first, then registration: the kubelet dials the endpoint as soon as it
-        sees the registration socket. Raises KubeError when a socket cannot be made."""
+        """Take the plugin directory, then serve DRA, then registration: the kubelet dials the
+        endpoint as soon as it sees the registration socket. Raises LockHeld when another agent
+        serves the directory (nothing of its is touched), KubeError when a socket cannot be
+        made."""
+        self._lock_fd = own_plugin_dir(self.sockets.plugin.parent)
         try:
             self._servers.append(
                 _listen(
@@ -160,6 +266,7 @@ class DraPluginServer:
                     ],
                 )
             )
+            self._remember(self.sockets.plugin)
             self._servers.append(
                 _listen(
                     self.sockets.registration,
@@ -170,15 +277,27 @@ class DraPluginServer:
                     ],
                 )
             )
+            self._remember(self.sockets.registration)
         except (OSError, RuntimeError) as err:
             self.stop()
             raise KubeError(f"cannot start the DRA plugin's gRPC services: {err}") from err
         log.info("dra.serving", plugin=str(self.sockets.plugin))
 
+    def _remember(self, socket: Path) -> None:
+        with contextlib.suppress(OSError):
+            self._made[socket] = socket.stat().st_ino
+
     def stop(self) -> None:
-        """Registration first (the kubelet stops calling), then the DRA service."""
+        """Registration first (the kubelet stops calling), then the DRA service; then the
+        sockets this server made, only if they are still its own (a newer agent's are left)."""
         for server in reversed(self._servers):
             server.stop(grace=2).wait(5)
         self._servers.clear()
-        self.sockets.registration.unlink(missing_ok=True)
-        self.sockets.plugin.unlink(missing_ok=True)
+        for socket, inode in self._made.items():
+            with contextlib.suppress(OSError):
+                if socket.stat().st_ino == inode:
+                    socket.unlink()
+        self._made.clear()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # the flock goes with it
+            self._lock_fd = None

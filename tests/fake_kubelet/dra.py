@@ -66,6 +66,7 @@ class FakeDraKubelet:
     `speaks` is the service versions this kubelet knows, most preferred first."""
 
     def __init__(self, registry_dir: Path, speaks: tuple[str, ...] = tuple(VERSIONS)) -> None:
+        self.timeout_seconds = TIMEOUT_SECONDS  # each call's gRPC deadline (the kubelet's: 45 s)
         self.registry_dir = registry_dir
         self.speaks = speaks
         self.endpoint: Path | None = None
@@ -112,7 +113,7 @@ class FakeDraKubelet:
                 claims=[pb.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]
             )
             stub = pb_grpc.DRAPluginStub(channel)
-            reply = getattr(stub, method)(request, timeout=TIMEOUT_SECONDS)
+            reply = getattr(stub, method)(request, timeout=self.timeout_seconds)
         missing = {c.uid for c in claims} - set(reply.claims)
         if missing:
             raise FakeKubeletError(f"the plugin answered nothing for claims {sorted(missing)}")

@@ -144,3 +144,20 @@ def test_a_whole_gpu_claim_keeps_its_gpu_out_of_mig(
     assert kubelet.unprepare([ref]) == {"uid-w": ""}
     cluster.label(NODE, {"nvidia.com/mig.config": "all-3g.71gb"})
     cluster.wait(lambda: cluster.labels(NODE).get(STATE) == "success", what="state success")
+
+
+def test_an_unreadable_checkpoint_makes_readyz_say_why(
+    agent: tuple[Agent, Cluster, SimulatedNvml], short_root: Path
+) -> None:
+    running, _cluster, _ = agent
+    running.reconcile()
+    assert running.ready() == (True, "ok")
+    checkpoint = short_root / "p" / "checkpoint.json"
+    checkpoint.write_text("{half")
+    ready, reason = running.ready()
+    assert not ready
+    assert reason.startswith(f"DRA: DRA checkpoint {checkpoint} is not JSON")
+    assert "If the DRA checkpoint is unreadable" in reason
+    # Moved aside (the documented recovery), the agent is ready again by itself.
+    checkpoint.rename(checkpoint.with_suffix(".bad"))
+    assert running.ready() == (True, "ok")

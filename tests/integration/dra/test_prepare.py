@@ -160,7 +160,7 @@ def test_a_claim_that_is_gone_or_replaced_is_an_error(dra_node: DraNode) -> None
     assert missing.error == "claim speech/nope: claim speech/nope does not exist"
     dra_node.add_claim(allocated_claim("asr", "uid-new", {"gpu": "gpu-1"}))
     stale = dra_node.kubelet.prepare([Claim("speech", "asr", "uid-old")])["uid-old"]
-    assert "has UID uid-new, not uid-old" in stale.error
+    assert "has UID 'uid-new', not uid-old" in stale.error
 
 
 def test_registration_refuses_a_kubelet_without_a_common_version(dra_node: DraNode) -> None:
