@@ -24,7 +24,7 @@ from nodeagent.logs import configure_logging
 from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.session import _sessions as session_registry
 from nodeagent.sim import SimulatedNvml, parse_spec
-from tests import leaks
+from tests import leaks, support_k8s
 
 _SUBREAPER = pytest.StashKey[bool]()
 
@@ -49,6 +49,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     if hasattr(config, "workerinput"):
         return
+    support_k8s.stop_shared(os.environ[leaks.MARKER])  # the real control plane, if it ran
     grace = float(os.environ.get(leaks.GRACE, "5"))
     found = leaks.wait_for_leaks(os.getpid(), os.environ[leaks.MARKER], grace)
     if not found:

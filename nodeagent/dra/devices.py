@@ -191,13 +191,25 @@ def mig_device(inventory: Inventory, gpu: Gpu, profile: GiProfile, at: Placement
     }
 
 
+def placement_order(profile: GiProfile) -> list[Placement]:
+    """The order a profile's placements are published in: from the highest start down. The
+    scheduler takes the first free device that fits (a first fit over the published order),
+    so claims fill each GPU from its top: a 3g goes to 4 before 0, small slices to the top
+    first, and the low half stays whole for the profiles that fit only there (4g at 0) or fit
+    beside a 3g at 4 (2g and 1g at 0-3). 3g + 2g + 1g + 1g then fit on one H200 (3g@4, 2g@2,
+    1g@1, 1g@0), where lowest-first left the fourth out (3g@0, 2g@4, 1g@6); 7 x 1g fit either
+    way. benchmarks/dra_packing.py compares the orders over mixed arrivals and departures."""
+    return sorted(profile.placements, key=lambda at: -at.start)
+
+
 def gpu_devices(inventory: Inventory, gpu: Gpu) -> list[dict[str, Any]]:
-    """The whole GPU first, then each profile's placements (largest profile first, as the
-    scheduler takes the first device that fits, then by placement)."""
+    """The whole GPU first, then each profile's placements (largest profile first; each
+    profile's placements in placement_order). Only the order within a profile decides where a
+    claim lands: a request matches one profile."""
     devices = [gpu_device(inventory, gpu)] if offers_whole(gpu) else []
     if offers_slices(gpu):
         for profile in sorted(gpu.profiles, key=lambda p: (-p.slice_count, -p.memory_bytes, p.id)):
-            devices += [mig_device(inventory, gpu, profile, at) for at in profile.placements]
+            devices += [mig_device(inventory, gpu, profile, at) for at in placement_order(profile)]
     return devices
 
 

@@ -1,0 +1,73 @@
+"""The real control plane (../shared/k8s, Kubernetes v1.36.2) for the tests of this folder:
+one per test session, shared by the xdist workers, stopped at the session's end
+(tests/conftest.py). Each test works in a namespace and on Node names of its own."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests import leaks
+from tests.support_k8s import ControlPlane, k8s_available, required, shared_control_plane
+
+kubernetes = pytest.importorskip("kubernetes")
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> ControlPlane:
+    if not k8s_available():
+        if required():
+            pytest.fail("../shared/k8s is not beside this checkout (CI needs it)")
+        pytest.skip("../shared/k8s is not beside this checkout: no real control plane")
+    try:
+        return shared_control_plane(os.environ[leaks.MARKER])
+    except RuntimeError as err:
+        pytest.fail(str(err))
+
+
+@pytest.fixture(scope="session")
+def api_client(control_plane: ControlPlane) -> Any:
+    """The official client, as admin."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    config.load_kube_config(str(control_plane.kubeconfig), client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+@pytest.fixture
+def namespace(api_client: Any) -> Iterator[str]:
+    from kubernetes import client
+
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    core = client.CoreV1Api(api_client)
+    core.create_namespace({"metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name)
+
+
+def make_node(api_client: Any, name: str, labels: dict[str, str] | None = None) -> None:
+    """A Node a pod can be bound to (no kubelet: allocatable given, the not-ready taint gone)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    core.create_node(
+        {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}}}
+    )
+    status = {
+        "status": {
+            "capacity": {"cpu": "64", "memory": "512Gi", "pods": "250"},
+            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "250"},
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "Test", "message": "no kubelet"}
+            ],
+        }
+    }
+    core.patch_node_status(name, status)
+    core.patch_node(name, {"spec": {"taints": []}})

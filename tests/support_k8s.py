@@ -1,0 +1,120 @@
+"""A real Kubernetes v1.36 control plane for the tests (../shared/k8s: kube-apiserver,
+kube-scheduler, kube-controller-manager and etcd on 127.0.0.1; no kubelet), started by its own
+up.sh and stopped by its down.sh."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+K8S = REPO.parent / "shared" / "k8s"
+PORTS = {  # up.sh's variables and their defaults
+    "K8S_ETCD_PORT": 23790,
+    "K8S_ETCD_PEER_PORT": 23800,
+    "K8S_API_PORT": 16443,
+    "K8S_KCM_PORT": 17257,
+    "K8S_SCHED_PORT": 17259,
+}
+# up.sh's default gates (every DRA gate of v1.36 that is beta, but DRADeviceTaintRules)
+DEFAULT_GATES = (
+    "DRAPartitionableDevices=true,DRADeviceTaints=true,DRAResourceClaimDeviceStatus=true,"
+    "DRADeviceBindingConditions=true,DRAExtendedResource=true,DRAConsumableCapacity=true,"
+    "DRASchedulerFilterTimeout=true,DRAResourceClaimGranularStatusAuthorization=true"
+)
+
+
+@dataclass(frozen=True)
+class ControlPlane:
+    kubeconfig: Path
+    state: Path
+
+
+def k8s_available() -> bool:
+    return (K8S / "up.sh").is_file()
+
+
+def required() -> bool:
+    """Where the control plane must be there (CI): a missing one fails instead of skipping."""
+    return bool(os.environ.get("CI") or os.environ.get("NODEAGENT_REQUIRE_K8S"))
+
+
+def start_control_plane(state: Path, gates: str | None = None, port_base: int = 0) -> ControlPlane:
+    """Start one in `state` (its certificates, etcd data, logs, pids); every port moved by
+    `port_base`. Raises RuntimeError with the end of up.sh's output when it fails."""
+    env = {**os.environ, "K8S_STATE": str(state)}
+    env.update({name: str(port + port_base) for name, port in PORTS.items()})
+    if gates is not None:
+        env["K8S_FEATURE_GATES"] = gates
+    proc = subprocess.run(
+        ["bash", str(K8S / "up.sh")], env=env, capture_output=True, text=True, timeout=300
+    )
+    if proc.returncode != 0:
+        subprocess.run(["bash", str(K8S / "down.sh"), str(state)], capture_output=True, timeout=60)
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        raise RuntimeError(
+            f"the control plane did not start (up.sh exit {proc.returncode}):\n{tail}"
+        )
+    return ControlPlane(state / "admin.kubeconfig", state)
+
+
+def stop_control_plane(cp: ControlPlane) -> None:
+    subprocess.run(
+        ["bash", str(K8S / "down.sh"), "--wipe", str(cp.state)], capture_output=True, timeout=120
+    )
+
+
+# -- one control plane for the whole suite, shared by the xdist workers ----------------------
+
+
+def shared_dir(run: str) -> Path:
+    """Where the suite's control plane lives: one per test session (`run`: the session's
+    marker, the same in the controller and every worker)."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"nodeagent-k8s-{run[:16]}"
+
+
+def port_base(run: str) -> int:
+    """Ports of their own for each session (two suites on one machine do not collide)."""
+    import hashlib
+
+    return 1000 + int(hashlib.sha256(run.encode()).hexdigest(), 16) % 40 * 100
+
+
+def shared_control_plane(run: str) -> ControlPlane:
+    """The session's control plane, started by the first test process that asks (under a file
+    lock); the others find it. Raises RuntimeError when it could not start (said once: every
+    later asker gets the same error)."""
+    import fcntl
+    import json
+
+    d = shared_dir(run)
+    d.mkdir(exist_ok=True)
+    with open(d / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        info = d / "plane.json"
+        if info.exists():
+            data = json.loads(info.read_text())
+            if data.get("error"):
+                raise RuntimeError(data["error"])
+            return ControlPlane(Path(data["kubeconfig"]), Path(data["state"]))
+        try:
+            cp = start_control_plane(d / "state", port_base=port_base(run))
+        except RuntimeError as err:
+            info.write_text(json.dumps({"error": str(err)}))
+            raise
+        info.write_text(json.dumps({"kubeconfig": str(cp.kubeconfig), "state": str(cp.state)}))
+        return cp
+
+
+def stop_shared(run: str) -> None:
+    """Stop the session's control plane, if one was started (the session's end)."""
+    import shutil
+
+    d = shared_dir(run)
+    if (d / "state").is_dir():
+        stop_control_plane(ControlPlane(d / "state" / "admin.kubeconfig", d / "state"))
+    shutil.rmtree(d, ignore_errors=True)
