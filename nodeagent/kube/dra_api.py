@@ -67,3 +67,24 @@ class DraApi(NodeApi):
             retry_seconds=None if budget_seconds is None else max(0.0, budget_seconds - timeout),
         )
         return claim
+
+    def counters_kept(self, driver: str) -> bool:
+        """Whether the API server keeps a ResourceSlice's counters (its DRAPartitionableDevices
+        feature gate is on): a dry-run create of a slice with one counter set (nothing is
+        stored), and its answer read back. Raises KubeError."""
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{self.name}-{driver}-counters-probe".lower()[:253]},
+            "spec": {
+                "driver": driver,
+                "nodeName": self.name,
+                "pool": {"name": self.name, "generation": 0, "resourceSliceCount": 1},
+                "sharedCounters": [{"name": "probe", "counters": {"probe": {"value": "1"}}}],
+            },
+        }
+        answer = self._call(
+            "probe resourceslice counters",
+            lambda: self._request("POST", SLICES, body=body, query={"dryRun": "All"}),
+        )
+        return bool(((answer or {}).get("spec") or {}).get("sharedCounters"))

@@ -8,12 +8,13 @@ import threading
 from pathlib import Path
 
 from nodeagent.dra.devices import resource_slices
+from nodeagent.dra.nocounters import safe_slices
 from nodeagent.dra.node import NodeConfig, NodeDriver, Stats
 from nodeagent.dra.owners import OwnerStore
 from nodeagent.kube.api import KubeSettings, make_api_client
 from nodeagent.kube.dra_api import DraApi
 from nodeagent.kube.dra_server import DraPluginServer, Sockets
-from nodeagent.kube.dra_slices import SlicePublisher
+from nodeagent.kube.dra_slices import GateWatch, SlicePublisher
 from nodeagent.mig.wanted import MigEngine
 from nodeagent.nvml import Inventory, NvmlSession
 from nodeagent.settings import Settings
@@ -54,6 +55,7 @@ class DraPlugin:
         self.node = NodeDriver(session, config, engine, owners, stats)
         self.server = DraPluginServer(self.node, self.api, d.driver, sockets(settings))
         self.publisher = SlicePublisher(self.api, d.driver)
+        self.gate = GateWatch(self.api, d.driver, self.publisher)
 
     @property
     def checkpoint(self) -> Path:
@@ -65,8 +67,12 @@ class DraPlugin:
 
     def publish(self, inventory: Inventory) -> bool:
         """Bring the node's ResourceSlices to `inventory`; True when something was written.
-        Raises KubeError."""
-        wanted = resource_slices(inventory, self.api.name, self.driver, self.devices)
+        Where the API server drops the counters (nodeagent.kube.dra_slices.GateWatch), only
+        devices that cannot overlap (nodeagent.dra.nocounters). Raises KubeError."""
+        if self.gate.counters_dropped():
+            wanted = safe_slices(inventory, self.api.name, self.driver, self.devices)
+        else:
+            wanted = resource_slices(inventory, self.api.name, self.driver, self.devices)
         return self.publisher.publish(wanted)
 
     def stop(self) -> None:

@@ -17,10 +17,12 @@ devices schedulable throughout; and a starting kubelet deletes all of its node's
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from nodeagent.dra.devices import SliceSpec
+from nodeagent.errors import AgentError
 from nodeagent.kube.dra_api import DraApi
 from nodeagent.logs import get_logger
 
@@ -87,3 +89,66 @@ class SlicePublisher:
         self._published = wanted
         log.info("dra.slices.published", generation=self.generation, slices=len(wanted))
         return True
+
+
+PROBE_INTERVAL_SECONDS = 600.0
+GATE = "DRAPartitionableDevices"
+
+
+class GateWatch:
+    """Whether the API server keeps the slices' counters (its DRAPartitionableDevices feature
+    gate), asked with a dry-run create (DraApi.counters_kept: nothing is stored) at the first
+    publish and every PROBE_INTERVAL_SECONDS after. A change is said once: a log line, a Node
+    Event, and `publisher.counters_dropped` (the metric nodeagent_dra_partitionable_devices).
+    A probe the API server cannot answer keeps the last verdict (none yet: counters kept, as
+    before the probe existed)."""
+
+    def __init__(
+        self,
+        api: DraApi,
+        driver: str,
+        publisher: SlicePublisher,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.api = api
+        self.driver = driver
+        self.publisher = publisher
+        self.clock = clock
+        self._next = 0.0
+
+    def counters_dropped(self) -> bool:
+        now = self.clock()
+        if now >= self._next:
+            self._next = now + PROBE_INTERVAL_SECONDS
+            try:
+                dropped = not self.api.counters_kept(self.driver)
+            except AgentError as err:
+                log.warning("dra.gate_probe_failed", error=str(err))
+            else:
+                self._changed(dropped)
+        return bool(self.publisher.counters_dropped)
+
+    def _changed(self, dropped: bool) -> None:
+        before = self.publisher.counters_dropped
+        self.publisher.counters_dropped = dropped
+        if before == dropped or (before is None and not dropped):
+            return
+        if dropped:
+            message = (
+                f"the API server drops ResourceSlice counters (feature gate {GATE} is off):"
+                " publishing only devices that cannot overlap (whole GPUs with MIG off, the MIG"
+                " slices that exist); claims cannot make new slices until the gate is on"
+            )
+            log.warning("dra.counters_dropped", gate=GATE, message=message)
+            reason, kind = "DRAPartitionableDevicesOff", "Warning"
+        else:
+            message = (
+                f"the API server keeps ResourceSlice counters again ({GATE} is on): every MIG"
+                " placement is published"
+            )
+            log.info("dra.counters_kept", gate=GATE, message=message)
+            reason, kind = "DRAPartitionableDevicesOn", "Normal"
+        try:
+            self.api.event(reason, message, kind)
+        except AgentError as err:  # the log line and the metric say it all the same
+            log.warning("dra.event_failed", reason=reason, error=str(err))

@@ -1,0 +1,146 @@
+"""The DRA driver against the real API server (v1.36.2): with DRAPartitionableDevices off it
+sees the counters dropped (a dry-run probe), publishes only devices that cannot overlap, says
+so once (log, Node Event, metric), and a restart writes nothing; with the gate on, a restart
+with unchanged devices writes nothing either."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeagent.dra.node import NodeConfig
+from nodeagent.kube.api import KubeSettings
+from nodeagent.kube.dra_plugin import DraPlugin
+from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
+from nodeagent.reconcile.factory import dra_driver
+from nodeagent.settings import Settings
+from nodeagent.sim import SimulatedNvml
+from nodeagent.sim.models import parse_spec
+from tests import leaks
+from tests.k8s.conftest import make_node
+from tests.support_k8s import (
+    DEFAULT_GATES,
+    ControlPlane,
+    k8s_available,
+    port_base,
+    required,
+    start_control_plane,
+    stop_control_plane,
+)
+
+DRIVER = "gpu.nodeagent.io"
+
+
+@pytest.fixture(scope="module")
+def gate_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane of its own, DRAPartitionableDevices off."""
+    if not k8s_available():
+        if required():
+            pytest.fail("../shared/k8s is not beside this checkout (CI needs it)")
+        pytest.skip("../shared/k8s is not beside this checkout: no real control plane")
+    gates = DEFAULT_GATES.replace("DRAPartitionableDevices=true", "DRAPartitionableDevices=false")
+    state = Path(tmp_path_factory.mktemp("k8s-gate-off"))
+    cp = start_control_plane(state, gates, port_base(os.environ[leaks.MARKER]) + 50)
+    try:
+        yield cp
+    finally:
+        stop_control_plane(cp)
+
+
+def _plugin(root: Path, cp: ControlPlane, node: str) -> tuple[DraPlugin, NvmlSession]:
+    session = NvmlSession(SimulatedNvml(parse_spec("h200x2"), root / "sim.json"))
+    base = Settings()
+    dra = replace(
+        base.dra,
+        enabled=True,
+        plugin_dir=root / "p",
+        registry_dir=root / "reg",
+        cdi_dir=root / "cdi",
+    )
+    settings = replace(base, dra=dra)
+    config = NodeConfig(DRIVER, node, root / "p", root / "cdi")
+    driver = dra_driver(session, settings, config, lambda i: None, root / ".sim.json.lock")
+    kube = KubeSettings(node_name=node, kubeconfig=str(cp.kubeconfig), retry_seconds=5)
+    return DraPlugin(session, settings, kube, driver.engine, driver.owners), session
+
+
+def _stored(plugin: DraPlugin) -> dict[str, Any]:
+    return {s["metadata"]["name"]: s["spec"] for s in plugin.api.list_slices(DRIVER)}
+
+
+def _events(api_client: Any, reason: str) -> list[Any]:
+    from kubernetes import client
+
+    events = client.CoreV1Api(api_client).list_namespaced_event("default").items
+    return [e for e in events if e.reason == reason]
+
+
+def _api(cp: ControlPlane) -> Any:
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    config.load_kube_config(str(cp.kubeconfig), client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+def test_counters_dropped_only_devices_that_cannot_overlap(
+    gate_off: ControlPlane, tmp_path: Path
+) -> None:
+    node = f"n-{uuid.uuid4().hex[:8]}"
+    api = _api(gate_off)
+    make_node(api, node)
+    plugin, session = _plugin(tmp_path, gate_off, node)
+    writer = MigWriter(session)
+    writer.set_mig_mode(1, True)
+    gi = writer.create_gpu_instance(1, 9, Placement(4, 4))
+    writer.create_compute_instance(1, gi, 3, 0, full=True)
+
+    assert plugin.publish(read_inventory(session)) is True
+
+    assert plugin.publisher.counters_dropped is True
+    stored = _stored(plugin)
+    devices = {
+        name: [d["name"] for d in spec.get("devices") or []] for name, spec in stored.items()
+    }
+    assert devices == {
+        f"{node}-gpu-nodeagent-io-gpu-0": ["gpu-0"],
+        f"{node}-gpu-nodeagent-io-gpu-1": ["gpu-1-mig-3g71gb-9-4"],
+    }
+    assert not any("sharedCounters" in spec for spec in stored.values())
+    assert len(_events(api, "DRAPartitionableDevicesOff")) == 1
+    generation = plugin.publisher.generation
+    # Again, and after a restart: nothing written, the same generation, no second event.
+    writes = plugin.publisher.writes
+    assert plugin.publish(read_inventory(session)) is False
+    again, session2 = _plugin(tmp_path, gate_off, node)
+    assert again.publish(read_inventory(session2)) is False
+    assert again.publisher.writes == 0 and again.publisher.generation == generation
+    assert plugin.publisher.writes == writes
+    # a new agent says it once again (its own start), never per publish
+    assert len(_events(api, "DRAPartitionableDevicesOff")) == 2
+    session.close()
+    session2.close()
+
+
+def test_a_restart_with_the_gate_on_writes_nothing(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    node = f"n-{uuid.uuid4().hex[:8]}"
+    make_node(_api(control_plane), node)
+    plugin, session = _plugin(tmp_path, control_plane, node)
+    assert plugin.publish(read_inventory(session)) is True
+    assert plugin.publisher.counters_dropped is False
+    stored = _stored(plugin)
+    assert any(spec.get("sharedCounters") for spec in stored.values())
+    generation = plugin.publisher.generation
+    again, session2 = _plugin(tmp_path, control_plane, node)
+    assert again.publish(read_inventory(session2)) is False
+    assert again.publisher.writes == 0 and again.publisher.generation == generation
+    session.close()
+    session2.close()
