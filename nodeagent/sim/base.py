@@ -17,7 +17,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from threading import get_ident
@@ -108,6 +108,9 @@ def nvml_call(mutating: bool = False) -> Callable[[F], F]:
                 lock.writing = True
                 with self._transaction(True, _changed_gpu(args)):
                     result = fn(self, *args, **kwargs)
+                delay = self.latency.get(name)
+                if delay:  # the driver blocks its caller for the change: modelled, opt-in
+                    time.sleep(delay)
             else:  # the hot path (an inventory read is ~750 calls): no context manager
                 if lock.writing or not lock.synced:  # see BatchLock
                     self._sync()
@@ -186,6 +189,9 @@ class SimBase:
     # Wall clock of the health counters: energy must grow across the separate processes that
     # share a state file. Tests replace it per instance.
     health_clock: Callable[[], float] = time.time
+    # Seconds a mutating call takes, by NVML function (benchmarks/dra.py models the driver's
+    # MIG operations with it); none by default: the tests run at the emulator's own speed.
+    latency: Mapping[str, float] = {}
 
     def __init__(
         self,
