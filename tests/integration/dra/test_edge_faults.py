@@ -117,3 +117,23 @@ def test_a_socket_left_by_a_killed_agent_is_replaced(short_root: Path, dra_node:
         assert FakeDraKubelet(dra_node.root / "reg").register(DRIVER) == "v1.DRAPlugin"
     finally:
         server.stop()
+
+
+def test_a_cdi_spec_that_cannot_be_removed_fails_only_its_claim(dra_node: DraNode) -> None:
+    a = dra_node.add_claim(allocated_claim("a", "uid-a", {"g": "gpu-1"}))
+    b = dra_node.add_claim(allocated_claim("b", "uid-b", {"g": "gpu-0-mig-1g18gb-19-0"}))
+    assert all(r.error == "" for r in dra_node.kubelet.prepare([a, b]).values())
+    spec = next(dra_node.cdi_dir.glob("*uid-a*"))
+    spec.unlink()
+    spec.mkdir()  # something the driver cannot remove stands where its spec was
+    (spec / "x").write_text("")
+
+    answers = dra_node.kubelet.unprepare([a, b])
+
+    assert answers["uid-b"] == "" and dra_node.layout(0) == []
+    assert "cannot remove what claim speech/a left" in answers["uid-a"]
+    assert "the kubelet will ask again" in answers["uid-a"]
+    # fixed, the kubelet's next call finishes it
+    (spec / "x").unlink()
+    spec.rmdir()
+    assert dra_node.kubelet.unprepare([a]) == {"uid-a": ""}
