@@ -140,8 +140,11 @@ class NodeDriver:
         self._checkpoint_lock = threading.Lock()  # the checkpoint is one file
         self._guard = threading.Lock()
         self._claims: dict[str, threading.Lock] = {}  # one call per claim at a time
-        # A record from now on: a missing one would be rebuilt from this driver's own
-        # traces, claims still being prepared among them.
+
+    def start(self) -> None:
+        """Before the first claim: the ownership record is written now if there is none (or
+        an unreadable one), rebuilt from the node once, so that claims prepared later are never
+        mistaken for a lost record's traces."""
         self.owners.ensure()
 
     @contextmanager

@@ -367,6 +367,7 @@ class OwnerStore:
         self.inventory = inventory
         self._memory: Owners | None = None
         self._lock = threading.Lock()
+        self._said: tuple[str, tuple[str, ...], str | None] | None = None  # the last warning
 
     def read(self) -> Owners:
         """The record; rebuilt from the node when missing or unreadable (see the module)."""
@@ -403,13 +404,11 @@ class OwnerStore:
     def _rebuilt(self, why: str) -> Owners:
         inventory = self.inventory() if self.inventory is not None else None
         owners = rebuild(self.evidence, inventory)
-        if owners.claims or owners.uncertain:
-            log.warning(
-                "owners.rebuilt",
-                reason=why,
-                claims=sorted(owners.claims),
-                uncertain=owners.uncertain,
-            )
+        said = (why, tuple(sorted(owners.claims)), owners.uncertain)
+        if (owners.claims or owners.uncertain) and said != self._said:
+            # once per finding: a reader that rebuilds at every refresh does not repeat it
+            self._said = said
+            log.warning("owners.rebuilt", reason=why, claims=list(said[1]), uncertain=said[2])
         return owners
 
     def write(self, owners: Owners) -> None:

@@ -62,8 +62,15 @@ class DraPlugin:
         return self.node.config.checkpoint
 
     def start(self) -> None:
-        """Serve the kubelet. Raises KubeError when a socket cannot be made."""
-        self.server.start()
+        """Take the plugin directory, write the ownership record if there is none, then serve
+        the kubelet. Raises LockHeld (another agent serves the directory), KubeError when a
+        socket cannot be made."""
+        self.server.start()  # the plugin directory's lock first: one agent does what follows
+        try:
+            self.node.start()
+        except Exception:
+            self.server.stop()
+            raise
 
     def publish(self, inventory: Inventory) -> bool:
         """Bring the node's ResourceSlices to `inventory`; True when something was written.

@@ -125,4 +125,6 @@ def dra_driver(
     pipeline = command_pipeline(
         session, settings, reset, lock_path, allocations=pods, owners=owners
     )
-    return NodeDriver(session, config, pipeline, owners, stats)
+    node = NodeDriver(session, config, pipeline, owners, stats)
+    node.start()
+    return node
