@@ -99,6 +99,15 @@ class Publisher(Protocol):
     def counters_dropped(self) -> bool | None: ...
 
 
+def _histogram(
+    name: str, text: str, labels: list[str], table: Mapping[tuple[str, ...], _Histogram]
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, text, labels=labels)
+    for key, hist in sorted(table.items()):
+        family.add_metric(list(key), hist.buckets(), sum_value=hist.total)
+    return family
+
+
 class DraCollector:
     name = "dra"
 
@@ -114,27 +123,26 @@ class DraCollector:
             return
         s = self.stats
         with s.lock:
-            families: list[Metric] = []
-            for name, what, table in (
-                ("prepare", "NodePrepareResources", s.prepares),
-                ("unprepare", "NodeUnprepareResources", s.unprepares),
-            ):
-                h = HistogramMetricFamily(
-                    f"nodeagent_dra_{name}_duration_seconds",
-                    f"Time one claim's {what} took, by the claim's kind and result.",
-                    labels=["kind", "result"],
-                )
-                for (kind, result), hist in sorted(table.items()):
-                    h.add_metric([kind, result], hist.buckets(), sum_value=hist.total)
-                families.append(h)
-            nvml = HistogramMetricFamily(
-                "nodeagent_dra_nvml_operation_duration_seconds",
-                "Time each NVML MIG operation of a claim's change took, by operation.",
-                labels=["op"],
-            )
-            for op, hist in sorted(s.nvml.items()):
-                nvml.add_metric([op], hist.buckets(), sum_value=hist.total)
-            families.append(nvml)
+            families: list[Metric] = [
+                _histogram(
+                    "nodeagent_dra_prepare_duration_seconds",
+                    "Time one claim's NodePrepareResources took, by the claim's kind and result.",
+                    ["kind", "result"],
+                    s.prepares,
+                ),
+                _histogram(
+                    "nodeagent_dra_unprepare_duration_seconds",
+                    "Time one claim's NodeUnprepareResources took, by the claim's kind and result.",
+                    ["kind", "result"],
+                    s.unprepares,
+                ),
+                _histogram(
+                    "nodeagent_dra_nvml_operation_duration_seconds",
+                    "Time each NVML MIG operation of a claim's change took, by operation.",
+                    ["op"],
+                    {(op,): h for op, h in s.nvml.items()},
+                ),
+            ]
             prepared = GaugeMetricFamily(
                 "nodeagent_dra_claims_prepared",
                 "Claims prepared on this node now, by kind.",
