@@ -19,7 +19,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -100,7 +100,7 @@ class Publisher(Protocol):
 
 
 def _histogram(
-    name: str, text: str, labels: list[str], table: Mapping[tuple[str, ...], _Histogram]
+    name: str, text: str, labels: list[str], table: Mapping[Any, _Histogram]
 ) -> HistogramMetricFamily:
     family = HistogramMetricFamily(name, text, labels=labels)
     for key, hist in sorted(table.items()):
