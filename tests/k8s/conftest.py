@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -71,3 +72,14 @@ def make_node(api_client: Any, name: str, labels: dict[str, str] | None = None) 
     }
     core.patch_node_status(name, status)
     core.patch_node(name, {"spec": {"taints": []}})
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short directory: unix sockets (an MPS daemon's pipe) take at most 107 bytes."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="k8s-", dir="/tmp"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)

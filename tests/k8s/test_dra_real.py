@@ -1,0 +1,148 @@
+"""The README's DeviceClasses and claim templates end to end: the real kube-scheduler (v1.36.2)
+allocates from nodeagent's ResourceSlices of an emulated node, then nodeagent's driver prepares
+exactly what the scheduler chose on that emulated node (the claims read back from the API
+server, as the kubelet's call would have the driver read them), and nothing overlaps."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nodeagent.dra.claims import ClaimRef
+from nodeagent.dra.node import NodeConfig
+from nodeagent.nvml import MigWriter, NvmlSession, read_inventory
+from nodeagent.reconcile.factory import dra_driver
+from nodeagent.settings import Settings
+from nodeagent.sim import SimulatedNvml
+from nodeagent.sim.models import parse_spec
+from tests.k8s.test_packing_real import DRIVER, REPO, _device_classes, _pod, _wait
+
+TEMPLATES = list(yaml.safe_load_all((REPO / "examples/dra/claim-templates.yaml").read_text()))
+
+
+def _template(name: str, namespace: str) -> dict[str, Any]:
+    (doc,) = [d for d in TEMPLATES if d["metadata"]["name"] == name]
+    return {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
+
+
+def _publish(api: Any, node: str, session: NvmlSession) -> None:
+    from kubernetes import client
+
+    from nodeagent.dra.devices import resource_slices
+
+    wanted = resource_slices(read_inventory(session), node, DRIVER)
+    for s in wanted:
+        pool = {"name": node, "generation": 1, "resourceSliceCount": len(wanted)}
+        client.ResourceV1Api(api).create_resource_slice(
+            {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+             "metadata": {"name": s.name}, "spec": {**s.spec, "pool": pool}}
+        )  # fmt: skip
+
+
+def _claims(api: Any, namespace: str) -> list[dict[str, Any]]:
+    from kubernetes import client
+
+    raw = client.ResourceV1Api(api).list_namespaced_resource_claim(
+        namespace, _preload_content=False
+    )
+    return [c for c in json.loads(raw.data)["items"] if (c.get("status") or {}).get("allocation")]
+
+
+def test_templates_on_an_h200_node_allocated_then_prepared(
+    api_client: Any, namespace: str, short_tmp: Path, fake_mps_control: str
+) -> None:
+    from kubernetes import client
+
+    from tests.k8s.conftest import make_node
+
+    core, res = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
+    node = f"n-{uuid.uuid4().hex[:8]}"
+    state = short_tmp / "sim.json"
+    session = NvmlSession(SimulatedNvml(parse_spec("h200x4"), state))
+    make_node(api_client, node)
+    _publish(api_client, node, session)
+    _device_classes(api_client)
+    for name in ("one-1g-slice", "whole-gpu", "mps-25"):
+        res.create_namespaced_resource_claim_template(namespace, _template(name, namespace))
+    wanted = {"asr-0": "one-1g-slice", "asr-1": "one-1g-slice", "llm": "whole-gpu", "tts": "mps-25"}
+    for pod, template in wanted.items():
+        core.create_namespaced_pod(
+            namespace, _pod(pod, node, {"resourceClaimTemplateName": template})
+        )
+    claims = _wait(
+        "4 claims allocated", lambda: (c := _claims(api_client, namespace)) and len(c) == 4 and c
+    )
+    devices = sorted(
+        r["device"] for c in claims for r in c["status"]["allocation"]["devices"]["results"]
+    )
+    assert devices == ["gpu-0-mig-1g18gb-19-5", "gpu-0-mig-1g18gb-19-6", "gpu-1", "gpu-2"]
+
+    config = NodeConfig(
+        DRIVER, node, short_tmp / "p", short_tmp / "cdi", mps_control=fake_mps_control
+    )
+    driver = dra_driver(
+        session, Settings(), config, lambda i: None, state.with_name(".sim.json.lock")
+    )
+    try:
+        for c in claims:
+            meta = c["metadata"]
+            prepared = driver.prepare(ClaimRef(meta["namespace"], meta["name"], meta["uid"]), c)
+            assert [p.device for p in prepared] == [
+                r["device"] for r in c["status"]["allocation"]["devices"]["results"]
+            ]
+        inventory = read_inventory(session)
+        gpu0 = inventory.gpus[0]
+        assert sorted((s.profile, s.placement.start) for s in gpu0.slices) == [
+            ("1g.18gb", 5),
+            ("1g.18gb", 6),
+        ]
+        assert not inventory.gpus[1].mig_current and not inventory.gpus[2].mig_current
+        mps = [c for c in claims if c["status"]["allocation"]["devices"].get("config")]
+        (share,) = mps
+        root = driver.mps_root(share["metadata"]["uid"], "gpu-2")
+        assert (root / "pipe").is_dir()
+        for c in claims:
+            driver.unprepare(c["metadata"]["uid"])
+        assert read_inventory(session).gpus[0].slices == ()
+    finally:
+        for d in (short_tmp / "p" / "mps").glob("*/*"):
+            from tests.integration.dra.conftest import _quit_mps
+
+            _quit_mps(fake_mps_control, d)
+        session.close()
+
+
+def test_the_1g_template_on_an_a100_node_takes_its_one_slice_profile(
+    api_client: Any, namespace: str
+) -> None:
+    from kubernetes import client
+
+    from tests.k8s.conftest import make_node
+
+    core, res = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
+    node = f"n-{uuid.uuid4().hex[:8]}"
+    lib = SimulatedNvml(parse_spec("a100-80gb"))
+    session = NvmlSession(lib)
+    MigWriter(session).set_mig_mode(0, True)  # an Ampere GPU offers slices while MIG is on,
+    lib.reset(0)  # which takes a GPU reset there
+    make_node(api_client, node)
+    _publish(api_client, node, session)
+    _device_classes(api_client)
+    res.create_namespaced_resource_claim_template(namespace, _template("one-1g-slice", namespace))
+    for i in range(8):
+        core.create_namespaced_pod(
+            namespace, _pod(f"asr-{i}", node, {"resourceClaimTemplateName": "one-1g-slice"})
+        )
+    claims = _wait(
+        "7 claims allocated", lambda: (c := _claims(api_client, namespace)) and len(c) >= 7 and c
+    )
+    profiles = {
+        r["device"].split("-mig-")[1].rsplit("-", 2)[0]
+        for c in claims
+        for r in c["status"]["allocation"]["devices"]["results"]
+    }
+    assert profiles == {"1g10gb"} and len(claims) == 7
