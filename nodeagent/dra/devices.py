@@ -203,12 +203,18 @@ def placement_order(profile: GiProfile) -> list[Placement]:
 
 
 def gpu_devices(inventory: Inventory, gpu: Gpu) -> list[dict[str, Any]]:
-    """The whole GPU first, then each profile's placements (largest profile first; each
-    profile's placements in placement_order). Only the order within a profile decides where a
-    claim lands: a request matches one profile."""
+    """The whole GPU first, then each profile's placements, smallest profile first (memory
+    slices, memory, plain before `+me`): a request that several profiles match (a selector
+    for "a 1g") takes the smallest that fits, 1g.18gb before 1g.35gb. Each profile's
+    placements in placement_order."""
     devices = [gpu_device(inventory, gpu)] if offers_whole(gpu) else []
     if offers_slices(gpu):
-        for profile in sorted(gpu.profiles, key=lambda p: (-p.slice_count, -p.memory_bytes, p.id)):
+        smallest = sorted(
+            gpu.profiles,
+            key=lambda p: (p.placements[0].size if p.placements else 0, p.memory_bytes,
+                           "+" in p.name, p.slice_count, p.id),
+        )  # fmt: skip
+        for profile in smallest:
             devices += [mig_device(inventory, gpu, profile, at) for at in placement_order(profile)]
     return devices
 
