@@ -168,3 +168,18 @@ def test_every_nodeagent_container_runs_as_root(target: str) -> None:
         assert container["image"] == IMAGE, container["name"]
         context = container.get("securityContext", {})
         assert (context.get("runAsUser"), context.get("runAsGroup")) == (0, 0), container["name"]
+
+
+@pytest.mark.parametrize("target", [t for t in TARGETS if t != "overlays/with-monitoring"])
+def test_the_default_overlays_need_only_core_kubernetes(target: str) -> None:
+    """`kubectl apply -k` works on a plain cluster: no Prometheus Operator resource outside the
+    monitoring overlay (a CRD the cluster lacks fails the whole apply)."""
+    kinds = {d["kind"] for d in render(target)}
+    assert not kinds & CRDS, f"{target or '.'} needs {sorted(kinds & CRDS)}"
+
+
+def test_the_monitoring_overlay_brings_the_scrape_and_the_alerts() -> None:
+    docs = render("overlays/with-monitoring")
+    monitor = _one(docs, "ServiceMonitor")
+    assert monitor["metadata"]["namespace"] == "nodeagent"
+    assert {d["kind"] for d in docs} >= {"ServiceMonitor", "PrometheusRule", "NetworkPolicy"}
