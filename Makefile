@@ -3,23 +3,37 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+RUN_STAMP := $(VENV)/.run-stamp
 SIM ?= h200x2
+PIP := $(BIN)/python -m pip --disable-pip-version-check
 
 .PHONY: run test lint gpu bench proto system-deps clean install-systemd image
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+# make run installs what running needs; make test adds the test tools (the `test` extra).
+$(RUN_STAMP): pyproject.toml
+	@echo "make run [1/4]: $(VENV) with nodeagent and what it runs on (no test tools; ~15-40 s the first time)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(PIP) install --quiet --upgrade pip
+	@$(PIP) install --quiet -e .
+	@touch $(RUN_STAMP)
 
-run: $(STAMP)
-	mkdir -p .run
-	$(BIN)/nodeagent --simulate $(SIM) --sim-state .run/node.json mig generate-config > .run/mig.yaml
-	$(BIN)/nodeagent --simulate $(SIM) --sim-state .run/node.json mig apply -f .run/mig.yaml -c all-balanced
-	$(BIN)/nodeagent --simulate $(SIM) --sim-state .run/node.json status
-	@echo "metrics: http://127.0.0.1:9401/metrics   (nodeagent --simulate $(SIM) --sim-state .run/node.json sim attach ... adds load)"
-	$(BIN)/nodeagent --simulate $(SIM) --sim-state .run/node.json --log-level info run \
+$(STAMP): pyproject.toml
+	@echo "make: $(VENV) with nodeagent and its test tools (the test extra)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(PIP) install --quiet --upgrade pip
+	@$(PIP) install --quiet -e '.[test]'
+	@touch $(STAMP) $(RUN_STAMP)
+
+run: $(RUN_STAMP)
+	@mkdir -p .run
+	@echo "make run [2/4]: an emulated node ($(SIM)) in .run/node.json and its MIG configs in .run/mig.yaml"
+	@$(BIN)/nodeagent --simulate $(SIM) --sim-state .run/node.json mig generate-config > .run/mig.yaml
+	@echo "make run [3/4]: MIG config all-balanced applied, then the node's status"
+	@$(BIN)/nodeagent --simulate $(SIM) --sim-state .run/node.json mig apply -f .run/mig.yaml -c all-balanced
+	@$(BIN)/nodeagent --simulate $(SIM) --sim-state .run/node.json status
+	@echo "make run [4/4]: the agent, serving http://127.0.0.1:9401/metrics (/healthz, /readyz); Ctrl-C stops it"
+	@echo "  (nodeagent --simulate $(SIM) --sim-state .run/node.json sim attach ... adds load)"
+	@$(BIN)/nodeagent --simulate $(SIM) --sim-state .run/node.json --log-level info run \
 	  --metrics-address 127.0.0.1:9401 -f .run/mig.yaml -c all-balanced
 
 lint: $(STAMP)
