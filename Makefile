@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 RUN_STAMP := $(VENV)/.run-stamp
 SIM ?= h200x2
-PIP := $(BIN)/python -m pip --disable-pip-version-check
+# PYTHONWARNINGS: setuptools' own banners (an editable install's caution) are not ours to show
+PIP := PYTHONWARNINGS=ignore $(BIN)/python -m pip --disable-pip-version-check
 
 .PHONY: run test lint gpu bench proto system-deps clean install-systemd image
 
