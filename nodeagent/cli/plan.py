@@ -6,6 +6,9 @@ node's GPUs (read through NVML, or the emulator with --simulate). Changes nothin
                      `nodeagent sharing apply -f FILE -c NAME` applies it as it is
 --output mig-parted  the same as a mig-parted v1 config (when no GPU uses MPS)
 --output json        everything: assignment, per-GPU sharing, report, both configs
+
+Exit 0 when every replica is placed; 1 when some are not (the plan is printed all the same,
+then one line on stderr naming the resource that ran out); 2 for a bad workload file.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ def cmd_plan(ctx: Context) -> int:
         render_mig_parted,
         render_yaml,
         report,
+        shortfall,
         summary_lines,
     )
     from nodeagent.plan.workloads import load_workloads
@@ -55,6 +59,10 @@ def cmd_plan(ctx: Context) -> int:
     else:
         for line in summary_lines(plan):
             print(line)
+    short = shortfall(plan, workloads.workloads, inventory.gpus)
+    if short is not None:  # the plan is printed all the same; a script sees the exit code
+        print(f"nodeagent: {short}", file=sys.stderr)
+        return 1
     return 0
 
 

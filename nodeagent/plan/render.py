@@ -8,12 +8,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
 
 from nodeagent.logs import printable
+from nodeagent.nvml.inventory import Gpu
 from nodeagent.plan.planner import NodePlan
+from nodeagent.plan.workloads import Workload
 
 MIB = 1 << 20
 
@@ -165,3 +168,37 @@ def render_mig_parted(plan: NodePlan, name: str) -> str | None:
 
 def _dump(doc: dict[str, Any]) -> str:
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+
+
+def shortfall(plan: NodePlan, workloads: Sequence[Workload], gpus: Sequence[Gpu]) -> str | None:
+    """One line for a plan that leaves replicas out (None when all are placed), naming the
+    resource that ran out: a replica bigger than any place, the GPUs (exclusive replicas), the
+    GPUs' memory, their compute, or else the MIG layouts (memory and compute would do in
+    total, but no layout of the slices holds them all)."""
+    if not plan.not_placed:
+        return None
+    left = sum(n.replicas for n in plan.not_placed)
+    total = sum(w.replicas for w in workloads)
+    head = f"{left} of {total} replicas do not fit this node"
+    too_big = [n.workload for n in plan.not_placed if n.reason.startswith("too big")]
+    memory_mib = sum(g.memory_total_bytes for g in gpus) >> 20
+    need_mib = sum(w.replicas * w.memory_mib for w in workloads)
+    compute = sum(w.replicas * w.compute for w in workloads if w.compute is not None)
+    exclusive = sum(w.replicas for w in workloads if w.isolation == "exclusive")
+    if too_big:
+        why = f"{', '.join(printable(n) for n in too_big)}: bigger than any slice or GPU here"
+    elif exclusive > len(gpus):
+        why = f"GPUs: {exclusive} exclusive replicas, {len(gpus)} GPUs"
+    elif need_mib > memory_mib:
+        why = (
+            f"GPU memory: the replicas need {need_mib >> 10} GiB,"
+            f" the GPUs have {memory_mib >> 10} GiB"
+        )
+    elif compute > len(gpus):
+        why = f"compute: the replicas need {compute:g} GPUs of compute, the node has {len(gpus)}"
+    else:
+        why = (
+            "MIG layouts: memory and compute would do in total, but no layout of the GPUs'"
+            " slices holds every replica"
+        )
+    return f"{head}; ran out of {why}"

@@ -109,9 +109,45 @@ def test_text_report_names_what_is_not_placed(node: Callable[..., Result], tmp_p
         "  - {name: many, replicas: 40, memory: 60G, isolation: exclusive}\n"
     )
     res = node("plan", "-f", "w.yaml")
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 1, res.stderr
     assert "not placed: huge x1: too big: needs 204800 MiB; no MIG slice" in res.stdout
     assert "not placed: many x36: out of capacity: 4 of 40 replicas placed" in res.stdout
+    assert res.stderr.strip().splitlines()[-1] == (
+        "nodeagent: 37 of 41 replicas do not fit this node; ran out of huge: bigger than any"
+        " slice or GPU here"
+    )
+
+
+@pytest.mark.parametrize(
+    ("workloads", "resource"),
+    [
+        (
+            "  - {name: big, replicas: 6, memory: 60G, isolation: exclusive}\n",
+            "GPUs: 6 exclusive replicas, 4 GPUs",
+        ),
+        (
+            "  - {name: asr, replicas: 60, memory: 10G, isolation: shared}\n",
+            "GPU memory: the replicas need 600 GiB",
+        ),
+        (
+            "  - {name: asr, replicas: 20, memory: 1G, compute: 0.3, isolation: shared}\n",
+            "compute: the replicas need 6 GPUs of compute, the node has 4",
+        ),
+    ],
+)
+def test_demand_that_does_not_fit_exits_1_naming_what_ran_out(
+    node: Callable[..., Result], tmp_path: Path, workloads: str, resource: str
+) -> None:
+    (tmp_path / "w.yaml").write_text("version: nodeagent/v1\nworkloads:\n" + workloads)
+    for output in ("text", "yaml", "json"):
+        res = node("plan", "-f", "w.yaml", "-o", output)
+        assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+        last = res.stderr.strip().splitlines()[-1]
+        assert (
+            last.startswith("nodeagent: ")
+            and "do not fit this node; ran out of " + resource in last
+        ), last
+        assert res.stdout  # the plan is there all the same
 
 
 def test_mps_plan_has_no_mig_parted_form(node: Callable[..., Result], tmp_path: Path) -> None:
@@ -147,7 +183,7 @@ def test_missing_file_and_empty_name(node: Callable[..., Result], tmp_path: Path
 
 def test_plan_reads_stdin(cli: Callable[..., Result]) -> None:
     res = cli("--simulate", "a100-40gbx2", "plan", "-f", "-", "-o", "json", stdin=MIG_ONLY)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 1 and "ran out of train" in res.stderr, res.stderr  # 'train' too big
     data = json.loads(res.stdout)
     assert [g["sharing"] for g in data["gpus"]] == ["mig", "mig"]
     reasons = {n["workload"]: n["reason"] for n in data["report"]["not_placed"]}
