@@ -290,7 +290,8 @@ def add_run_parsers(sub: Any) -> None:
     p = sub.add_parser("metrics", help="print one Prometheus exposition to stdout")
     only_dcgm = [s.dotted for s in SPECS if s.group == "metrics" and s.key != "dcgm-compat"]
     add_setting_flags(p, ["metrics"], skip=only_dcgm)
-    p.set_defaults(func=cmd_metrics, groups=("node", "metrics"))
+    # kube: the node's name (NODE_NAME), the dcgm-compat hostname label as `run` has it
+    p.set_defaults(func=cmd_metrics, groups=("node", "metrics", "kube"))
     p = sub.add_parser("labels", help="the node labels nodeagent publishes (GFD names)")
     output_flag(p)
     add_setting_flags(p, ["labels"], skip=["labels.nfd-features-file"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,7 @@ from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.snapshot import Holder
 from tests.agent_support import SteppedClock, make_agent, make_settings
+from tests.conftest import Result
 from tests.integration.metrics.conftest import GIB, prometheus_tool, sample
 from tests.mig_apply import reconfigure
 
@@ -253,3 +254,12 @@ def test_promtool_finds_nothing_but_dcgm_exporters_own_names(spec: str, config: 
     findings = (proc.stdout + proc.stderr).splitlines()
     assert findings, "expected promtool to flag dcgm-exporter's camelCase labels"
     assert [f for f in findings if not UPSTREAM_LINT.match(f)] == []
+
+
+def test_the_metrics_command_names_the_node_as_run_does(cli: Callable[..., Result]) -> None:
+    """`nodeagent metrics --dcgm-compat` takes the node's name from NODE_NAME (the downward
+    API), as `run` does, for dcgm-exporter's `hostname` label."""
+    res = cli("--simulate", "h200", "metrics", "--dcgm-compat", env={"NODE_NAME": "gpu-node-7"})
+    assert res.returncode == 0, res.stderr
+    hostnames = set(re.findall(r'hostname="([^"]*)"', res.stdout))
+    assert hostnames == {"gpu-node-7"}
