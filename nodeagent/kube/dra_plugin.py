@@ -11,12 +11,13 @@ from nodeagent.dra.devices import resource_slices
 from nodeagent.dra.nocounters import safe_slices
 from nodeagent.dra.node import NodeConfig, NodeDriver, Stats
 from nodeagent.dra.owners import OwnerStore
+from nodeagent.errors import ConfigError
 from nodeagent.kube.api import KubeSettings, make_api_client
 from nodeagent.kube.dra_api import DraApi
 from nodeagent.kube.dra_server import DraPluginServer, Sockets
 from nodeagent.kube.dra_slices import GateWatch, SlicePublisher
 from nodeagent.mig.wanted import MigEngine
-from nodeagent.nvml import Inventory, NvmlSession
+from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.settings import Settings
 
 PLUGIN_SOCKET = "dra.sock"
@@ -43,6 +44,15 @@ class DraPlugin:
         d = settings.dra
         self.driver = d.driver
         self.devices = d.devices
+        if d.devices is not None:  # a GPU the node lacks is a mistake, not a GPU to skip
+            with session.lock:
+                have = sorted(g.index for g in read_inventory(session).gpus)
+            missing = sorted(set(d.devices) - set(have))
+            if missing:
+                raise ConfigError(
+                    f"dra.devices (--dra-devices, NODEAGENT_DRA_DEVICES) names GPU"
+                    f" {', '.join(map(str, missing))}; this node has GPUs {have}"
+                )
         self.api = DraApi(make_api_client(kube), kube, stop)
         config = NodeConfig(
             driver=d.driver,

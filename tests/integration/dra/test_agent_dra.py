@@ -161,3 +161,25 @@ def test_an_unreadable_checkpoint_makes_readyz_say_why(
     # Moved aside (the documented recovery), the agent is ready again by itself.
     checkpoint.rename(checkpoint.with_suffix(".bad"))
     assert running.ready() == (True, "ok")
+
+
+def test_dra_devices_naming_a_gpu_the_node_lacks_is_refused(short_root: Path) -> None:
+    from nodeagent.errors import ConfigError
+
+    cluster = dra_cluster()
+    cluster.add_node(NODE, {"kubernetes.io/hostname": NODE})
+    lib = SimulatedNvml(parse_spec("h200x2"))
+    try:
+        agent = make_agent(
+            NvmlSession(lib),
+            lib.reset,
+            kube={"enabled": True, "node_name": NODE, "host": cluster.url, "pod_resources_socket": None},
+            dra={"enabled": True, "plugin_dir": short_root / "p", "registry_dir": short_root / "reg",
+                 "cdi_dir": short_root / "cdi", "devices": (1, 5)},
+        )  # fmt: skip
+        with pytest.raises(ConfigError, match=r"names GPU 5; this node has GPUs \[0, 1\]"):
+            agent.start()
+        agent.stop()
+        assert not (short_root / "p" / "dra.sock").exists()
+    finally:
+        cluster.close()
