@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from nodeagent.configfile import config_error
 from nodeagent.errors import ConfigError, NothingMatched
-from nodeagent.logs import listing
+from nodeagent.logs import get_logger, listing
 from nodeagent.mig.config import Entry, MigConfigFile
 from nodeagent.mig.select import Desired, _gpu_label, resolve
 from nodeagent.mps.settings import parse_size
@@ -26,6 +26,8 @@ from nodeagent.sharing.config import (
     TimeSlicing,
     Whole,
 )
+
+log = get_logger("nodeagent.sharing")
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,10 @@ def resolve_sharing(
     entries = cfg.configs[name]
     _check_references(entries, mig_file, cfg.source)
     as_mig = MigConfigFile(cfg.source, {name: tuple(_as_mig_entry(e) for e in entries)})
-    desired = resolve(as_mig, name, inventory)
+    notes: list[str] = []
+    desired = resolve(as_mig, name, inventory, notes)
+    for note in notes:  # a sharing config's skip: not a MIG config's event
+        log.warning("sharing.config.skipped", config=name, reason=note)
     by_mark = {str(e.mark): e for e in entries}
     covered = {gpu: by_mark[d.source] for gpu, d in sorted(desired.items())}
     gpus = {g.index: g for g in inventory.gpus}

@@ -324,3 +324,16 @@ def test_resolution_raises_only_config_errors(
     for gpu, intent in res.intents.items():
         assert res.mig[gpu].mig_enabled == (intent.strategy == "mig")
         assert (gpu in res.mps_devices) == (intent.strategy == "mps")
+
+
+def test_a_skipped_gpu_is_a_sharing_event_not_a_mig_one() -> None:
+    from tests.conftest import captured_logs
+
+    text = sharing("{devices: [0, 7], mps: {replicas: 2}}")
+    with captured_logs("info") as logs:
+        res = run(text, "h200x2")
+    assert set(res.intents) == {0}
+    events = [e["event"] for e in logs]
+    assert "mig.config.skipped" not in events
+    (skipped,) = [e for e in logs if e["event"] == "sharing.config.skipped"]
+    assert skipped["config"] == "c" and "7" in skipped["reason"]
