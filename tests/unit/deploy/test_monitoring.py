@@ -53,7 +53,11 @@ def test_prometheusrule_is_generated_from_rules_yaml() -> None:
 def test_component_resources() -> None:
     component = _load(MONITORING / "kustomization.yaml")
     assert component["kind"] == "Component"
-    assert component["resources"] == ["prometheusrule.yaml", "networkpolicy.yaml"]
+    assert component["resources"] == [
+        "servicemonitor.yaml",
+        "prometheusrule.yaml",
+        "networkpolicy.yaml",
+    ]
     (generator,) = component["configMapGenerator"]
     assert generator["options"]["labels"] == {"grafana_dashboard": "1"}
     assert generator["files"] == ["nodeagent.json=dashboard.json"]
@@ -140,7 +144,7 @@ def test_dashboard_is_templated_on_node_and_gpu() -> None:
 
 
 def test_servicemonitor_keeps_pod_labels_and_names_the_node() -> None:
-    monitor = _load(DEPLOY / "base" / "servicemonitor.yaml")
+    monitor = _load(MONITORING / "servicemonitor.yaml")
     service = _load(DEPLOY / "base" / "service.yaml")
     daemonset = _load(DEPLOY / "base" / "daemonset.yaml")
     (endpoint,) = monitor["spec"]["endpoints"]
