@@ -8,7 +8,7 @@ SIM ?= h200x2
 # PYTHONWARNINGS: setuptools' own banners (an editable install's caution) are not ours to show
 PIP := PYTHONWARNINGS=ignore $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: run test lint gpu bench proto system-deps clean install-systemd image
+.PHONY: run test lint gpu bench proto system-deps clean install-systemd image docs
 
 # make run installs what running needs; make test adds the test tools (the `test` extra).
 $(RUN_STAMP): pyproject.toml
@@ -67,6 +67,11 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 test: lint system-deps
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
+# The documentation site (docs/, mkdocs.yml) into .site/; `make test` builds it with --strict too.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 PYTHONPATH=$(CURDIR) $(BIN)/mkdocs build --strict
+	@echo "docs: open .site/index.html (or serve it: $(BIN)/mkdocs serve)"
+
 # Bare metal: nodeagent as a systemd service (systemd/install.sh: a venv under PREFIX, the
 # settings under /etc/nodeagent, kept when they exist; the unit, enabled). As root:
 #   make install-systemd [PREFIX=/opt/nodeagent] [DESTDIR=/staging/root]
@@ -106,7 +111,7 @@ proto:
 	  nodeagent/kube/proto/dra_v1beta1.proto nodeagent/kube/proto/pluginregistration.proto
 
 clean:
-	rm -rf $(VENV) .run .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .run .site .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
 # NVIDIA's k8s device plugin built from source, for the GPU test that drives it with
 # tests/fake_kubelet against nodeagent's MPS daemon. Offline: DEVICE_PLUGIN_SRC is a bare git

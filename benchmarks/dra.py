@@ -130,6 +130,7 @@ class Timings:
 def rounds(
     node: NodeDriver, kind: str, device: str, n: int, mps: dict[str, Any] | None = None
 ) -> Timings:
+    print(f"  {kind}: {n} prepares and unprepares of {device} ...", file=sys.stderr, flush=True)
     out = Timings(kind)
     for i in range(n):
         uid = f"{kind}-{i}"
@@ -144,6 +145,11 @@ def rounds(
 
 def burst(node: NodeDriver, timed: TimedEngine, gpus: int) -> dict[str, Any]:
     """7 one-slice claims per GPU, all at once."""
+    print(
+        f"  burst: {7 * gpus} one-slice claims on {gpus} GPUs at once ...",
+        file=sys.stderr,
+        flush=True,
+    )
     claims = [(g, p) for p in range(7) for g in range(gpus)]
     spans: dict[str, tuple[int, float, float]] = {}
     errors: list[str] = []

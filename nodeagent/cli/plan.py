@@ -14,6 +14,7 @@ then one line on stderr naming the resource that ran out); 2 for a bad workload 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from nodeagent.cli.common import Context, print_json
@@ -41,7 +42,19 @@ def cmd_plan(ctx: Context) -> int:
     inventory = read_inventory(ctx.session)
     if not inventory.gpus:
         raise ConfigError("this node has no GPU to plan for")
+    progress = sys.stderr.isatty()  # a terminal sees the search start and end; a pipe does not
+    if progress:
+        replicas = sum(w.replicas for w in workloads.workloads)
+        print(
+            f"planning {replicas} replicas of {len(workloads.workloads)} workloads on"
+            f" {len(inventory.gpus)} GPUs ...",
+            file=sys.stderr,
+            flush=True,
+        )
+    began = time.monotonic()
     plan = plan_node(inventory, workloads.workloads)
+    if progress:
+        print(f"planned in {time.monotonic() - began:.2f} s", file=sys.stderr)
     output = ctx.args.output
     if output == "json":
         print_json(report(plan, name))

@@ -175,7 +175,7 @@ class NodeDriver:
         except ConfigError as err:
             return (
                 f"DRA: {err}; every claim's prepare and unprepare fails until it is fixed or"
-                " moved aside (README: 'If the DRA checkpoint is unreadable')"
+                " moved aside (docs/dra.md: 'If the DRA checkpoint is unreadable')"
             )
         return None
 

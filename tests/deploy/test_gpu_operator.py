@@ -20,9 +20,9 @@ OVERLAY = ROOT / "daemonset/overlays/with-gpu-operator/kustomization.yaml"
 
 
 def _section() -> str:
-    text = (ROOT / "README.md").read_text()
-    start = text.index("### Beside the GPU operator, step by step")
-    return text[start : text.index("\n### ", start + 1)]
+    text = (ROOT / "docs" / "gpu-operator.md").read_text()
+    start = text.index("## Beside the GPU operator, step by step")
+    return text[start : text.index("\n## ", start + 1)]
 
 
 def _chart_values() -> dict[str, Any]:

@@ -77,8 +77,7 @@ def test_the_daemonset_runs_the_driver_with_the_kubelets_paths() -> None:
 
 
 def readme_documents() -> list[dict[str, Any]]:
-    text = (REPO / "README.md").read_text()
-    section = text.split("## DRA driver", 1)[1].split("\n## ", 1)[0]
+    section = (REPO / "docs" / "dra.md").read_text()
     blocks = re.findall(r"```yaml\n(.*?)```", section, re.DOTALL)
     return [d for block in blocks for d in yaml.safe_load_all(block) if d]
 

@@ -51,7 +51,7 @@ def default_counters() -> list[tuple[str, str, str]]:
 
 def readme_not_emitted() -> set[str]:
     """The DCGM fields the README's dcgm-exporter section lists as not emitted."""
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "metrics.md").read_text()
     section = text.split("### dcgm-exporter compatibility", 1)[1].split("\n### ", 1)[0]
     listed = section.split("Not emitted", 1)[1]
     return set(re.findall(r"^\| `(DCGM_FI_\w+)` \|", listed, re.M))

@@ -167,7 +167,7 @@ def test_a_kubelet_error_keeps_the_last_answer(
     assert agent.store.snapshot is not None and agent.store.snapshot.allocations_error is None
 
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+README = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 
 
 def documented_queries() -> list[str]:

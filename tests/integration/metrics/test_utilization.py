@@ -22,7 +22,7 @@ from tests.integration.metrics.test_health import samples, value
 
 GIB = 1024**3
 RATES = ("sm", "memory", "encoder", "decoder")
-README = Path(__file__).resolve().parents[3] / "README.md"
+README = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 
 
 def _process(agent: Agent, gpu: str, pid: str) -> dict[str, float | None]:
