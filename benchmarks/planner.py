@@ -242,6 +242,11 @@ def show(r: Result) -> str:
 
 
 def main() -> int:
+    print(
+        "planning every mix on every model (a row as each finishes) ...",
+        file=sys.stderr,
+        flush=True,
+    )
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--plot", default=str(Path(__file__).with_name("planner.png")))

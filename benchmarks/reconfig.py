@@ -9,6 +9,7 @@ one, as mig-parted does), and planning time for the whole node. Run: python benc
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from itertools import product
 
@@ -49,6 +50,11 @@ def mismatches_one(inventory, index, want) -> bool:  # type: ignore[no-untyped-d
 
 
 def run(spec: str, busy: bool) -> dict[str, object]:
+    print(
+        f"  {spec}{' with a slice in use on every GPU' if busy else ''}: every ordered pair of configs ...",
+        file=sys.stderr,
+        flush=True,
+    )
     probe = NvmlSession(SimulatedNvml(parse_spec(spec)))
     cfg = parse_config(dump_config(generate_configs(read_inventory(probe))), "generated")
     names = sorted(cfg.configs)

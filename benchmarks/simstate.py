@@ -55,6 +55,11 @@ def measure(gpus: int, repeat: int) -> Row:
 
 
 def main() -> int:
+    print(
+        "applying configs on emulated nodes of growing size (a row as each finishes) ...",
+        file=sys.stderr,
+        flush=True,
+    )
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="8,16,32,64")
     parser.add_argument("--repeat", type=int, default=3)

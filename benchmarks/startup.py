@@ -219,6 +219,7 @@ def plot(timings: list[Timing], path: Path) -> None:
 
 
 def main() -> None:
+    print("timing the commands' start (a row as each finishes) ...", file=sys.stderr, flush=True)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20, help="timed runs per command")
     parser.add_argument("--warmup", type=int, default=2, help="untimed runs per command first")
