@@ -7,10 +7,11 @@ figures are the driver's own work: planning, the MIG writer lock, NVML, the MPS 
 spec, the checkpoint and the ownership record.
 
 Emulator (default): an emulated node of 4 H200s with the NVML MIG operations modelled as
-blocking calls of the durations below (ASSUMED: no published per-call measurement was found;
-they are of the order NVIDIA's DRA driver logs as t_prep_create_mig_dev; MIG writes are never
-made on the lent H200, so they cannot be measured here). `--no-latency` measures the driver's
-own overhead. The MPS daemon is the project's fake nvidia-cuda-mps-control (tests/fake_mps).
+blocking calls (the emulator's `h200` latency profile: a MIG mode change 4 s, from
+mig-parted's logs on A100s; GPU and compute instance create/destroy ASSUMED, as no published
+per-call measurement was found and MIG writes are never made on the lent H200; sources in
+nodeagent/sim/latency.py). `--no-latency` measures the driver's own overhead. The MPS daemon
+is the project's fake nvidia-cuda-mps-control (tests/fake_mps).
 
 - mig: a new 1g.18gb slice (GI + CI) on GPU 0 (MIG already on), then destroyed
 - mps: an MPS share (threadPercentage 50, pinnedMemory 16Gi) of GPU 1: its own MPS daemon
@@ -50,21 +51,17 @@ from nodeagent.mig.wanted import ChangeDone, WantedChange  # noqa: E402
 from nodeagent.nvml import MigWriter, NvmlSession  # noqa: E402
 from nodeagent.reconcile.factory import dra_driver  # noqa: E402
 from nodeagent.settings import Settings  # noqa: E402
+from nodeagent.sim.latency import PROFILES, parse_latency  # noqa: E402
 
 DRIVER = "gpu.nodeagent.io"
 NODE = "bench"
-KUBELET_DEADLINE_SECONDS = (
-    45.0  # kubernetes v1.36 pkg/kubelet/cm/dra/plugin: defaultClientCallTimeout
-)
-# Seconds each NVML MIG call blocks (assumed; see the module's text).
-LATENCY = {
-    "nvmlDeviceCreateGpuInstanceWithPlacement": 0.25,
-    "nvmlGpuInstanceCreateComputeInstanceWithPlacement": 0.10,
-    "nvmlGpuInstanceCreateComputeInstance": 0.10,  # a full CI
-    "nvmlComputeInstanceDestroy": 0.05,
-    "nvmlGpuInstanceDestroy": 0.10,
-    "nvmlDeviceSetMigMode": 1.0,
-}
+# The kubelet's deadline for each NodePrepareResources/NodeUnprepareResources call:
+# defaultClientCallTimeout = 45 * time.Second, kubernetes/kubernetes@c4b5de207d1f469249888c498a965c58443e6964
+# pkg/kubelet/cm/dra/plugin/dra_plugin.go (a plugin that registers without a timeout gets it).
+KUBELET_DEADLINE_SECONDS = 45.0
+# Seconds each NVML MIG call blocks: the emulator's `h200` profile (NODEAGENT_SIM_LATENCY=h200),
+# whose sources nodeagent/sim/latency.py states: MIG mode from mig-parted's logs, the rest assumed.
+LATENCY = parse_latency("h200")
 
 
 class TimedEngine:
@@ -224,9 +221,11 @@ def emulator(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         lib.latency = LATENCY
     session = NvmlSession(lib)
     writer = MigWriter(session)
+    lib.sleep = lambda _seconds: None  # the node as it was before: its mode changes untimed
     for g in (0, 3):
         writer.set_mig_mode(g, True)  # the burst's GPUs 0-3: MIG on where slices are made
     writer.set_mig_mode(1, False)
+    lib.sleep = time.sleep
     control = fake_mps_control(root / "fake")
     node, timed = make_driver(session, root, control)
     out: dict[str, Any] = {"latency": None if args.no_latency else LATENCY}
@@ -239,8 +238,10 @@ def emulator(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             rounds(node, "gpu", "gpu-2", args.rounds),
         ]
         out["rounds"] = {t.kind: t.row() for t in table}
+        lib.sleep = lambda _seconds: None
         for g in (1, 2):
             writer.set_mig_mode(g, True)
+        lib.sleep = time.sleep
         out["burst"] = burst(node, timed, 4)
     finally:
         quit_daemons(root, control)
@@ -288,10 +289,10 @@ def show(result: dict[str, Any], where: str) -> None:
     if "latency" in result:
         lat = result["latency"]
         print(
-            "NVML latency model (s, assumed):",
+            "NVML latency model (s; MIG mode from mig-parted's logs, the rest assumed):",
             "none (the driver's overhead)"
             if lat is None
-            else ", ".join(f"{k.removeprefix('nvml')} {v}" for k, v in lat.items()),
+            else ", ".join(f"{op} {v}" for op, v in PROFILES["h200"].items()),
         )
     print(f"{'claim':<6} {'prepare p50':>12} {'p99':>9} {'unprepare p50':>14} {'p99':>9}   (ms)")
     for kind, row in result["rounds"].items():

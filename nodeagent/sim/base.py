@@ -110,7 +110,7 @@ def nvml_call(mutating: bool = False) -> Callable[[F], F]:
                     result = fn(self, *args, **kwargs)
                 delay = self.latency.get(name)
                 if delay:  # the driver blocks its caller for the change: modelled, opt-in
-                    time.sleep(delay)
+                    self.sleep(delay)
             else:  # the hot path (an inventory read is ~750 calls): no context manager
                 if lock.writing or not lock.synced:  # see BatchLock
                     self._sync()
@@ -190,7 +190,8 @@ class SimBase:
     # share a state file. Tests replace it per instance.
     health_clock: Callable[[], float] = time.time
     # Seconds a mutating call takes, by NVML function (benchmarks/dra.py models the driver's
-    # MIG operations with it); none by default: the tests run at the emulator's own speed.
+    # MIG operations with it; NODEAGENT_SIM_LATENCY, see latency.py); none by default: the
+    # tests run at the emulator's own speed.
     latency: Mapping[str, float] = {}
 
     def __init__(
@@ -204,6 +205,7 @@ class SimBase:
                 setattr(self, name, getattr(pynvml, name))
         self.__name__ = "nodeagent.sim"
         self.faults = faults or FaultPlan()
+        self.sleep: Callable[[float], None] = time.sleep  # of `latency`; tests pass their own
         self.batch_lock = BatchLock()
         self._path = state_path
         self._stamp: Stamp | None = None
