@@ -82,6 +82,7 @@ class NothingMatched(AgentError):
 
 
 class LockHeld(AgentError):
-    """Another MIG writer (an agent or a `mig apply`) holds the node's writer lock."""
+    """Another process holds a lock nodeagent needs: the node's MIG writer lock (an agent or a
+    `mig apply`), or a DRA plugin directory's (another agent)."""
 
     exit_code = 3
