@@ -88,3 +88,24 @@ class DraApi(NodeApi):
             lambda: self._request("POST", SLICES, body=body, query={"dryRun": "All"}),
         )
         return bool(((answer or {}).get("spec") or {}).get("sharedCounters"))
+
+    # -- writes read back: what the server stored (its DRAPartitionableDevices gate) ---------
+
+    def create_slice_stored(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """`create_slice`, answering the ResourceSlice as the server stored it; None when it
+        exists already (an earlier attempt got through before its connection dropped)."""
+        name = body["metadata"]["name"]
+        stored: dict[str, Any] | None = self._call(
+            f"create resourceslice {name}",
+            _none_on(409, lambda: self._request("POST", SLICES, body=body)),
+        )
+        return stored
+
+    def patch_slice_stored(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """`patch_slice`, answering the ResourceSlice as the server stored it."""
+        path = SLICES + _path("/{name}", name=name)
+        stored: dict[str, Any] = self._call(
+            f"patch resourceslice {name}",
+            lambda: self._request("PATCH", path, body=body, content_type=MERGE_PATCH),
+        )
+        return stored

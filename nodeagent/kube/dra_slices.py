@@ -4,7 +4,20 @@ The pool (named after the node) is all or nothing for the scheduler: it uses onl
 of the pool's highest generation, and only once it has `resourceSliceCount` of them. So a
 change writes every slice with the next generation (creating and patching), and only then
 deletes the slices no longer wanted. A publish that finds the API already as wanted (a
-restart) writes nothing.
+restart) writes nothing: it compares what the server keeps (the spec without the pool; a key
+with an empty value is an absent one, as the server omits them: a slice of `devices: []` is
+stored without `devices`, seen on v1.36.2, and compared as sent it was rewritten at every
+restart).
+
+Every write's answer is read back (GateWatch probes only every PROBE_INTERVAL_SECONDS): counters
+slices go first and hold no device, so when the API server drops counters (its
+DRAPartitionableDevices gate turned off since the last probe; kube-apiserver drops them from a
+slice that had none, pkg/registry/resource/resourceslice/strategy.go,
+dropDisabledDRAPartitionableDevicesFields) the publish stops there, before any device could go
+out without them. The pool's newest generation then holds that one slice and no device, and
+the scheduler takes only the newest generation's slices (kubernetes/kubernetes
+staging/src/k8s.io/dynamic-resource-allocation/structured/pools.go, GatherPools), so nothing
+is allocated from the pool until the next publish, of the safe devices, a reconcile later.
 
 Nothing here deletes the slices when the agent stops or --dra is turned off: the kubelet does,
 as for every DRA driver (kubernetes/kubernetes#125163, #129832, #132058; NVIDIA's driver
@@ -29,8 +42,24 @@ from nodeagent.logs import get_logger
 log = get_logger("nodeagent.dra")
 
 
-def _without_pool(spec: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in spec.items() if k != "pool"}
+def _normal(value: Any) -> Any:
+    """`value` without the keys whose value is None or empty (the server omits them)."""
+    if isinstance(value, dict):
+        pairs = ((k, _normal(v)) for k, v in value.items())
+        return {k: v for k, v in pairs if v is not None and v != [] and v != {}}
+    if isinstance(value, list):
+        return [_normal(v) for v in value]
+    return value
+
+
+def _matters(spec: dict[str, Any]) -> Any:
+    """What a spec is, compared: without the pool, without empty values."""
+    return _normal({k: v for k, v in spec.items() if k != "pool"})
+
+
+def _has_counters(spec: dict[str, Any]) -> bool:
+    devices = spec.get("devices") or []
+    return bool(spec.get("sharedCounters")) or any(d.get("consumesCounters") for d in devices)
 
 
 class SlicePublisher:
@@ -46,6 +75,8 @@ class SlicePublisher:
         # Whether the API server dropped the counters (DRAPartitionableDevices off); None
         # before the first read-back.
         self.counters_dropped: bool | None = None
+        # Told when a write's answer lacks the counters it was sent with (GateWatch says it).
+        self.on_counters_dropped: Callable[[], None] | None = None
 
     def publish(self, wanted: Sequence[SliceSpec]) -> bool:
         """Make the API hold exactly `wanted`; True when something was written. Raises
@@ -59,7 +90,7 @@ class SlicePublisher:
         ]
         top = max(generations, default=0)
         same = set(existing) == {w.name for w in wanted} and all(
-            _without_pool(existing[w.name]["spec"]) == w.spec
+            _matters(existing[w.name]["spec"]) == _matters(w.spec)
             and existing[w.name]["spec"].get("pool", {}).get("generation") == top
             and existing[w.name]["spec"].get("pool", {}).get("resourceSliceCount") == len(wanted)
             for w in wanted
@@ -79,16 +110,28 @@ class SlicePublisher:
             if w.name in existing:
                 # Keys the old spec had and the new one lacks (devices <-> sharedCounters).
                 gone = dict.fromkeys(set(existing[w.name]["spec"]) - set(body["spec"]))
-                self.api.patch_slice(w.name, {"spec": {**gone, **body["spec"]}})
+                patch = {"spec": {**gone, **body["spec"]}}
+                stored: dict[str, Any] | None = self.api.patch_slice_stored(w.name, patch)
             else:
-                self.api.create_slice(body)
+                stored = self.api.create_slice_stored(body)
             self.writes += 1
+            sent = _has_counters(w.spec)
+            if sent and stored is not None and not _has_counters(stored.get("spec") or {}):
+                self._dropped(w.name)
+                return True  # nothing remembered: the next publish writes again
         for name in sorted(set(existing) - {w.name for w in wanted}):
             self.api.delete_slice(name)
             self.writes += 1
         self._published = wanted
         log.info("dra.slices.published", generation=self.generation, slices=len(wanted))
         return True
+
+    def _dropped(self, name: str) -> None:
+        log.info("dra.slices.counters_dropped_on_write", slice=name, generation=self.generation)
+        if self.on_counters_dropped is not None:
+            self.on_counters_dropped()
+        else:
+            self.counters_dropped = True
 
 
 PROBE_INTERVAL_SECONDS = 600.0
@@ -115,6 +158,7 @@ class GateWatch:
         self.publisher = publisher
         self.clock = clock
         self._next = 0.0
+        publisher.on_counters_dropped = lambda: self._changed(True)
 
     def counters_dropped(self) -> bool:
         now = self.clock()

@@ -53,8 +53,10 @@ def gate_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]
         stop_control_plane(cp)
 
 
-def _plugin(root: Path, cp: ControlPlane, node: str) -> tuple[DraPlugin, NvmlSession]:
-    session = NvmlSession(SimulatedNvml(parse_spec("h200x2"), root / "sim.json"))
+def _plugin(
+    root: Path, cp: ControlPlane, node: str, gpus: str = "h200x2"
+) -> tuple[DraPlugin, NvmlSession]:
+    session = NvmlSession(SimulatedNvml(parse_spec(gpus), root / "sim.json"))
     base = Settings()
     dra = replace(
         base.dra,
@@ -95,8 +97,9 @@ def test_counters_dropped_only_devices_that_cannot_overlap(
     node = f"n-{uuid.uuid4().hex[:8]}"
     api = _api(gate_off)
     make_node(api, node)
-    plugin, session = _plugin(tmp_path, gate_off, node)
+    plugin, session = _plugin(tmp_path, gate_off, node, "h200x3")
     writer = MigWriter(session)
+    writer.set_mig_mode(2, True)  # MIG on, no slice: an empty slice (stored without `devices`)
     writer.set_mig_mode(1, True)
     gi = writer.create_gpu_instance(1, 9, Placement(4, 4))
     writer.create_compute_instance(1, gi, 3, 0, full=True)
@@ -111,6 +114,7 @@ def test_counters_dropped_only_devices_that_cannot_overlap(
     assert devices == {
         f"{node}-gpu-nodeagent-io-gpu-0": ["gpu-0"],
         f"{node}-gpu-nodeagent-io-gpu-1": ["gpu-1-mig-3g71gb-9-4"],
+        f"{node}-gpu-nodeagent-io-gpu-2": [],
     }
     assert not any("sharedCounters" in spec for spec in stored.values())
     assert len(_events(api, "DRAPartitionableDevicesOff")) == 1
@@ -118,7 +122,7 @@ def test_counters_dropped_only_devices_that_cannot_overlap(
     # Again, and after a restart: nothing written, the same generation, no second event.
     writes = plugin.publisher.writes
     assert plugin.publish(read_inventory(session)) is False
-    again, session2 = _plugin(tmp_path, gate_off, node)
+    again, session2 = _plugin(tmp_path, gate_off, node, "h200x3")
     assert again.publish(read_inventory(session2)) is False
     assert again.publisher.writes == 0 and again.publisher.generation == generation
     assert plugin.publisher.writes == writes
@@ -144,3 +148,23 @@ def test_a_restart_with_the_gate_on_writes_nothing(
     assert again.publisher.writes == 0 and again.publisher.generation == generation
     session.close()
     session2.close()
+
+
+def test_a_write_answer_without_counters_stops_before_any_device(
+    gate_off: ControlPlane, tmp_path: Path
+) -> None:
+    """The read-back of each write, without the probe (one that failed): the counters slice
+    goes first, comes back without its counters, and nothing more is written."""
+    from nodeagent.dra.devices import resource_slices
+    from nodeagent.kube.dra_slices import SlicePublisher
+
+    node = f"n-{uuid.uuid4().hex[:8]}"
+    make_node(_api(gate_off), node)
+    plugin, session = _plugin(tmp_path, gate_off, node)
+    publisher = SlicePublisher(plugin.api, DRIVER)
+    assert publisher.publish(resource_slices(read_inventory(session), node, DRIVER))
+    assert publisher.counters_dropped is True and publisher.writes == 1
+    stored = _stored(plugin)
+    assert list(stored) == [f"{node}-gpu-nodeagent-io-counters-0"]
+    assert not stored[f"{node}-gpu-nodeagent-io-counters-0"].get("devices")
+    session.close()
