@@ -47,7 +47,7 @@ from nodeagent.errors import (
 from nodeagent.files import atomic_write_text
 from nodeagent.logs import get_logger
 from nodeagent.mig.select import Desired
-from nodeagent.mig.wanted import MigEngine, WantedChange
+from nodeagent.mig.wanted import ChangeDone, MigEngine, WantedChange
 from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.settings import Limits, MpsSettings, validate
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
@@ -230,10 +230,7 @@ class NodeDriver:
         record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted))
         self._update(ref.uid, record)
         try:
-            done = self.engine.run_change(self._change(ref, wanted, deadline))
-            if self.stats is not None:
-                for op in done.operations:
-                    self.stats.observe_nvml(str(op["op"]), float(op["seconds"]))
+            done = self._run(self._change(ref, wanted, deadline))
             made = _made(done.inventory, wanted, ref)
             made = [self._start_mps(ref.uid, d, done.inventory) for d in made]
             ids = tuple(cdi.cdi_id(c.driver, ref.uid, d.device) for d in made)
@@ -293,6 +290,14 @@ class NodeDriver:
             self.owners.update(lambda o: o.with_claim(ref.uid, owner))
 
         return WantedChange(me, wants, ignore=me, record=record, deadline=deadline)
+
+    def _run(self, change: WantedChange) -> ChangeDone:
+        """The change through the engine; each NVML operation it made timed in the stats."""
+        done = self.engine.run_change(change)
+        if self.stats is not None:
+            for op in done.operations:
+                self.stats.observe_nvml(str(op["op"]), float(op["seconds"]))
+        return done
 
     def _gone(self, uid: str, claim: PreparedClaim) -> str | None:
         """What of a prepared claim is no longer there (None: all of it is)."""
@@ -401,10 +406,7 @@ class NodeDriver:
                 self.owners.update(lambda o: o.without(uid))
 
         change = WantedChange(me, wants, me, record, deadline, lock_when_idle=False)
-        done = self.engine.run_change(change)
-        if self.stats is not None:
-            for op in done.operations:
-                self.stats.observe_nvml(str(op["op"]), float(op["seconds"]))
+        self._run(change)
         spec = cdi.spec_file(c.cdi_dir, c.driver, uid)
         try:
             spec.unlink(missing_ok=True)
