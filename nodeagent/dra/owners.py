@@ -34,7 +34,7 @@ from nodeagent.dra import cdi
 from nodeagent.dra.checkpoint import load as load_checkpoint
 from nodeagent.dra.devices import parse_device_name
 from nodeagent.errors import AgentError, ConfigError
-from nodeagent.files import atomic_write_text
+from nodeagent.files import atomic_write_text, read_regular
 from nodeagent.logs import get_logger
 from nodeagent.nvml.inventory import Inventory
 from nodeagent.snapshot import Holder
@@ -293,14 +293,14 @@ def _cdi_specs(
             continue
         uid = name[len(prefix) : -len(".json")]
         try:
-            spec = json.loads((root / name).read_text())
+            spec = json.loads(_read(root / name, "a CDI spec") or "")
             envs = [
                 e
                 for dev in spec["devices"]
                 for e in dev["containerEdits"].get("env", [])
                 if isinstance(e, str) and e.startswith("NVIDIA_VISIBLE_DEVICES=")
             ]
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, ConfigError) as err:
             problems.append(f"CDI spec {root / name} is unreadable ({err})")
             continue
         for env in envs:
@@ -351,6 +351,18 @@ def _api_claims(
                 claims[uid] = replace(owner, namespace=claim.namespace, name=claim.name)
 
 
+MAX_FILE_BYTES = 4 << 20  # as every input file the agent reads
+
+
+def _read(path: Path, what: str) -> str | None:
+    """A record or trace file's text, None when absent: a regular file only, read without
+    blocking and bounded (a FIFO or a device there never hangs a reader). Raises ConfigError
+    for anything but a regular file, OSError when it cannot be read, UnicodeDecodeError
+    (a ValueError) for bytes that are not UTF-8."""
+    data = read_regular(path, what, MAX_FILE_BYTES)
+    return None if data is None else data.decode()
+
+
 class OwnerStore:
     """The record, read and written by every path. `path` None: kept in memory (an emulator
     in one process). Writers hold the MIG writer lock; reads may happen any time (a write is
@@ -377,11 +389,15 @@ class OwnerStore:
                     self._memory = self._rebuilt("there is none yet")
                 return self._memory
             try:
-                text = self.path.read_text()
-            except FileNotFoundError:
-                return self._rebuilt(f"{self.path} does not exist")
+                text = _read(self.path, "the ownership record")
             except OSError as err:
                 return self._rebuilt(f"cannot read {self.path}: {err.strerror}")
+            except ConfigError as err:  # not a regular file
+                return self._rebuilt(str(err))
+            except ValueError as err:  # not UTF-8
+                return self._rebuilt(f"{self.path} is not text: {err}")
+            if text is None:
+                return self._rebuilt(f"{self.path} does not exist")
             try:
                 return _parse(text, self.path)
             except ConfigError as err:
@@ -394,8 +410,9 @@ class OwnerStore:
         owners = self.read()
         if self.path is not None and owners.uncertain is None:
             try:
-                current = _parse(self.path.read_text(), self.path)
-            except (OSError, ConfigError):
+                text = _read(self.path, "the ownership record")
+                current = _parse(text, self.path) if text is not None else None
+            except (OSError, ValueError, ConfigError):
                 current = None
             if current != owners:
                 self.write(owners)

@@ -107,3 +107,15 @@ def test_a_record_in_memory_is_kept_between_reads() -> None:
     assert set(store.read().claims) == {"u"}
     store.update(lambda o: o.without("u"))
     assert store.read().claims == {}
+
+
+def test_a_fifo_as_record_or_trace_never_hangs_the_reader(tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "owners.json")
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    os.mkfifo(cdi / "k8s.gpu.nodeagent.io-claim_u1.json")
+    store = OwnerStore(tmp_path / "owners.json", evidence_of(DRIVER, (), (cdi,)))
+    owners = store.read()  # a blocking open of either FIFO would hang here
+    assert owners.uncertain is not None and "named pipe" in owners.uncertain
