@@ -5,27 +5,31 @@ and which devices are in use (a slice a pod was allocated counts as in use even 
 runs on it). Device ids are GPU or MIG UUIDs; shared devices (time-slicing, MPS) come as
 `<uuid>::<n>` replicas.
 
-The call goes through kube/grpcunary.py (HTTP/2 on h2) and the answer is read with
-kube/protowire.py, not grpcio and protobuf: together 15 MiB less RSS for the --kube agent.
-The fields read are those of v1's api.proto (kube/proto/podresources.proto):
-ListPodResourcesResponse.pod_resources = 1; PodResources.name = 1, .namespace = 2,
-.containers = 3; ContainerResources.name = 1, .devices = 2; ContainerDevices.resource_name = 1,
-.device_ids = 2. Others (cpu ids, topology, memory, dynamic resources) are skipped.
+The call is grpcio's, with the messages generated from the kubelet's v1 api.proto
+(kube/proto/podresources.proto, `make proto`), the same gRPC stack as the DRA plugin: one
+channel a call (the kubelet may restart between refreshes), answers up to gRPC's default
+4 MiB (a node's pods take a few KiB each).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
 
 from nodeagent.errors import KubeError
-from nodeagent.kube.grpcunary import CallError, unary_call
-from nodeagent.kube.protowire import WireError, strings_and_messages, text
+from nodeagent.kube.proto import podresources_pb2
 from nodeagent.snapshot import Holder, in_use_view
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-")
-LIST = "/v1.PodResourcesLister/List"
+LIST = "/v1.PodResourcesLister/List"  # the service and method of podresources.proto
+pb: Any = podresources_pb2  # generated: its message classes are made when it loads
+# No proxy for a unix socket (an http_proxy in the agent's environment must not apply), and
+# no retry of a call that failed: the next refresh asks again.
+CHANNEL_OPTIONS = (("grpc.enable_http_proxy", 0), ("grpc.enable_retries", 0))
 
 
 def pod_devices(socket: Path, timeout_seconds: float = 5.0) -> dict[str, Holder]:
@@ -39,64 +43,50 @@ def pod_devices(socket: Path, timeout_seconds: float = 5.0) -> dict[str, Holder]
     if not socket.exists():
         raise KubeError(f"kubelet pod-resources socket {socket} does not exist")
     try:
-        # ListPodResourcesRequest has no fields: its encoding is empty
-        return gpu_holders(unary_call(socket, LIST, b"", timeout_seconds))
-    except CallError as err:
-        raise KubeError(f"kubelet pod-resources List on {socket} failed: {err}") from err
-    except WireError as err:
+        with grpc.insecure_channel(f"unix://{socket}", options=CHANNEL_OPTIONS) as channel:
+            # The answer comes as bytes and is parsed here: a malformed one is then this
+            # module's sentence, not grpcio's "Exception deserializing response!" logged with
+            # a traceback.
+            reply = channel.unary_unary(
+                LIST, request_serializer=pb.ListPodResourcesRequest.SerializeToString
+            )(pb.ListPodResourcesRequest(), timeout=timeout_seconds)
+    except grpc.RpcError as err:
         raise KubeError(
-            f"kubelet pod-resources List on {socket} failed: the answer is not a"
+            f"kubelet pod-resources List on {socket} failed: {_status(err, timeout_seconds)}"
+        ) from err
+    try:
+        if not isinstance(reply, bytes):  # grpcio's answer to a cut-off message frame
+            raise DecodeError("no whole message came")
+        return gpu_holders(pb.ListPodResourcesResponse.FromString(reply))
+    except (DecodeError, UnicodeDecodeError) as err:
+        raise KubeError(
+            f"kubelet pod-resources List on {socket} failed: INTERNAL the answer is not a"
             f" ListPodResourcesResponse: {err}"
         ) from err
 
 
-def gpu_holders(reply: bytes) -> dict[str, Holder]:
-    """{device id: the container holding it} for every NVIDIA device in an encoded
-    ListPodResourcesResponse, in its order; a device id listed twice keeps its first holder.
-    Raises WireError when `reply` is not a well-formed message."""
+def _status(err: grpc.RpcError, timeout_seconds: float) -> str:
+    """'CODE details' of a failed call, as grpcio reports it."""
+    code = err.code() if isinstance(err, grpc.Call) else None
+    details = (err.details() if isinstance(err, grpc.Call) else None) or ""
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        details = f"no answer within {timeout_seconds:g} s"
+    name = code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
+    return f"{name} {details}".strip()
+
+
+def gpu_holders(reply: Any) -> dict[str, Holder]:
+    """{device id: the container holding it} for every NVIDIA device in a List answer, in its
+    order; a device id listed twice keeps its first holder."""
     held: dict[str, Holder] = {}
-    for holder, device_id in _gpu_devices(reply):
-        held.setdefault(device_id, holder)
+    for pod in reply.pod_resources:
+        for container in pod.containers:
+            holder = Holder(pod.namespace, pod.name, container.name)
+            for devices in container.devices:
+                if devices.resource_name.startswith(GPU_RESOURCES):
+                    for device_id in devices.device_ids:
+                        held.setdefault(device_id, holder)
     return held
-
-
-def _gpu_devices(reply: bytes) -> Iterator[tuple[Holder, str]]:
-    """(holder, device id) for each NVIDIA device in an encoded ListPodResourcesResponse."""
-    for number, pod in strings_and_messages(reply):
-        if number != 1:
-            continue
-        name = namespace = ""
-        containers: list[bytes] = []
-        for field, value in strings_and_messages(pod):
-            if field == 1:
-                name = text(value)
-            elif field == 2:
-                namespace = text(value)
-            elif field == 3:
-                containers.append(value)
-        for container in containers:
-            yield from _container_devices(namespace, name, container)
-
-
-def _container_devices(namespace: str, pod: str, data: bytes) -> Iterator[tuple[Holder, str]]:
-    name = ""
-    groups: list[tuple[str, list[str]]] = []
-    for field, value in strings_and_messages(data):
-        if field == 1:
-            name = text(value)
-        elif field == 2:
-            resource, ids = "", []
-            for device_field, item in strings_and_messages(value):
-                if device_field == 1:
-                    resource = text(item)
-                elif device_field == 2:
-                    ids.append(text(item))
-            groups.append((resource, ids))
-    holder = Holder(namespace, pod, name)
-    for resource, ids in groups:
-        if resource.startswith(GPU_RESOURCES):
-            for device_id in ids:
-                yield holder, device_id
 
 
 def allocated_devices(socket: Path, timeout_seconds: float = 5.0) -> dict[str, str]:
