@@ -95,7 +95,7 @@ gpu: $(STAMP)
 	$(BIN)/python -m pytest -m gpu tests/gpu
 
 # Regenerate the kubelet stubs (pod-resources; DRA v1, v1beta1 and plugin registration) from
-# nodeagent/kube/proto/*.proto.
+# nodeagent/kubelet/proto/*.proto.
 # With a pinned old grpcio-tools (protoc 25: protobuf 4.25 gencode), in a throwaway venv: its
 # stubs carry no grpcio/protobuf version check, so they load on every grpcio and protobuf that
 # pyproject.toml allows (checked up to grpcio 1.85, protobuf 7.36). Newer grpcio-tools write
@@ -107,8 +107,8 @@ proto:
 	$(PYTHON) -m venv "$$tmp/venv" && \
 	"$$tmp/venv/bin/python" -m pip install --quiet '$(PROTO_TOOLS)' && \
 	"$$tmp/venv/bin/python" -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \
-	  nodeagent/kube/proto/podresources.proto nodeagent/kube/proto/dra_v1.proto \
-	  nodeagent/kube/proto/dra_v1beta1.proto nodeagent/kube/proto/pluginregistration.proto
+	  nodeagent/kubelet/proto/podresources.proto nodeagent/kubelet/proto/dra_v1.proto \
+	  nodeagent/kubelet/proto/dra_v1beta1.proto nodeagent/kubelet/proto/pluginregistration.proto
 
 clean:
 	rm -rf $(VENV) .run .site .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -45,11 +45,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from nodeagent.agent.factory import dra_driver  # noqa: E402
 from nodeagent.dra.claims import ClaimRef  # noqa: E402
 from nodeagent.dra.node import NodeConfig, NodeDriver  # noqa: E402
 from nodeagent.mig.wanted import ChangeDone, WantedChange  # noqa: E402
 from nodeagent.nvml import MigWriter, NvmlSession  # noqa: E402
-from nodeagent.reconcile.factory import dra_driver  # noqa: E402
 from nodeagent.settings import Settings  # noqa: E402
 from nodeagent.sim.latency import PROFILES, parse_latency  # noqa: E402
 

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.errors import ConfigError
+from nodeagent.base.errors import ConfigError
 from nodeagent.mig.generate import balanced
 from nodeagent.mig.geometry import Geometry
 from nodeagent.nvml import NvmlSession, read_inventory

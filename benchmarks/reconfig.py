@@ -13,8 +13,8 @@ import sys
 import time
 from itertools import product
 
-from nodeagent.errors import SliceInUse
-from nodeagent.logs import configure_logging
+from nodeagent.base.errors import SliceInUse
+from nodeagent.base.logs import configure_logging
 from nodeagent.mig import geometry
 from nodeagent.mig.apply import execute
 from nodeagent.mig.config import dump_config, parse_config

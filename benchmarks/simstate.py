@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nodeagent.logs import configure_logging
+from nodeagent.base.logs import configure_logging
 from nodeagent.mig.apply import reconfigure
 from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs

@@ -8,10 +8,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from nodeagent.agent import Agent
+from nodeagent.agent.service import Agent
 from nodeagent.nvml import NvmlSession
 from nodeagent.settings import Settings
-from nodeagent.snapshot import Allocations
+from nodeagent.state.snapshot import Allocations
 
 
 def make_settings(base: Settings | None = None, **groups: Mapping[str, Any]) -> Settings:

@@ -20,7 +20,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from nodeagent.logs import configure_logging
+from nodeagent.base.logs import configure_logging
 from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.session import _sessions as session_registry
 from nodeagent.sim import SimulatedNvml, parse_spec

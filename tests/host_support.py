@@ -1,4 +1,4 @@
-"""Fake host commands for the host duties' tests (nodeagent.hostduties): a script that records
+"""Fake host commands for the host duties' tests (nodeagent.host.duties): a script that records
 the argv it was run with, one line per run, and exits as told."""
 
 from __future__ import annotations

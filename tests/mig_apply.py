@@ -9,14 +9,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.configfile import ConfigCache
+from nodeagent.agent.factory import command_pipeline
+from nodeagent.base.configfile import ConfigCache
 from nodeagent.mig.apply import Reset
 from nodeagent.mig.config import MigConfigFile
 from nodeagent.mig.select import Desired, resolve
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
-from nodeagent.reconcile import command_pipeline
 from nodeagent.settings import Settings
-from nodeagent.snapshot import Holder
+from nodeagent.state.snapshot import Holder
 
 
 @dataclass(frozen=True)

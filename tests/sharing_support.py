@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from nodeagent.agent import Agent
+from nodeagent.agent.service import Agent
 from nodeagent.mps.control import MpsControl
 from nodeagent.mps.layout import DEVICE_PLUGIN, FLAT, is_mounted, paths
 from nodeagent.nvml import NvmlSession

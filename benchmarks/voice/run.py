@@ -569,7 +569,7 @@ def interrupt(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit 0 with the report written; 1 (one sentence) when NVML or MPS fails; 2 bad options."""
-    from nodeagent.errors import AgentError
+    from nodeagent.base.errors import AgentError
 
     try:
         return run_study(options(argv))

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from nodeagent import __version__
+from nodeagent.base.errors import AgentError
+from nodeagent.base.logs import configure_logging, printable
 from nodeagent.cli.common import Context, add_setting_flags, output_flag
 from nodeagent.cli.mig import add_mig_parser
 from nodeagent.cli.migparted import read_mig_parted_variables
@@ -27,8 +29,6 @@ from nodeagent.cli.status import (
     cmd_sim_reset,
     cmd_status,
 )
-from nodeagent.errors import AgentError
-from nodeagent.logs import configure_logging, printable
 
 INTERNAL_ERROR = 4
 

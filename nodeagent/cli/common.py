@@ -9,8 +9,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.errors import ConfigError, NvmlError
-from nodeagent.logs import get_logger
+from nodeagent.base.errors import ConfigError, NvmlError
+from nodeagent.base.logs import get_logger
 from nodeagent.settings import GROUPS, SPECS, Settings, Source, load
 
 MIB = 1024 * 1024

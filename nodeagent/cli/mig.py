@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nodeagent.base.errors import AgentError, ConfigError
+from nodeagent.base.lock import lock_path
 from nodeagent.cli.common import (
     Context,
     add_setting_flags,
@@ -16,14 +18,12 @@ from nodeagent.cli.common import (
     print_json,
     reset_for,
 )
-from nodeagent.errors import AgentError, ConfigError
-from nodeagent.hooks import apply_switches
-from nodeagent.lock import lock_path
+from nodeagent.host.hooks import apply_switches
 from nodeagent.mig.profile import profile_or_none
 from nodeagent.nvml import read_inventory
 
 if TYPE_CHECKING:
-    from nodeagent.configfile import ConfigCache
+    from nodeagent.base.configfile import ConfigCache
     from nodeagent.mig.config import MigConfigFile
     from nodeagent.reconcile import Pipeline, Report
 
@@ -82,8 +82,9 @@ def _pipeline(ctx: Context, progress: bool = False) -> tuple[Pipeline, str]:
     """The command's pipeline for the MIG config of -f/-c, and that config's name (-c, or
     the one config of a file that holds one, as mig-parted). With --mode-only the config is
     read as mig-parted's --mode-only reads it; with --skip-reset no GPU is reset."""
-    from nodeagent.configfile import ConfigCache
-    from nodeagent.reconcile import command_pipeline, mig_config_cache
+    from nodeagent.agent.factory import command_pipeline
+    from nodeagent.base.configfile import ConfigCache
+    from nodeagent.reconcile import mig_config_cache
 
     settings = ctx.settings
     node = settings.node
@@ -203,7 +204,7 @@ def _write(ctx: Context, configs: dict[str, list[dict[str, Any]]], target: str |
 
         text = json.dumps({"version": "v1", "mig-configs": configs}, indent=2) + "\n"
     if target:
-        from nodeagent.files import atomic_write_text, os_refusal
+        from nodeagent.base.files import atomic_write_text, os_refusal
 
         try:
             atomic_write_text(Path(target), text, what="output file")

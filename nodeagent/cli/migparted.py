@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from nodeagent import __version__
+from nodeagent.base.errors import ConfigError, ResetLeftToUser
 from nodeagent.cli.common import Context, add_setting_flags
 from nodeagent.cli.mig import add_mig_commands
-from nodeagent.errors import ConfigError, ResetLeftToUser
 
 if TYPE_CHECKING:
     from nodeagent.mig.config import MigConfigFile

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from nodeagent.base.errors import ConfigError, NothingMatched
 from nodeagent.cli.common import Context, print_json
-from nodeagent.errors import ConfigError, NothingMatched
 from nodeagent.mps.intent import mps_daemon_settings
 from nodeagent.nvml import read_inventory
 

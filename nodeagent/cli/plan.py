@@ -17,8 +17,8 @@ import sys
 import time
 from typing import Any
 
+from nodeagent.base.errors import ConfigError
 from nodeagent.cli.common import Context, print_json
-from nodeagent.errors import ConfigError
 
 DEFAULT_NAME = "planned"
 

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from nodeagent.base.errors import AgentError, NvmlError
+from nodeagent.base.lock import lock_path
 from nodeagent.cli.common import (
     Context,
     add_setting_flags,
@@ -24,12 +26,10 @@ from nodeagent.cli.common import (
 from nodeagent.cli.mps import cmd_mps
 from nodeagent.cli.sharing import SHARING_FLAG_NAMES
 from nodeagent.cli.signals import Reloader, Signals
-from nodeagent.errors import AgentError, NvmlError
+from nodeagent.host.sdnotify import Notifier
 from nodeagent.labels.machine import gfd_options
 from nodeagent.labels.render import render_labels, slice_usage
-from nodeagent.lock import lock_path
 from nodeagent.nvml import read_inventory
-from nodeagent.sdnotify import Notifier
 from nodeagent.settings import GROUPS, SETTINGS_FILE_ENV, SPECS, as_document
 
 SLICES_ANNOTATION = "nodeagent.io/mig.slices"
@@ -69,7 +69,7 @@ def cmd_labels(ctx: Context) -> int:
 
 
 def _agent(ctx: Context) -> Any:
-    from nodeagent.agent import Agent
+    from nodeagent.agent.service import Agent
 
     node = ctx.settings.node
     return Agent(

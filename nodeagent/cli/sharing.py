@@ -7,10 +7,10 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
+from nodeagent.base.errors import AgentError, ConfigError
+from nodeagent.base.lock import lock_path
 from nodeagent.cli.common import Context, add_setting_flags, output_flag, print_json, reset_for
 from nodeagent.cli.mig import failed
-from nodeagent.errors import AgentError, ConfigError
-from nodeagent.lock import lock_path
 
 if TYPE_CHECKING:
     from nodeagent.reconcile import Pipeline, Report
@@ -24,7 +24,7 @@ GROUPS = ("node", "mig", "mps", "sharing")
 
 
 def _pipeline(ctx: Context) -> Pipeline:
-    from nodeagent.reconcile import command_pipeline
+    from nodeagent.agent.factory import command_pipeline
 
     settings = ctx.settings
     if not settings.sharing.config:

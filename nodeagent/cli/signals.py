@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from nodeagent.base.errors import AgentError
+from nodeagent.base.logs import configure_logging
 from nodeagent.cli.common import Context
-from nodeagent.errors import AgentError
-from nodeagent.logs import configure_logging
-from nodeagent.sdnotify import Notifier
+from nodeagent.host.sdnotify import Notifier
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -6,14 +6,14 @@ import argparse
 import sys
 from typing import Any
 
+from nodeagent.base.errors import ConfigError
 from nodeagent.cli.common import (
     MIB,
     Context,
     print_json,
 )
-from nodeagent.errors import ConfigError
+from nodeagent.cli.render import render_inventory
 from nodeagent.nvml import Inventory, read_inventory
-from nodeagent.render import render_inventory
 
 
 def current_sharing(inventory: Inventory) -> dict[int, str]:

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from nodeagent.errors import ConfigError
-from nodeagent.files import atomic_write_text
+from nodeagent.base.errors import ConfigError
+from nodeagent.base.files import atomic_write_text
 
 VERSION = 1
 PREPARING = "preparing"

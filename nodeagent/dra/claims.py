@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nodeagent.base.errors import ConfigError
 from nodeagent.dra.devices import DeviceRef, parse_device_name
-from nodeagent.errors import ConfigError
 
 CONFIG_API_VERSION = "gpu.nodeagent.io/v1"
 MPS_KIND = "MpsConfig"

@@ -5,7 +5,7 @@ wants of the GPUs (nodeagent.dra.wanted -> nodeagent.mig.wanted.WantedChange), a
 plans, applies and verifies it under the node-wide MIG writer lock, with the hooks, step
 metrics and logs of every MIG change (nodeagent.reconcile.edge). Under that lock, before the
 first NVML operation, the claim's devices go into the node's ownership record
-(nodeagent.dra.owners), which every path reads before it destroys a slice.
+(nodeagent.state.owners), which every path reads before it destroys a slice.
 
 `prepare` is idempotent and converges after a crash at any step: the claim and what it will
 create go into the checkpoint before the first mutation; a retry plans again from what NVML
@@ -28,12 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from nodeagent.dra import cdi
-from nodeagent.dra.checkpoint import PREPARED, PREPARING, PreparedClaim, PreparedDevice, load, save
-from nodeagent.dra.claims import ClaimRef, claimed_devices
-from nodeagent.dra.owners import ClaimOwner, Held, Owners, OwnerStore
-from nodeagent.dra.wanted import intents, prepare_wants, release_wants, slice_at
-from nodeagent.errors import (
+from nodeagent.base.errors import (
     AgentError,
     ConfigError,
     GeometryInvalid,
@@ -44,13 +39,18 @@ from nodeagent.errors import (
     NvmlError,
     SliceInUse,
 )
-from nodeagent.files import atomic_write_text
-from nodeagent.logs import get_logger
+from nodeagent.base.files import atomic_write_text
+from nodeagent.base.logs import get_logger
+from nodeagent.dra import cdi
+from nodeagent.dra.checkpoint import PREPARED, PREPARING, PreparedClaim, PreparedDevice, load, save
+from nodeagent.dra.claims import ClaimRef, claimed_devices
+from nodeagent.dra.wanted import intents, prepare_wants, release_wants, slice_at
 from nodeagent.mig.select import Desired
 from nodeagent.mig.wanted import ChangeDone, MigEngine, WantedChange
 from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.settings import Limits, MpsSettings, validate
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
+from nodeagent.state.owners import ClaimOwner, Held, Owners, OwnerStore
 
 log = get_logger("nodeagent.dra")
 CHECKPOINT_NAME = "checkpoint.json"

@@ -17,9 +17,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import replace
 from itertools import combinations
 
+from nodeagent.base.errors import ConfigError, SliceInUse
 from nodeagent.dra.checkpoint import PreparedDevice
 from nodeagent.dra.claims import ClaimedDevice
-from nodeagent.errors import ConfigError, SliceInUse
 from nodeagent.mig.compute import Shape
 from nodeagent.mig.geometry import Geometry, Instance
 from nodeagent.mig.select import Desired

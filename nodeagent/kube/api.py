@@ -32,10 +32,10 @@ from tenacity import (
     wait_exponential,
 )
 
-from nodeagent.errors import KubeError
+from nodeagent.base.errors import KubeError
+from nodeagent.base.logs import get_logger
 from nodeagent.kube.kubeconfig import configure, configure_in_cluster
 from nodeagent.kube.transport import ApiException, Configuration, Transport, json_lines
-from nodeagent.logs import get_logger
 
 log = get_logger("nodeagent.kube")
 T = TypeVar("T")

@@ -24,9 +24,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodeagent.errors import AgentError, KubeError
+from nodeagent.base.errors import AgentError, KubeError
+from nodeagent.base.logs import get_logger
 from nodeagent.kube.api import NodeApi
-from nodeagent.logs import get_logger
 
 log = get_logger("nodeagent.kube")
 DEPLOY_LABEL = "nvidia.com/gpu.deploy."

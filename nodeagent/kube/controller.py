@@ -28,14 +28,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.errors import KubeError
+from nodeagent.base.errors import KubeError
+from nodeagent.base.logs import get_logger
 from nodeagent.kube.api import NodeApi, WatchExpired
 from nodeagent.kube.nodelabels import ANNOTATION_PREFIX, label_patch
 from nodeagent.labels.render import slice_usage
-from nodeagent.logs import get_logger
 from nodeagent.reconcile import Report, Wanted
 from nodeagent.settings import Settings
-from nodeagent.snapshot import Snapshot
+from nodeagent.state.snapshot import Snapshot
 
 log = get_logger("nodeagent.kube")
 MIG_CONFIG = "nvidia.com/mig.config"

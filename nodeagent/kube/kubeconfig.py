@@ -26,9 +26,9 @@ from typing import Any
 
 import yaml
 
-from nodeagent.configfile import read_bytes
-from nodeagent.errors import ConfigError, KubeError
-from nodeagent.logs import get_logger
+from nodeagent.base.configfile import read_bytes
+from nodeagent.base.errors import ConfigError, KubeError
+from nodeagent.base.logs import get_logger
 
 log = get_logger("nodeagent.kube")
 REFRESH_MARGIN_SECONDS = 60.0  # a token is fetched again this long before it expires

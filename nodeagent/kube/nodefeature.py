@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.errors import KubeError
+from nodeagent.base.errors import KubeError
+from nodeagent.base.logs import get_logger
 from nodeagent.kube.api import CustomRef, NodeApi
-from nodeagent.logs import get_logger
-from nodeagent.snapshot import Snapshot
+from nodeagent.state.snapshot import Snapshot
 
 log = get_logger("nodeagent.kube")
 GROUP = "nfd.k8s-sigs.io"

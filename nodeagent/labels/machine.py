@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nodeagent.configfile import UnreadableFile, read_bytes
-from nodeagent.errors import ConfigError
+from nodeagent.base.configfile import UnreadableFile, read_bytes
+from nodeagent.base.errors import ConfigError
+from nodeagent.base.logs import get_logger
 from nodeagent.labels.gfd import GfdOptions
-from nodeagent.logs import get_logger
 from nodeagent.settings import Labels
 
 log = get_logger("nodeagent.labels")
@@ -17,7 +17,7 @@ def read_machine_type(path: Path) -> str | None:
     """The machine-type file's content (GFD's --machine-type-file; the DMI product name by
     default), or None where it cannot be read: gpu.machine is then `unknown`, as in GFD. A
     path that is no regular file (a FIFO a publish would block on, /dev/zero, a folder) or is
-    larger than nodeagent.configfile.MAX_FILE_BYTES is never read: a warning, and `unknown`."""
+    larger than nodeagent.base.configfile.MAX_FILE_BYTES is never read: a warning, and `unknown`."""
     try:
         return read_bytes(str(path), "machine-type file").decode("utf-8", "replace")
     except UnreadableFile as err:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nodeagent.files import os_refusal, write_if_changed
+from nodeagent.base.files import os_refusal, write_if_changed
 
 DEFAULT_FEATURES_FILE = Path("/etc/kubernetes/node-feature-discovery/features.d/nodeagent")
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from nodeagent.configfile import ConfigCache, Errors, compose, kind, mapping, read_text, scalar
-from nodeagent.errors import ConfigError
+from nodeagent.base.configfile import ConfigCache, Errors, compose, kind, mapping, read_text, scalar
+from nodeagent.base.errors import ConfigError
 from nodeagent.labels.gfd import STRATEGIES
 from nodeagent.labels.replication import ResourceSharing
 from nodeagent.settings import Labels
@@ -141,7 +141,7 @@ def parse_plugin_config(text: str, source: str) -> PluginConfig:
 
 
 def load_plugin_config(path: str | None) -> PluginConfig:
-    """Read and parse the plugin config at `path` (bounded: nodeagent.configfile)."""
+    """Read and parse the plugin config at `path` (bounded: nodeagent.base.configfile)."""
     if not path:
         return EMPTY
     if os.path.realpath(path) == os.devnull:  # config-manager's empty config: a link to it

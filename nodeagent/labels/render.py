@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nodeagent.errors import ConfigError
+from nodeagent.base.errors import ConfigError
 from nodeagent.labels.gfd import GfdOptions, gfd_labels
 from nodeagent.labels.pluginconfig import PluginConfig
 from nodeagent.labels.replication import Replication, ResourceSharing

@@ -17,7 +17,7 @@ from prometheus_client.core import (
 )
 
 from nodeagent import __version__
-from nodeagent.snapshot import Store
+from nodeagent.state.snapshot import Store
 
 BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 STEP_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0)

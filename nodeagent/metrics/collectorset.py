@@ -10,7 +10,7 @@ from typing import Protocol
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from nodeagent.logs import get_logger
+from nodeagent.base.logs import get_logger
 
 log = get_logger("nodeagent.metrics")
 

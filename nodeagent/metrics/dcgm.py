@@ -20,7 +20,7 @@ from importlib import resources
 
 from nodeagent.metrics.dcgmfields import COUNTERS, VALUES, Entity
 from nodeagent.metrics.pods import attribute
-from nodeagent.snapshot import Holders, Inventory, Store
+from nodeagent.state.snapshot import Holders, Inventory, Store
 
 UNKNOWN_XID = "Unknown Error"  # dcgm-exporter's err_msg for a code outside its table
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nodeagent.snapshot import DeviceFields, Health
+from nodeagent.state.snapshot import DeviceFields, Health
 
 MIB = 1024 * 1024
 

@@ -91,7 +91,7 @@ class DraStats:
 
 
 class Publisher(Protocol):
-    """What the ResourceSlice publisher tells (nodeagent.kube.dra_slices.SlicePublisher)."""
+    """What the ResourceSlice publisher tells (nodeagent.dra.slices.SlicePublisher)."""
 
     writes: int
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from nodeagent.logs import get_logger
+from nodeagent.base.logs import get_logger
 
 log = get_logger("nodeagent.metrics")
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from nodeagent.snapshot import FieldValues, Store
+from nodeagent.state.snapshot import FieldValues, Store
 
 
 class FieldCollector:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from nodeagent.snapshot import Store
+from nodeagent.state.snapshot import Store
 
 GPM_HELP = {
     "graphics_active": "Share of time the graphics engine was busy (GPM GRAPHICS_UTIL).",

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from nodeagent.snapshot import THROTTLE_REASONS, Health, HealthValues
+from nodeagent.state.snapshot import THROTTLE_REASONS, Health, HealthValues
 
 # XIDs that NVIDIA's XID catalogue says need a GPU reset or a node reboot (48 double-bit ECC,
 # 63/64 row remapping, 74 NVLink, 79 fell off the bus, 94/95 contained/uncontained ECC, 119/120

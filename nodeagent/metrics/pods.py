@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from nodeagent.snapshot import Holder, Holders, Inventory, Store
+from nodeagent.state.snapshot import Holder, Holders, Inventory, Store
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from nodeagent.errors import ConfigError
-from nodeagent.logs import get_logger
+from nodeagent.base.errors import ConfigError
+from nodeagent.base.logs import get_logger
 from nodeagent.metrics.quick import (
     Check,
     Endpoints,

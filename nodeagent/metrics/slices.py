@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from nodeagent.metrics.gpus import GPM_HELP
-from nodeagent.snapshot import Store
+from nodeagent.state.snapshot import Store
 
 KEYS = ["gpu", "gi_id", "ci_id"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from nodeagent.metrics.pods import attribute
-from nodeagent.snapshot import Holder, ProcessUtilization, Snapshot, Store
+from nodeagent.state.snapshot import Holder, ProcessUtilization, Snapshot, Store
 
 ENGINES = {
     "sm": "Share of the driver's sample period the process kept SMs busy",

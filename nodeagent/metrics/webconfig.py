@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from nodeagent.configfile import Errors, check_tags, compose, kind, mapping, read_text, scalar
+from nodeagent.base.configfile import Errors, check_tags, compose, kind, mapping, read_text, scalar
 
 TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,

@@ -14,14 +14,14 @@ import subprocess
 from collections.abc import Callable
 from typing import Any
 
-from nodeagent.errors import (
+from nodeagent.base.errors import (
     ModeChangePending,
     NvmlError,
     RebootRequired,
     ResetLeftToUser,
     SliceInUse,
 )
-from nodeagent.logs import get_logger
+from nodeagent.base.logs import get_logger
 from nodeagent.mig.plan import Operation, Plan
 from nodeagent.mig.profile import profile_or_none
 from nodeagent.nvml import MigWriter, Placement

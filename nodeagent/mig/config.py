@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
-from nodeagent.configfile import (
+from nodeagent.base.configfile import (
     Errors,
     Mark,
     check_tags,
@@ -31,7 +31,7 @@ from nodeagent.configfile import (
     read_text,
     scalar,
 )
-from nodeagent.errors import ConfigError
+from nodeagent.base.errors import ConfigError
 from nodeagent.mig.profile import ProfileFormatError, ProfileName, parse_profile
 
 PCI_ID_RE = re.compile(r"^0x([0-9a-fA-F]{1,8})(?::0x([0-9a-fA-F]{1,8}))?$")
@@ -113,7 +113,7 @@ def parse_config(text: str, source: str) -> MigConfigFile:
 
 def load_config(path: str | None) -> MigConfigFile:
     """Read and parse a v1 config file (`-` reads stdin). Raises ConfigError (no path, a file
-    that cannot be read (nodeagent.configfile), or every problem in it)."""
+    that cannot be read (nodeagent.base.configfile), or every problem in it)."""
     if not path:
         raise ConfigError("no MIG config file: pass -f FILE or set NODEAGENT_MIG_CONFIG_FILE")
     return parse_config(read_text(path, "MIG config file"), "<stdin>" if path == "-" else path)

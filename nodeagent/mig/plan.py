@@ -18,7 +18,7 @@ from functools import cache
 from itertools import product
 from typing import Any
 
-from nodeagent.errors import GeometryInvalid, SliceInUse
+from nodeagent.base.errors import GeometryInvalid, SliceInUse
 from nodeagent.mig import compute
 from nodeagent.mig.compute import CiPlacement, Shape
 from nodeagent.mig.geometry import Geometry, Instance, Layout

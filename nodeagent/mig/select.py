@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nodeagent.configfile import config_error
-from nodeagent.errors import ConfigError, NothingMatched
-from nodeagent.logs import get_logger, listing
+from nodeagent.base.configfile import config_error
+from nodeagent.base.errors import ConfigError, NothingMatched
+from nodeagent.base.logs import get_logger, listing
 from nodeagent.mig import compute
 from nodeagent.mig.compute import Shape
 from nodeagent.mig.config import Entry, MigConfigFile, ProfileCount

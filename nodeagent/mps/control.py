@@ -12,9 +12,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.errors import MpsError
-from nodeagent.files import read_regular
-from nodeagent.logs import get_logger
+from nodeagent.base.errors import MpsError
+from nodeagent.base.files import read_regular
+from nodeagent.base.logs import get_logger
 
 NO_DAEMON = "Cannot find MPS control daemon process"
 ALREADY_RUNNING = "An instance of this daemon is already running"

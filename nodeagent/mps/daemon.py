@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from nodeagent.errors import AgentError, MpsError
-from nodeagent.files import atomic_write_text, remove_regular
-from nodeagent.logs import get_logger
+from nodeagent.base.errors import AgentError, MpsError
+from nodeagent.base.files import atomic_write_text, remove_regular
+from nodeagent.base.logs import get_logger
 from nodeagent.mps.control import MpsControl, parent_pid, process_alive
 from nodeagent.mps.settings import Limits, MpsSettings, mps_size, parse_size
 

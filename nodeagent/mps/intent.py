@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
-from nodeagent.errors import ConfigError
+from nodeagent.base.errors import ConfigError
 from nodeagent.mps.layout import DEFAULT_RESOURCE, paths, read_plugin_config
 from nodeagent.mps.manager import MpsChange, MpsIntent
 from nodeagent.mps.settings import MpsSettings, parse_pinned, validate

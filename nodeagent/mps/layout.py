@@ -25,9 +25,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.configfile import read_bytes
-from nodeagent.errors import ConfigError, MpsError
-from nodeagent.files import chmod_folder
+from nodeagent.base.configfile import read_bytes
+from nodeagent.base.errors import ConfigError, MpsError
+from nodeagent.base.files import chmod_folder
 from nodeagent.mps.settings import MAX_PLUGIN_REPLICAS
 
 RESOURCE_NAME = re.compile(  # a DNS subdomain, '/', a label name (no '..', no absolute path)

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.errors import MpsError
-from nodeagent.logs import get_logger
+from nodeagent.base.errors import MpsError
+from nodeagent.base.logs import get_logger
 from nodeagent.mps.daemon import ComputeModes, MpsDaemon, MpsStatus
 from nodeagent.mps.layout import (
     DEVICE_PLUGIN,

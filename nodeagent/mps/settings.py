@@ -6,9 +6,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodeagent.errors import ConfigError
+from nodeagent.base.errors import ConfigError
+from nodeagent.base.units import parse_size as parse_size
 from nodeagent.nvml.inventory import Inventory
-from nodeagent.units import parse_size as parse_size
 
 DEFAULT_ROOT = Path("/run/nvidia/mps")
 MAX_PIPE_DIR_BYTES = 96  # + "/" + socket names within a 108-byte sun_path

@@ -4,7 +4,7 @@ agent's mps-probe worker backs off (doubling, capped) before the next check."""
 
 from __future__ import annotations
 
-from nodeagent.logs import get_logger
+from nodeagent.base.logs import get_logger
 from nodeagent.mps.daemon import MpsDaemon
 
 log = get_logger("nodeagent.mps")

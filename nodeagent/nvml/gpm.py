@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nodeagent.errors import NvmlError
+from nodeagent.base.errors import NvmlError
 from nodeagent.nvml.session import NvmlSession, gpu_handle
 
 # NVML_GPM_METRIC_* ids, by the name nodeagent exposes (as ratios 0-1).

@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodeagent.errors import NvmlError
-from nodeagent.logs import get_logger
+from nodeagent.base.errors import NvmlError
+from nodeagent.base.logs import get_logger
 from nodeagent.nvml.session import (
     INVALID_ARGUMENT,
     NOT_FOUND,

@@ -8,7 +8,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from nodeagent.errors import NvmlError
+from nodeagent.base.errors import NvmlError
 
 # NVML's own nvmlErrorString texts for the codes pynvml cannot name without the library.
 _MESSAGES = {

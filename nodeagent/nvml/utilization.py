@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.errors import NvmlError
+from nodeagent.base.errors import NvmlError
 from nodeagent.nvml.session import NOT_FOUND, NOT_SUPPORTED, NvmlSession, gpu_handle
 
 _FUNCTION_NOT_FOUND = 13  # a driver older than the call

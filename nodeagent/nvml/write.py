@@ -9,7 +9,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.errors import NvmlError
+from nodeagent.base.errors import NvmlError
 from nodeagent.nvml.inventory import Placement
 from nodeagent.nvml.session import INVALID_ARGUMENT, NOT_SUPPORTED, NvmlSession, message_for
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nodeagent.configfile import ConfigCache
-from nodeagent.errors import AgentError
-from nodeagent.files import write_if_changed
-from nodeagent.logs import get_logger
+from nodeagent.base.configfile import ConfigCache
+from nodeagent.base.errors import AgentError
+from nodeagent.base.files import write_if_changed
+from nodeagent.base.logs import get_logger
 from nodeagent.nvml.inventory import Inventory
 from nodeagent.plan.planner import plan_node
 from nodeagent.plan.render import render_yaml

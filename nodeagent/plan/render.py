@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from nodeagent.logs import printable
+from nodeagent.base.logs import printable
 from nodeagent.nvml.inventory import Gpu
 from nodeagent.plan.planner import NodePlan
 from nodeagent.plan.workloads import Workload

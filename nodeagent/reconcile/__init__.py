@@ -17,7 +17,7 @@
              daemon
     verify   read again; the GPUs must match the config, the MPS limits must read back
     cdi      after a MIG change, with mig.cdi-refresh: the CDI refresh commands
-             (nodeagent.hostduties), before the clients are back and the state says success
+             (nodeagent.host.duties), before the clients are back and the state says success
     restore  the apply-exit hook, then GPU clients back (always, whatever failed after the
              apply-start hook ran or the clients were paused)
     publish  labels to every sink (the device plugin's config is one), all from the one
@@ -30,7 +30,7 @@
 Nothing changes before resolve and plan succeeded for the whole node. Every failure is
 reported as `<step>: <reason>` (`resolve: mig.yaml: no config named 'x'`), and each step's
 duration is a sample of `nodeagent_reconcile_step_duration_seconds{step}`. Collaborators come
-in through the constructor (nodeagent.reconcile.factory builds the agent's and a command's),
+in through the constructor (nodeagent.agent.factory builds the agent's and a command's),
 so the whole pipeline runs in a unit test on the emulator with fakes.
 """
 
@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from nodeagent.reconcile.factory import agent_pipeline, command_pipeline
 from nodeagent.reconcile.pipeline import Pipeline, mig_config_cache
 from nodeagent.reconcile.ports import (
     CONFIG_STEPS,
@@ -72,8 +71,6 @@ __all__ = [
     "Reporter",
     "SettingsDesire",
     "Wanted",
-    "agent_pipeline",
-    "command_pipeline",
     "mig_config_cache",
     "no_lock",
 ]

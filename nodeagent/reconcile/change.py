@@ -9,11 +9,10 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from nodeagent.dra.owners import OwnerStore
-from nodeagent.errors import AgentError
-from nodeagent.hooks import hook_env, run_hook
-from nodeagent.hostduties import reboot, refresh_cdi
-from nodeagent.logs import get_logger
+from nodeagent.base.errors import AgentError
+from nodeagent.base.logs import get_logger
+from nodeagent.host.duties import reboot, refresh_cdi
+from nodeagent.host.hooks import hook_env, run_hook
 from nodeagent.mig.apply import Reset, execute
 from nodeagent.mig.plan import plan
 from nodeagent.mps.manager import MpsChange, MpsManager
@@ -22,7 +21,8 @@ from nodeagent.nvml import MigWriter
 from nodeagent.reconcile.ports import Clients, Report, Reporter
 from nodeagent.reconcile.run import Run, refuse_unknown_holders
 from nodeagent.settings import Settings
-from nodeagent.snapshot import Allocations, Store
+from nodeagent.state.owners import OwnerStore
+from nodeagent.state.snapshot import Allocations, Store
 
 log = get_logger("nodeagent.reconcile")
 

@@ -25,15 +25,15 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
-from nodeagent.errors import MigError
-from nodeagent.logs import get_logger
+from nodeagent.base.errors import MigError
+from nodeagent.base.logs import get_logger
 from nodeagent.mig.apply import execute
 from nodeagent.mig.plan import Plan, mismatches, plan
 from nodeagent.mig.wanted import ChangeDone, WantedChange
 from nodeagent.nvml import MigWriter
 from nodeagent.reconcile.ports import Wanted
 from nodeagent.reconcile.run import Run, refuse_unknown_holders
-from nodeagent.snapshot import Snapshot, in_use_view
+from nodeagent.state.snapshot import Snapshot, in_use_view
 
 if TYPE_CHECKING:
     from nodeagent.reconcile.pipeline import Pipeline

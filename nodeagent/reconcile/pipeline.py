@@ -11,14 +11,13 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodeagent.configfile import ConfigCache
-from nodeagent.dra.owners import OwnerStore
-from nodeagent.errors import AgentError, ConfigError, MigError
-from nodeagent.hooks import HooksFile, load_hooks
+from nodeagent.base.configfile import ConfigCache
+from nodeagent.base.errors import AgentError, ConfigError, MigError
+from nodeagent.base.logs import get_logger
+from nodeagent.host.hooks import HooksFile, load_hooks
 from nodeagent.labels.machine import gfd_options
 from nodeagent.labels.pluginconfig import PluginConfigReader
 from nodeagent.labels.render import SharingState, render_labels
-from nodeagent.logs import get_logger
 from nodeagent.metrics.agent import AgentStats
 from nodeagent.mig.apply import Reset
 from nodeagent.mig.config import MigConfigFile, load_config
@@ -39,7 +38,8 @@ from nodeagent.sharing.config import SharingFile, load_sharing_file
 from nodeagent.sharing.offers import Offer, Offers, planned_offers
 from nodeagent.sharing.plugin import check_served
 from nodeagent.sharing.resolve import resolve_sharing, sharing_mps
-from nodeagent.snapshot import Allocations, Store
+from nodeagent.state.owners import OwnerStore
+from nodeagent.state.snapshot import Allocations, Store
 
 log = get_logger("nodeagent.reconcile")
 Step = Callable[[Run], None]
@@ -73,7 +73,7 @@ class Pipeline:
     one_shot: bool = False  # a command's run: hooks around every run (mig-parted's apply)
     on_operation: Callable[[dict[str, Any]], None] | None = None  # each NVML operation done
     configs: ConfigCache[MigConfigFile] = field(default_factory=lambda: mig_config_cache())
-    owners: OwnerStore | None = None  # the node's ownership record (nodeagent.dra.owners)
+    owners: OwnerStore | None = None  # the node's ownership record (nodeagent.state.owners)
     last_report: Report | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:

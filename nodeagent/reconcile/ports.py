@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from nodeagent.errors import RebootRequired
+from nodeagent.base.errors import RebootRequired
 from nodeagent.settings import Settings
-from nodeagent.snapshot import Snapshot
+from nodeagent.state.snapshot import Snapshot
 
 STEPS = (
     "observe",

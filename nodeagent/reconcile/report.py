@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from nodeagent.errors import AgentError, RebootRequired
-from nodeagent.logs import get_logger
+from nodeagent.base.errors import AgentError, RebootRequired
+from nodeagent.base.logs import get_logger
 from nodeagent.mig.plan import mismatches
 from nodeagent.reconcile.ports import Report
 from nodeagent.reconcile.run import Run

@@ -6,15 +6,15 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodeagent.errors import KubeError
-from nodeagent.hooks import HooksFile
+from nodeagent.base.errors import KubeError
+from nodeagent.host.hooks import HooksFile
 from nodeagent.mig.plan import Plan
 from nodeagent.mig.select import Desired
 from nodeagent.mps.manager import MpsChange, MpsIntent
 from nodeagent.reconcile.ports import Clients, Wanted
 from nodeagent.settings import Settings
 from nodeagent.sharing.resolve import Resolution
-from nodeagent.snapshot import Snapshot
+from nodeagent.state.snapshot import Snapshot
 
 
 @dataclass

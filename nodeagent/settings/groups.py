@@ -60,7 +60,7 @@ class Mig:
     lock_timeout_seconds: float = 60.0
     hooks_file: str | None = None  # mig-parted's hooks file (v1): commands around a change
     hook_timeout_seconds: float = 300.0
-    # mig-manager's host duties (nodeagent.hostduties): reboot when a MIG mode change waits
+    # mig-manager's host duties (nodeagent.host.duties): reboot when a MIG mode change waits
     # for one (WITH_REBOOT), and refresh the CDI specs after a MIG change (CDI_ENABLED).
     with_reboot: bool = False
     reboot_command: str = DEFAULT_REBOOT_COMMAND

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from nodeagent.errors import ConfigError
+from nodeagent.base.errors import ConfigError
 from nodeagent.settings.groups import GROUPS, MAX_ERRORS, VERSION, Settings
 from nodeagent.settings.parsers import Invalid
 from nodeagent.settings.specs import _STANDARD, BY_KEY, SETTINGS_FILE_ENV, SPECS, Spec
@@ -27,7 +27,7 @@ def _read_file(file: str, errors: list[str]) -> dict[str, FileValue]:
     """Every `group.key` of the file with its raw value and position."""
     import yaml  # only when there is a file: the import costs 10 ms of every command
 
-    from nodeagent.configfile import read_bytes
+    from nodeagent.base.configfile import read_bytes
 
     try:
         data = read_bytes(file, "settings file")

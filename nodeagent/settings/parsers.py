@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nodeagent.errors import ConfigError
+from nodeagent.base.errors import ConfigError
 from nodeagent.settings.groups import DEFAULT_METRICS_ADDRESS
 
 # -- parsers: raw value (YAML scalar or the text of a variable/flag) -> typed value ----------
@@ -203,7 +203,7 @@ def devices(raw: Any) -> tuple[int, ...]:
 
 def size(raw: Any) -> str:
     """A size in the MPS daemon's notation (2G, 2048M, 512MiB), at least 1 MiB."""
-    from nodeagent.units import parse_size
+    from nodeagent.base.units import parse_size
 
     value = _text(raw).strip()
     try:

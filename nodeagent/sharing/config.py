@@ -25,14 +25,14 @@ from typing import Literal
 
 import yaml
 
-from nodeagent.configfile import Errors as _Errors
-from nodeagent.configfile import Mark, compose
-from nodeagent.configfile import check_tags as _check_tags
-from nodeagent.configfile import kind as _kind
-from nodeagent.configfile import mapping as _mapping
-from nodeagent.configfile import read_text as read_config_text
-from nodeagent.configfile import scalar as _scalar
-from nodeagent.errors import ConfigError
+from nodeagent.base.configfile import Errors as _Errors
+from nodeagent.base.configfile import Mark, compose
+from nodeagent.base.configfile import check_tags as _check_tags
+from nodeagent.base.configfile import kind as _kind
+from nodeagent.base.configfile import mapping as _mapping
+from nodeagent.base.configfile import read_text as read_config_text
+from nodeagent.base.configfile import scalar as _scalar
+from nodeagent.base.errors import ConfigError
 from nodeagent.mig.config import (
     DeviceId,
     MigConfigFile,

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeagent.errors import AgentError, ConfigError
-from nodeagent.files import write_if_changed
-from nodeagent.logs import get_logger
+from nodeagent.base.errors import AgentError, ConfigError
+from nodeagent.base.files import write_if_changed
+from nodeagent.base.logs import get_logger
 from nodeagent.mps.intent import mps_layout
 from nodeagent.mps.layout import DEVICE_PLUGIN
 from nodeagent.settings import Settings

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from nodeagent.configfile import config_error
-from nodeagent.errors import ConfigError, NothingMatched
-from nodeagent.logs import get_logger, listing
+from nodeagent.base.configfile import config_error
+from nodeagent.base.errors import ConfigError, NothingMatched
+from nodeagent.base.logs import get_logger, listing
 from nodeagent.mig.config import Entry, MigConfigFile
 from nodeagent.mig.select import Desired, _gpu_label, resolve
 from nodeagent.mps.settings import parse_size

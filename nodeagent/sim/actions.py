@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pynvml
 
-from nodeagent.errors import NothingMatched, NvmlError, SimError
+from nodeagent.base.errors import NothingMatched, NvmlError, SimError
 from nodeagent.sim.base import (
     _KIND_DEVICE,
     _KIND_MIG,

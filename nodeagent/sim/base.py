@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from nodeagent.errors import SimError
+from nodeagent.base.errors import SimError
 from nodeagent.sim.faults import FaultPlan, SimulatedCrash
 from nodeagent.sim.gpm import Activity, GpmSamples, node_activity
 from nodeagent.sim.models import (

@@ -17,7 +17,7 @@ from typing import Any
 
 import pynvml
 
-from nodeagent.errors import SimError
+from nodeagent.base.errors import SimError
 
 FAULTS_ENV = "NODEAGENT_SIM_FAULTS"
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pynvml
 
-from nodeagent.errors import SimError
+from nodeagent.base.errors import SimError
 from nodeagent.sim.base import (
     _KIND_DEVICE,
     _KIND_MIG,

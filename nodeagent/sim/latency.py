@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from nodeagent.errors import SimError
+from nodeagent.base.errors import SimError
 
 LATENCY_ENV = "NODEAGENT_SIM_LATENCY"
 

@@ -17,7 +17,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from nodeagent.errors import SimError
+from nodeagent.base.errors import SimError
 
 MIB = 1024 * 1024
 

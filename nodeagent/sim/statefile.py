@@ -17,8 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
-from nodeagent.errors import SimError
-from nodeagent.files import atomic_write_text
+from nodeagent.base.errors import SimError
+from nodeagent.base.files import atomic_write_text
 from nodeagent.sim.check import state_problems
 from nodeagent.sim.health import MAX_TEMPERATURE, MAX_WATTS, REASON_NAMES
 from nodeagent.sim.models import MODEL_NAMES

@@ -373,7 +373,7 @@ def test_without_nvml_the_gpu_run_says_so_in_one_sentence(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pytest.importorskip("pynvml")
-    from nodeagent.errors import AgentError
+    from nodeagent.base.errors import AgentError
     from nodeagent.nvml import load_real_library, open_session
 
     try:

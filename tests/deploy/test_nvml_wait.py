@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from nodeagent.base.errors import NvmlError
 from nodeagent.cli.run import NVML_RETRY_SECONDS, wait_for_nvml
-from nodeagent.errors import NvmlError
 from nodeagent.nvml import NvmlSession, open_session
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.sim.faults import Fault, FaultPlan

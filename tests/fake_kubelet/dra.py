@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from nodeagent.kube.proto import (
+from nodeagent.kubelet.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,

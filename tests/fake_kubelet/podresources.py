@@ -11,8 +11,8 @@ from pathlib import Path
 
 import grpc
 
-from nodeagent.kube.proto import podresources_pb2 as pb
-from nodeagent.kube.proto import podresources_pb2_grpc as pb_grpc
+from nodeagent.kubelet.proto import podresources_pb2 as pb
+from nodeagent.kubelet.proto import podresources_pb2_grpc as pb_grpc
 
 # {container: {resource name: [device ids]}}
 Containers = Mapping[str, Mapping[str, Sequence[str]]]

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from nodeagent.errors import NvmlError
+from nodeagent.base.errors import NvmlError
 from nodeagent.nvml import Inventory, NvmlSession, load_real_library, open_session, read_inventory
 
 LOAD = """

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.errors import NvmlError
+from nodeagent.base.errors import NvmlError
 from nodeagent.mps.control import parent_pid
 from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.settings import MpsSettings, validate
 from nodeagent.mps.supervisor import MpsSupervisor
 from nodeagent.nvml import load_real_library, open_session, read_inventory
-from nodeagent.workers import Worker
+from nodeagent.state.workers import Worker
 
 pytestmark = pytest.mark.gpu
 GIB = 1 << 30

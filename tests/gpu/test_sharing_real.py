@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.errors import NvmlError
+from nodeagent.base.errors import NvmlError
 from nodeagent.mps.control import MpsControl
 from nodeagent.nvml import load_real_library, open_session, read_inventory
 

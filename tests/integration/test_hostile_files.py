@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.configfile import MAX_FILE_BYTES
+from nodeagent.base.configfile import MAX_FILE_BYTES
 from tests.conftest import Result, assert_one_error
 from tests.integration.test_hostile_inputs import GOOD_MIG
 

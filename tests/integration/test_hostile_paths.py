@@ -18,16 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.errors import AgentError, ConfigError
-from nodeagent.files import (
+from nodeagent.base.errors import AgentError, ConfigError
+from nodeagent.base.files import (
     atomic_write_text,
     open_lock_file,
     read_regular,
     remove_regular,
     write_if_changed,
 )
+from nodeagent.base.lock import lock_path, mig_writer_lock
 from nodeagent.labels.nfd import write_features
-from nodeagent.lock import lock_path, mig_writer_lock
 from tests.conftest import Result, assert_one_error
 
 KINDS = ("symlink", "dangling-symlink", "fifo", "folder", "char-device", "socket")
@@ -199,8 +199,8 @@ def test_a_pid_write_the_kernel_refuses_is_exit_3(tmp_path: Path) -> None:
     code = (
         "import resource, signal, sys\n"
         "from pathlib import Path\n"
-        "from nodeagent.lock import mig_writer_lock\n"
-        "from nodeagent.errors import AgentError\n"
+        "from nodeagent.base.lock import mig_writer_lock\n"
+        "from nodeagent.base.errors import AgentError\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))\n"
         "try:\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nodeagent.agent import Agent
+from nodeagent.agent.service import Agent
 from nodeagent.mps.control import MpsControl
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.plan.hook import FILE_NAME

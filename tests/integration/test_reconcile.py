@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from nodeagent.errors import KubeError
+from nodeagent.base.errors import KubeError
 from nodeagent.metrics.agent import AgentStats
 from nodeagent.mig.config import dump_config
 from nodeagent.mig.generate import generate_configs
@@ -22,7 +22,7 @@ from nodeagent.reconcile import Pipeline, Report, SettingsDesire, Wanted, no_loc
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.sim.faults import Fault
-from nodeagent.snapshot import Snapshot, Store
+from nodeagent.state.snapshot import Snapshot, Store
 from tests.agent_support import make_settings
 
 IN_USE, UNKNOWN = 19, 999

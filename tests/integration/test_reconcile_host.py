@@ -1,20 +1,20 @@
 """The pipeline's host duties without Kubernetes (bare metal, `nodeagent run` under systemd;
 `mig apply`): a command's reboot runs once per process however often the mode still waits, an
 agent without the node label never reboots, and the CDI refresh comes after a change only
-(nodeagent.hostduties)."""
+(nodeagent.host.duties)."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
+from nodeagent.agent.factory import agent_pipeline, command_pipeline
 from nodeagent.metrics.agent import AgentStats
 from nodeagent.mps.manager import MpsManager
 from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.write import ComputeModeWriter
-from nodeagent.reconcile import agent_pipeline, command_pipeline
 from nodeagent.sim import SimulatedNvml, parse_spec
-from nodeagent.snapshot import Store
+from nodeagent.state.snapshot import Store
 from tests.agent_support import make_settings
 from tests.host_support import fake_command, recorded
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.agent import Agent
+from nodeagent.agent.service import Agent
 from nodeagent.nvml import read_inventory
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.faults import Fault

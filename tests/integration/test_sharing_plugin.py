@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from nodeagent.agent import Agent
+from nodeagent.agent.service import Agent
 from nodeagent.nvml import read_inventory
 from tests.sharing_support import sharing_node
 

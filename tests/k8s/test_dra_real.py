@@ -12,10 +12,10 @@ from typing import Any
 
 import yaml
 
+from nodeagent.agent.factory import dra_driver
 from nodeagent.dra.claims import ClaimRef
 from nodeagent.dra.node import NodeConfig
 from nodeagent.nvml import MigWriter, NvmlSession, read_inventory
-from nodeagent.reconcile.factory import dra_driver
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from nodeagent.agent.factory import dra_driver
 from nodeagent.dra.node import NodeConfig
+from nodeagent.dra.plugin import DraPlugin
 from nodeagent.kube.api import KubeSettings
-from nodeagent.kube.dra_plugin import DraPlugin
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
-from nodeagent.reconcile.factory import dra_driver
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
@@ -156,7 +156,7 @@ def test_a_write_answer_without_counters_stops_before_any_device(
     """The read-back of each write, without the probe (one that failed): the counters slice
     goes first, comes back without its counters, and nothing more is written."""
     from nodeagent.dra.devices import resource_slices
-    from nodeagent.kube.dra_slices import SlicePublisher
+    from nodeagent.dra.slices import SlicePublisher
 
     node = f"n-{uuid.uuid4().hex[:8]}"
     make_node(_api(gate_off), node)

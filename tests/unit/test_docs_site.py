@@ -83,7 +83,7 @@ def _nodeagent(text: str, doc: dict[str, Any], where: str, tmp: Path) -> None:
     elif "workloads" in doc:
         parse_workloads(text, where)
     elif "hooks" in doc:
-        from nodeagent.hooks import parse_hooks
+        from nodeagent.host.hooks import parse_hooks
 
         parse_hooks(text, where)
     else:  # a settings file
@@ -104,7 +104,7 @@ def _validator(doc: Any) -> Callable[..., None] | None:
     if doc.get("version") == "nodeagent/v1":
         return lambda text, where, tmp: _nodeagent(text, doc, where, tmp)
     if doc.get("version") == "v1" and "hooks" in doc:  # mig-parted's hooks file
-        from nodeagent.hooks import parse_hooks
+        from nodeagent.host.hooks import parse_hooks
 
         return lambda text, where, tmp: parse_hooks(text, where)
     if doc.get("version") == "v1" and "flags" in doc:  # NVIDIA's device plugin config
@@ -123,7 +123,7 @@ def _validator(doc: Any) -> Callable[..., None] | None:
 def _web_config(text: str, tmp: Path) -> None:
     """exporter-toolkit's web config: parsed as the agent parses it (files it names may be
     absent here: only the document's shape is checked then)."""
-    from nodeagent.errors import ConfigError
+    from nodeagent.base.errors import ConfigError
     from nodeagent.metrics.webconfig import load_web_config
 
     path = tmp / "web.yaml"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.errors import ConfigError
-from nodeagent.hooks import (
+from nodeagent.base.errors import ConfigError
+from nodeagent.host.hooks import (
     HookError,
     HooksFile,
     apply_switches,

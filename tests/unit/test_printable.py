@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from nodeagent.logs import (
+from nodeagent.base.logs import (
     MAX_LINE_CHARS,
     MAX_LINES,
     configure_logging,

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from nodeagent.base.errors import ConfigError
 from nodeagent.cli import build_parser
-from nodeagent.errors import ConfigError
 from nodeagent.settings import (
     BY_KEY,
     DEFAULT_PAUSE_COMPONENTS,

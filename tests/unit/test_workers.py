@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from nodeagent.errors import AgentError, MigError
-from nodeagent.workers import Health, Worker
+from nodeagent.base.errors import AgentError, MigError
+from nodeagent.state.workers import Health, Worker
 
 TIMEOUT = 5.0  # seconds a test waits for the worker thread before it fails
 LONG = 3600.0  # an interval no test waits out

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
+from nodeagent.agent.factory import dra_driver
+from nodeagent.base.errors import MpsError
 from nodeagent.dra.claims import ClaimRef
 from nodeagent.dra.node import NodeConfig, NodeDriver
-from nodeagent.errors import MpsError
 from nodeagent.mig.wanted import ChangeDone, WantedChange
 from nodeagent.mps.control import MpsControl
 from nodeagent.nvml import Inventory, NvmlSession
-from nodeagent.reconcile.factory import dra_driver
 from nodeagent.settings import Settings
 
 pytestmark = pytest.mark.gpu

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from nodeagent.lock import lock_path, mig_writer_lock
+from nodeagent.base.lock import lock_path, mig_writer_lock
 from tests.conftest import Result, assert_one_error
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from nodeagent.base.errors import AgentError
 from nodeagent.cli import build_parser
 from nodeagent.cli.common import Context, sharing_preview
-from nodeagent.errors import AgentError
 from nodeagent.nvml.session import _sessions as session_registry
 from tests.conftest import Result
 

@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
+from nodeagent.agent.factory import dra_driver
+from nodeagent.dra.api import DraApi
 from nodeagent.dra.node import NodeConfig, NodeDriver
+from nodeagent.dra.server import DraPluginServer, Sockets
 from nodeagent.kube.api import KubeSettings, make_api_client
-from nodeagent.kube.dra_api import DraApi
-from nodeagent.kube.dra_server import DraPluginServer, Sockets
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
-from nodeagent.reconcile.factory import dra_driver
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
-from nodeagent.snapshot import Holder
+from nodeagent.state.snapshot import Holder
 from tests.fake_kubelet.dra import Claim, FakeDraKubelet
 from tests.integration.kube.conftest import Cluster
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nodeagent.dra.held import claim_holders
+from nodeagent.dra.traces import claim_holders
 from nodeagent.nvml import MigWriter, Placement
 from tests.integration.dra.conftest import DraNode, allocated_claim
 from tests.integration.dra.test_prepare import _spec

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.agent import Agent
+from nodeagent.agent.service import Agent
 from nodeagent.mig.config import dump_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
@@ -164,7 +164,7 @@ def test_an_unreadable_checkpoint_makes_readyz_say_why(
 
 
 def test_dra_devices_naming_a_gpu_the_node_lacks_is_refused(short_root: Path) -> None:
-    from nodeagent.errors import ConfigError
+    from nodeagent.base.errors import ConfigError
 
     cluster = dra_cluster()
     cluster.add_node(NODE, {"kubernetes.io/hostname": NODE})

@@ -11,10 +11,10 @@ from itertools import combinations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nodeagent.base.errors import SliceInUse
 from nodeagent.dra.claims import ClaimedDevice
 from nodeagent.dra.devices import DeviceRef, mig_device_name
 from nodeagent.dra.wanted import intents, prepare_wants
-from nodeagent.errors import SliceInUse
 from nodeagent.mig.apply import execute
 from nodeagent.mig.geometry import Geometry, Instance
 from nodeagent.mig.plan import plan

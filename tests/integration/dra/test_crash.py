@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from nodeagent.agent.factory import dra_driver
 from nodeagent.dra.checkpoint import PREPARED, load
 from nodeagent.dra.claims import ClaimRef
 from nodeagent.dra.node import NodeDriver
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
-from nodeagent.reconcile.factory import dra_driver
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
@@ -31,7 +31,7 @@ from pathlib import Path
 from nodeagent.dra.claims import ClaimRef
 from nodeagent.dra.node import NodeConfig
 from nodeagent.nvml import NvmlSession
-from nodeagent.reconcile.factory import dra_driver
+from nodeagent.agent.factory import dra_driver
 from nodeagent.settings import Settings
 from nodeagent.sim import open_emulator
 

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from nodeagent.agent.factory import dra_driver
+from nodeagent.base.errors import AgentError
 from nodeagent.dra.claims import ClaimRef
-from nodeagent.errors import AgentError
 from nodeagent.metrics.dra import DraCollector, DraStats
 from nodeagent.nvml import NvmlSession
-from nodeagent.reconcile.factory import dra_driver
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec

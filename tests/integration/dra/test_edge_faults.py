@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.errors import LockHeld
-from nodeagent.kube import dra_server
-from nodeagent.kube.dra_server import DraPluginServer, Sockets
+from nodeagent.base.errors import LockHeld
+from nodeagent.dra.server import DraPluginServer, Sockets
+from nodeagent.dra import server as dra_server
 from tests.fake_kubelet.dra import Claim, FakeDraKubelet
 from tests.integration.dra.conftest import DRIVER, DraNode, allocated_claim
 

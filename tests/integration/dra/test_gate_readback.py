@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from nodeagent.agent.factory import dra_driver
 from nodeagent.dra.node import NodeConfig
+from nodeagent.dra.plugin import DraPlugin
 from nodeagent.kube.api import KubeSettings
-from nodeagent.kube.dra_plugin import DraPlugin
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
-from nodeagent.reconcile.factory import dra_driver
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec

@@ -1,4 +1,4 @@
-"""The node's ownership record (nodeagent.dra.owners): a slice a prepared claim holds survives
+"""The node's ownership record (nodeagent.state.owners): a slice a prepared claim holds survives
 every other path whatever the settings and files say, the record is rebuilt from the node's
 traces when it is gone, and an unreadable trace refuses every destroy; a claim leaves nothing
 behind, also when it is refused after a crash."""
@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nodeagent.dra.checkpoint import load
-from nodeagent.dra.owners import OWNERS_NAME
+from nodeagent.state.owners import OWNERS_NAME
 from tests.conftest import Result, assert_one_error
 from tests.integration.dra.conftest import DraNode, allocated_claim, mps_config
 from tests.integration.dra.test_crash import driver, layout, run, setup_gpu
@@ -129,8 +129,8 @@ def test_a_claim_refused_after_a_crash_holds_nothing(short_root: Path) -> None:
     bad = allocated_claim("asr", "uid-1", {"gpu": "gpu-0-mig-2g35gb-14-2"}, mps_config(50))
     node = driver(short_root)
     try:
+        from nodeagent.base.errors import ConfigError
         from nodeagent.dra.claims import ClaimRef
-        from nodeagent.errors import ConfigError
 
         try:
             node.prepare(ClaimRef("speech", "asr", "uid-1"), bad)
@@ -158,9 +158,9 @@ def test_unprepare_never_waits_behind_a_writer_and_prepare_keeps_its_deadline(
     import threading
     import time
 
+    from nodeagent.base.errors import LockHeld
+    from nodeagent.base.lock import mig_writer_lock
     from nodeagent.dra.claims import ClaimRef
-    from nodeagent.errors import LockHeld
-    from nodeagent.lock import mig_writer_lock
 
     whole = dra_node.add_claim(allocated_claim("llm", "uid-w", {"gpu": "gpu-1"}))
     assert dra_node.kubelet.prepare([whole])["uid-w"].error == ""

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from nodeagent.dra.held import claim_holders
+from nodeagent.dra.traces import claim_holders
 from nodeagent.nvml import MigWriter, Placement
-from nodeagent.snapshot import Holder
+from nodeagent.state.snapshot import Holder
 from tests.fake_kubelet.dra import Claim, FakeDraKubelet, FakeKubeletError
 from tests.integration.dra.conftest import DRIVER, NODE, DraNode, allocated_claim, mps_config
 

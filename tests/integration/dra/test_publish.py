@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from nodeagent.dra.api import DraApi
 from nodeagent.dra.devices import resource_slices
+from nodeagent.dra.slices import SlicePublisher
 from nodeagent.kube.api import KubeSettings, make_api_client
-from nodeagent.kube.dra_api import DraApi
-from nodeagent.kube.dra_slices import SlicePublisher
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from nodeagent.agent.factory import dra_driver
+from nodeagent.base.errors import AgentError
 from nodeagent.dra.checkpoint import load
 from nodeagent.dra.claims import ClaimRef
-from nodeagent.dra.held import claim_holders
 from nodeagent.dra.node import NodeDriver
-from nodeagent.errors import AgentError
+from nodeagent.dra.traces import claim_holders
 from nodeagent.nvml import NvmlSession, read_inventory
-from nodeagent.reconcile.factory import dra_driver
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec

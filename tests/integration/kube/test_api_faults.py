@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from nodeagent.errors import KubeError
+from nodeagent.base.errors import KubeError
 from nodeagent.kube.api import KubeSettings, NodeApi, make_api_client
 from tests.conftest import captured_logs
 from tests.integration.kube.conftest import NODES, Cluster, kmock

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from nodeagent.agent import Agent
+from nodeagent.agent.service import Agent
 from nodeagent.nvml import NvmlSession
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.agent_support import make_agent

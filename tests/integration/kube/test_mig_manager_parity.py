@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from nodeagent.agent import Agent
+from nodeagent.agent.service import Agent
 from nodeagent.mig.config import dump_config, load_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory

@@ -11,15 +11,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from nodeagent.errors import KubeError, SliceInUse
-from nodeagent.kube.podresources import allocated_devices, pod_devices
-from nodeagent.kube.proto import podresources_pb2 as pb
-from nodeagent.kube.proto import podresources_pb2_grpc as pb_grpc
+from nodeagent.base.errors import KubeError, SliceInUse
+from nodeagent.kubelet.podresources import allocated_devices, pod_devices
+from nodeagent.kubelet.proto import podresources_pb2 as pb
+from nodeagent.kubelet.proto import podresources_pb2_grpc as pb_grpc
 from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
-from nodeagent.snapshot import Holder
+from nodeagent.state.snapshot import Holder
 from tests.mig_apply import reconfigure
 
 GPU = "GPU-1cc80f35-c91b-531f-a6bc-4db77760f20e"
@@ -209,7 +209,7 @@ def test_one_grpc_stack_asks_the_kubelet(tmp_path: Path) -> None:
     socket = tmp_path / "kubelet.sock"
     script = (
         "import sys; from pathlib import Path;"
-        "from nodeagent.kube.podresources import pod_devices;"
+        "from nodeagent.kubelet.podresources import pod_devices;"
         f"print(*pod_devices(Path({str(socket)!r})));"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'grpc', 'h2', 'hpack'}))"
     )

@@ -19,8 +19,8 @@ from h2.errors import ErrorCodes
 from h2.events import StreamEnded
 from h2.exceptions import ProtocolError
 
-from nodeagent.errors import KubeError
-from nodeagent.kube.podresources import pod_devices
+from nodeagent.base.errors import KubeError
+from nodeagent.kubelet.podresources import pod_devices
 
 Headers = list[tuple[bytes, bytes]]
 OK = [(b":status", b"200"), (b"content-type", b"application/grpc")]

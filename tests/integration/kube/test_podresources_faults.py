@@ -14,10 +14,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from nodeagent.errors import KubeError
-from nodeagent.kube.podresources import pod_devices
-from nodeagent.kube.proto import podresources_pb2 as pb
-from nodeagent.snapshot import Holder
+from nodeagent.base.errors import KubeError
+from nodeagent.kubelet.podresources import pod_devices
+from nodeagent.kubelet.proto import podresources_pb2 as pb
+from nodeagent.state.snapshot import Holder
 from tests.fake_kubelet.podresources import pod, serve
 
 MIG = "MIG-45461d2e-e081-5cfb-abad-bf4fcdc28757"

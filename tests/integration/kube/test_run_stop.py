@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.errors import KubeError
+from nodeagent.base.errors import KubeError
 from nodeagent.kube.api import KubeSettings, make_api_client
 from tests.conftest import Result, assert_one_error
 from tests.integration.kube.conftest import Cluster, is_write

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.agent import Agent
+from nodeagent.agent.service import Agent
 from nodeagent.mig.config import parse_config
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
-from nodeagent.snapshot import Holder
+from nodeagent.state.snapshot import Holder
 from tests.agent_support import SteppedClock, make_agent, make_settings
 from tests.conftest import Result
 from tests.integration.metrics.conftest import GIB, prometheus_tool, sample

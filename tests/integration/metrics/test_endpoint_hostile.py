@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from nodeagent.errors import ConfigError
+from nodeagent.base.errors import ConfigError
 from nodeagent.metrics.server import MetricsServer
 from tests.conftest import Result, assert_one_error, captured_logs
 

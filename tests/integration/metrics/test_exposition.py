@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from nodeagent.agent import Agent
+from nodeagent.agent.service import Agent
 from nodeagent.metrics.collectorset import CollectorSet
 from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs

@@ -13,8 +13,8 @@ from urllib.parse import urlencode
 import grpc
 import pytest
 
-from nodeagent.agent import Agent
-from nodeagent.kube.podresources import pod_devices
+from nodeagent.agent.service import Agent
+from nodeagent.kubelet.podresources import pod_devices
 from nodeagent.mig.config import parse_config
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec

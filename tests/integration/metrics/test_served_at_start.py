@@ -8,7 +8,7 @@ import threading
 
 from nodeagent.nvml import NvmlSession
 from nodeagent.sim import SimulatedNvml, parse_spec
-from nodeagent.snapshot import Holders
+from nodeagent.state.snapshot import Holders
 from tests.agent_support import make_agent
 from tests.integration.metrics.test_endpoint_hostile import scrape
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nodeagent.agent import Agent
+from nodeagent.agent.service import Agent
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
-from nodeagent.snapshot import Holder, Holders
+from nodeagent.state.snapshot import Holder, Holders
 from tests.agent_support import make_agent
 from tests.conftest import Result
 from tests.integration.metrics.conftest import prometheus_tool

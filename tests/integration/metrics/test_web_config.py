@@ -18,7 +18,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from nodeagent.errors import ConfigError
+from nodeagent.base.errors import ConfigError
 from nodeagent.metrics.server import MetricsServer
 from nodeagent.metrics.webconfig import load_web_config
 from tests.conftest import Result, assert_one_error

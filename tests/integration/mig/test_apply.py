@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.errors import ConfigError, ModeChangePending, NothingMatched, NvmlError, SliceInUse
+from nodeagent.base.errors import (
+    ConfigError,
+    ModeChangePending,
+    NothingMatched,
+    NvmlError,
+    SliceInUse,
+)
 from nodeagent.mig.config import MigConfigFile, dump_config, parse_config
 from nodeagent.mig.generate import export_current, generate_configs
 from nodeagent.mig.plan import mismatches

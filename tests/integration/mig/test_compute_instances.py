@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.errors import ConfigError, NvmlError, SliceInUse
+from nodeagent.base.errors import ConfigError, NvmlError, SliceInUse
 from nodeagent.mig.config import MigConfigFile, parse_config
 from nodeagent.mig.plan import device_counts
 from nodeagent.nvml import NvmlSession, read_inventory

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nodeagent.errors import ConfigError, NothingMatched
+from nodeagent.base.errors import ConfigError, NothingMatched
 from nodeagent.mig.config import MigConfigFile, parse_config
 from nodeagent.mig.plan import mismatches, plan
 from nodeagent.mig.select import resolve

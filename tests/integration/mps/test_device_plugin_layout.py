@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from nodeagent.agent import Agent
-from nodeagent.errors import MpsError
+from nodeagent.agent.service import Agent
+from nodeagent.base.errors import MpsError
 from nodeagent.mps import layout
 from nodeagent.mps.control import MpsControl
 from nodeagent.mps.layout import CONTAINER_FILE_LABEL, is_mounted
@@ -268,7 +268,7 @@ def test_a_failed_limit_change_is_planned_again(
 def test_resource_names_as_upstream_validates_them(
     tmp_path: Path, name: str, ok: str | None
 ) -> None:
-    from nodeagent.errors import ConfigError
+    from nodeagent.base.errors import ConfigError
     from nodeagent.mps.layout import read_plugin_config
 
     path = tmp_path / "c.yaml"
@@ -281,7 +281,7 @@ def test_resource_names_as_upstream_validates_them(
 
 
 def test_a_plugin_config_value_its_tag_cannot_build_is_one_sentence(tmp_path: Path) -> None:
-    from nodeagent.errors import ConfigError
+    from nodeagent.base.errors import ConfigError
     from nodeagent.mps.layout import read_plugin_config
 
     path = tmp_path / "c.yaml"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from nodeagent.agent import Agent
+from nodeagent.agent.service import Agent
 from nodeagent.mig.config import dump_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.mps.control import MpsControl

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.errors import MpsError
+from nodeagent.base.errors import MpsError
 from nodeagent.mps.layout import CONTAINER_FILE_LABEL, DEVICE_PLUGIN, FLAT, paths, prepare
 from tests.conftest import Result
 from tests.integration.mps.conftest import FAILURE

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.errors import ConfigError, MpsError
+from nodeagent.base.errors import ConfigError, MpsError
 from nodeagent.mps.control import MpsControl
 from nodeagent.mps.control import process_alive as _alive
 from nodeagent.mps.daemon import MpsDaemon
@@ -21,7 +21,7 @@ from nodeagent.mps.supervisor import MpsSupervisor
 from nodeagent.nvml import Inventory, MigWriter, NvmlSession, read_inventory
 from nodeagent.nvml.write import ComputeModeWriter
 from nodeagent.sim import SimulatedNvml, parse_spec
-from nodeagent.workers import Worker
+from nodeagent.state.workers import Worker
 
 GIB = 1 << 30
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.errors import ConfigError
+from nodeagent.base.errors import ConfigError
 from nodeagent.mps.control import PID_FILE
 from nodeagent.mps.layout import paths, prepare
 from tests.conftest import Result, assert_one_error

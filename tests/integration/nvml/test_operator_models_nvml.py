@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pynvml
 import pytest
 
-from nodeagent.errors import NvmlError
+from nodeagent.base.errors import NvmlError
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
 from nodeagent.sim.models import load_model
 

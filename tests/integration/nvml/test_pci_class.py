@@ -9,7 +9,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from nodeagent.errors import NvmlError
+from nodeagent.base.errors import NvmlError
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.nvml.read import sysfs_bus_id
 from nodeagent.sim import SimulatedNvml, parse_spec

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodeagent.errors import NvmlError
+from nodeagent.base.errors import NvmlError
 from nodeagent.mig.config import parse_config
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.nvml.session import NOT_FOUND, NOT_SUPPORTED

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from nodeagent.errors import NvmlError
+from nodeagent.base.errors import NvmlError
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
 from nodeagent.nvml.session import IN_USE, INSUFFICIENT_RESOURCES, INVALID_ARGUMENT, NOT_SUPPORTED
 from nodeagent.sim.models import MIB

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.errors import NvmlError, SimError
+from nodeagent.base.errors import NvmlError, SimError
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
 from nodeagent.nvml.session import IN_USE, NOT_FOUND
 from nodeagent.sim import Fault, FaultPlan, SimulatedNvml

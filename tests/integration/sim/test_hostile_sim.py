@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nodeagent.errors import SimError
+from nodeagent.base.errors import SimError
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.sim.models import load_model
 from nodeagent.sim.state import fresh_state, to_json

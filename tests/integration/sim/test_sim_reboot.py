@@ -9,7 +9,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from nodeagent.errors import NvmlError, SimError
+from nodeagent.base.errors import NvmlError, SimError
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from nodeagent.base.errors import ConfigError
 from nodeagent.dra.checkpoint import PREPARED, Checkpoint, PreparedClaim, PreparedDevice, load, save
 from nodeagent.dra.claims import Mps, claimed_devices, parse_quantity
 from nodeagent.dra.devices import DeviceRef
-from nodeagent.errors import ConfigError
 from nodeagent.settings import load as load_settings
 
 DRIVER = "gpu.nodeagent.io"

@@ -1,4 +1,5 @@
-"""The ownership record's file and its rebuild from the node's traces (nodeagent.dra.owners)."""
+"""The ownership record's file (nodeagent.state.owners) and its rebuild from the DRA driver's
+traces on the node (nodeagent.dra.traces)."""
 
 from __future__ import annotations
 
@@ -6,19 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.dra.owners import (
-    AllocatedClaim,
-    ClaimOwner,
-    Held,
-    Owners,
-    OwnerStore,
-    evidence_of,
-    rebuild,
-)
-from nodeagent.errors import KubeError
+from nodeagent.base.errors import KubeError
+from nodeagent.dra.traces import AllocatedClaim, evidence_of, rebuild
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
+from nodeagent.state.owners import ClaimOwner, Held, Owners, OwnerStore
 
 DRIVER = "gpu.nodeagent.io"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.errors import ConfigError
+from nodeagent.base.errors import ConfigError
 from nodeagent.kube import kubeconfig
 from nodeagent.kube.api import KubeSettings, make_api_client
 

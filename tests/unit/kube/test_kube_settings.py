@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodeagent.errors import ConfigError
+from nodeagent.base.errors import ConfigError
 from nodeagent.kube.clients import PAUSED, to_pause
 from nodeagent.settings import DEFAULT_PAUSE_COMPONENTS, load
 

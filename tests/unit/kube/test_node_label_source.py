@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nodeagent.errors import KubeError
+from nodeagent.base.errors import KubeError
 from nodeagent.kube.controller import (
     MIG_CONFIG,
     MIG_STATE,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.errors import ConfigError
+from nodeagent.base.errors import ConfigError
 from nodeagent.labels.gfd import GfdOptions
 from nodeagent.labels.pluginconfig import PluginConfigReader, choose, parse_plugin_config
 from nodeagent.labels.render import SharingState, render_labels

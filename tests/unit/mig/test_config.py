@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from nodeagent.errors import ConfigError
+from nodeagent.base.errors import ConfigError
 from nodeagent.mig.config import DeviceId, dump_config, parse_config
 
 GOOD = """\

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nodeagent.errors import SliceInUse
+from nodeagent.base.errors import SliceInUse
 from nodeagent.mig.plan import plan_gpu
 from tests.mig_support import (
     Candidate,

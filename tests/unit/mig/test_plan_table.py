@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from nodeagent.errors import SliceInUse
+from nodeagent.base.errors import SliceInUse
 from nodeagent.mig.geometry import Geometry
 from nodeagent.mig.plan import mismatches, plan, plan_gpu
 from nodeagent.nvml import Inventory

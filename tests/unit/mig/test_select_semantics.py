@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from nodeagent.errors import ConfigError
+from nodeagent.base.errors import ConfigError
 from nodeagent.mig.config import parse_config
 from nodeagent.mig.select import resolve
 from nodeagent.nvml import Inventory

@@ -111,7 +111,7 @@ def test_older_driver_falls_back_to_the_throttle_reasons_name() -> None:
 
 
 def test_a_real_failure_is_raised_not_hidden() -> None:
-    from nodeagent.errors import NvmlError
+    from nodeagent.base.errors import NvmlError
 
     lib = _Lib({("nvmlDeviceGetTemperature", 0): _Error(15)})  # GPU is lost
     with pytest.raises(NvmlError) as info:

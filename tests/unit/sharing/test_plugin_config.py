@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from nodeagent.errors import ConfigError
+from nodeagent.base.errors import ConfigError
 from nodeagent.sharing.plugin import Offer, advertised, plugin_config
 
 STRATEGIES = ("none", "single", "mixed")

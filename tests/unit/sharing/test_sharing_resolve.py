@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nodeagent.errors import ConfigError, NothingMatched
+from nodeagent.base.errors import ConfigError, NothingMatched
 from nodeagent.mig.config import parse_config
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.nvml.inventory import Inventory

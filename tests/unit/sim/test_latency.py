@@ -8,7 +8,7 @@ from threading import get_ident
 import pynvml
 import pytest
 
-from nodeagent.errors import SimError
+from nodeagent.base.errors import SimError
 from nodeagent.sim import SimulatedNvml, open_emulator, parse_spec
 from nodeagent.sim.latency import parse_latency
 

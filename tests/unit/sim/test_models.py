@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.errors import SimError
+from nodeagent.base.errors import SimError
 from nodeagent.sim.models import (
     MAX_GPUS,
     MIB,

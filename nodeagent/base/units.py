@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from nodeagent.errors import ConfigError
+from nodeagent.base.errors import ConfigError
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 SIZE_RE = re.compile(r"^(\d+)\s*([KMGT]?)(?:I?B)?$", re.IGNORECASE)

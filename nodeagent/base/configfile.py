@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 import yaml
 
-from nodeagent.errors import ConfigError
+from nodeagent.base.errors import ConfigError
 
 MAX_FILE_BYTES = 4 * 1024 * 1024  # the largest upstream config seen is ~30 KiB
 MAX_ERRORS = 20  # a file of 200,000 configs aliasing one bad entry must not print 19 MB

@@ -27,12 +27,13 @@ from typing import Any
 
 import grpc
 
+from nodeagent.base.errors import AgentError, KubeError, LockHeld
+from nodeagent.base.files import open_lock_file
+from nodeagent.base.logs import get_logger
+from nodeagent.dra.api import DraApi
 from nodeagent.dra.claims import checked_ref, quoted
 from nodeagent.dra.node import NodeDriver
-from nodeagent.errors import AgentError, KubeError, LockHeld
-from nodeagent.files import open_lock_file
-from nodeagent.kube.dra_api import DraApi
-from nodeagent.kube.proto import (
+from nodeagent.kubelet.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -40,7 +41,6 @@ from nodeagent.kube.proto import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from nodeagent.logs import get_logger
 
 log = get_logger("nodeagent.dra")
 PLUGIN_TYPE = "DRAPlugin"

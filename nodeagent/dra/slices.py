@@ -34,10 +34,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from nodeagent.base.errors import AgentError
+from nodeagent.base.logs import get_logger
+from nodeagent.dra.api import DraApi
 from nodeagent.dra.devices import SliceSpec
-from nodeagent.errors import AgentError
-from nodeagent.kube.dra_api import DraApi
-from nodeagent.logs import get_logger
 
 log = get_logger("nodeagent.dra")
 

@@ -14,36 +14,32 @@ hand or by another tool). Nobody but its claim's unprepare destroys a claim's sl
 The record lives beside the node-wide MIG writer lock (`owners.json` in the run directory, or
 beside the emulator's state file), so every writer finds the same one whatever its DRA settings
 say, and it is written only under that lock. When it is missing or cannot be read, it is
-rebuilt from what is on the node: the DRA checkpoints, the claims' CDI specs and their MPS
-roots, in the directories the settings name and in the defaults. A source that exists but
-cannot be read leaves the rebuilt record `uncertain`: then every GPU and slice counts as held,
-and every destroy is refused with one sentence saying why. Nothing is guessed.
+rebuilt from what is on the node (`evidence`: the DRA driver's checkpoints, its claims' CDI
+specs and MPS roots, the claims the API server allocated here; nodeagent.dra.traces). A
+source that exists but cannot be read leaves the rebuilt record `uncertain`: then every GPU
+and slice counts as held, and every destroy is refused with one sentence saying why. Nothing
+is guessed.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from nodeagent.dra import cdi
-from nodeagent.dra.checkpoint import load as load_checkpoint
-from nodeagent.dra.devices import parse_device_name
-from nodeagent.errors import AgentError, ConfigError
-from nodeagent.files import atomic_write_text, read_regular
-from nodeagent.logs import get_logger
-from nodeagent.nvml.inventory import Inventory
-from nodeagent.snapshot import Holder
+from nodeagent.base.errors import ConfigError
+from nodeagent.base.files import atomic_write_text, read_regular
+from nodeagent.base.logs import get_logger
+from nodeagent.nvml import Inventory, NvmlSession, read_inventory
+from nodeagent.state.snapshot import Allocations, Holder, Holders
 
 log = get_logger("nodeagent.owners")
 VERSION = 1
 OWNERS_NAME = "owners.json"
 CLAIM = "claim"
-DEFAULT_CDI_DIRS = (Path("/var/run/cdi"), Path("/etc/cdi"))
 
 
 @dataclass(frozen=True)
@@ -169,192 +165,10 @@ def _parse(text: str, path: Path) -> Owners:
     return Owners(claims, config)
 
 
-@dataclass(frozen=True)
-class AllocatedClaim:
-    """A ResourceClaim the scheduler allocated devices of this node's pool to (the API's
-    answer): its devices by name."""
-
-    namespace: str
-    name: str
-    devices: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """Where the DRA driver leaves traces of its claims: plugin directories (checkpoint.json,
-    mps/<uid>/<device>), CDI directories (k8s.<driver>-claim_<uid>.json) and, with an API
-    server (`api`: the claims allocated on this node, by UID), the claims themselves."""
-
-    driver: str
-    plugin_dirs: tuple[Path, ...] = ()
-    cdi_dirs: tuple[Path, ...] = DEFAULT_CDI_DIRS
-    api: Callable[[], Mapping[str, AllocatedClaim]] | None = None
-
-
-def _unique(paths: Iterable[Path]) -> tuple[Path, ...]:
-    return tuple(dict.fromkeys(paths))
-
-
-def evidence_of(
-    driver: str,
-    plugin_dirs: Iterable[Path],
-    cdi_dirs: Iterable[Path],
-    api: Callable[[], Mapping[str, AllocatedClaim]] | None = None,
-) -> Evidence:
-    return Evidence(driver, _unique(plugin_dirs), _unique([*cdi_dirs, *DEFAULT_CDI_DIRS]), api)
-
-
-def rebuild(evidence: Evidence, inventory: Inventory | None) -> Owners:
-    """The claims' devices as the node shows them. A source that exists but cannot be read
-    makes the record uncertain (every destroy refused)."""
-    claims: dict[str, ClaimOwner] = {}
-    problems: list[str] = []
-    for d in evidence.plugin_dirs:
-        try:
-            checkpoint = load_checkpoint(d / "checkpoint.json")
-        except ConfigError as err:
-            problems.append(str(err))
-            continue
-        for uid, c in checkpoint.claims.items():
-            devices = tuple(
-                Held(
-                    p.gpu_uuid,
-                    p.placement_start,
-                    p.placement_size,
-                    p.profile_id,
-                    p.mig_uuid,
-                )
-                for p in c.devices
-                if not p.admin
-            )
-            claims[uid] = ClaimOwner(c.namespace, c.name, devices)
-        _mps_roots(d / "mps", inventory, claims, problems)
-    for d in evidence.cdi_dirs:
-        _cdi_specs(d, evidence.driver, inventory, claims, problems)
-    if evidence.api is not None:
-        _api_claims(evidence.api, inventory, claims, problems)
-    if problems:
-        return Owners(claims, uncertain="; ".join(problems))
-    return Owners(claims)
-
-
-def _add(claims: dict[str, ClaimOwner], uid: str, held: Held) -> None:
-    owner = claims.get(uid) or ClaimOwner("", "")
-    if held not in owner.devices:
-        claims[uid] = replace(owner, devices=(*owner.devices, held))
-
-
-def _listdir(path: Path, problems: list[str]) -> list[str]:
-    try:
-        return sorted(os.listdir(path))
-    except FileNotFoundError:
-        return []
-    except OSError as err:
-        problems.append(f"cannot read {path}: {err.strerror}")
-        return []
-
-
-def _mps_roots(
-    root: Path, inventory: Inventory | None, claims: dict[str, ClaimOwner], problems: list[str]
-) -> None:
-    """mps/<uid>/<device>: a claim's MPS daemon holds that device's GPU."""
-    gpus = {g.index: g for g in inventory.gpus} if inventory is not None else {}
-    for uid in _listdir(root, problems):
-        for device in _listdir(root / uid, problems):
-            ref = parse_device_name(device)
-            if ref is None:
-                continue
-            gpu = gpus.get(ref.gpu)
-            if gpu is None:
-                problems.append(f"MPS root {root / uid / device} names a GPU this node lacks")
-                continue
-            _add(claims, uid, Held(gpu.uuid))
-
-
-def _cdi_specs(
-    root: Path,
-    driver: str,
-    inventory: Inventory | None,
-    claims: dict[str, ClaimOwner],
-    problems: list[str],
-) -> None:
-    """A claim's CDI spec names the GPU or MIG UUIDs it hands its containers."""
-    prefix = f"{cdi.vendor(driver)}-{cdi.CLASS}_"
-    parents: dict[str, str] = {}
-    slices: dict[str, tuple[str, int, int, int]] = {}
-    if inventory is not None:
-        for g in inventory.gpus:
-            parents[g.uuid] = g.uuid
-            for s in g.slices:
-                if s.mig_uuid:
-                    slices[s.mig_uuid] = (g.uuid, s.placement.start, s.placement.size, s.profile_id)
-    for name in _listdir(root, problems):
-        if not (name.startswith(prefix) and name.endswith(".json")):
-            continue
-        uid = name[len(prefix) : -len(".json")]
-        try:
-            spec = json.loads(_read(root / name, "a CDI spec") or "")
-            envs = [
-                e
-                for dev in spec["devices"]
-                for e in dev["containerEdits"].get("env", [])
-                if isinstance(e, str) and e.startswith("NVIDIA_VISIBLE_DEVICES=")
-            ]
-        except (OSError, ValueError, TypeError, KeyError, AttributeError, ConfigError) as err:
-            problems.append(f"CDI spec {root / name} is unreadable ({err})")
-            continue
-        for env in envs:
-            uuid = env.split("=", 1)[1]
-            if uuid in slices:
-                gpu, start, size, profile = slices[uuid]
-                _add(claims, uid, Held(gpu, start, size, profile, uuid))
-            elif uuid in parents:
-                _add(claims, uid, Held(uuid))
-            elif uuid.startswith("MIG-"):
-                problems.append(f"CDI spec {root / name} names {uuid}, a MIG device not here")
-
-
-def _api_claims(
-    api: Callable[[], Mapping[str, AllocatedClaim]],
-    inventory: Inventory | None,
-    claims: dict[str, ClaimOwner],
-    problems: list[str],
-) -> None:
-    """The claims the scheduler allocated here hold their devices (a slice not made yet is
-    held at its placement: nothing else may take it)."""
-    try:
-        allocated = api()
-    except AgentError as err:
-        problems.append(f"cannot list the claims allocated on this node ({err})")
-        return
-    gpus = {g.index: g for g in inventory.gpus} if inventory is not None else {}
-    for uid, claim in allocated.items():
-        for device in claim.devices:
-            ref = parse_device_name(device)
-            gpu = gpus.get(ref.gpu) if ref is not None else None
-            if ref is None or gpu is None:
-                continue  # another driver's naming, or a GPU this node lacks: nothing held here
-            if not ref.is_mig:
-                held = Held(gpu.uuid)
-            else:
-                profile = gpu.profile_by_id(ref.profile_id or 0)
-                at = next(
-                    (p for p in (profile.placements if profile else ()) if p.start == ref.start),
-                    None,
-                )
-                if at is None:
-                    continue
-                held = Held(gpu.uuid, at.start, at.size, ref.profile_id)
-            _add(claims, uid, held)
-            owner = claims[uid]
-            if not owner.name:
-                claims[uid] = replace(owner, namespace=claim.namespace, name=claim.name)
-
-
 MAX_FILE_BYTES = 4 << 20  # as every input file the agent reads
 
 
-def _read(path: Path, what: str) -> str | None:
+def read_trace(path: Path, what: str) -> str | None:
     """A record or trace file's text, None when absent: a regular file only, read without
     blocking and bounded (a FIFO or a device there never hangs a reader). Raises ConfigError
     for anything but a regular file, OSError when it cannot be read, UnicodeDecodeError
@@ -371,11 +185,11 @@ class OwnerStore:
     def __init__(
         self,
         path: Path | None,
-        evidence: Evidence,
+        evidence: Callable[[Inventory | None], Owners],
         inventory: Callable[[], Inventory] | None = None,
     ) -> None:
         self.path = path
-        self.evidence = evidence
+        self.evidence = evidence  # rebuilds the record from the node's traces
         self.inventory = inventory
         self._memory: Owners | None = None
         self._lock = threading.Lock()
@@ -389,7 +203,7 @@ class OwnerStore:
                     self._memory = self._rebuilt("there is none yet")
                 return self._memory
             try:
-                text = _read(self.path, "the ownership record")
+                text = read_trace(self.path, "the ownership record")
             except OSError as err:
                 return self._rebuilt(f"cannot read {self.path}: {err.strerror}")
             except ConfigError as err:  # not a regular file
@@ -410,7 +224,7 @@ class OwnerStore:
         owners = self.read()
         if self.path is not None and owners.uncertain is None:
             try:
-                text = _read(self.path, "the ownership record")
+                text = read_trace(self.path, "the ownership record")
                 current = _parse(text, self.path) if text is not None else None
             except (OSError, ValueError, ConfigError):
                 current = None
@@ -420,7 +234,7 @@ class OwnerStore:
 
     def _rebuilt(self, why: str) -> Owners:
         inventory = self.inventory() if self.inventory is not None else None
-        owners = rebuild(self.evidence, inventory)
+        owners = self.evidence(inventory)
         said = (why, tuple(sorted(owners.claims)), owners.uncertain)
         if (owners.claims or owners.uncertain) and said != self._said:
             # once per finding: a reader that rebuilds at every refresh does not repeat it
@@ -456,3 +270,32 @@ class OwnerStore:
 def holders_of(store: OwnerStore, inventory: Callable[[], Inventory]) -> dict[str, Any]:
     """{UUID: Holder} of every claim in the record (read now)."""
     return store.read().holders(inventory())
+
+
+def inventory_reader(session: NvmlSession) -> Callable[[], Inventory]:
+    def read() -> Inventory:
+        with session.lock:
+            return read_inventory(session)
+
+    return read
+
+
+def with_owners(
+    allocations: Allocations | None, store: OwnerStore, inventory: Callable[[], Inventory]
+) -> Callable[[], Holders]:
+    """`allocations` (the kubelet's pod-resources answer; None: no pods known) plus the
+    devices the ownership record gives to claims (or every device, when it is uncertain)."""
+
+    def both() -> Holders:
+        pods = dict(allocations()) if allocations is not None else {}
+        owners = store.read()
+        # The GPUs are read again only where the record lacks a UUID (a slice being made) or
+        # holds everything (uncertain).
+        need = owners.uncertain is not None or any(
+            d.is_mig and not d.mig_uuid for c in owners.claims.values() for d in c.devices
+        )
+        for uuid, holder in owners.holders(inventory() if need else None).items():
+            pods.setdefault(uuid, holder)
+        return pods
+
+    return both

@@ -2,7 +2,7 @@
 """Client and server classes corresponding to protobuf-defined services."""
 import grpc
 
-from nodeagent.kube.proto import dra_v1beta1_pb2 as nodeagent_dot_kube_dot_proto_dot_dra__v1beta1__pb2
+from nodeagent.kubelet.proto import dra_v1_pb2 as nodeagent_dot_kubelet_dot_proto_dot_dra__v1__pb2
 
 
 class DRAPluginStub(object):
@@ -15,14 +15,14 @@ class DRAPluginStub(object):
             channel: A grpc.Channel.
         """
         self.NodePrepareResources = channel.unary_unary(
-                '/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources',
-                request_serializer=nodeagent_dot_kube_dot_proto_dot_dra__v1beta1__pb2.NodePrepareResourcesRequest.SerializeToString,
-                response_deserializer=nodeagent_dot_kube_dot_proto_dot_dra__v1beta1__pb2.NodePrepareResourcesResponse.FromString,
+                '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources',
+                request_serializer=nodeagent_dot_kubelet_dot_proto_dot_dra__v1__pb2.NodePrepareResourcesRequest.SerializeToString,
+                response_deserializer=nodeagent_dot_kubelet_dot_proto_dot_dra__v1__pb2.NodePrepareResourcesResponse.FromString,
                 )
         self.NodeUnprepareResources = channel.unary_unary(
-                '/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepareResources',
-                request_serializer=nodeagent_dot_kube_dot_proto_dot_dra__v1beta1__pb2.NodeUnprepareResourcesRequest.SerializeToString,
-                response_deserializer=nodeagent_dot_kube_dot_proto_dot_dra__v1beta1__pb2.NodeUnprepareResourcesResponse.FromString,
+                '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources',
+                request_serializer=nodeagent_dot_kubelet_dot_proto_dot_dra__v1__pb2.NodeUnprepareResourcesRequest.SerializeToString,
+                response_deserializer=nodeagent_dot_kubelet_dot_proto_dot_dra__v1__pb2.NodeUnprepareResourcesResponse.FromString,
                 )
 
 
@@ -46,17 +46,17 @@ def add_DRAPluginServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'NodePrepareResources': grpc.unary_unary_rpc_method_handler(
                     servicer.NodePrepareResources,
-                    request_deserializer=nodeagent_dot_kube_dot_proto_dot_dra__v1beta1__pb2.NodePrepareResourcesRequest.FromString,
-                    response_serializer=nodeagent_dot_kube_dot_proto_dot_dra__v1beta1__pb2.NodePrepareResourcesResponse.SerializeToString,
+                    request_deserializer=nodeagent_dot_kubelet_dot_proto_dot_dra__v1__pb2.NodePrepareResourcesRequest.FromString,
+                    response_serializer=nodeagent_dot_kubelet_dot_proto_dot_dra__v1__pb2.NodePrepareResourcesResponse.SerializeToString,
             ),
             'NodeUnprepareResources': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeUnprepareResources,
-                    request_deserializer=nodeagent_dot_kube_dot_proto_dot_dra__v1beta1__pb2.NodeUnprepareResourcesRequest.FromString,
-                    response_serializer=nodeagent_dot_kube_dot_proto_dot_dra__v1beta1__pb2.NodeUnprepareResourcesResponse.SerializeToString,
+                    request_deserializer=nodeagent_dot_kubelet_dot_proto_dot_dra__v1__pb2.NodeUnprepareResourcesRequest.FromString,
+                    response_serializer=nodeagent_dot_kubelet_dot_proto_dot_dra__v1__pb2.NodeUnprepareResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin', rpc_method_handlers)
+            'k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
 
 
@@ -75,9 +75,9 @@ class DRAPlugin(object):
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources',
-            nodeagent_dot_kube_dot_proto_dot_dra__v1beta1__pb2.NodePrepareResourcesRequest.SerializeToString,
-            nodeagent_dot_kube_dot_proto_dot_dra__v1beta1__pb2.NodePrepareResourcesResponse.FromString,
+        return grpc.experimental.unary_unary(request, target, '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources',
+            nodeagent_dot_kubelet_dot_proto_dot_dra__v1__pb2.NodePrepareResourcesRequest.SerializeToString,
+            nodeagent_dot_kubelet_dot_proto_dot_dra__v1__pb2.NodePrepareResourcesResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -92,8 +92,8 @@ class DRAPlugin(object):
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepareResources',
-            nodeagent_dot_kube_dot_proto_dot_dra__v1beta1__pb2.NodeUnprepareResourcesRequest.SerializeToString,
-            nodeagent_dot_kube_dot_proto_dot_dra__v1beta1__pb2.NodeUnprepareResourcesResponse.FromString,
+        return grpc.experimental.unary_unary(request, target, '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources',
+            nodeagent_dot_kubelet_dot_proto_dot_dra__v1__pb2.NodeUnprepareResourcesRequest.SerializeToString,
+            nodeagent_dot_kubelet_dot_proto_dot_dra__v1__pb2.NodeUnprepareResourcesResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -20,7 +20,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from nodeagent.errors import AgentError, ConfigError
+from nodeagent.base.errors import AgentError, ConfigError
 
 _KINDS = (
     (stat.S_ISLNK, "a symbolic link"),

@@ -17,11 +17,11 @@ from __future__ import annotations
 import shlex
 import subprocess
 
-from nodeagent.errors import AgentError
-from nodeagent.logs import get_logger
+from nodeagent.base.errors import AgentError
+from nodeagent.base.logs import get_logger
 from nodeagent.settings import Settings
 
-log = get_logger("nodeagent.hostduties")
+log = get_logger("nodeagent.host.duties")
 OUTPUT_TAIL = 300  # characters of a failed command's output kept in its reason
 
 

@@ -32,11 +32,11 @@ from typing import Any
 
 import yaml
 
-from nodeagent.configfile import compose, read_text
-from nodeagent.errors import AgentError, ConfigError
-from nodeagent.logs import get_logger
+from nodeagent.base.configfile import compose, read_text
+from nodeagent.base.errors import AgentError, ConfigError
+from nodeagent.base.logs import get_logger
 
-log = get_logger("nodeagent.hooks")
+log = get_logger("nodeagent.host.hooks")
 VERSION = "v1"
 HOOK_NAMES = ("apply-start", "pre-apply-mode", "pre-apply-config", "apply-exit")
 HOOK_KEYS = ("command", "args", "envs", "workdir")
@@ -195,7 +195,7 @@ def parse_hooks(text: str, source: str) -> HooksFile:
 
 
 def load_hooks(path: str | None) -> HooksFile:
-    """Read and parse a hooks file (bounded: nodeagent.configfile). Raises ConfigError."""
+    """Read and parse a hooks file (bounded: nodeagent.base.configfile). Raises ConfigError."""
     if not path:
         raise ConfigError("no hooks file: pass --hooks-file FILE")
     return parse_hooks(read_text(path, "hooks file"), "<stdin>" if path == "-" else path)

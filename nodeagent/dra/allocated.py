@@ -1,5 +1,5 @@
 """The ResourceClaims the scheduler allocated on this node, for the ownership record's rebuild
-(nodeagent.dra.owners): a claim allocated here holds its devices even before the kubelet asks
+(nodeagent.state.owners): a claim allocated here holds its devices even before the kubelet asks
 to prepare it, and after a lost record."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nodeagent.dra.owners import AllocatedClaim
-from nodeagent.kube.dra_api import DraApi
+from nodeagent.dra.api import DraApi
+from nodeagent.dra.traces import AllocatedClaim
 
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 

@@ -7,18 +7,18 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from nodeagent.base.errors import ConfigError
+from nodeagent.dra.api import DraApi
 from nodeagent.dra.devices import resource_slices
 from nodeagent.dra.nocounters import safe_slices
 from nodeagent.dra.node import NodeConfig, NodeDriver, Stats
-from nodeagent.dra.owners import OwnerStore
-from nodeagent.errors import ConfigError
+from nodeagent.dra.server import DraPluginServer, Sockets
+from nodeagent.dra.slices import GateWatch, SlicePublisher
 from nodeagent.kube.api import KubeSettings, make_api_client
-from nodeagent.kube.dra_api import DraApi
-from nodeagent.kube.dra_server import DraPluginServer, Sockets
-from nodeagent.kube.dra_slices import GateWatch, SlicePublisher
 from nodeagent.mig.wanted import MigEngine
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.settings import Settings
+from nodeagent.state.owners import OwnerStore
 
 PLUGIN_SOCKET = "dra.sock"
 
@@ -84,7 +84,7 @@ class DraPlugin:
 
     def publish(self, inventory: Inventory) -> bool:
         """Bring the node's ResourceSlices to `inventory`; True when something was written.
-        Where the API server drops the counters (nodeagent.kube.dra_slices.GateWatch), only
+        Where the API server drops the counters (nodeagent.dra.slices.GateWatch), only
         devices that cannot overlap (nodeagent.dra.nocounters). Raises KubeError."""
         if self.gate.counters_dropped():
             wanted = safe_slices(inventory, self.api.name, self.driver, self.devices)

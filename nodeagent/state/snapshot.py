@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from nodeagent.errors import AgentError
-from nodeagent.logs import get_logger
+from nodeagent.base.errors import AgentError
+from nodeagent.base.logs import get_logger
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.nvml.fields import DeviceFields
 from nodeagent.nvml.health import THROTTLE_REASONS, Health
@@ -41,7 +41,7 @@ __all__ = [
     "in_use_view",
 ]
 
-log = get_logger("nodeagent.snapshot")
+log = get_logger("nodeagent.state.snapshot")
 Clock = Callable[[], float]
 
 

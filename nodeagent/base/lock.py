@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from nodeagent.errors import AgentError, ConfigError, LockHeld
-from nodeagent.files import open_lock_file
-from nodeagent.logs import get_logger
+from nodeagent.base.errors import AgentError, ConfigError, LockHeld
+from nodeagent.base.files import open_lock_file
+from nodeagent.base.logs import get_logger
 
-log = get_logger("nodeagent.lock")
+log = get_logger("nodeagent.base.lock")
 LOCK_NAME = "mig-writer.lock"
 
 

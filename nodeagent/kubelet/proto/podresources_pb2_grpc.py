@@ -2,7 +2,7 @@
 """Client and server classes corresponding to protobuf-defined services."""
 import grpc
 
-from nodeagent.kube.proto import podresources_pb2 as nodeagent_dot_kube_dot_proto_dot_podresources__pb2
+from nodeagent.kubelet.proto import podresources_pb2 as nodeagent_dot_kubelet_dot_proto_dot_podresources__pb2
 
 
 class PodResourcesListerStub(object):
@@ -16,8 +16,8 @@ class PodResourcesListerStub(object):
         """
         self.List = channel.unary_unary(
                 '/v1.PodResourcesLister/List',
-                request_serializer=nodeagent_dot_kube_dot_proto_dot_podresources__pb2.ListPodResourcesRequest.SerializeToString,
-                response_deserializer=nodeagent_dot_kube_dot_proto_dot_podresources__pb2.ListPodResourcesResponse.FromString,
+                request_serializer=nodeagent_dot_kubelet_dot_proto_dot_podresources__pb2.ListPodResourcesRequest.SerializeToString,
+                response_deserializer=nodeagent_dot_kubelet_dot_proto_dot_podresources__pb2.ListPodResourcesResponse.FromString,
                 )
 
 
@@ -35,8 +35,8 @@ def add_PodResourcesListerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'List': grpc.unary_unary_rpc_method_handler(
                     servicer.List,
-                    request_deserializer=nodeagent_dot_kube_dot_proto_dot_podresources__pb2.ListPodResourcesRequest.FromString,
-                    response_serializer=nodeagent_dot_kube_dot_proto_dot_podresources__pb2.ListPodResourcesResponse.SerializeToString,
+                    request_deserializer=nodeagent_dot_kubelet_dot_proto_dot_podresources__pb2.ListPodResourcesRequest.FromString,
+                    response_serializer=nodeagent_dot_kubelet_dot_proto_dot_podresources__pb2.ListPodResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -60,7 +60,7 @@ class PodResourcesLister(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/v1.PodResourcesLister/List',
-            nodeagent_dot_kube_dot_proto_dot_podresources__pb2.ListPodResourcesRequest.SerializeToString,
-            nodeagent_dot_kube_dot_proto_dot_podresources__pb2.ListPodResourcesResponse.FromString,
+            nodeagent_dot_kubelet_dot_proto_dot_podresources__pb2.ListPodResourcesRequest.SerializeToString,
+            nodeagent_dot_kubelet_dot_proto_dot_podresources__pb2.ListPodResourcesResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nodeagent.logs import get_logger
+from nodeagent.base.logs import get_logger
 
-log = get_logger("nodeagent.workers")
+log = get_logger("nodeagent.state.workers")
 Clock = Callable[[], float]
 
 
@@ -138,6 +138,6 @@ class Worker(threading.Thread):
 
 def _expected(err: Exception) -> bool:
     """nodeagent's own errors are one sentence; anything else is a bug: log its traceback."""
-    from nodeagent.errors import AgentError
+    from nodeagent.base.errors import AgentError
 
     return isinstance(err, AgentError)

@@ -9,11 +9,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from nodeagent.configfile import ConfigCache
-from nodeagent.dra.held import inventory_reader, owner_store, with_owners
+from nodeagent.base.configfile import ConfigCache
+from nodeagent.base.lock import mig_writer_lock
 from nodeagent.dra.node import NodeConfig, NodeDriver, Stats
-from nodeagent.dra.owners import OwnerStore
-from nodeagent.lock import mig_writer_lock
+from nodeagent.dra.traces import owner_store
 from nodeagent.metrics.agent import AgentStats
 from nodeagent.mig.apply import Reset
 from nodeagent.mig.config import MigConfigFile
@@ -25,7 +24,8 @@ from nodeagent.reconcile.ports import Clients, DesireSource, LabelSink, Reporter
 from nodeagent.settings import Settings
 from nodeagent.sharing.offers import Offers
 from nodeagent.sharing.plugin import PluginConfigSink
-from nodeagent.snapshot import Allocations, Store
+from nodeagent.state.owners import OwnerStore, inventory_reader, with_owners
+from nodeagent.state.snapshot import Allocations, Store
 
 
 def agent_pipeline(
@@ -86,7 +86,7 @@ def command_pipeline(
     command, hooks around every run as mig-parted's apply, each NVML operation reported to
     `on_operation` as it completes. `configs`: the MIG config file as the command read it;
     `allocations`: which devices pods hold; the claims of the node's ownership record
-    (nodeagent.dra.owners, beside the MIG writer lock) count as held too."""
+    (nodeagent.state.owners, beside the MIG writer lock) count as held too."""
     owners = owners or owner_store(session, settings.dra, lock_path)
     return Pipeline(
         store=Store(session, time.time),

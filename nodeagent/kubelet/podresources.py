@@ -19,9 +19,9 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from nodeagent.errors import KubeError
-from nodeagent.kube.proto import podresources_pb2
-from nodeagent.snapshot import Holder, in_use_view
+from nodeagent.base.errors import KubeError
+from nodeagent.kubelet.proto import podresources_pb2
+from nodeagent.state.snapshot import Holder, in_use_view
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-")

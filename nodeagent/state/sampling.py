@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from nodeagent.errors import NvmlError
+from nodeagent.base.errors import NvmlError
 from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.fields import DeviceFields, FieldReader
 from nodeagent.nvml.gpm import GpmReader
@@ -21,7 +21,7 @@ from nodeagent.nvml.utilization import (
     ProcessUtilizationReader,
     idle_sample,
 )
-from nodeagent.snapshot import FieldValues, GpmValues, HealthValues, ProcessUtilization, Store
+from nodeagent.state.snapshot import FieldValues, GpmValues, HealthValues, ProcessUtilization, Store
 
 Clock = Callable[[], float]
 MIN_GPM_WINDOW_SECONDS = 0.1

@@ -16,7 +16,6 @@ Workers, each a `Worker` (catches every exception, backs off, keeps a heartbeat)
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 import threading
 import time
@@ -25,10 +24,11 @@ from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
 
-from nodeagent.dra.held import inventory_reader, owner_store, with_owners
-from nodeagent.errors import AgentError, KubeError
+from nodeagent.agent.factory import agent_pipeline
+from nodeagent.base.errors import AgentError, KubeError
+from nodeagent.base.logs import get_logger
+from nodeagent.dra.traces import owner_store, with_api
 from nodeagent.labels.nfd import write_features
-from nodeagent.logs import get_logger
 from nodeagent.metrics.agent import AgentCollector, AgentStats
 from nodeagent.metrics.collectorset import CollectorSet
 from nodeagent.metrics.dcgm import DcgmExposition
@@ -50,13 +50,14 @@ from nodeagent.mps.supervisor import MpsSupervisor
 from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.gpm import GpmReader
 from nodeagent.nvml.write import ComputeModeWriter
-from nodeagent.reconcile import Pipeline, agent_pipeline
-from nodeagent.sampling import FieldSampler, GpmSampler, HealthSampler, UtilizationSampler
+from nodeagent.reconcile import Pipeline
 from nodeagent.settings import Settings, merge_reload
-from nodeagent.snapshot import Allocations, Snapshot, Store
-from nodeagent.workers import Worker
+from nodeagent.state.owners import inventory_reader, with_owners
+from nodeagent.state.sampling import FieldSampler, GpmSampler, HealthSampler, UtilizationSampler
+from nodeagent.state.snapshot import Allocations, Snapshot, Store
+from nodeagent.state.workers import Worker
 
-log = get_logger("nodeagent.agent")
+log = get_logger("nodeagent.agent.service")
 STOP_SECONDS = 4.0  # how long stop() waits for idle workers (SIGTERM exits within 5 s)
 NVML_READERS = ("refresh", "gpm", "mps-probe")  # wait for the NVML lock during a MIG change
 
@@ -145,7 +146,7 @@ class Agent:
         self.reload_pending: str | None = None  # why a SIGHUP's reload waits for a retry
 
         self._reset, self._lock_path, self._allocations = reset, lock_path, allocations
-        # Who owns each slice, read by every path that changes MIG (nodeagent.dra.owners).
+        # Who owns each slice, read by every path that changes MIG (nodeagent.state.owners).
         self.owners = owner_store(self.session, self.settings.dra, lock_path)
         self.pipeline = self._pipeline()
 
@@ -206,7 +207,7 @@ class Agent:
             ensure_node,
         )
         from nodeagent.kube.nodefeature import NodeFeatureSink, PodRef
-        from nodeagent.kube.podresources import pod_devices
+        from nodeagent.kubelet.podresources import pod_devices
 
         k = self.settings.kube
         assert k.node_name is not None
@@ -261,8 +262,8 @@ class Agent:
         """The DRA kubelet plugin beside the device-plugin path, serving the kubelet from now;
         its MIG changes run through the agent's pipeline, its claims go into the ownership
         record that the pipeline reads (both count as busy)."""
-        from nodeagent.kube.dra_claims import allocated_here
-        from nodeagent.kube.dra_plugin import DraPlugin
+        from nodeagent.dra.allocated import allocated_here
+        from nodeagent.dra.plugin import DraPlugin
 
         self.dra = DraPlugin(
             self.session,
@@ -274,8 +275,7 @@ class Agent:
             self.dra_stats,
         )
         # A lost ownership record is rebuilt from the claims allocated here too.
-        api = allocated_here(self.dra.api, self.settings.dra.driver)
-        self.owners.evidence = dataclasses.replace(self.owners.evidence, api=api)
+        with_api(self.owners, allocated_here(self.dra.api, self.settings.dra.driver))
         self.dra.start()
 
     def publish_dra(self) -> None:

@@ -2,7 +2,7 @@
 """Client and server classes corresponding to protobuf-defined services."""
 import grpc
 
-from nodeagent.kube.proto import pluginregistration_pb2 as nodeagent_dot_kube_dot_proto_dot_pluginregistration__pb2
+from nodeagent.kubelet.proto import pluginregistration_pb2 as nodeagent_dot_kubelet_dot_proto_dot_pluginregistration__pb2
 
 
 class RegistrationStub(object):
@@ -16,13 +16,13 @@ class RegistrationStub(object):
         """
         self.GetInfo = channel.unary_unary(
                 '/pluginregistration.Registration/GetInfo',
-                request_serializer=nodeagent_dot_kube_dot_proto_dot_pluginregistration__pb2.InfoRequest.SerializeToString,
-                response_deserializer=nodeagent_dot_kube_dot_proto_dot_pluginregistration__pb2.PluginInfo.FromString,
+                request_serializer=nodeagent_dot_kubelet_dot_proto_dot_pluginregistration__pb2.InfoRequest.SerializeToString,
+                response_deserializer=nodeagent_dot_kubelet_dot_proto_dot_pluginregistration__pb2.PluginInfo.FromString,
                 )
         self.NotifyRegistrationStatus = channel.unary_unary(
                 '/pluginregistration.Registration/NotifyRegistrationStatus',
-                request_serializer=nodeagent_dot_kube_dot_proto_dot_pluginregistration__pb2.RegistrationStatus.SerializeToString,
-                response_deserializer=nodeagent_dot_kube_dot_proto_dot_pluginregistration__pb2.RegistrationStatusResponse.FromString,
+                request_serializer=nodeagent_dot_kubelet_dot_proto_dot_pluginregistration__pb2.RegistrationStatus.SerializeToString,
+                response_deserializer=nodeagent_dot_kubelet_dot_proto_dot_pluginregistration__pb2.RegistrationStatusResponse.FromString,
                 )
 
 
@@ -46,13 +46,13 @@ def add_RegistrationServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'GetInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetInfo,
-                    request_deserializer=nodeagent_dot_kube_dot_proto_dot_pluginregistration__pb2.InfoRequest.FromString,
-                    response_serializer=nodeagent_dot_kube_dot_proto_dot_pluginregistration__pb2.PluginInfo.SerializeToString,
+                    request_deserializer=nodeagent_dot_kubelet_dot_proto_dot_pluginregistration__pb2.InfoRequest.FromString,
+                    response_serializer=nodeagent_dot_kubelet_dot_proto_dot_pluginregistration__pb2.PluginInfo.SerializeToString,
             ),
             'NotifyRegistrationStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.NotifyRegistrationStatus,
-                    request_deserializer=nodeagent_dot_kube_dot_proto_dot_pluginregistration__pb2.RegistrationStatus.FromString,
-                    response_serializer=nodeagent_dot_kube_dot_proto_dot_pluginregistration__pb2.RegistrationStatusResponse.SerializeToString,
+                    request_deserializer=nodeagent_dot_kubelet_dot_proto_dot_pluginregistration__pb2.RegistrationStatus.FromString,
+                    response_serializer=nodeagent_dot_kubelet_dot_proto_dot_pluginregistration__pb2.RegistrationStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -76,8 +76,8 @@ class Registration(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/pluginregistration.Registration/GetInfo',
-            nodeagent_dot_kube_dot_proto_dot_pluginregistration__pb2.InfoRequest.SerializeToString,
-            nodeagent_dot_kube_dot_proto_dot_pluginregistration__pb2.PluginInfo.FromString,
+            nodeagent_dot_kubelet_dot_proto_dot_pluginregistration__pb2.InfoRequest.SerializeToString,
+            nodeagent_dot_kubelet_dot_proto_dot_pluginregistration__pb2.PluginInfo.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -93,7 +93,7 @@ class Registration(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/pluginregistration.Registration/NotifyRegistrationStatus',
-            nodeagent_dot_kube_dot_proto_dot_pluginregistration__pb2.RegistrationStatus.SerializeToString,
-            nodeagent_dot_kube_dot_proto_dot_pluginregistration__pb2.RegistrationStatusResponse.FromString,
+            nodeagent_dot_kubelet_dot_proto_dot_pluginregistration__pb2.RegistrationStatus.SerializeToString,
+            nodeagent_dot_kubelet_dot_proto_dot_pluginregistration__pb2.RegistrationStatusResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -1,0 +1,245 @@
+"""Where the DRA driver leaves traces of its claims, and the ownership record rebuilt from
+them (nodeagent.state.owners) when it is missing or unreadable: the plugin directories'
+checkpoints and MPS roots, the claims' CDI specs, the claims the API server allocated here."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from nodeagent.base.errors import AgentError, ConfigError
+from nodeagent.dra import cdi
+from nodeagent.dra.checkpoint import load as load_checkpoint
+from nodeagent.dra.devices import parse_device_name
+from nodeagent.nvml import Inventory, NvmlSession
+from nodeagent.settings import Dra
+from nodeagent.settings.groups import DEFAULT_KUBELET_PLUGINS
+from nodeagent.state.owners import (
+    CLAIM,
+    ClaimOwner,
+    Held,
+    Owners,
+    OwnerStore,
+    inventory_reader,
+    owners_path,
+    read_trace,
+)
+from nodeagent.state.snapshot import Holder
+
+DEFAULT_CDI_DIRS = (Path("/var/run/cdi"), Path("/etc/cdi"))
+
+
+@dataclass(frozen=True)
+class AllocatedClaim:
+    """A ResourceClaim the scheduler allocated devices of this node's pool to (the API's
+    answer): its devices by name."""
+
+    namespace: str
+    name: str
+    devices: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Where the DRA driver leaves traces of its claims: plugin directories (checkpoint.json,
+    mps/<uid>/<device>), CDI directories (k8s.<driver>-claim_<uid>.json) and, with an API
+    server (`api`: the claims allocated on this node, by UID), the claims themselves."""
+
+    driver: str
+    plugin_dirs: tuple[Path, ...] = ()
+    cdi_dirs: tuple[Path, ...] = DEFAULT_CDI_DIRS
+    api: Callable[[], Mapping[str, AllocatedClaim]] | None = None
+
+    def __call__(self, inventory: Inventory | None) -> Owners:
+        """The record rebuilt from these traces (OwnerStore's `evidence`)."""
+        return rebuild(self, inventory)
+
+
+def _unique(paths: Iterable[Path]) -> tuple[Path, ...]:
+    return tuple(dict.fromkeys(paths))
+
+
+def evidence_of(
+    driver: str,
+    plugin_dirs: Iterable[Path],
+    cdi_dirs: Iterable[Path],
+    api: Callable[[], Mapping[str, AllocatedClaim]] | None = None,
+) -> Evidence:
+    return Evidence(driver, _unique(plugin_dirs), _unique([*cdi_dirs, *DEFAULT_CDI_DIRS]), api)
+
+
+def rebuild(evidence: Evidence, inventory: Inventory | None) -> Owners:
+    """The claims' devices as the node shows them. A source that exists but cannot be read
+    makes the record uncertain (every destroy refused)."""
+    claims: dict[str, ClaimOwner] = {}
+    problems: list[str] = []
+    for d in evidence.plugin_dirs:
+        try:
+            checkpoint = load_checkpoint(d / "checkpoint.json")
+        except ConfigError as err:
+            problems.append(str(err))
+            continue
+        for uid, c in checkpoint.claims.items():
+            devices = tuple(
+                Held(
+                    p.gpu_uuid,
+                    p.placement_start,
+                    p.placement_size,
+                    p.profile_id,
+                    p.mig_uuid,
+                )
+                for p in c.devices
+                if not p.admin
+            )
+            claims[uid] = ClaimOwner(c.namespace, c.name, devices)
+        _mps_roots(d / "mps", inventory, claims, problems)
+    for d in evidence.cdi_dirs:
+        _cdi_specs(d, evidence.driver, inventory, claims, problems)
+    if evidence.api is not None:
+        _api_claims(evidence.api, inventory, claims, problems)
+    if problems:
+        return Owners(claims, uncertain="; ".join(problems))
+    return Owners(claims)
+
+
+def _add(claims: dict[str, ClaimOwner], uid: str, held: Held) -> None:
+    owner = claims.get(uid) or ClaimOwner("", "")
+    if held not in owner.devices:
+        claims[uid] = replace(owner, devices=(*owner.devices, held))
+
+
+def _listdir(path: Path, problems: list[str]) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except FileNotFoundError:
+        return []
+    except OSError as err:
+        problems.append(f"cannot read {path}: {err.strerror}")
+        return []
+
+
+def _mps_roots(
+    root: Path, inventory: Inventory | None, claims: dict[str, ClaimOwner], problems: list[str]
+) -> None:
+    """mps/<uid>/<device>: a claim's MPS daemon holds that device's GPU."""
+    gpus = {g.index: g for g in inventory.gpus} if inventory is not None else {}
+    for uid in _listdir(root, problems):
+        for device in _listdir(root / uid, problems):
+            ref = parse_device_name(device)
+            if ref is None:
+                continue
+            gpu = gpus.get(ref.gpu)
+            if gpu is None:
+                problems.append(f"MPS root {root / uid / device} names a GPU this node lacks")
+                continue
+            _add(claims, uid, Held(gpu.uuid))
+
+
+def _cdi_specs(
+    root: Path,
+    driver: str,
+    inventory: Inventory | None,
+    claims: dict[str, ClaimOwner],
+    problems: list[str],
+) -> None:
+    """A claim's CDI spec names the GPU or MIG UUIDs it hands its containers."""
+    prefix = f"{cdi.vendor(driver)}-{cdi.CLASS}_"
+    parents: dict[str, str] = {}
+    slices: dict[str, tuple[str, int, int, int]] = {}
+    if inventory is not None:
+        for g in inventory.gpus:
+            parents[g.uuid] = g.uuid
+            for s in g.slices:
+                if s.mig_uuid:
+                    slices[s.mig_uuid] = (g.uuid, s.placement.start, s.placement.size, s.profile_id)
+    for name in _listdir(root, problems):
+        if not (name.startswith(prefix) and name.endswith(".json")):
+            continue
+        uid = name[len(prefix) : -len(".json")]
+        try:
+            spec = json.loads(read_trace(root / name, "a CDI spec") or "")
+            envs = [
+                e
+                for dev in spec["devices"]
+                for e in dev["containerEdits"].get("env", [])
+                if isinstance(e, str) and e.startswith("NVIDIA_VISIBLE_DEVICES=")
+            ]
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, ConfigError) as err:
+            problems.append(f"CDI spec {root / name} is unreadable ({err})")
+            continue
+        for env in envs:
+            uuid = env.split("=", 1)[1]
+            if uuid in slices:
+                gpu, start, size, profile = slices[uuid]
+                _add(claims, uid, Held(gpu, start, size, profile, uuid))
+            elif uuid in parents:
+                _add(claims, uid, Held(uuid))
+            elif uuid.startswith("MIG-"):
+                problems.append(f"CDI spec {root / name} names {uuid}, a MIG device not here")
+
+
+def _api_claims(
+    api: Callable[[], Mapping[str, AllocatedClaim]],
+    inventory: Inventory | None,
+    claims: dict[str, ClaimOwner],
+    problems: list[str],
+) -> None:
+    """The claims the scheduler allocated here hold their devices (a slice not made yet is
+    held at its placement: nothing else may take it)."""
+    try:
+        allocated = api()
+    except AgentError as err:
+        problems.append(f"cannot list the claims allocated on this node ({err})")
+        return
+    gpus = {g.index: g for g in inventory.gpus} if inventory is not None else {}
+    for uid, claim in allocated.items():
+        for device in claim.devices:
+            ref = parse_device_name(device)
+            gpu = gpus.get(ref.gpu) if ref is not None else None
+            if ref is None or gpu is None:
+                continue  # another driver's naming, or a GPU this node lacks: nothing held here
+            if not ref.is_mig:
+                held = Held(gpu.uuid)
+            else:
+                profile = gpu.profile_by_id(ref.profile_id or 0)
+                at = next(
+                    (p for p in (profile.placements if profile else ()) if p.start == ref.start),
+                    None,
+                )
+                if at is None:
+                    continue
+                held = Held(gpu.uuid, at.start, at.size, ref.profile_id)
+            _add(claims, uid, held)
+            owner = claims[uid]
+            if not owner.name:
+                claims[uid] = replace(owner, namespace=claim.namespace, name=claim.name)
+
+
+def claim_holders(checkpoint: Path) -> dict[str, Holder]:
+    """{GPU or MIG UUID: the claim holding it} as one DRA checkpoint records it (prepared
+    claims with their UUIDs). Raises ConfigError for a checkpoint it cannot read."""
+    held: dict[str, Holder] = {}
+    for claim in load_checkpoint(checkpoint).claims.values():
+        for d in claim.devices:
+            uuid = d.mig_uuid if d.is_mig else d.gpu_uuid
+            if uuid and not d.admin:
+                held.setdefault(uuid, Holder(claim.namespace, claim.name, "", kind=CLAIM))
+    return held
+
+
+def owner_store(session: NvmlSession, dra: Dra, lock_path: Path | None) -> OwnerStore:
+    """The node's ownership record, beside the MIG writer lock at `lock_path`; rebuilt when
+    missing from the DRA traces in `dra`'s directories and the default ones."""
+    plugin_dirs = (dra.plugin_path, DEFAULT_KUBELET_PLUGINS / dra.driver)
+    evidence = evidence_of(dra.driver, plugin_dirs, (dra.cdi_dir,))
+    return OwnerStore(owners_path(lock_path), evidence, inventory_reader(session))
+
+
+def with_api(store: OwnerStore, api: Callable[[], Mapping[str, AllocatedClaim]]) -> None:
+    """From now on a rebuild of `store`'s record also holds what the claims allocated on this
+    node (the API server's answer, `api`) name."""
+    if isinstance(store.evidence, Evidence):
+        store.evidence = replace(store.evidence, api=api)
