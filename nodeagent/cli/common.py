@@ -108,18 +108,6 @@ class Context:
         return lib
 
 
-def sharing_preview(ctx: Context) -> dict[int, tuple[str, int]]:
-    """What each GPU the sharing config (-f FILE -c NAME) covers would offer (strategy,
-    replicas), checked exactly as `sharing apply` checks it: the same pipeline run dry
-    (observe, desire, resolve, plan), changing nothing. Raises what apply would raise."""
-    from nodeagent.cli.mig import failed  # here: those modules import this one
-    from nodeagent.cli.sharing import _pipeline
-
-    report = _pipeline(ctx).run_once(dry_run=True)
-    failed(report)
-    return dict(report.sharing)
-
-
 def print_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2, sort_keys=False)
     sys.stdout.write("\n")

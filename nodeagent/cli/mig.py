@@ -4,28 +4,23 @@ MIG_PARTED_* variables (nodeagent.cli.migparted); also the commands of `nvidia-m
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodeagent.base.errors import AgentError, ConfigError
-from nodeagent.base.lock import lock_path
+from nodeagent.base.errors import ConfigError
 from nodeagent.cli.common import (
     Context,
     add_setting_flags,
     output_flag,
     print_json,
-    reset_for,
 )
+from nodeagent.cli.pipelines import config_name, describe_op, dialect, failed, mig_pipeline
 from nodeagent.host.hooks import apply_switches
-from nodeagent.mig.profile import profile_or_none
 from nodeagent.nvml import read_inventory
 
 if TYPE_CHECKING:
-    from nodeagent.base.configfile import ConfigCache
-    from nodeagent.mig.config import MigConfigFile
-    from nodeagent.reconcile import Pipeline, Report
+    pass
 
 # mig-parted's own flag names work too: -f/--config-file, -c/--selected-config, -k/--hooks-file.
 MIG_FLAG_NAMES = {
@@ -39,107 +34,13 @@ NO_FILE = (
 ASSERTION_FAILURE = "Assertion failure: selected configuration not currently applied"
 
 
-def _config_name(ctx: Context, cfg: MigConfigFile) -> str:
-    """-c NAME; a file holding one config needs none (as mig-parted)."""
-    name: str | None = ctx.settings.mig.config
-    if not name and len(cfg.configs) == 1:
-        return next(iter(cfg.configs))
-    if not name:
-        raise ConfigError(
-            f"no config name: {cfg.source} defines {len(cfg.configs)} configs"
-            f" ({', '.join(sorted(cfg.configs))}); pass -c NAME"
-            " or set NODEAGENT_MIG_CONFIG (or MIG_PARTED_SELECTED_CONFIG)"
-        )
-    return name
-
-
-def _describe_op(op: dict[str, Any]) -> str:
-    text = f"GPU {op['gpu']}: {op['op']}"
-    if "enabled" in op:
-        text += " enabled" if op["enabled"] else " disabled"
-    if "profile" in op:
-        slices = op.get("compute_slices")
-        gi = profile_or_none(str(op["profile"]))
-        full = gi is None or slices == gi.g
-        text += f" {op['profile']}" if slices is None or full else f" {slices}c.{op['profile']}"
-        if slices is not None and not full:
-            text += f" (compute slice {op.get('ci_start', 0)})"
-    if "placement" in op:
-        text += f" at {op['placement']['start']}:{op['placement']['size']}"
-    ids = [
-        f"GI {op['gi_id']}" if "gi_id" in op else "",
-        f"CI {op['ci_id']}" if "ci_id" in op else "",
-    ]
-    ids = [i for i in ids if i]
-    return text + (f" ({', '.join(ids)})" if ids else "")
-
-
-def _print_progress(op: dict[str, Any]) -> None:
-    print(_describe_op(op), flush=True)
-
-
-def _pipeline(ctx: Context, progress: bool = False) -> tuple[Pipeline, str]:
-    """The command's pipeline for the MIG config of -f/-c, and that config's name (-c, or
-    the one config of a file that holds one, as mig-parted). With --mode-only the config is
-    read as mig-parted's --mode-only reads it; with --skip-reset no GPU is reset."""
-    from nodeagent.agent.factory import command_pipeline
-    from nodeagent.base.configfile import ConfigCache
-    from nodeagent.reconcile import mig_config_cache
-
-    settings = ctx.settings
-    node = settings.node
-    # Text output shows each operation as it completes: a slow mode change or reset shows
-    # where it is, and a killed apply shows how far it got.
-    text = progress and _dialect(ctx) == "nodeagent" and ctx.args.output != "json"
-    show = _print_progress if text else None
-    path = lock_path(node.run_dir, node.sim_state, bool(node.simulate))
-    configs: ConfigCache[MigConfigFile] = mig_config_cache()  # one read of the file (stdin too)
-    if not settings.mig.config_file and _dialect(ctx) == "mig-parted":
-        raise ConfigError("missing required flags 'config-file'")  # mig-parted's CheckFlags
-    if not (settings.mig.config_file or settings.mig.config):  # no file: the generated configs
-        raise ConfigError(
-            "no MIG config: pass -c NAME (of the configs generated from the GPUs, see"
-            " 'nodeagent mig generate-config', or of -f FILE)"
-        )
-    cfg = configs.load(settings.mig.config_file) if settings.mig.config_file else None
-    name = settings.mig.config or (_config_name(ctx, cfg) if cfg else "")
-    if ctx.args.mode_only:
-        from nodeagent.cli.migparted import mode_only
-        from nodeagent.mig.generate import GeneratedConfigs
-
-        inventory = read_inventory(ctx.session)
-        modes = mode_only(cfg or GeneratedConfigs().load(inventory), name, inventory)
-        configs = ConfigCache(lambda _path: modes, "MIG config file")
-    named = dataclasses.replace(settings, mig=dataclasses.replace(settings.mig, config=name))
-    reset = reset_for(settings, ctx.lib)
-    if ctx.args.skip_reset:
-        from nodeagent.cli.migparted import no_reset
-
-        reset = no_reset
-    return command_pipeline(ctx.session, named, reset, path, show, configs), name
-
-
-def _dialect(ctx: Context) -> str:
-    """ "mig-parted" under `nvidia-mig-parted` (its messages), else "nodeagent"."""
-    dialect: str = ctx.args.dialect
-    return dialect
-
-
-def failed(report: Report) -> None:
-    """Raise the error a failed run ended with (the CLI says it in one sentence)."""
-    if report.error is not None:
-        raise report.error
-    if report.result != "success":
-        raise AgentError(report.reason or "the config could not be applied")
-
-
 def cmd_mig_apply(ctx: Context) -> int:
-    pipeline, name = _pipeline(ctx, progress=True)
+    pipeline, name = mig_pipeline(ctx, progress=True)
     with apply_switches(bool(ctx.args.skip_reset), bool(ctx.args.mode_only)):
         report = pipeline.run_once(dry_run=ctx.args.dry_run)
     failed(report)
     ops = list(report.done)
-    if _dialect(ctx) == "mig-parted":
+    if dialect(ctx) == "mig-parted":
         print("MIG configuration applied successfully")
         return 0
     if ctx.args.output == "json":
@@ -151,14 +52,14 @@ def cmd_mig_apply(ctx: Context) -> int:
         return 0
     if ctx.args.dry_run:
         for op in ops:
-            print(_describe_op(op))
+            print(describe_op(op))
     print(f"config {name!r}: {verb} {len(ops)} NVML operation{'s' if len(ops) != 1 else ''}")
     return 0
 
 
 def cmd_mig_assert(ctx: Context) -> int:
     """As mig-parted's assert: a GPU the config does not select is a difference too."""
-    upstream = _dialect(ctx) == "mig-parted"
+    upstream = dialect(ctx) == "mig-parted"
     if ctx.args.valid_config:  # the file and the name only, as mig-parted: no GPU is read
         from nodeagent.reconcile import mig_config_cache
 
@@ -166,12 +67,12 @@ def cmd_mig_assert(ctx: Context) -> int:
             raise ConfigError(NO_FILE)
 
         cfg = mig_config_cache().load(ctx.settings.mig.config_file)
-        name = ctx.settings.mig.config or _config_name(ctx, cfg)
+        name = ctx.settings.mig.config or config_name(ctx, cfg)
         if name not in cfg.configs:
             raise ConfigError(f"{cfg.source}: no config named {name!r}")
         print("Selected MIG configuration is valid" if upstream else f"config {name!r}: valid")
         return 0
-    pipeline, name = _pipeline(ctx)
+    pipeline, name = mig_pipeline(ctx)
     report = pipeline.run_once(compare=True)
     failed(report)
     for problem in report.differences:  # mig-parted says why only with -d, on stderr

@@ -16,20 +16,18 @@ given on the command line. Where nodeagent differs: `checkpoint` and `restore` a
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from nodeagent import __version__
-from nodeagent.base.errors import ConfigError, ResetLeftToUser
+from nodeagent.base.errors import ConfigError
 from nodeagent.cli.common import Context, add_setting_flags
 from nodeagent.cli.mig import add_mig_commands
 
 if TYPE_CHECKING:
-    from nodeagent.mig.config import MigConfigFile
-    from nodeagent.nvml.inventory import Inventory
+    pass
 
 PROG = "nvidia-mig-parted"
 NOT_HONOURED = 2  # a mig-parted command nodeagent does not have
@@ -85,38 +83,6 @@ def read_mig_parted_variables(ctx: Context) -> None:
                 setattr(args, dest, _switch(name, value))
         elif getattr(args, TEXT_VARIABLES[name]) is None:
             setattr(args, TEXT_VARIABLES[name], value)
-
-
-def mode_only(cfg: MigConfigFile, name: str, inventory: Inventory) -> MigConfigFile:
-    """Config `name` as --mode-only reads it: each GPU it selects gets the MIG mode it asks
-    for and keeps the MIG devices it has (none where MIG is being enabled). mig-parted clears
-    the devices of every MIG GPU once one mode differs; nodeagent touches only GPUs whose mode
-    changes."""
-    from nodeagent.mig.config import Entry, ProfileCount
-    from nodeagent.mig.plan import device_counts
-    from nodeagent.mig.profile import profile_or_none
-    from nodeagent.mig.select import resolve
-
-    entries = {str(e.mark): e for e in cfg.configs.get(name, ())}
-    gpus = {gpu.index: gpu for gpu in inventory.gpus}
-    derived = []
-    for index, want in sorted(resolve(cfg, name, inventory).items()):
-        gpu, mark = gpus[index], entries[want.source].mark
-        kept = device_counts(gpu) if want.mig_enabled and gpu.mig_current else {}
-        devices = tuple(
-            ProfileCount(profile, count, mark, parsed)
-            for profile, count in kept.items()
-            if (parsed := profile_or_none(profile)) is not None
-        )
-        derived.append(Entry((index,), None, want.mig_enabled, devices, mark, mark))
-    return dataclasses.replace(cfg, configs={**cfg.configs, name: tuple(derived)})
-
-
-def no_reset(index: int) -> None:
-    raise ResetLeftToUser(
-        f"GPU {index}: the MIG mode change is pending and --skip-reset leaves the GPU reset to"
-        f" you (nvidia-smi -r -i {index}); apply again after it"
-    )
 
 
 def _not_honoured(ctx: Context) -> int:

@@ -21,9 +21,9 @@ from nodeagent.cli.common import (
     output_flag,
     print_json,
     reset_for,
-    sharing_preview,
 )
 from nodeagent.cli.mps import cmd_mps
+from nodeagent.cli.pipelines import sharing_preview
 from nodeagent.cli.sharing import SHARING_FLAG_NAMES
 from nodeagent.cli.signals import Reloader, Signals
 from nodeagent.host.sdnotify import Notifier

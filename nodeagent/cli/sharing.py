@@ -7,13 +7,12 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-from nodeagent.base.errors import AgentError, ConfigError
-from nodeagent.base.lock import lock_path
-from nodeagent.cli.common import Context, add_setting_flags, output_flag, print_json, reset_for
-from nodeagent.cli.mig import failed
+from nodeagent.base.errors import AgentError
+from nodeagent.cli.common import Context, add_setting_flags, output_flag, print_json
+from nodeagent.cli.pipelines import describe_op, failed, sharing_pipeline
 
 if TYPE_CHECKING:
-    from nodeagent.reconcile import Pipeline, Report
+    from nodeagent.reconcile import Report
 
 SHARING_FLAG_NAMES = {
     "sharing.config-file": ("-f", "--file"),
@@ -23,24 +22,7 @@ SHARING_FLAG_NAMES = {
 GROUPS = ("node", "mig", "mps", "sharing")
 
 
-def _pipeline(ctx: Context) -> Pipeline:
-    from nodeagent.agent.factory import command_pipeline
-
-    settings = ctx.settings
-    if not settings.sharing.config:
-        raise ConfigError("no sharing config name: pass -c NAME or set NODEAGENT_SHARING_CONFIG")
-    if not settings.sharing.config_file:
-        raise ConfigError(
-            "no sharing config file: pass -f FILE or set NODEAGENT_SHARING_CONFIG_FILE"
-        )
-    node = settings.node
-    path = lock_path(node.run_dir, node.sim_state, bool(node.simulate))
-    return command_pipeline(ctx.session, settings, reset_for(settings, ctx.lib), path)
-
-
 def _print(ctx: Context, report: Report, dry_run: bool) -> None:
-    from nodeagent.cli.mig import _describe_op
-
     name = report.wanted.sharing_config
     if ctx.args.output == "json":
         print_json({
@@ -52,7 +34,7 @@ def _print(ctx: Context, report: Report, dry_run: bool) -> None:
         })  # fmt: skip
         return
     for op in report.done:
-        print(_describe_op(op))
+        print(describe_op(op))
     if report.mps_change != "none":
         print(f"MPS daemon: {report.mps_change}{' (planned)' if dry_run else ''}")
     for index, (strategy, replicas) in sorted(report.sharing.items()):
@@ -64,7 +46,7 @@ def _print(ctx: Context, report: Report, dry_run: bool) -> None:
 
 
 def cmd_sharing_apply(ctx: Context) -> int:
-    report = _pipeline(ctx).run_once(dry_run=ctx.args.dry_run)
+    report = sharing_pipeline(ctx).run_once(dry_run=ctx.args.dry_run)
     failed(report)
     _print(ctx, report, ctx.args.dry_run)
     if ctx.args.dry_run and ctx.args.output != "json":
@@ -87,7 +69,7 @@ def _print_label_changes(ctx: Context, report: Report) -> None:
 
 def cmd_sharing_assert(ctx: Context) -> int:
     """Exit 0 when the node is as the config says (no MIG operation, no MPS change needed)."""
-    report = _pipeline(ctx).run_once(compare=True)
+    report = sharing_pipeline(ctx).run_once(compare=True)
     failed(report)
     name = report.wanted.sharing_config
     differences = [f"GPU {op['gpu']}: needs {op['op']}" for op in report.done]

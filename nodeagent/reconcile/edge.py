@@ -23,22 +23,49 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
+from nodeagent.base.configfile import ConfigCache
 from nodeagent.base.errors import MigError
 from nodeagent.base.logs import get_logger
-from nodeagent.mig.apply import execute
+from nodeagent.host.hooks import HooksFile
+from nodeagent.mig.apply import Reset, execute
 from nodeagent.mig.plan import Plan, mismatches, plan
 from nodeagent.mig.wanted import ChangeDone, WantedChange
 from nodeagent.nvml import MigWriter
+from nodeagent.reconcile.change import Changer
 from nodeagent.reconcile.ports import Wanted
 from nodeagent.reconcile.run import Run, refuse_unknown_holders
-from nodeagent.state.snapshot import Snapshot, in_use_view
-
-if TYPE_CHECKING:
-    from nodeagent.reconcile.pipeline import Pipeline
+from nodeagent.settings import Settings
+from nodeagent.state.snapshot import Allocations, Snapshot, Store, in_use_view
 
 log = get_logger("nodeagent.reconcile")
+
+
+class Engine(Protocol):
+    """What a change uses of the reconcile pipeline (nodeagent.reconcile.pipeline.Pipeline):
+    its collaborators and its way of running a named step."""
+
+    @property
+    def store(self) -> Store: ...
+    @property
+    def settings(self) -> Callable[[], Settings]: ...
+    @property
+    def reset(self) -> Callable[[Settings], Reset]: ...
+    @property
+    def writer_lock(self) -> Callable[[Settings], AbstractContextManager[None]]: ...
+    @property
+    def allocations(self) -> Allocations | None: ...
+    @property
+    def on_operation(self) -> Callable[[dict[str, Any]], None] | None: ...
+    @property
+    def change(self) -> Changer: ...
+    @property
+    def hook_files(self) -> ConfigCache[HooksFile]: ...
+
+    def step(self, run: Run, name: str, step: Callable[[Run], None]) -> None: ...
 
 
 def _held(snap: Snapshot, change: WantedChange) -> dict[str, str]:
@@ -53,7 +80,7 @@ def _plan(snap: Snapshot, change: WantedChange) -> tuple[Plan, dict[int, Any]]:
     return the_plan, desired
 
 
-def run_change(pipeline: Pipeline, change: WantedChange) -> ChangeDone:
+def run_change(pipeline: Engine, change: WantedChange) -> ChangeDone:
     """Run `change`; returns what it did. Raises the failing step's error (SliceInUse,
     GeometryInvalid, LockHeld, NvmlError, HookError, MigError, KubeError), logged with the
     step's name; nothing is changed when it fails before apply."""
@@ -131,7 +158,7 @@ def run_change(pipeline: Pipeline, change: WantedChange) -> ChangeDone:
     ]
     try:
         for name, step in steps:
-            pipeline._step(run, name, step)
+            pipeline.step(run, name, step)
     except Exception as err:
         log.warning("change.failed", change=change.name, step=run.step, error=str(err))
         run.outcome = "failure"
@@ -139,7 +166,7 @@ def run_change(pipeline: Pipeline, change: WantedChange) -> ChangeDone:
     finally:
         try:
             if run.hooks_started:
-                pipeline._step(run, "restore", pipeline.change.restore)
+                pipeline.step(run, "restore", pipeline.change.restore)
         finally:
             run.held.close()
     if run.done:

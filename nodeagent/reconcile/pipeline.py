@@ -133,7 +133,7 @@ class Pipeline:
             steps += [("verify", self.verify), ("cdi", self.change.refresh_cdi)]
         try:
             for name, step in steps:
-                self._step(run, name, step)
+                self.step(run, name, step)
         except Exception as err:  # every failure becomes the report, named by its step
             failure = (run.step, err)
         if dry_run:
@@ -141,26 +141,27 @@ class Pipeline:
         if run.paused or run.hooks_started:
             run.outcome = "success" if failure is None else "failure"
             try:
-                self._step(run, "restore", self.change.restore)
+                self.step(run, "restore", self.change.restore)
             except Exception as err:
                 failure = failure or (run.step, err)
         run.held.close()  # the MIG writer lock, once the clients are back
         run.failed = failure is not None
         if failure is None or failure[0] != "observe":
             try:
-                self._step(run, "publish", self.publish)
+                self.step(run, "publish", self.publish)
             except Exception as err:
                 failure = failure or (run.step, err)
         report = report_of(run, failure, self.per_gpu, self.log_failures)
         sent: list[bool] = []
-        self._step(run, "report", lambda r: sent.append(self._send_report(report)))
+        self.step(run, "report", lambda r: sent.append(self._send_report(report)))
         if report.reboot_required and run.settings.mig.with_reboot and all(sent):
             report = self._reboot(run, report)
         self.stats.record(report.result, self.clock() - start, time.time())
         self.last_report = report
         return report
 
-    def _step(self, run: Run, name: str, step: Step) -> None:
+    def step(self, run: Run, name: str, step: Step) -> None:
+        """Run one named step: its duration logged, kept in the run and in the step metric."""
         run.step = name
         began = self.clock()
         log.debug("reconcile.step", step=name)
@@ -185,7 +186,7 @@ class Pipeline:
         """mig.with-reboot (nodeagent.reconcile.change.Changer.reboot); a reboot command that
         fails is the config's failure (state `failed`, its reason)."""
         try:
-            self._step(run, "reboot", lambda r: self.change.reboot(r, report))
+            self.step(run, "reboot", lambda r: self.change.reboot(r, report))
         except AgentError as err:
             failed = report_of(run, ("reboot", err), self.per_gpu, self.log_failures)
             self._send_report(failed)

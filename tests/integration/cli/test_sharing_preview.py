@@ -13,7 +13,8 @@ import pytest
 
 from nodeagent.base.errors import AgentError
 from nodeagent.cli import build_parser
-from nodeagent.cli.common import Context, sharing_preview
+from nodeagent.cli.common import Context
+from nodeagent.cli.pipelines import sharing_preview
 from nodeagent.nvml.session import _sessions as session_registry
 from tests.conftest import Result
 

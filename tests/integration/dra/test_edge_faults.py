@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from nodeagent.base.errors import LockHeld
-from nodeagent.dra.server import DraPluginServer, Sockets
 from nodeagent.dra import server as dra_server
+from nodeagent.dra.server import DraPluginServer, Sockets
 from tests.fake_kubelet.dra import Claim, FakeDraKubelet
 from tests.integration.dra.conftest import DRIVER, DraNode, allocated_claim
 
