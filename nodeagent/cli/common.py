@@ -11,11 +11,10 @@ from typing import Any
 
 from nodeagent.base.errors import ConfigError, NvmlError
 from nodeagent.base.logs import get_logger
+from nodeagent.nvml.codes import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND
 from nodeagent.settings import GROUPS, SPECS, Settings, Source, load
 
 MIB = 1024 * 1024
-NVML_DRIVER_NOT_LOADED = 9
-NVML_LIBRARY_NOT_FOUND = 12
 log = get_logger("nodeagent")
 
 
@@ -82,7 +81,7 @@ class Context:
             try:
                 self._session = open_session(self.lib)
             except NvmlError as err:
-                if err.code in (NVML_DRIVER_NOT_LOADED, NVML_LIBRARY_NOT_FOUND):
+                if err.code in (DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND):
                     raise NvmlError(
                         err.code,
                         err.function,

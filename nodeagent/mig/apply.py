@@ -22,12 +22,12 @@ from nodeagent.base.errors import (
     SliceInUse,
 )
 from nodeagent.base.logs import get_logger
-from nodeagent.mig.plan import Operation, Plan
+from nodeagent.mig.plan import Op, Operation, Plan
 from nodeagent.mig.profile import profile_or_none
 from nodeagent.nvml import MigWriter, Placement
+from nodeagent.nvml.codes import IN_USE
 
 log = get_logger("nodeagent.mig")
-IN_USE = 19
 DEFAULT_RESET_COMMAND = "nvidia-smi -r -i {index}"
 Reset = Callable[[int], None]
 
@@ -67,13 +67,20 @@ class _Executor:
         self.writer = writer
         self.reset = reset
         self.new_gis: dict[tuple[int, Placement], int] = {}
+        self.calls: dict[Op, Callable[[Operation], dict[str, Any]]] = {
+            Op.SET_MIG_MODE: self._set_mig_mode,
+            Op.DESTROY_CI: self._destroy_ci,
+            Op.DESTROY_GI: self._destroy_gi,
+            Op.CREATE_GI: self._create_gi,
+            Op.CREATE_CI: self._create_ci,
+        }
 
     def run(self, op: Operation) -> dict[str, Any]:
         log.info("mig.operation", **op.to_dict())
         try:
-            return getattr(self, "_" + op.op.replace("-", "_"))(op)  # type: ignore[no-any-return]
+            return self.calls[op.op](op)
         except NvmlError as err:
-            if err.code == IN_USE and op.op.startswith("destroy"):
+            if err.code == IN_USE and op.op.destroys:
                 raise SliceInUse(
                     f"GPU {op.gpu} slice {op.profile} (GI {op.gi_id}, placement {op.placement})"
                     " came into use during the change; NVML refused to destroy it"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from functools import cache
 from itertools import product
 from typing import Any
@@ -26,9 +27,23 @@ from nodeagent.mig.select import Desired, describe
 from nodeagent.nvml.inventory import Gpu, Inventory, Placement, Slice
 
 
+class Op(str, Enum):
+    """The NVML operations a plan is made of (their names in JSON output and logs)."""
+
+    SET_MIG_MODE = "set-mig-mode"
+    DESTROY_CI = "destroy-ci"
+    DESTROY_GI = "destroy-gi"
+    CREATE_GI = "create-gi"
+    CREATE_CI = "create-ci"
+
+    @property
+    def destroys(self) -> bool:
+        return self in (Op.DESTROY_CI, Op.DESTROY_GI)
+
+
 @dataclass(frozen=True)
 class Operation:
-    op: str  # set-mig-mode | destroy-ci | destroy-gi | create-gi | create-ci
+    op: Op
     gpu: int
     profile: str | None = None
     profile_id: int | None = None
@@ -40,7 +55,7 @@ class Operation:
     ci_start: int | None = None  # create-ci: where it starts inside the GI
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"op": self.op, "gpu": self.gpu}
+        out: dict[str, Any] = {"op": self.op.value, "gpu": self.gpu}
         if self.enabled is not None:
             out["enabled"] = self.enabled
         if self.profile is not None:
@@ -51,7 +66,7 @@ class Operation:
             out["gi_id"] = self.gi_id
         if self.ci_id is not None:
             out["ci_id"] = self.ci_id
-        if self.op == "create-ci" and self.slice_count is not None:
+        if self.op is Op.CREATE_CI and self.slice_count is not None:
             out["compute_slices"] = self.slice_count
             out["ci_start"] = self.ci_start or 0
         return out
@@ -307,12 +322,12 @@ def _blockers(
 def _destroy(gpu: int, gis: list[_Gi]) -> list[Operation]:
     """Destroy every CI of these GIs, then the GIs (NVML refuses a GI that still has CIs)."""
     ops = [
-        Operation("destroy-ci", gpu, gi.profile, gi.profile_id, gi.placement, gi.gi_id, ci)
+        Operation(Op.DESTROY_CI, gpu, gi.profile, gi.profile_id, gi.placement, gi.gi_id, ci)
         for gi in gis
         for ci in gi.ci_ids
     ]
     ops += [
-        Operation("destroy-gi", gpu, gi.profile, gi.profile_id, gi.placement, gi.gi_id)
+        Operation(Op.DESTROY_GI, gpu, gi.profile, gi.profile_id, gi.placement, gi.gi_id)
         for gi in gis
     ]
     return ops
@@ -337,11 +352,11 @@ def plan_gpu(gpu: Gpu, want: Desired, in_use: Mapping[str, str] | None = None) -
             )
         ops = _destroy(gpu.index, existing)
         if gpu.mig_current or gpu.mig_pending:
-            ops.append(Operation("set-mig-mode", gpu.index, enabled=False))
+            ops.append(Operation(Op.SET_MIG_MODE, gpu.index, enabled=False))
         return GpuPlan(gpu.index, tuple(ops))
     ops = []
     if not (gpu.mig_current and gpu.mig_pending):
-        ops.append(Operation("set-mig-mode", gpu.index, enabled=True))
+        ops.append(Operation(Op.SET_MIG_MODE, gpu.index, enabled=True))
     complete = all(gi.cis for gi in existing)
     pinned_there = set(want.pinned) <= {gi.instance for gi in existing}
     if complete and pinned_there and not ops and device_counts(gpu) == want.named_counts(gpu):
@@ -380,7 +395,7 @@ def plan_gpu(gpu: Gpu, want: Desired, in_use: Mapping[str, str] | None = None) -
                 continue
             ops.append(
                 Operation(
-                    "destroy-ci", gpu.index, gi.profile, gi.profile_id, gi.placement, gi.gi_id, ci
+                    Op.DESTROY_CI, gpu.index, gi.profile, gi.profile_id, gi.placement, gi.gi_id, ci
                 )
             )
     ops += _destroy(gpu.index, [gi for gi in existing if gi.gi_id not in kept_ids])
@@ -388,7 +403,7 @@ def plan_gpu(gpu: Gpu, want: Desired, in_use: Mapping[str, str] | None = None) -
     profiles = {p.id: p for p in gpu.profiles}
     for inst in new:
         p = profiles[inst.profile_id]
-        ops.append(Operation("create-gi", gpu.index, p.name, p.id, inst.placement))
+        ops.append(Operation(Op.CREATE_GI, gpu.index, p.name, p.id, inst.placement))
     for inst in [*(gi.instance for gi in kept), *new]:
         p = profiles[inst.profile_id]
         old = by_inst.get(inst)
@@ -396,7 +411,7 @@ def plan_gpu(gpu: Gpu, want: Desired, in_use: Mapping[str, str] | None = None) -
         for start, size in compute.place(p.slice_count, chosen.shapes[inst], kept_cis) or ():
             ops.append(
                 Operation(
-                    "create-ci",
+                    Op.CREATE_CI,
                     gpu.index,
                     p.name,
                     p.id,

@@ -6,10 +6,10 @@ import ctypes
 import uuid
 from typing import Any
 
+from nodeagent.nvml.codes import FUNCTION_NOT_FOUND, NOT_SUPPORTED
 from nodeagent.nvml.inventory import Fabric
-from nodeagent.nvml.session import NOT_SUPPORTED, NvmlSession
+from nodeagent.nvml.session import NvmlSession
 
-_FUNCTION_NOT_FOUND = 13  # a driver older than the call (R550)
 STATE_NOT_SUPPORTED = 0
 STATE_COMPLETED = 3
 
@@ -36,7 +36,7 @@ def read_fabric(session: NvmlSession, dev: Any, uuid_key: str) -> Fabric | None:
         "nvmlDeviceGetGpuFabricInfo",
         dev,
         ctypes.byref(info),  # pynvml hands it to the C function as it is: a pointer
-        absent=(NOT_SUPPORTED, _FUNCTION_NOT_FOUND),
+        absent=(NOT_SUPPORTED, FUNCTION_NOT_FOUND),
     )
     if answer is None or int(info.state) == STATE_NOT_SUPPORTED:
         kept[uuid_key] = None

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.nvml.session import INVALID_ARGUMENT, NOT_SUPPORTED, NvmlSession
+from nodeagent.nvml.codes import FUNCTION_NOT_FOUND, INVALID_ARGUMENT, NOT_SUPPORTED
+from nodeagent.nvml.session import NvmlSession
 
-_FUNCTION_NOT_FOUND = 13
-_ABSENT = (NOT_SUPPORTED, INVALID_ARGUMENT, _FUNCTION_NOT_FOUND)
+_ABSENT = (NOT_SUPPORTED, INVALID_ARGUMENT, FUNCTION_NOT_FOUND)
 ALL_LINKS = 0xFFFFFFFF  # scopeId: the sum over every NVLink of the GPU
 KIB = 1024
 MEMORY_V2 = 0x02000028  # pynvml.nvmlMemory_v2: sizeof(nvmlMemory_v2_t) | 2 << 24

@@ -13,13 +13,14 @@ from typing import Any
 
 from nodeagent.base.errors import NvmlError
 from nodeagent.base.logs import get_logger
-from nodeagent.nvml.session import (
+from nodeagent.nvml.codes import (
+    FUNCTION_NOT_FOUND,
     INVALID_ARGUMENT,
     NOT_FOUND,
     NOT_SUPPORTED,
-    NvmlSession,
-    gpu_handle,
+    TIMEOUT,
 )
+from nodeagent.nvml.session import NvmlSession, gpu_handle
 
 log = get_logger("nodeagent.nvml")
 
@@ -28,8 +29,6 @@ CLOCK_SM, CLOCK_MEM = 1, 2  # NVML_CLOCK_SM, NVML_CLOCK_MEM
 CORRECTED, UNCORRECTED = 0, 1  # NVML_MEMORY_ERROR_TYPE_*
 VOLATILE, AGGREGATE = 0, 1  # NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC
 XID_CRITICAL_ERROR = 0x8  # nvmlEventTypeXidCriticalError
-TIMEOUT = 10  # NVML_ERROR_TIMEOUT: nvmlEventSetWait's "no event"
-_FUNCTION_NOT_FOUND = 13  # a driver older than the call
 _NO_ID = 0xFFFFFFFF
 MHZ = 1_000_000
 
@@ -52,7 +51,7 @@ ECC_COUNTERS: tuple[tuple[str, str, int, int], ...] = (
     ("uncorrected", "aggregate", UNCORRECTED, AGGREGATE),
 )
 # A MIG device handle answers INVALID_ARGUMENT (not NOT_SUPPORTED) for some device-wide reads.
-_ABSENT = (NOT_SUPPORTED, INVALID_ARGUMENT, _FUNCTION_NOT_FOUND)
+_ABSENT = (NOT_SUPPORTED, INVALID_ARGUMENT, FUNCTION_NOT_FOUND)
 
 
 def decode_throttle(mask: int) -> dict[str, bool]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from nodeagent.nvml.codes import FUNCTION_NOT_FOUND, INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED
 from nodeagent.nvml.fabric import read_fabric
 from nodeagent.nvml.inventory import (
     ARCHITECTURES,
@@ -19,7 +20,7 @@ from nodeagent.nvml.inventory import (
     Process,
     Slice,
 )
-from nodeagent.nvml.session import INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED, NvmlSession
+from nodeagent.nvml.session import NvmlSession
 from nodeagent.nvml.vgpu import read_vgpus
 
 MIB = 1024 * 1024
@@ -260,7 +261,6 @@ def _attributes(attrs: Any) -> MigAttributes | None:
 
 SYSFS = Path("/sys")
 NVIDIA_PCI_VENDOR = 0x10DE
-_FUNCTION_NOT_FOUND = 13  # an NVML older than the call (nvmlDeviceGetPciInfoExt: R550)
 
 
 def sysfs_bus_id(nvml_bus_id: str) -> str:
@@ -289,7 +289,7 @@ def read_pci_class(session: NvmlSession, dev: Any, bus_id: str, sysfs: Path = SY
             "nvmlDeviceGetPciInfoExt",
             dev,
             ctypes.byref(info),
-            absent=(NOT_SUPPORTED, _FUNCTION_NOT_FOUND),
+            absent=(NOT_SUPPORTED, FUNCTION_NOT_FOUND),
         )
         if info.baseClass:
             return (int(info.baseClass) << 16) | (int(info.subClass) << 8)

@@ -9,39 +9,10 @@ from collections import Counter
 from typing import Any
 
 from nodeagent.base.errors import NvmlError
-
-# NVML's own nvmlErrorString texts for the codes pynvml cannot name without the library.
-_MESSAGES = {
-    1: "Uninitialized",
-    2: "Invalid Argument",
-    3: "Not Supported",
-    4: "Insufficient Permissions",
-    6: "Not Found",
-    7: "Insufficient Size",
-    9: "Driver Not Loaded",
-    10: "Timeout",
-    12: "NVML Shared Library Not Found",
-    13: "Function Not Found",
-    15: "GPU is lost",
-    16: "GPU requires restart",
-    19: "In use by another client",
-    20: "Insufficient Memory",
-    23: "Insufficient resources",
-    29: "Invalid state",
-    999: "Unknown Error",
-}
-NOT_SUPPORTED = 3
-NOT_FOUND = 6
-INVALID_ARGUMENT = 2
-IN_USE = 19
-INSUFFICIENT_RESOURCES = 23
+from nodeagent.nvml.codes import LIBRARY_NOT_FOUND, NOT_SUPPORTED, message_for
 
 _sessions: dict[int, NvmlSession] = {}
 _sessions_lock = threading.Lock()
-
-
-def message_for(code: int) -> str:
-    return _MESSAGES.get(code, f"NVML error {code}")
 
 
 class NvmlSession:
@@ -125,7 +96,9 @@ def load_real_library() -> Any:
     try:
         import pynvml
     except ImportError as err:  # pragma: no cover - nvidia-ml-py is a dependency
-        raise NvmlError(12, "import pynvml", "nvidia-ml-py is not installed") from err
+        raise NvmlError(
+            LIBRARY_NOT_FOUND, "import pynvml", "nvidia-ml-py is not installed"
+        ) from err
     return pynvml
 
 

@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodeagent.base.errors import NvmlError
-from nodeagent.nvml.session import NOT_FOUND, NOT_SUPPORTED, NvmlSession, gpu_handle
+from nodeagent.nvml.codes import FUNCTION_NOT_FOUND, NOT_FOUND, NOT_SUPPORTED, SUCCESS
+from nodeagent.nvml.session import NvmlSession, gpu_handle
 
-_FUNCTION_NOT_FOUND = 13  # a driver older than the call
 # pynvml raises NVMLError(SUCCESS) when the sizing call finds nothing to size: no samples.
-_SUCCESS = 0
-_UNSUPPORTED = (NOT_SUPPORTED, _FUNCTION_NOT_FOUND)
+_UNSUPPORTED = (NOT_SUPPORTED, FUNCTION_NOT_FOUND)
 # The longest driver sample period (nvmlUtilization_t: "between 1 second and 1/6 second").
 MAX_SAMPLE_PERIOD_US = 1_000_000
 
@@ -92,7 +91,7 @@ class ProcessUtilizationReader:
                 dev,
                 last,
                 context=f"GPU {index}",
-                absent=(NOT_FOUND, _SUCCESS),  # no sample newer than `last`
+                absent=(NOT_FOUND, SUCCESS),  # no sample newer than `last`
             )
         except NvmlError as err:
             if err.code in _UNSUPPORTED:

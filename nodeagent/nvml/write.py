@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodeagent.base.errors import NvmlError
+from nodeagent.nvml.codes import INVALID_ARGUMENT, NOT_SUPPORTED, message_for
 from nodeagent.nvml.inventory import Placement
-from nodeagent.nvml.session import INVALID_ARGUMENT, NOT_SUPPORTED, NvmlSession, message_for
+from nodeagent.nvml.session import NvmlSession
 
 # NVML_COMPUTE_INSTANCE_PROFILE_<N>_SLICE constants by compute-slice count N.
 # NVML_COMPUTE_INSTANCE_PROFILE_* constants by compute slices (1_SLICE_REV1 = 7 is Hopper's

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -14,7 +14,7 @@ from nodeagent.base.logs import get_logger
 from nodeagent.host.duties import reboot, refresh_cdi
 from nodeagent.host.hooks import hook_env, run_hook
 from nodeagent.mig.apply import Reset, execute
-from nodeagent.mig.plan import plan
+from nodeagent.mig.plan import Op, Operation, plan
 from nodeagent.mps.manager import MpsChange, MpsManager
 from nodeagent.mps.settings import validate
 from nodeagent.nvml import MigWriter
@@ -80,10 +80,15 @@ class Changer:
         if run.clients is not None:
             run.paused = True  # before the call: a half-done pause is restored too
             run.clients.pause()
+        self.pre_apply_hooks(run, operations)
+
+    def pre_apply_hooks(self, run: Run, operations: Sequence[Operation]) -> None:
+        """pre-apply-mode before MIG mode changes, pre-apply-config before slice changes (the
+        hooks of mig-parted's hooks file). Raises HookError."""
         kinds = {op.op for op in operations}
-        if "set-mig-mode" in kinds:
+        if Op.SET_MIG_MODE in kinds:
             self.hook(run, "pre-apply-mode")
-        if kinds - {"set-mig-mode"}:
+        if kinds - {Op.SET_MIG_MODE}:
             self.hook(run, "pre-apply-config")
 
     def hook(self, run: Run, name: str) -> None:

@@ -113,11 +113,7 @@ def run_change(pipeline: Engine, change: WantedChange) -> ChangeDone:
         if r.hooks is not None and ops:
             pipeline.change.hook(r, "apply-start")
             r.hooks_started = True
-            kinds = {op.op for op in ops}
-            if "set-mig-mode" in kinds:
-                pipeline.change.hook(r, "pre-apply-mode")
-            if kinds - {"set-mig-mode"}:
-                pipeline.change.hook(r, "pre-apply-config")
+            pipeline.change.pre_apply_hooks(r, ops)
 
     def apply(r: Run) -> None:
         with pipeline.store.session.lock:

@@ -11,6 +11,7 @@ from typing import Any
 
 from nodeagent.base.errors import NvmlError
 from nodeagent.nvml import NvmlSession
+from nodeagent.nvml.codes import NOT_FOUND
 from nodeagent.nvml.fields import DeviceFields, FieldReader
 from nodeagent.nvml.gpm import GpmReader
 from nodeagent.nvml.health import Health, XidWatcher, mig_handle, read_health
@@ -25,7 +26,6 @@ from nodeagent.state.snapshot import FieldValues, GpmValues, HealthValues, Proce
 
 Clock = Callable[[], float]
 MIN_GPM_WINDOW_SECONDS = 0.1
-NOT_FOUND = 6  # NVML_ERROR_NOT_FOUND
 
 
 class GpmSampler:

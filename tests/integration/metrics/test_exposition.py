@@ -16,7 +16,7 @@ from nodeagent.metrics.collectorset import CollectorSet
 from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import read_inventory
-from nodeagent.nvml.session import IN_USE
+from nodeagent.nvml.codes import IN_USE
 from nodeagent.sim import Fault, SimulatedNvml
 from tests.integration.metrics.conftest import prometheus_tool, sample
 from tests.mig_apply import reconfigure

@@ -13,9 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nodeagent.agent.service import Agent
 from nodeagent.nvml import NvmlSession
+from nodeagent.nvml.codes import NOT_SUPPORTED
 from nodeagent.nvml.fields import MEMORY_V2, FieldReader
 from nodeagent.nvml.health import mig_handle
-from nodeagent.nvml.session import NOT_SUPPORTED, gpu_handle
+from nodeagent.nvml.session import gpu_handle
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.integration.metrics.conftest import sample
 

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nodeagent.agent.service import Agent
 from nodeagent.nvml import NvmlSession
-from nodeagent.nvml.session import NOT_SUPPORTED
+from nodeagent.nvml.codes import NOT_SUPPORTED
 from nodeagent.sim import Fault, FaultPlan, SimulatedNvml, parse_spec
 from tests.agent_support import make_agent
 from tests.conftest import Result, assert_one_error

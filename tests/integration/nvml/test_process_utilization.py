@@ -9,7 +9,7 @@ import pytest
 from nodeagent.base.errors import NvmlError
 from nodeagent.mig.config import parse_config
 from nodeagent.nvml import NvmlSession, read_inventory
-from nodeagent.nvml.session import NOT_FOUND, NOT_SUPPORTED
+from nodeagent.nvml.codes import NOT_FOUND, NOT_SUPPORTED
 from nodeagent.nvml.utilization import ProcessUtilizationReader, read_rates
 from nodeagent.sim import Fault, FaultPlan, SimulatedNvml, parse_spec
 from nodeagent.sim.utilizationcalls import SAMPLE_PERIOD_US

@@ -8,7 +8,7 @@ import pytest
 
 from nodeagent.base.errors import NvmlError
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
-from nodeagent.nvml.session import IN_USE, INSUFFICIENT_RESOURCES, INVALID_ARGUMENT, NOT_SUPPORTED
+from nodeagent.nvml.codes import IN_USE, INSUFFICIENT_RESOURCES, INVALID_ARGUMENT, NOT_SUPPORTED
 from nodeagent.sim.models import MIB
 
 RESET_REQUIRED = 16

@@ -13,7 +13,7 @@ import pytest
 
 from nodeagent.base.errors import NvmlError, SimError
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
-from nodeagent.nvml.session import IN_USE, NOT_FOUND
+from nodeagent.nvml.codes import IN_USE, NOT_FOUND
 from nodeagent.sim import Fault, FaultPlan, SimulatedNvml
 from nodeagent.sim.faults import parse_faults
 
