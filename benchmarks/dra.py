@@ -11,7 +11,7 @@ blocking calls (the emulator's `h200` latency profile: a MIG mode change 4 s, fr
 mig-parted's logs on A100s; GPU and compute instance create/destroy ASSUMED, as no published
 per-call measurement was found and MIG writes are never made on the lent H200; sources in
 nodeagent/sim/latency.py). `--no-latency` measures the driver's own overhead. The MPS daemon
-is the project's fake nvidia-cuda-mps-control (tests/fake_mps).
+is the project's fake nvidia-cuda-mps-control (tests/support/fake_mps).
 
 - mig: a new 1g.18gb slice (GI + CI) on GPU 0 (MIG already on), then destroyed
 - mps: an MPS share (threadPercentage 50, pinnedMemory 16Gi) of GPU 1: its own MPS daemon
@@ -191,7 +191,7 @@ def burst(node: NodeDriver, timed: TimedEngine, gpus: int) -> dict[str, Any]:
 
 
 def fake_mps_control(folder: Path) -> str:
-    """tests/fake_mps/nvidia-cuda-mps-control run by this interpreter (as the tests do)."""
+    """tests/support/fake_mps/nvidia-cuda-mps-control run by this interpreter (as the tests do)."""
     text = (REPO / "tests" / "fake_mps" / "nvidia-cuda-mps-control").read_text()
     _, body = text.split("\n", 1)
     (folder / "daemon").mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from nodeagent.cli.run import NVML_RETRY_SECONDS, wait_for_nvml
 from nodeagent.nvml import NvmlSession, open_session
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.sim.faults import Fault, FaultPlan
-from tests.conftest import captured_logs
+from tests.support.cli import captured_logs
 
 DRIVER_NOT_LOADED = 9
 

@@ -1,5 +1,5 @@
 """NVIDIA's real device plugin (built from source: `make device-plugin`, carried in .build/)
-serving MPS from nodeagent's daemon on a real GPU, driven by tests/fake_kubelet.
+serving MPS from nodeagent's daemon on a real GPU, driven by tests/support/fake_kubelet.
 
 nodeagent runs as `nodeagent run` in the device-plugin layout under a temporary MPS root, in a
 mount namespace whose /dev/shm is `<root>/shm` (what the DaemonSet's MPS component gives it).
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fake_kubelet.kubelet import FakeKubelet
+from tests.support.fake_kubelet.kubelet import FakeKubelet
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]

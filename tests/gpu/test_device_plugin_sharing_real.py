@@ -1,5 +1,5 @@
 """NVIDIA's real device plugin (built from source: `make device-plugin`, carried in .build/) run
-with the config nodeagent writes, on every GPU of the machine, driven by tests/fake_kubelet.
+with the config nodeagent writes, on every GPU of the machine, driven by tests/support/fake_kubelet.
 
 For each sharing (every GPU time-sliced x3, under MPS x2, whole) `nodeagent run` applies the
 sharing config `devices: all` in the device plugin's MPS layout and writes the plugin's config
@@ -22,7 +22,6 @@ import pytest
 import yaml
 
 from nodeagent.nvml import Inventory
-from tests.fake_kubelet.kubelet import FakeKubelet
 from tests.gpu.test_device_plugin_real import (
     PLUGIN_DIR,
     RESOURCE,
@@ -32,6 +31,7 @@ from tests.gpu.test_device_plugin_real import (
     start_agent,
     start_plugin,
 )
+from tests.support.fake_kubelet.kubelet import FakeKubelet
 
 pytestmark = pytest.mark.gpu
 CASES = {  # name -> (the sharing entry, GFD's gpu.sharing-strategy, replicas per GPU)

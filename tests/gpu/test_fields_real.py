@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.nvml.fields import FieldReader
 from nodeagent.nvml.session import gpu_handle
-from tests.agent_support import make_agent
+from tests.support.agent import make_agent
 
 pytestmark = pytest.mark.gpu
 SERIES = re.compile(r"^(DCGM_FI_\w+)\{(.*)\} (\S+)$")

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.nvml.health import XidWatcher, read_health
 from nodeagent.nvml.session import gpu_handle
-from tests.agent_support import make_agent
+from tests.support.agent import make_agent
 
 pytestmark = pytest.mark.gpu
 

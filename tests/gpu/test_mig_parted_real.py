@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nodeagent.nvml import Inventory
-from tests.conftest import Result
+from tests.support.cli import Result
 
 pytestmark = pytest.mark.gpu
 

@@ -176,7 +176,7 @@ def test_agent_restart_keeps_the_real_daemon_and_its_client(
 ) -> None:
     """The agent runs MPS, a CUDA client works under it; the agent stops (a rollout) and a new
     one starts: the same daemon is adopted and the client never notices."""
-    from tests.agent_support import make_agent
+    from tests.support.agent import make_agent
 
     _, settings = mps
     session = open_session(load_real_library())

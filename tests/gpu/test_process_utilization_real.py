@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nodeagent.agent.service import Agent
 from nodeagent.nvml import NvmlSession, read_inventory
-from tests.agent_support import make_agent
+from tests.support.agent import make_agent
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 
 from nodeagent.nvml import NvmlSession
-from tests.agent_support import make_agent
+from tests.support.agent import make_agent
 
 HOUR = 3600.0
 

@@ -11,7 +11,7 @@ from nodeagent.mig.config import dump_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.agent_support import make_agent
+from tests.support.agent import make_agent
 
 
 class Clock:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from nodeagent.base.configfile import MAX_FILE_BYTES
-from tests.conftest import Result, assert_one_error
 from tests.integration.test_hostile_inputs import GOOD_MIG
+from tests.support.cli import Result, assert_one_error
 
 SIM = ("--simulate", "h200", "--sim-state", "{tmp}/node.json")
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from nodeagent.base.errors import ConfigError
 from nodeagent.mig.config import parse_config
-from tests.conftest import Result
+from tests.support.cli import Result
 
 ENV_AT_IMPORT = {k: v for k, v in os.environ.items() if k.startswith("NODEAGENT_")}
 

@@ -28,7 +28,7 @@ from nodeagent.base.files import (
 )
 from nodeagent.base.lock import lock_path, mig_writer_lock
 from nodeagent.labels.nfd import write_features
-from tests.conftest import Result, assert_one_error
+from tests.support.cli import Result, assert_one_error
 
 KINDS = ("symlink", "dangling-symlink", "fifo", "folder", "char-device", "socket")
 WORDS = {

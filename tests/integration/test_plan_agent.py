@@ -16,8 +16,8 @@ from nodeagent.mps.control import MpsControl
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.plan.hook import FILE_NAME
 from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.agent_support import make_agent
-from tests.conftest import Result, assert_one_error
+from tests.support.agent import make_agent
+from tests.support.cli import Result, assert_one_error
 
 VOICE = """\
 version: nodeagent/v1

@@ -23,7 +23,7 @@ from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.sim.faults import Fault
 from nodeagent.state.snapshot import Snapshot, Store
-from tests.agent_support import make_settings
+from tests.support.agent import make_settings
 
 IN_USE, UNKNOWN = 19, 999
 

@@ -15,8 +15,8 @@ from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.write import ComputeModeWriter
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.state.snapshot import Store
-from tests.agent_support import make_settings
-from tests.host_support import fake_command, recorded
+from tests.support.agent import make_settings
+from tests.support.host import fake_command, recorded
 
 
 def test_the_reboot_command_runs_once_per_process(tmp_path: Path) -> None:

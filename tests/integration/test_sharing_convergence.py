@@ -18,7 +18,7 @@ from nodeagent.agent.service import Agent
 from nodeagent.nvml import read_inventory
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.faults import Fault
-from tests.sharing_support import sharing_node
+from tests.support.sharing import sharing_node
 
 BALANCED = '{"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}'
 CONFIGS = f"""version: nodeagent/v1

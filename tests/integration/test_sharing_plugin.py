@@ -17,7 +17,7 @@ import yaml
 
 from nodeagent.agent.service import Agent
 from nodeagent.nvml import read_inventory
-from tests.sharing_support import sharing_node
+from tests.support.sharing import sharing_node
 
 BALANCED = '{"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}'
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests import leaks
-from tests.support_k8s import ControlPlane, k8s_available, required, shared_control_plane
+from tests.support import leaks
+from tests.support.k8s import ControlPlane, k8s_available, required, shared_control_plane
 
 kubernetes = pytest.importorskip("kubernetes")
 

@@ -22,9 +22,9 @@ from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
-from tests import leaks
 from tests.k8s.conftest import make_node
-from tests.support_k8s import (
+from tests.support import leaks
+from tests.support.k8s import (
     DEFAULT_GATES,
     ControlPlane,
     k8s_available,

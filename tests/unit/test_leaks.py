@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-from tests.leaks import GRACE, MARKER
+from tests.support.cli import REPO
+from tests.support.leaks import GRACE, MARKER
 
 LEAKY = """
 import subprocess, sys

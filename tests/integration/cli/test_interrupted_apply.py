@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import Result
+from tests.support.cli import Result
 
 KILL_AFTER_3RD_CREATE_GI = json.dumps([{"mutation": 4, "exit": 137, "when": "after"}])
 

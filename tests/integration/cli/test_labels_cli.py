@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Result, assert_one_error
+from tests.support.cli import Result, assert_one_error
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from nodeagent.settings.groups import DEFAULT_CDI_COMMANDS
-from tests.conftest import Result, assert_one_error
-from tests.host_support import fake_command, recorded
+from tests.support.cli import Result, assert_one_error
+from tests.support.host import fake_command, recorded
 
 Cli = Callable[..., Result]
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nodeagent.base.lock import lock_path, mig_writer_lock
-from tests.conftest import Result, assert_one_error
+from tests.support.cli import Result, assert_one_error
 
 
 def test_a_held_lock_fails_apply_with_exit_3_naming_the_holder(

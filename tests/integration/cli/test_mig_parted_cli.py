@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from nodeagent import __version__
-from tests.conftest import Result, assert_one_error
+from tests.support.cli import Result, assert_one_error
 
 Cli = Callable[..., Result]
 UPSTREAM = Path(__file__).resolve().parents[2] / "fixtures/upstream/mig-parted"

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from nodeagent.sim.models import load_model
-from tests.conftest import Result
+from tests.support.cli import Result
 from tests.unit.sim.test_operator_models import OPERATOR_KEYS
 
 Cli = Callable[..., Result]

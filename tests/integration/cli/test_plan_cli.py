@@ -13,7 +13,7 @@ import yaml
 
 from nodeagent.mps.control import MpsControl
 from nodeagent.sharing.config import MpsShare, parse_sharing
-from tests.conftest import Result, assert_one_error
+from tests.support.cli import Result, assert_one_error
 
 VOICE = """\
 version: nodeagent/v1

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Result, assert_one_error
+from tests.support.cli import Result, assert_one_error
 
 Cli = Callable[..., Result]
 

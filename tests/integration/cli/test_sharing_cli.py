@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from nodeagent.mps.control import MpsControl
-from tests.conftest import Result, assert_one_error
 from tests.integration.test_sharing_convergence import CONFIGS
+from tests.support.cli import Result, assert_one_error
 
 
 @pytest.fixture

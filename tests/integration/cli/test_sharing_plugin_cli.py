@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Result
+from tests.support.cli import Result
 
 FILE = """version: nodeagent/v1
 sharing-configs:

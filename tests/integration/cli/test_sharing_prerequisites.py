@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Result, assert_one_error
+from tests.support.cli import Result, assert_one_error
 
 CONFIG = """version: nodeagent/v1
 sharing-configs:

@@ -16,7 +16,7 @@ from nodeagent.cli import build_parser
 from nodeagent.cli.common import Context
 from nodeagent.cli.pipelines import sharing_preview
 from nodeagent.nvml.session import _sessions as session_registry
-from tests.conftest import Result
+from tests.support.cli import Result
 
 HEAD = "version: nodeagent/v1\nsharing-configs:\n  c:\n    - devices: all\n"
 REFUSED = {

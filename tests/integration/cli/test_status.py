@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nodeagent.sim.models import load_model
-from tests.conftest import Result, assert_one_error
+from tests.support.cli import Result, assert_one_error
 
 Cli = Callable[..., Result]
 

@@ -6,112 +6,23 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from nodeagent.agent.factory import dra_driver
 from nodeagent.dra.api import DraApi
-from nodeagent.dra.node import NodeConfig, NodeDriver
 from nodeagent.dra.server import DraPluginServer, Sockets
 from nodeagent.kube.api import KubeSettings, make_api_client
-from nodeagent.nvml import Inventory, NvmlSession, read_inventory
+from nodeagent.nvml import NvmlSession
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
 from nodeagent.state.snapshot import Holder
-from tests.fake_kubelet.dra import Claim, FakeDraKubelet
-from tests.integration.kube.conftest import Cluster
+from tests.support.dra import DRIVER, NODE, DraNode, _quit_mps, dra_cluster, no_reset, node_config
+from tests.support.fake_kubelet.dra import FakeDraKubelet
 
 kmock = pytest.importorskip("kmock")
-CLAIMS = kmock.resource("resource.k8s.io/v1/resourceclaims")
-DRIVER = "gpu.nodeagent.io"
-NODE = "node-1"
-
-
-def dra_cluster() -> Cluster:
-    """A kmock API server that knows resource.k8s.io/v1 (an empty list, not a 404, before the
-    first slice is written)."""
-    cluster = Cluster()
-
-    def declare() -> None:
-        cluster.km.resources["resource.k8s.io/v1/resourceslices"].kind = "ResourceSlice"
-        cluster.km.resources["resource.k8s.io/v1/resourceslices"].namespaced = False
-        cluster.km.resources["resource.k8s.io/v1/resourceclaims"].kind = "ResourceClaim"
-        cluster.km.resources["resource.k8s.io/v1/resourceclaims"].namespaced = True
-
-    cluster.on_loop(declare)
-    return cluster
-
-
-def no_reset(index: int) -> None:
-    raise AssertionError(f"GPU {index} was reset: Hopper changes MIG mode without one")
-
-
-def allocated_claim(
-    name: str, uid: str, devices: dict[str, str], config: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
-    """A ResourceClaim as the scheduler leaves it: `devices` maps request -> device name."""
-    results = [
-        {"request": r, "driver": DRIVER, "pool": NODE, "device": d} for r, d in devices.items()
-    ]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "speech", "uid": uid},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {"name": r, "exactly": {"deviceClassName": "gpu.nodeagent.io"}} for r in devices
-                ]
-            }
-        },
-        "status": {"allocation": {"devices": {"results": results, "config": config or []}}},
-    }
-
-
-def mps_config(percentage: Any, pinned: Any = None) -> list[dict[str, Any]]:
-    params: dict[str, Any] = {"apiVersion": "gpu.nodeagent.io/v1", "kind": "MpsConfig"}
-    params["threadPercentage"] = percentage
-    if pinned is not None:
-        params["pinnedMemory"] = pinned
-    return [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params}}]
-
-
-@dataclass
-class DraNode:
-    cluster: Cluster
-    lib: SimulatedNvml
-    session: NvmlSession
-    node: NodeDriver
-    server: DraPluginServer
-    kubelet: FakeDraKubelet
-    root: Path
-    state: Path
-    pods: dict[str, Holder]  # devices the device plugin's pods hold (pod-resources)
-
-    def add_claim(self, claim: dict[str, Any]) -> Claim:
-        meta = claim["metadata"]
-        self.cluster.km.objects[CLAIMS, meta["namespace"], meta["name"]] = claim
-        return Claim(meta["namespace"], meta["name"], meta["uid"])
-
-    def inventory(self) -> Inventory:
-        return read_inventory(self.session)
-
-    def layout(self, gpu: int = 0) -> list[tuple[str, int]]:
-        """GPU `gpu`'s slices as (profile, placement start), complete ones only."""
-        g = self.inventory().gpus[gpu]
-        return sorted((s.profile, s.placement.start) for s in g.slices if s.ci_id is not None)
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.node.config.checkpoint
-
-    @property
-    def cdi_dir(self) -> Path:
-        return self.node.config.cdi_dir
 
 
 @pytest.fixture
@@ -120,10 +31,6 @@ def short_root() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
     yield root
     shutil.rmtree(root, ignore_errors=True)
-
-
-def node_config(root: Path, mps_control: str = "nvidia-cuda-mps-control") -> NodeConfig:
-    return NodeConfig(DRIVER, NODE, root / "p", root / "cdi", mps_control=mps_control)
 
 
 @pytest.fixture
@@ -151,20 +58,3 @@ def dra_node(short_root: Path, fake_mps_control: str) -> Iterator[DraNode]:
             _quit_mps(fake_mps_control, daemon_dir)
         session.close()
         cluster.close()
-
-
-def _quit_mps(control: str, root: Path) -> None:
-    """Quit the (fake) MPS daemon of `root` and wait until its control socket is gone (`quit`
-    returns before the daemon has exited); leaves no daemon behind a failed test."""
-    import os
-    import subprocess
-    import time
-
-    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe")}
-    env["CUDA_MPS_LOG_DIRECTORY"] = str(root / "log")
-    socket = root / "pipe" / "control"
-    if socket.exists():
-        subprocess.run([control], input="quit\n", text=True, env=env, timeout=10, check=False)
-        deadline = time.monotonic() + 10
-        while socket.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)

@@ -10,8 +10,8 @@ from typing import Any
 
 from nodeagent.dra.traces import claim_holders
 from nodeagent.nvml import MigWriter, Placement
-from tests.integration.dra.conftest import DraNode, allocated_claim
 from tests.integration.dra.test_prepare import _spec
+from tests.support.dra import DraNode, allocated_claim
 
 
 def _admin(name: str, uid: str, device: str) -> dict[str, Any]:

@@ -14,17 +14,11 @@ from nodeagent.mig.config import dump_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.agent_support import make_agent
-from tests.fake_kubelet.dra import Claim, FakeDraKubelet
-from tests.integration.dra.conftest import (
-    CLAIMS,
-    DRIVER,
-    NODE,
-    allocated_claim,
-    dra_cluster,
-)
 from tests.integration.dra.test_publish import slices
-from tests.integration.kube.conftest import Cluster
+from tests.support.agent import make_agent
+from tests.support.cluster import Cluster
+from tests.support.dra import CLAIMS, DRIVER, NODE, allocated_claim, dra_cluster
+from tests.support.fake_kubelet.dra import Claim, FakeDraKubelet
 
 STATE = "nvidia.com/mig.config.state"
 REASON = "nodeagent.io/mig.config.reason"

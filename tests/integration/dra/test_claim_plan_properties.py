@@ -1,7 +1,7 @@
 """What a claim wants (nodeagent.dra.wanted), planned by the one MIG planner, on random layouts (hypothesis), executed on the emulator: either only
 destroying a busy slice would make room and nothing is planned, or after the operations the
 claimed slice is there, every other slice kept has its ids, only idle ones went and no fewer
-would do (by tests/mig_support.py's independent rules: overlap, one +me, compute slices), and
+would do (by tests/support/mig.py's independent rules: overlap, one +me, compute slices), and
 a slice already there costs no operation."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from nodeagent.mig.geometry import Geometry, Instance
 from nodeagent.mig.plan import plan
 from nodeagent.nvml import MigWriter, NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml
-from tests.mig_support import reference_valid
+from tests.support.mig import reference_valid
 
 BLANK = SimulatedNvml(["h200"])
 GPU = read_inventory(NvmlSession(BLANK)).gpus[0]
@@ -55,7 +55,7 @@ def node(layout: list[Instance], busy: set[int]) -> tuple[SimulatedNvml, NvmlSes
 
 def fewest_removals(layout: list[Instance], busy: set[int], want: Instance) -> int | None:
     """The fewest slices to destroy so that `want` joins the rest, by the independent rules of
-    tests/mig_support.py (reference_valid); None when only busy ones would do."""
+    tests/support/mig.py (reference_valid); None when only busy ones would do."""
     cand = [(i.profile_id, i.start, i.size) for i in layout]
     new = (want.profile_id, want.start, want.size)
     for k in range(len(layout) + 1):

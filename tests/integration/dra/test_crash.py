@@ -22,7 +22,7 @@ from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
-from tests.integration.dra.conftest import allocated_claim, no_reset, node_config
+from tests.support.dra import allocated_claim, no_reset, node_config
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = """

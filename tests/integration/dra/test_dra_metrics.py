@@ -19,8 +19,8 @@ from nodeagent.nvml import NvmlSession
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
-from tests.integration.dra.conftest import allocated_claim, mps_config, no_reset, node_config
-from tests.integration.metrics.conftest import prometheus_tool
+from tests.support.dra import allocated_claim, mps_config, no_reset, node_config
+from tests.support.metrics import prometheus_tool
 
 
 def test_prepares_unprepares_and_refusals_are_counted(short_root: Path) -> None:

@@ -15,8 +15,8 @@ import pytest
 from nodeagent.base.errors import LockHeld
 from nodeagent.dra import server as dra_server
 from nodeagent.dra.server import DraPluginServer, Sockets
-from tests.fake_kubelet.dra import Claim, FakeDraKubelet
-from tests.integration.dra.conftest import DRIVER, DraNode, allocated_claim
+from tests.support.dra import DRIVER, DraNode, allocated_claim
+from tests.support.fake_kubelet.dra import Claim, FakeDraKubelet
 
 
 def test_a_malformed_claim_never_fails_the_good_one_beside_it(dra_node: DraNode) -> None:

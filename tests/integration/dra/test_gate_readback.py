@@ -24,9 +24,9 @@ from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
-from tests.conftest import captured_logs
-from tests.integration.dra.conftest import DRIVER, NODE
-from tests.integration.kube.conftest import Cluster, is_write
+from tests.support.cli import captured_logs
+from tests.support.cluster import Cluster, is_write
+from tests.support.dra import DRIVER, NODE
 
 kmock = pytest.importorskip("kmock")
 aiohttp_web = pytest.importorskip("aiohttp.web")

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from nodeagent.dra.checkpoint import PREPARING, load
-from tests.conftest import Result, assert_one_error
-from tests.integration.dra.conftest import DraNode, allocated_claim
 from tests.integration.dra.test_crash import layout, run, setup_gpu
+from tests.support.cli import Result, assert_one_error
+from tests.support.dra import DraNode, allocated_claim
 
 Cli = Callable[..., Result]
 CONFIGS = {

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from nodeagent.dra.checkpoint import load
 from nodeagent.state.owners import OWNERS_NAME
-from tests.conftest import Result, assert_one_error
-from tests.integration.dra.conftest import DraNode, allocated_claim, mps_config
 from tests.integration.dra.test_crash import driver, layout, run, setup_gpu
 from tests.integration.dra.test_held_by_commands import _apply
+from tests.support.cli import Result, assert_one_error
+from tests.support.dra import DraNode, allocated_claim, mps_config
 
 Cli = Callable[..., Result]
 

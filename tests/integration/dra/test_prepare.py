@@ -13,8 +13,8 @@ import pytest
 from nodeagent.dra.traces import claim_holders
 from nodeagent.nvml import MigWriter, Placement
 from nodeagent.state.snapshot import Holder
-from tests.fake_kubelet.dra import Claim, FakeDraKubelet, FakeKubeletError
-from tests.integration.dra.conftest import DRIVER, NODE, DraNode, allocated_claim, mps_config
+from tests.support.dra import DRIVER, NODE, DraNode, allocated_claim, mps_config
+from tests.support.fake_kubelet.dra import Claim, FakeDraKubelet, FakeKubeletError
 
 
 def _spec(node: DraNode, uid: str) -> dict[str, object]:

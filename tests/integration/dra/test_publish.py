@@ -16,8 +16,8 @@ from nodeagent.kube.api import KubeSettings, make_api_client
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
-from tests.integration.dra.conftest import DRIVER, NODE, dra_cluster
-from tests.integration.kube.conftest import Cluster, is_write
+from tests.support.cluster import Cluster, is_write
+from tests.support.dra import DRIVER, NODE, dra_cluster
 
 kmock = pytest.importorskip("kmock")
 SLICES = kmock.resource("resource.k8s.io/v1/resourceslices")

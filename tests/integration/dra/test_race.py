@@ -19,8 +19,8 @@ from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
-from tests.fake_kubelet.dra import PrepareResult
-from tests.integration.dra.conftest import DraNode, allocated_claim, no_reset, node_config
+from tests.support.dra import DraNode, allocated_claim, no_reset, node_config
+from tests.support.fake_kubelet.dra import PrepareResult
 
 PAIRS = [
     ("gpu-0-mig-2g35gb-14-0", "gpu-0-mig-1g18gb-19-1"),  # slices 0-1 and 1

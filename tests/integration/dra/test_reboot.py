@@ -10,8 +10,8 @@ import json
 
 from nodeagent.dra.checkpoint import load
 from nodeagent.nvml import MigWriter, Placement
-from tests.integration.dra.conftest import DraNode, _quit_mps, allocated_claim, mps_config
 from tests.integration.dra.test_prepare import _spec
+from tests.support.dra import DraNode, _quit_mps, allocated_claim, mps_config
 
 
 def _reboot(node: DraNode) -> None:

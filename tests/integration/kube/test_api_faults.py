@@ -11,8 +11,8 @@ import pytest
 
 from nodeagent.base.errors import KubeError
 from nodeagent.kube.api import KubeSettings, NodeApi, make_api_client
-from tests.conftest import captured_logs
-from tests.integration.kube.conftest import NODES, Cluster, kmock
+from tests.support.cli import captured_logs
+from tests.support.cluster import NODES, Cluster, kmock
 
 NODE = "n1"
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from tests.integration.kube.conftest import Cluster
+from tests.support.cluster import Cluster
 
 AGENT_SIDE = textwrap.dedent(
     """

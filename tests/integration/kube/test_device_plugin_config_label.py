@@ -8,8 +8,8 @@ from pathlib import Path
 
 from nodeagent.nvml import NvmlSession
 from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.agent_support import make_agent
-from tests.integration.kube.conftest import Cluster
+from tests.support.agent import make_agent
+from tests.support.cluster import Cluster
 
 NODE = "gpu-node-7"
 LABEL = "nvidia.com/device-plugin.config"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Result, assert_one_error
+from tests.support.cli import Result, assert_one_error
 
 
 def _fifo(tmp: Path) -> str:

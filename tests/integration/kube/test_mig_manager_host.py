@@ -8,18 +8,17 @@ mode stays pending until `sim reboot`."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nodeagent.agent.service import Agent
-from nodeagent.nvml import NvmlSession
-from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.agent_support import make_agent
-from tests.host_support import fake_command, recorded
-from tests.integration.kube.conftest import PODS, Cluster, kube_group
+from nodeagent.sim import SimulatedNvml
+from tests.support.agent import Agents, emulated_node
+from tests.support.cluster import PODS, Cluster, kube_group
+from tests.support.host import fake_command, recorded
 
 NODE = "gpu-node-1"
 CONFIG = "nvidia.com/mig.config"
@@ -31,32 +30,21 @@ Start = Callable[..., tuple[Agent, SimulatedNvml]]
 
 
 @pytest.fixture
-def start_agent(cluster: Cluster, tmp_path: Path) -> Iterator[Start]:
+def start_agent(cluster: Cluster, agents: Agents, tmp_path: Path) -> Start:
     """Starts an agent on the emulated node kept in one state file (so that a second agent,
     after `reboot()`, sees the same GPUs); the previous agent is stopped first."""
-    agents: list[Agent] = []
     cluster.add_node(NODE, {"kubernetes.io/hostname": NODE})
     cluster.on_loop(lambda: cluster.km.resources.__setitem__(PODS, {}))
 
     def start(mig: dict[str, Any] | None = None, spec: str = SPEC) -> tuple[Agent, SimulatedNvml]:
-        if agents:
-            agents[-1].stop()
-        lib = SimulatedNvml(parse_spec(spec), tmp_path / "node.json")
-        agent = make_agent(
-            NvmlSession(lib),
-            lib.reset,
-            metrics={"refresh_interval_seconds": 0.5},
-            reconcile={"interval_seconds": 300},
-            mig=mig or {},  # no MIG config file: the configs generated from the GPUs
-            kube=kube_group(cluster, NODE),
-        )
-        agent.start()
-        agents.append(agent)
+        if agents.started:
+            agents.started[-1].stop()
+        lib, session = emulated_node(spec, tmp_path / "node.json")
+        # no MIG config file: the configs generated from the GPUs
+        agent = agents.start(session, lib.reset, mig=mig or {}, kube=kube_group(cluster, NODE))
         return agent, lib
 
-    yield start
-    for agent in agents:
-        agent.stop()
+    return start
 
 
 def test_with_reboot_the_state_says_rebooting_then_the_agent_reboots_and_converges(

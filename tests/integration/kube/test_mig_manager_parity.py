@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +16,11 @@ import pytest
 import yaml
 
 from nodeagent.agent.service import Agent
-from nodeagent.mig.config import dump_config, load_config
-from nodeagent.mig.generate import generate_configs
-from nodeagent.nvml import NvmlSession, read_inventory
-from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.agent_support import make_agent
-from tests.integration.kube.conftest import NODES, PODS, Cluster
-from tests.mig_apply import reconfigure
+from nodeagent.mig.config import load_config
+from nodeagent.sim import SimulatedNvml
+from tests.support.agent import Agents, emulated_node, generated_mig_file
+from tests.support.cluster import NODES, PODS, Cluster, kube_group
+from tests.support.mig_apply import reconfigure
 
 NODE = "gpu-node-1"
 CONFIG = "nvidia.com/mig.config"
@@ -36,9 +34,7 @@ Start = Callable[..., tuple[Agent, SimulatedNvml]]
 
 
 @pytest.fixture
-def start_agent(cluster: Cluster, tmp_path: Path) -> Iterator[Start]:
-    agents: list[Agent] = []
-
+def start_agent(cluster: Cluster, agents: Agents, tmp_path: Path) -> Start:
     def start(
         labels: dict[str, str] | None = None,
         kube: dict[str, Any] | None = None,
@@ -48,35 +44,19 @@ def start_agent(cluster: Cluster, tmp_path: Path) -> Iterator[Start]:
         cluster.add_node(NODE, {"kubernetes.io/hostname": NODE, **(labels or {})})
         # A real API server lists pods also when there are none.
         cluster.on_loop(lambda: cluster.km.resources.__setitem__(PODS, {}))
-        lib = SimulatedNvml(parse_spec("h200x2"))
-        session = NvmlSession(lib)
-        path = tmp_path / "mig.yaml"
-        path.write_text(dump_config(generate_configs(read_inventory(session))))
+        lib, session = emulated_node()
+        path = generated_mig_file(session, tmp_path / "mig.yaml")
         if applied is not None:  # the GPUs already hold this config
             reconfigure(session, load_config(str(path)), applied, lib.reset)
-        agent = make_agent(
+        agent = agents.start(
             session,
             lib.reset,
-            metrics={"refresh_interval_seconds": 0.5},
-            reconcile={"interval_seconds": 300},
             mig={"config_file": str(path), **(mig or {})},
-            kube={
-                "enabled": True,
-                "node_name": NODE,
-                "host": cluster.url,
-                "watch_timeout_seconds": 1,
-                "pod_resources_socket": None,
-                "clients_wait_seconds": 20,
-                **(kube or {}),
-            },
+            kube=kube_group(cluster, NODE, **{"clients_wait_seconds": 20, **(kube or {})}),
         )
-        agent.start()
-        agents.append(agent)
         return agent, lib
 
-    yield start
-    for agent in agents:
-        agent.stop()
+    return start
 
 
 def _slices(lib: SimulatedNvml) -> list[int]:

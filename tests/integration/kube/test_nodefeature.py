@@ -4,19 +4,15 @@ change, never written when they do not, and owned by the agent's DaemonSet and p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nodeagent.agent.service import Agent
-from nodeagent.mig.config import dump_config
-from nodeagent.mig.generate import generate_configs
-from nodeagent.nvml import NvmlSession, read_inventory
-from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.agent_support import make_agent
-from tests.integration.kube.conftest import PODS, Cluster, kmock
+from tests.support.agent import Agents, emulated_node, generated_mig_file
+from tests.support.cluster import PODS, Cluster, kmock, kube_group
 
 NODE = "gpu-node-1"
 NAMESPACE = "nodeagent"
@@ -30,39 +26,19 @@ Start = Callable[..., Agent]
 
 
 @pytest.fixture
-def start_agent(cluster: Cluster, tmp_path: Path) -> Iterator[Start]:
-    agents: list[Agent] = []
-
+def start_agent(cluster: Cluster, agents: Agents, tmp_path: Path) -> Start:
     def start(**kube: Any) -> Agent:
         cluster.add_node(NODE, {"kubernetes.io/hostname": NODE})
-        lib = SimulatedNvml(parse_spec("h200x2"))
-        session = NvmlSession(lib)
-        mig = tmp_path / "mig.yaml"
-        mig.write_text(dump_config(generate_configs(read_inventory(session))))
-        agent = make_agent(
+        lib, session = emulated_node()
+        mig = generated_mig_file(session, tmp_path / "mig.yaml")
+        return agents.start(
             session,
             lib.reset,
-            metrics={"refresh_interval_seconds": 0.5},
-            reconcile={"interval_seconds": 300},
             mig={"config_file": str(mig)},
-            kube={
-                "enabled": True,
-                "node_name": NODE,
-                "host": cluster.url,
-                "watch_timeout_seconds": 1,
-                "pod_resources_socket": None,
-                "node_feature_api": True,
-                "pod_namespace": NAMESPACE,
-                **kube,
-            },
+            kube=kube_group(cluster, NODE, node_feature_api=True, pod_namespace=NAMESPACE, **kube),
         )
-        agent.start()
-        agents.append(agent)
-        return agent
 
-    yield start
-    for agent in agents:
-        agent.stop()
+    return start
 
 
 def _add_agent_pod(cluster: Cluster) -> None:

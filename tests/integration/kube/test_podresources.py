@@ -20,7 +20,7 @@ from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.state.snapshot import Holder
-from tests.mig_apply import reconfigure
+from tests.support.mig_apply import reconfigure
 
 GPU = "GPU-1cc80f35-c91b-531f-a6bc-4db77760f20e"
 
@@ -137,7 +137,7 @@ def test_a_slice_held_by_a_pod_is_never_destroyed(kubelet: tuple[Kubelet, Path])
 def test_metrics_count_a_pod_allocated_slice_as_used(kubelet: tuple[Kubelet, Path]) -> None:
     from prometheus_client import generate_latest
 
-    from tests.agent_support import make_agent
+    from tests.support.agent import make_agent
 
     service, socket = kubelet
     lib = SimulatedNvml(parse_spec("h200"))
@@ -157,8 +157,8 @@ def test_metrics_count_a_pod_allocated_slice_as_used(kubelet: tuple[Kubelet, Pat
 def test_no_mig_change_while_the_kubelet_cannot_be_asked(tmp_path: Path) -> None:
     """README: "If the kubelet cannot be asked, the change fails rather than guess" — whether it
     never answered or answered before (its last answer may be stale)."""
-    from tests.agent_support import make_agent
-    from tests.fake_kubelet.podresources import serve
+    from tests.support.agent import make_agent
+    from tests.support.fake_kubelet.podresources import serve
 
     lib = SimulatedNvml(parse_spec("h200"))
     session = NvmlSession(lib)
@@ -204,7 +204,7 @@ def test_one_grpc_stack_asks_the_kubelet(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from tests.fake_kubelet.podresources import pod, serve
+    from tests.support.fake_kubelet.podresources import pod, serve
 
     socket = tmp_path / "kubelet.sock"
     script = (

@@ -18,7 +18,7 @@ from nodeagent.base.errors import KubeError
 from nodeagent.kubelet.podresources import pod_devices
 from nodeagent.kubelet.proto import podresources_pb2 as pb
 from nodeagent.state.snapshot import Holder
-from tests.fake_kubelet.podresources import pod, serve
+from tests.support.fake_kubelet.podresources import pod, serve
 
 MIG = "MIG-45461d2e-e081-5cfb-abad-bf4fcdc28757"
 

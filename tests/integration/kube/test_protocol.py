@@ -7,19 +7,17 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nodeagent.agent.service import Agent
-from nodeagent.mig.config import dump_config
-from nodeagent.mig.generate import generate_configs
-from nodeagent.nvml import NvmlSession, read_inventory
-from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.agent_support import make_agent
-from tests.integration.kube.conftest import EVENTS, NODES, Cluster, kmock
+from nodeagent.nvml import read_inventory
+from nodeagent.sim import SimulatedNvml
+from tests.support.agent import Agents, emulated_node, generated_mig_file
+from tests.support.cluster import EVENTS, NODES, Cluster, kmock, kube_group
 
 NODE = "gpu-node-1"
 STATE = "nvidia.com/mig.config.state"
@@ -29,41 +27,18 @@ REASON = "nodeagent.io/mig.config.reason"
 
 @pytest.fixture
 def start_agent(
-    cluster: Cluster, tmp_path: Path
-) -> Iterator[Callable[..., tuple[Agent, SimulatedNvml]]]:
-    agents: list[Agent] = []
-
+    cluster: Cluster, agents: Agents, tmp_path: Path
+) -> Callable[..., tuple[Agent, SimulatedNvml]]:
     def start(
         clients: dict[str, Any] | None = None, labels: dict[str, str] | None = None
     ) -> tuple[Agent, SimulatedNvml]:
         cluster.add_node(NODE, {"kubernetes.io/hostname": NODE, "team": "ml", **(labels or {})})
-        lib = SimulatedNvml(parse_spec("h200x2"))
-        session = NvmlSession(lib)
-        mig = tmp_path / "mig.yaml"
-        mig.write_text(dump_config(generate_configs(read_inventory(session))))
-        kube = {
-            "enabled": True,
-            "node_name": NODE,
-            "host": cluster.url,
-            "watch_timeout_seconds": 1,
-            "pod_resources_socket": None,
-            **(clients or {}),
-        }
-        agent = make_agent(
-            session,
-            lib.reset,
-            metrics={"refresh_interval_seconds": 0.5},
-            reconcile={"interval_seconds": 300},
-            mig={"config_file": str(mig)},
-            kube=kube,
-        )
-        agent.start()
-        agents.append(agent)
-        return agent, lib
+        lib, session = emulated_node()
+        mig = generated_mig_file(session, tmp_path / "mig.yaml")
+        kube = kube_group(cluster, NODE, **(clients or {}))
+        return agents.start(session, lib.reset, mig={"config_file": str(mig)}, kube=kube), lib
 
-    yield start
-    for agent in agents:
-        agent.stop()
+    return start
 
 
 def _slices(lib: SimulatedNvml) -> list[int]:

@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import Result, assert_one_error
-from tests.integration.kube.conftest import Cluster
+from tests.support.cli import Result, assert_one_error
+from tests.support.cluster import Cluster
 
 
 def test_run_kube_applies_the_node_label(

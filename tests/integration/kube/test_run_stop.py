@@ -19,8 +19,8 @@ import pytest
 
 from nodeagent.base.errors import KubeError
 from nodeagent.kube.api import KubeSettings, make_api_client
-from tests.conftest import Result, assert_one_error
-from tests.integration.kube.conftest import Cluster, is_write
+from tests.support.cli import Result, assert_one_error
+from tests.support.cluster import Cluster, is_write
 
 PLUGIN = """#!{python}
 import json, os, sys, time

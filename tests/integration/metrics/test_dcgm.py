@@ -17,10 +17,10 @@ from nodeagent.mig.config import parse_config
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.state.snapshot import Holder
-from tests.agent_support import SteppedClock, make_agent, make_settings
-from tests.conftest import Result
-from tests.integration.metrics.conftest import GIB, prometheus_tool, sample
-from tests.mig_apply import reconfigure
+from tests.support.agent import SteppedClock, make_agent, make_settings
+from tests.support.cli import Result
+from tests.support.metrics import GIB, prometheus_tool, sample
+from tests.support.mig_apply import reconfigure
 
 ROOT = Path(__file__).resolve().parents[3]
 CSV = ROOT / "tests/fixtures/upstream/dcgm-exporter/etc/default-counters.csv"

@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from nodeagent.base.errors import ConfigError
 from nodeagent.metrics.server import MetricsServer
-from tests.conftest import Result, assert_one_error, captured_logs
+from tests.support.cli import Result, assert_one_error, captured_logs
 
 EXPOSITION = b"# HELP up Whether up.\n# TYPE up gauge\nup 1.0\n"
 TIMEOUT = 5.0  # a bound on waits that normally end in milliseconds; never a timing assert

@@ -18,8 +18,8 @@ from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import read_inventory
 from nodeagent.nvml.codes import IN_USE
 from nodeagent.sim import Fault, SimulatedNvml
-from tests.integration.metrics.conftest import prometheus_tool, sample
-from tests.mig_apply import reconfigure
+from tests.support.metrics import prometheus_tool, sample
+from tests.support.mig_apply import reconfigure
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 # Series whose values depend on the clock or the interpreter, not on the GPUs.

@@ -18,7 +18,7 @@ from nodeagent.nvml.fields import MEMORY_V2, FieldReader
 from nodeagent.nvml.health import mig_handle
 from nodeagent.nvml.session import gpu_handle
 from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.integration.metrics.conftest import sample
+from tests.support.metrics import sample
 
 Families = dict[str, dict[frozenset[tuple[str, str]], float]]
 

@@ -15,8 +15,8 @@ from nodeagent.agent.service import Agent
 from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.codes import NOT_SUPPORTED
 from nodeagent.sim import Fault, FaultPlan, SimulatedNvml, parse_spec
-from tests.agent_support import make_agent
-from tests.conftest import Result, assert_one_error
+from tests.support.agent import make_agent
+from tests.support.cli import Result, assert_one_error
 
 Cli = Callable[..., Result]
 GIB = 1024**3

@@ -27,10 +27,10 @@ from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.agent_support import make_agent
-from tests.conftest import stop_mps_daemon
-from tests.integration.metrics.conftest import free_port, http_get, prometheus_tool, wait_for
-from tests.mig_apply import reconfigure
+from tests.support.agent import make_agent
+from tests.support.cli import stop_mps_daemon
+from tests.support.metrics import free_port, http_get, prometheus_tool, wait_for
+from tests.support.mig_apply import reconfigure
 
 MONITORING = Path(__file__).resolve().parents[3] / "daemonset" / "monitoring"
 GIB = 1024**3

@@ -18,12 +18,12 @@ from nodeagent.kubelet.podresources import pod_devices
 from nodeagent.mig.config import parse_config
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.agent_support import SteppedClock, make_agent
-from tests.fake_kubelet.podresources import FakePodResources, pod, serve
-from tests.integration.metrics.conftest import GIB, http_get, prometheus_tool, sample, wait_for
 from tests.integration.metrics.test_exposition import GOLDEN, exposition, stable
 from tests.integration.metrics.test_prometheus import _query, prometheus  # noqa: F401
-from tests.mig_apply import reconfigure
+from tests.support.agent import SteppedClock, make_agent
+from tests.support.fake_kubelet.podresources import FakePodResources, pod, serve
+from tests.support.metrics import GIB, http_get, prometheus_tool, sample, wait_for
+from tests.support.mig_apply import reconfigure
 
 # GPU 0 in MIG (one 3g, one 2g, two 1g), GPUs 1 and 2 whole: one for a pod, one shared.
 MIG_CONFIG = """\

@@ -17,9 +17,9 @@ from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.agent_support import make_agent
-from tests.integration.metrics.conftest import free_port, http_get, prometheus_tool, wait_for
-from tests.mig_apply import reconfigure
+from tests.support.agent import make_agent
+from tests.support.metrics import free_port, http_get, prometheus_tool, wait_for
+from tests.support.mig_apply import reconfigure
 
 
 @pytest.fixture

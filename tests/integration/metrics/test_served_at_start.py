@@ -9,8 +9,8 @@ import threading
 from nodeagent.nvml import NvmlSession
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.state.snapshot import Holders
-from tests.agent_support import make_agent
 from tests.integration.metrics.test_endpoint_hostile import scrape
+from tests.support.agent import make_agent
 
 TIMEOUT = 30.0  # a bound on waits that normally end in milliseconds
 

@@ -15,10 +15,10 @@ from nodeagent.agent.service import Agent
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.state.snapshot import Holder, Holders
-from tests.agent_support import make_agent
-from tests.conftest import Result
-from tests.integration.metrics.conftest import prometheus_tool
 from tests.integration.metrics.test_health import samples, value
+from tests.support.agent import make_agent
+from tests.support.cli import Result
+from tests.support.metrics import prometheus_tool
 
 GIB = 1024**3
 RATES = ("sm", "memory", "encoder", "decoder")

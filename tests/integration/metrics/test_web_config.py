@@ -21,9 +21,9 @@ import pytest
 from nodeagent.base.errors import ConfigError
 from nodeagent.metrics.server import MetricsServer
 from nodeagent.metrics.webconfig import load_web_config
-from tests.conftest import Result, assert_one_error
-from tests.integration.metrics.conftest import free_port, http_get, prometheus_tool, wait_for
 from tests.integration.metrics.test_endpoint_hostile import connection_threads
+from tests.support.cli import Result, assert_one_error
+from tests.support.metrics import free_port, http_get, prometheus_tool, wait_for
 
 EXPOSITION = b"# TYPE up gauge\nup 1.0\n"
 TIMEOUT = 10.0

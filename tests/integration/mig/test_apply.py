@@ -23,7 +23,7 @@ from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import Fault, FaultPlan, SimulatedNvml
 from nodeagent.sim.faults import SimulatedCrash
 from nodeagent.sim.models import MIB, parse_spec
-from tests.mig_apply import reconfigure
+from tests.support.mig_apply import reconfigure
 
 MODELS = ["a100-40gb", "h100-80gb", "h200", "a30"]
 

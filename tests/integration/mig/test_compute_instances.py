@@ -16,7 +16,7 @@ from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import Fault, FaultPlan, SimulatedNvml
 from nodeagent.sim.faults import SimulatedCrash
 from nodeagent.sim.models import MIB, parse_spec
-from tests.mig_apply import assert_config, reconfigure
+from tests.support.mig_apply import assert_config, reconfigure
 
 CONFIGS = """\
 version: v1

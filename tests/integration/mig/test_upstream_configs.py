@@ -19,7 +19,7 @@ from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.nvml.inventory import Inventory
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import MODEL_NAMES
-from tests.mig_apply import reconfigure
+from tests.support.mig_apply import reconfigure
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "fixtures" / "upstream"
 OPERATOR = UPSTREAM / "gpu-operator" / "assets" / "state-mig-manager" / "0400_configmap.yaml"

@@ -23,7 +23,7 @@ from nodeagent.mps.control import MpsControl
 from nodeagent.mps.layout import CONTAINER_FILE_LABEL, is_mounted
 from nodeagent.nvml import NvmlSession
 from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.agent_support import make_agent
+from tests.support.agent import make_agent
 
 H200_MIB = 143771  # NVML memory total of the H200, MiB
 

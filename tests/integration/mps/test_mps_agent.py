@@ -19,8 +19,8 @@ from nodeagent.mig.generate import generate_configs
 from nodeagent.mps.control import MpsControl
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.agent_support import make_agent
-from tests.conftest import Result
+from tests.support.agent import make_agent
+from tests.support.cli import Result
 
 
 def _alive(pid: int) -> bool:

@@ -15,8 +15,8 @@ import pytest
 
 from nodeagent.base.errors import MpsError
 from nodeagent.mps.layout import CONTAINER_FILE_LABEL, DEVICE_PLUGIN, FLAT, paths, prepare
-from tests.conftest import Result
 from tests.integration.mps.conftest import FAILURE
+from tests.support.cli import Result
 
 
 def _selinux(tmp_path: Path, enabled: bool) -> Path:

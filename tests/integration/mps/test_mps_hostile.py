@@ -1,6 +1,6 @@
 """`nodeagent mps` against what a node can hold by accident or by malice: a stale pid file naming
 another process (its pid was reused), ready files that are links, device nodes, FIFOs or folders.
-The daemon is the fake nvidia-cuda-mps-control (tests/fake_mps), every one stopped after."""
+The daemon is the fake nvidia-cuda-mps-control (tests/support/fake_mps), every one stopped after."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 from nodeagent.base.errors import ConfigError
 from nodeagent.mps.control import PID_FILE
 from nodeagent.mps.layout import paths, prepare
-from tests.conftest import Result, assert_one_error
 from tests.integration.test_hostile_paths import KINDS, WORDS, make_kind
+from tests.support.cli import Result, assert_one_error
 
 
 @pytest.fixture

@@ -86,7 +86,7 @@ def test_bus_id_as_sysfs_names_it(nvml: str, sysfs: str) -> None:
 def test_mig_devices_carry_their_nvml_attributes(make_session: Callable[..., NvmlSession]) -> None:
     from nodeagent.mig.config import dump_config, parse_config
     from nodeagent.mig.generate import generate_configs
-    from tests.mig_apply import reconfigure
+    from tests.support.mig_apply import reconfigure
 
     session = make_session("h200")
     cfg = parse_config(dump_config(generate_configs(read_inventory(session))), "g")

@@ -13,7 +13,7 @@ from nodeagent.nvml.codes import NOT_FOUND, NOT_SUPPORTED
 from nodeagent.nvml.utilization import ProcessUtilizationReader, read_rates
 from nodeagent.sim import Fault, FaultPlan, SimulatedNvml, parse_spec
 from nodeagent.sim.utilizationcalls import SAMPLE_PERIOD_US
-from tests.mig_apply import reconfigure
+from tests.support.mig_apply import reconfigure
 
 GIB = 1024**3
 PERIOD = SAMPLE_PERIOD_US / 1e6

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import _clean_env
+from tests.support.cli import _clean_env
 
 CONFIG = """\
 version: v1

@@ -27,7 +27,7 @@ from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.sim.models import load_model
 from nodeagent.sim.state import fresh_state, to_json
 from nodeagent.sim.statefile import load_state
-from tests.conftest import Result, assert_one_error
+from tests.support.cli import Result, assert_one_error
 
 Cli = Callable[..., Result]
 GIB = 1024**3

@@ -26,7 +26,7 @@ from nodeagent.nvml.inventory import MigAttributes
 from nodeagent.settings import Labels
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.sim.models import MODEL_NAMES, load_model
-from tests.mig_apply import reconfigure
+from tests.support.mig_apply import reconfigure
 
 
 def node(spec: str, config: str | None = None, text: str | None = None) -> Inventory:

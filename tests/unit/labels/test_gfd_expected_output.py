@@ -35,7 +35,7 @@ from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.sim.models import MODEL_NAMES
-from tests.mig_apply import reconfigure
+from tests.support.mig_apply import reconfigure
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "fixtures/upstream/k8s-device-plugin/tests"
 PREFIX = "nvidia.com/"

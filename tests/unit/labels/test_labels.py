@@ -15,7 +15,7 @@ from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.mig_apply import reconfigure
+from tests.support.mig_apply import reconfigure
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 

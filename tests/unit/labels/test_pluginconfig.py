@@ -17,7 +17,7 @@ from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.settings import Labels
 from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.mig_apply import reconfigure
+from tests.support.mig_apply import reconfigure
 
 P = "nvidia.com/"
 

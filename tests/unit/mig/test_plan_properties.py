@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from nodeagent.base.errors import SliceInUse
 from nodeagent.mig.plan import plan_gpu
-from tests.mig_support import (
+from tests.support.mig import (
     Candidate,
     all_valid_layouts,
     blank_gpu,

@@ -10,7 +10,7 @@ from nodeagent.base.errors import SliceInUse
 from nodeagent.mig.geometry import Geometry
 from nodeagent.mig.plan import mismatches, plan, plan_gpu
 from nodeagent.nvml import Inventory
-from tests.mig_support import desired, gpu_with
+from tests.support.mig import desired, gpu_with
 
 # H200 profile ids (read off the real card): 1g.18gb=19, 1g.18gb+me=20, 1g.35gb=15,
 # 2g.35gb=14, 3g.71gb=9, 4g.71gb=5, 7g.141gb=0.

@@ -10,7 +10,7 @@ from nodeagent.base.errors import ConfigError
 from nodeagent.mig.config import parse_config
 from nodeagent.mig.select import resolve
 from nodeagent.nvml import Inventory
-from tests.mig_support import blank_gpu
+from tests.support.mig import blank_gpu
 
 CFG = parse_config(
     """\

@@ -33,7 +33,7 @@ from nodeagent.plan.options import (
 from nodeagent.plan.planner import demand_classes, plan_node
 from nodeagent.plan.search import _tables, mps_candidates, solve
 from nodeagent.plan.targets import improve
-from tests.mig_support import blank_gpu, gpu_with
+from tests.support.mig import blank_gpu, gpu_with
 from tests.unit.plan.test_same_plans import MIXES
 
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from nodeagent.nvml import Gpu
 from nodeagent.plan.options import Demand, GpuView, mig_options, mps_options, whole_options
 from nodeagent.plan.search import gpu_options, solve
-from tests.mig_support import Candidate, all_valid_layouts, blank_gpu, gpu_with
+from tests.support.mig import Candidate, all_valid_layouts, blank_gpu, gpu_with
 
 MIB = 1 << 20
 Key = tuple[tuple[int, ...], int, int, int]

@@ -17,7 +17,7 @@ from nodeagent.plan.render import mig_parted_document, sharing_document
 from nodeagent.plan.workloads import Workload
 from nodeagent.sharing.config import parse_sharing
 from nodeagent.sharing.resolve import resolve_sharing
-from tests.mig_support import blank_gpu, gpu_with
+from tests.support.mig import blank_gpu, gpu_with
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -23,7 +23,7 @@ import pytest
 from nodeagent.nvml import Gpu, Inventory
 from nodeagent.plan.planner import plan_node
 from nodeagent.plan.workloads import Workload
-from tests.mig_support import blank_gpu, gpu_with
+from tests.support.mig import blank_gpu, gpu_with
 
 ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = ROOT / "tests" / "golden" / "plans.json"

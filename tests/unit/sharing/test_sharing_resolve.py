@@ -327,7 +327,7 @@ def test_resolution_raises_only_config_errors(
 
 
 def test_a_skipped_gpu_is_a_sharing_event_not_a_mig_one() -> None:
-    from tests.conftest import captured_logs
+    from tests.support.cli import captured_logs
 
     text = sharing("{devices: [0, 7], mps: {replicas: 2}}")
     with captured_logs("info") as logs:

@@ -16,7 +16,7 @@ from nodeagent.mps.control import MpsControl
 from nodeagent.mps.layout import DEVICE_PLUGIN, FLAT, is_mounted, paths
 from nodeagent.nvml import NvmlSession
 from nodeagent.sim import SimulatedNvml, parse_spec
-from tests.agent_support import make_agent
+from tests.support.agent import make_agent
 
 
 @contextlib.contextmanager

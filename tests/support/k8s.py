@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 K8S = REPO.parent / "shared" / "k8s"
 PORTS = {  # up.sh's variables and their defaults
     "K8S_ETCD_PORT": 23790,

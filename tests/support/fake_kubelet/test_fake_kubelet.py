@@ -18,12 +18,18 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.fake_kubelet import api_pb2 as pb
-from tests.fake_kubelet import api_pb2_grpc as pb_grpc
-from tests.fake_kubelet.kubelet import FakeKubelet, FakeKubeletError
-from tests.fake_kubelet.session import DeviceSpec, Mount, PluginOptions, Registration, Session
+from tests.support.fake_kubelet import api_pb2 as pb
+from tests.support.fake_kubelet import api_pb2_grpc as pb_grpc
+from tests.support.fake_kubelet.kubelet import FakeKubelet, FakeKubeletError
+from tests.support.fake_kubelet.session import (
+    DeviceSpec,
+    Mount,
+    PluginOptions,
+    Registration,
+    Session,
+)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 GPU = "GPU-1cc80f35-c91b-531f-a6bc-4db77760f20e"
 REPLICAS = [f"{GPU}::{i}" for i in range(4)]
 PIPE = "/mps/example.com/gpu/pipe"
@@ -263,7 +269,7 @@ def test_allocates_the_devices_asked_for(
 
 
 def _cli(plugin_dir: Path, *args: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "tests.fake_kubelet", "--dir", str(plugin_dir), *args]
+    command = [sys.executable, "-m", "tests.support.fake_kubelet", "--dir", str(plugin_dir), *args]
     return subprocess.Popen(
         command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

@@ -1,4 +1,4 @@
-"""`python -m tests.fake_kubelet`: wait for a device plugin to register, drive it, print the result.
+"""`python -m tests.support.fake_kubelet`: wait for a device plugin to register, drive it, print the result.
 
 Exit codes: 0 done; 1 no plugin registered in time; 2 the plugin answered an error or broke the
 protocol. The line `fake-kubelet: listening on <socket>` goes to stderr once the socket is up.
@@ -11,12 +11,14 @@ import json
 import sys
 from pathlib import Path
 
-from tests.fake_kubelet.kubelet import DEVICE_PLUGIN_DIR, FakeKubeletError, run
-from tests.fake_kubelet.session import Session
+from tests.support.fake_kubelet.kubelet import DEVICE_PLUGIN_DIR, FakeKubeletError, run
+from tests.support.fake_kubelet.session import Session
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tests.fake_kubelet", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.support.fake_kubelet", description=__doc__
+    )
     parser.add_argument(
         "--dir", type=Path, default=DEVICE_PLUGIN_DIR,
         help=f"the device-plugins folder where plugin endpoints are (default: {DEVICE_PLUGIN_DIR})",

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import grpc
 
-from tests.fake_kubelet import api_pb2 as pb
-from tests.fake_kubelet import api_pb2_grpc as pb_grpc
-from tests.fake_kubelet.session import (
+from tests.support.fake_kubelet import api_pb2 as pb
+from tests.support.fake_kubelet import api_pb2_grpc as pb_grpc
+from tests.support.fake_kubelet.session import (
     Allocation,
     Device,
     DeviceSpec,
