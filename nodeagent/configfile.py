@@ -1,17 +1,17 @@
 """Reading the files a user hands the agent: bounded, regular files only, YAML with positions.
 
 Every config the agent reads (MIG and sharing configs, the settings file, the hooks file, the
-workload file, the device plugin's config, the machine-type file) comes through `read_bytes`:
-at most MAX_FILE_BYTES, and only a regular file (or stdin for `-`), so `/dev/zero`, a FIFO or a
-100 MiB file named as a config is one sentence naming it, never a MemoryError or a hang.
+workload file, the device plugin's config, the machine-type file) comes through `read_bytes`
+(nodeagent.files.read_input, the one opener): at most MAX_FILE_BYTES, and only a regular file
+(or stdin for `-`), so `/dev/zero`, a FIFO, a loop of links or a 100 MiB file named as a
+config is one sentence naming it, never a MemoryError or a hang.
 `compose` and `Errors` give the strict parsers their file:line:col; `ConfigCache` keeps a file
-that is read every reconcile parsed until it changes. Bottom layer: imports only errors.
+that is read every reconcile parsed until it changes. Bottom layer: imports only errors and files.
 """
 
 from __future__ import annotations
 
 import os
-import stat
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 import yaml
 
 from nodeagent.errors import ConfigError
+from nodeagent.files import FileTooLarge, read_input
 
 MAX_FILE_BYTES = 4 * 1024 * 1024  # the largest upstream config seen is ~30 KiB
 MAX_ERRORS = 20  # a file of 200,000 configs aliasing one bad entry must not print 19 MB
@@ -27,34 +28,11 @@ STANDARD_TAG = "tag:yaml.org,2002:"
 T = TypeVar("T")
 
 
-class UnreadableFile(ConfigError):
-    """The file is missing or the system refused to read it (as opposed to a file that is
-    there but is no config: a directory, a device, a FIFO, too large)."""
-
-
-def _kind_of_file(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def _too_big(what: str, path: str) -> ConfigError:
-    return ConfigError(
-        f"cannot read {what} {path}: it is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB"
-    )
-
-
 def read_bytes(path: str, what: str) -> bytes:
-    """The bytes of `path` (`-`: standard input), at most MAX_FILE_BYTES. Raises ConfigError
-    naming `what` and the path for a missing or unreadable file, one that is not a regular
-    file (directory, FIFO, device, socket), and one that is too large."""
+    """The bytes of `path` (`-`: standard input), at most MAX_FILE_BYTES, read through
+    nodeagent.files.read_input (the one opener). Raises ConfigError naming `what` and the path
+    for a missing or unreadable file (UnreadableFile), one that is not a regular file
+    (folder, FIFO, device, socket, a loop of links), and one that is too large."""
     if path == "-":
         stream = getattr(sys.stdin, "buffer", None)
         data = (
@@ -63,37 +41,11 @@ def read_bytes(path: str, what: str) -> bytes:
             else sys.stdin.read(MAX_FILE_BYTES + 1).encode()
         )
         if len(data) > MAX_FILE_BYTES:
-            raise _too_big(what, "<stdin>")
-        return data
-    try:
-        # O_NONBLOCK: opening a FIFO without a writer returns at once (fstat refuses it next).
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as err:
-        raise UnreadableFile(f"cannot read {what} {path}: {err.strerror}") from err
-    try:
-        mode = os.fstat(fd)
-        if not stat.S_ISREG(mode.st_mode):
-            raise ConfigError(
-                f"cannot read {what} {path}: it is {_kind_of_file(mode.st_mode)}, not a file"
+            raise FileTooLarge(
+                f"cannot read {what} <stdin>: it is larger than {MAX_FILE_BYTES >> 20} MiB"
             )
-        if mode.st_size > MAX_FILE_BYTES:
-            raise _too_big(what, path)
-        chunks: list[bytes] = []
-        left = MAX_FILE_BYTES + 1  # a file that grows while read is still bounded
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError as err:
-        raise UnreadableFile(f"cannot read {what} {path}: {err.strerror}") from err
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > MAX_FILE_BYTES:
-        raise _too_big(what, path)
-    return data
+        return data
+    return read_input(path, what, MAX_FILE_BYTES)
 
 
 def read_text(path: str, what: str) -> str:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nodeagent.configfile import UnreadableFile, read_bytes
+from nodeagent.configfile import read_bytes
 from nodeagent.errors import ConfigError
+from nodeagent.files import UnreadableFile
 from nodeagent.labels.gfd import GfdOptions
 from nodeagent.logs import get_logger
 from nodeagent.settings import Labels

@@ -17,8 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
-from nodeagent.errors import SimError
-from nodeagent.files import atomic_write_text
+from nodeagent.errors import ConfigError, SimError
+from nodeagent.files import atomic_write_text, read_regular
 from nodeagent.sim.check import state_problems
 from nodeagent.sim.health import MAX_TEMPERATURE, MAX_WATTS, REASON_NAMES
 from nodeagent.sim.models import MODEL_NAMES
@@ -254,30 +254,22 @@ def _no_constants(name: str) -> NoReturn:
 
 
 def _read_bytes(path: Path) -> tuple[bytes, Stamp] | None:
-    """The file's bytes and the stamp of that very file (taken from the descriptor read, so a
-    write by another process in between cannot pair new stamp with old bytes), or None when
-    it does not exist (yet). Never blocks on a FIFO."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        raise SimError(f"cannot read emulator state file {path}: {err.strerror}") from err
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise SimError(f"emulator state file {path} is a folder; name a file in it")
-        if not stat.S_ISREG(st.st_mode):
-            raise SimError(f"emulator state file {path} is not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_STATE_BYTES + 1)
-    except OSError as err:
-        raise SimError(f"cannot read emulator state file {path}: {err.strerror}") from err
-    finally:
-        os.close(fd)
-    if len(data) > MAX_STATE_BYTES:
-        raise SimError(f"emulator state file {path} is over {MAX_STATE_BYTES // 2**20} MiB")
-    return data, _stamp(st)
+    """The file's bytes and the stamp of that very file, or None when it does not exist
+    (yet). Read as every input is (nodeagent.files.read_regular: never blocks on a FIFO,
+    bounded); the stamp is taken before and after the read, and a write by another process in
+    between (the stamps differ) is read again, so new stamp is never paired with old bytes."""
+    for _ in range(3):
+        before = _stamp_of(path)
+        try:
+            data = read_regular(path, "emulator state file", MAX_STATE_BYTES)
+        except ConfigError as err:
+            raise SimError(str(err)) from err
+        if data is None:
+            return None
+        after = _stamp_of(path)
+        if after is not None and after == before:
+            return data, after
+    raise SimError(f"cannot read emulator state file {path}: it changes faster than it is read")
 
 
 def _json_value(data: bytes) -> Any:
@@ -394,6 +386,13 @@ class StateWriter:
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
+
+
+def _stamp_of(path: Path) -> Stamp | None:
+    try:
+        return _stamp(os.stat(path))
+    except OSError:  # read_regular says why
+        return None
 
 
 def _stamp(st: os.stat_result) -> Stamp:
