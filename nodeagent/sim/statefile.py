@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 from nodeagent.errors import ConfigError, SimError
 from nodeagent.files import atomic_write_text, read_regular
 from nodeagent.sim.check import state_problems
-from nodeagent.sim.health import MAX_TEMPERATURE, MAX_WATTS, REASON_NAMES
+from nodeagent.sim.health import MAX_TEMPERATURE, MAX_WATTS, REASON_NAMES, U32_MAX, U64_MAX
 from nodeagent.sim.models import MODEL_NAMES
 from nodeagent.sim.rules import CI_IDS, COMPUTE_MODES, GI_IDS, MAX_PID
 from nodeagent.sim.state import (
@@ -84,7 +84,11 @@ def _int(value: Any, where: str, allowed: range | tuple[int, ...]) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         _fail(f"{where} must be an integer, not {_show(value)}")
     if value not in allowed:
-        if len(allowed) == 1:
+        # range.__len__ is a C size: a 64-bit counter's range has no len()
+        single = (
+            allowed.stop - allowed.start == 1 if isinstance(allowed, range) else (len(allowed) == 1)
+        )
+        if single:
             _fail(f"{where} must be {allowed[0]}, not {value}")
         if isinstance(allowed, range):
             _fail(f"{where} must be {allowed.start} to {allowed.stop - 1}, not {value}")
@@ -158,8 +162,9 @@ def _health(raw: Any, where: str) -> HealthState:
     health = HealthState()  # a file of an older nodeagent: the emulated driver loads now
     if "energy_at" in raw:
         health.energy_at = _number(raw["energy_at"], f"{where}.energy_at", 0, 1e12)
-    for key in counters:
-        setattr(health, key, _int(raw.get(key, 0), f"{where}.{key}", range(0, _I64)))
+    for key in counters:  # each as wide as NVML's counter: every value the emulator writes
+        top = U32_MAX if key == "pcie_replays" else U64_MAX
+        setattr(health, key, _int(raw.get(key, 0), f"{where}.{key}", range(0, top + 1)))
     for key in flags:
         setattr(health, key, _int(raw.get(key, 0), f"{where}.{key}", (0, 1)))
     health.temperature_celsius = _optional(
