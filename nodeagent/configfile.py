@@ -137,14 +137,45 @@ class Errors:
             raise config_error(self.source, self.items)
 
 
+MERGE_TAG = STANDARD_TAG + "merge"
+
+
+def _merged(
+    node: yaml.MappingNode, errors: Errors, what: str, inside: frozenset[int] = frozenset()
+) -> list[tuple[yaml.Node, yaml.Node]]:
+    """The mapping's own pairs after those its merge keys (`<<: *defaults`, YAML 1.1, as
+    mig-parted's parser takes them) bring in: an own key wins over a merged one, an earlier
+    merged mapping over a later one."""
+    own = [(k, v) for k, v in node.value if k.tag != MERGE_TAG]
+    taken = {k.value for k, _ in own if isinstance(k, yaml.ScalarNode)}
+    merged: list[tuple[yaml.Node, yaml.Node]] = []
+    for key, value in node.value:
+        if key.tag != MERGE_TAG:
+            continue
+        sources = value.value if isinstance(value, yaml.SequenceNode) else [value]
+        for source in sources:
+            if not isinstance(source, yaml.MappingNode):
+                errors.add(source, f"{what}: '<<' merges a mapping, not {kind(source)}")
+                continue
+            if id(source) in inside | {id(node)}:
+                errors.add(source, f"{what}: '<<' merges a mapping into itself")
+                continue
+            for k, v in _merged(source, errors, what, inside | {id(node)}):
+                if isinstance(k, yaml.ScalarNode) and k.value not in taken:
+                    taken.add(k.value)
+                    merged.append((k, v))
+    return merged + own
+
+
 def mapping(node: yaml.Node, errors: Errors, what: str) -> list[tuple[yaml.Node, yaml.Node]]:
-    """The (key, value) pairs of a mapping node; reports duplicate and non-string keys."""
+    """The (key, value) pairs of a mapping node, merge keys resolved; reports duplicate and
+    non-string keys."""
     if not isinstance(node, yaml.MappingNode):
         errors.add(node, f"{what} must be a mapping, not {kind(node)}")
         return []
     seen: set[str] = set()
     pairs: list[tuple[yaml.Node, yaml.Node]] = []
-    for key, value in node.value:
+    for key, value in _merged(node, errors, what):
         if not isinstance(key, yaml.ScalarNode):
             errors.add(key, f"{what} has a key that is not a string")
             continue
@@ -192,7 +223,7 @@ def check_tags(root: yaml.Node, errors: Errors, what: str = "a MIG config") -> N
         seen.add(id(node))
         if not node.tag.startswith(STANDARD_TAG):
             errors.add(node, f"tag {node.tag!r} is not allowed in {what}")
-        elif isinstance(node, yaml.ScalarNode):
+        elif isinstance(node, yaml.ScalarNode) and node.tag != MERGE_TAG:
             try:
                 yaml.constructor.SafeConstructor().construct_object(node)
             except (yaml.YAMLError, ValueError, TypeError, OverflowError) as err:
