@@ -224,36 +224,8 @@ def configure(cfg: Any, path: str, exec_timeout_seconds: float, stop: threading.
         raise ConfigError(
             f"cannot configure the Kubernetes client from kubeconfig {path}: {err}"
         ) from err
-    check_tls(cfg, f"kubeconfig {path}")
     if spec is not None:
         ExecPlugin(spec, cluster, base, exec_timeout_seconds, stop).install(cfg)
-
-
-def check_tls(cfg: Any, source: str) -> None:
-    """Load the client's CA and certificate now, as its connection pool will: a certificate
-    that is none, a key that does not match it or is protected by a passphrase is one
-    sentence here, never a prompt, nor a failure of every request (each one retried)."""
-    asked: list[bool] = []
-
-    def no_passphrase() -> bytes:  # OpenSSL would ask on the terminal
-        asked.append(True)
-        return b""
-
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    try:
-        what = "certificate authority"
-        if cfg.ssl_ca_cert:
-            ctx.load_verify_locations(cfg.ssl_ca_cert)
-        what = "client certificate and key"
-        if cfg.cert_file:
-            ctx.load_cert_chain(cfg.cert_file, cfg.key_file, password=no_passphrase)
-    except (OSError, ssl.SSLError) as err:
-        reason = (
-            "the key is protected by a passphrase; give an unencrypted key"
-            if asked
-            else (f"not PEM or not matching ({getattr(err, 'reason', None) or err.strerror})")
-        )
-        raise ConfigError(f"{source}: the {what} cannot be loaded: {reason}") from err
 
 
 TOKEN_REFRESH_SECONDS = 60.0  # bound service account tokens rotate; the kubelet rewrites the file

@@ -16,6 +16,8 @@ import base64
 import binascii
 import copy
 import os
+import ssl
+import tempfile
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -152,6 +154,48 @@ def _inline_files(body: dict[str, Any], where: str, base: str, out: list[str]) -
         out.append(f"{where}.token must be printable ASCII (a bearer token), not {_shown(token)}")
 
 
+def _data(body: dict[str, Any], key: str) -> bytes | None:
+    value = body.get(key)
+    return base64.b64decode("".join(value.split())) if isinstance(value, str) else None
+
+
+def _load_tls(cluster: dict[str, Any], user: dict[str, Any], out: list[str]) -> None:
+    """Load the CA and the client certificate and key as the connection pool will: one that
+    is none, a key that does not match or is protected by a passphrase is named here, never
+    a prompt nor a failure of every request (each one retried)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ca = _data(cluster, "certificate-authority-data")
+    try:
+        if ca is not None:
+            ctx.load_verify_locations(cadata=ca.decode("ascii"))
+    except (ValueError, ssl.SSLError):
+        out.append("the cluster's certificate authority holds no PEM certificate")
+    cert, key = _data(user, "client-certificate-data"), _data(user, "client-key-data")
+    if cert is None or key is None:
+        return
+    asked: list[bool] = []
+
+    def no_passphrase() -> bytes:  # OpenSSL would ask on the terminal and wait
+        asked.append(True)
+        return b""
+
+    with tempfile.TemporaryDirectory(prefix="nodeagent-tls-") as folder:  # mode 0700
+        paths = (os.path.join(folder, "cert"), os.path.join(folder, "key"))
+        for path, data in zip(paths, (cert, key), strict=True):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        try:
+            ctx.load_cert_chain(*paths, password=no_passphrase)
+        except (OSError, ssl.SSLError) as err:
+            out.append(
+                "the user's client key is protected by a passphrase; give an unencrypted key"
+                if asked
+                else "the user's client certificate and key do not load (not PEM, or not a"
+                f" pair): {getattr(err, 'reason', None) or err}"
+            )
+
+
 def typed_kubeconfig(document: dict[str, Any], path: str, base: str) -> dict[str, Any]:
     """A copy of the kubeconfig the client can load: every field it reads of the right type,
     the current context's cluster and user with their files inline. Raises ConfigError
@@ -176,6 +220,8 @@ def typed_kubeconfig(document: dict[str, Any], path: str, base: str) -> dict[str
             _inline_files(cluster, "the cluster", base, out)
         if user is not None:
             _inline_files(user, "the user", base, out)
+        if not out:
+            _load_tls(cluster or {}, user or {}, out)
     if out:
         shown = out[0] if len(out) == 1 else "\n  " + "\n  ".join(out[:20])
         raise ConfigError(f"kubeconfig {path}: {shown}")
