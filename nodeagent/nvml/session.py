@@ -31,6 +31,8 @@ _MESSAGES = {
     999: "Unknown Error",
 }
 NOT_SUPPORTED = 3
+# NVML or the GPU is gone: uninitialised, driver not loaded, GPU lost, driver/library mismatch
+GONE = frozenset({1, 9, 15, 18})
 NOT_FOUND = 6
 INVALID_ARGUMENT = 2
 IN_USE = 19
@@ -100,6 +102,21 @@ class NvmlSession:
     def read(self, function: str, *args: Any, context: str = "") -> Any:
         """Like call(), but a NOT_SUPPORTED answer becomes None (reads only, never writes)."""
         return self.call(function, *args, context=context, absent=(NOT_SUPPORTED,))
+
+    def sensor(
+        self, function: str, *args: Any, context: str = "", absent: tuple[int, ...] = ()
+    ) -> Any:
+        """One sensor value (a temperature, a counter, a utilization): like call(), but a
+        failure of this read alone (UNKNOWN, TIMEOUT, NOT_SUPPORTED on one field of one GPU)
+        costs only this value: None, counted in error_counts. Raises NvmlError only where
+        NVML or the GPU itself is gone (uninitialised, no driver, GPU lost): every other read
+        would fail too."""
+        try:
+            return self.call(function, *args, context=context, absent=(NOT_SUPPORTED, *absent))
+        except NvmlError as err:
+            if err.code in GONE:
+                raise
+            return None
 
     def close(self) -> None:
         if self._closed:
