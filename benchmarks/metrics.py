@@ -374,8 +374,8 @@ def kube(
     root = str(Path(__file__).resolve().parents[1])  # the tests' helpers, from this checkout
     if root not in sys.path:
         sys.path.insert(0, root)
-    from tests.support.fake_kubelet.podresources import pod, serve
     from tests.support.cluster import Cluster
+    from tests.support.fake_kubelet.podresources import pod, serve
 
     cluster = Cluster()
     socket = tmp / "kubelet.sock"

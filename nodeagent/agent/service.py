@@ -20,12 +20,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
 
 from nodeagent.agent.factory import agent_pipeline
-from nodeagent.base.errors import AgentError, KubeError
+from nodeagent.base.errors import AgentError, ConfigError, KubeError
 from nodeagent.base.logs import get_logger
 from nodeagent.dra.traces import owner_store, with_api
 from nodeagent.labels.nfd import write_features
@@ -43,7 +45,7 @@ from nodeagent.metrics.server import MetricsServer
 from nodeagent.metrics.sharing import SharingCollector
 from nodeagent.metrics.slices import SliceCollector
 from nodeagent.metrics.utilization import UtilizationCollector
-from nodeagent.metrics.webconfig import load_web_config
+from nodeagent.metrics.webconfig import WebConfig, load_web_config
 from nodeagent.mig.apply import Reset
 from nodeagent.mps.manager import MpsManager
 from nodeagent.mps.supervisor import MpsSupervisor
@@ -334,7 +336,7 @@ class Agent:
         try:
             if serve:
                 m = self.settings.metrics
-                web = load_web_config(m.web_config_file) if m.web_config_file else None
+                web = check_inputs(self.settings).web
                 self.server = MetricsServer(
                     m.address, self.exposition.latest, self.healthy, self.ready,
                     web=web, details=m.health_details,
@@ -455,3 +457,36 @@ class Agent:
         with self.session.lock:
             self.gpm.close()
             self.health.close()
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The files the settings name that `run` reads before it serves, read and checked."""
+
+    web: WebConfig | None
+
+
+def check_inputs(settings: Settings) -> Inputs:
+    """Read and check every file the settings name that `run` needs before it starts: the web
+    config (its TLS files), the kubeconfig (its fields and files). The one validation of
+    `config check` and `run`: what one passes, the other takes. Raises ConfigError naming
+    every problem (one per line)."""
+    from nodeagent.kube.kubeconfig import read_kubeconfig
+    from nodeagent.kube.kubeconfig_fields import typed_kubeconfig
+
+    problems: list[str] = []
+    web = None
+    m, k = settings.metrics, settings.kube
+    try:
+        web = load_web_config(m.web_config_file) if m.web_config_file else None
+    except ConfigError as err:
+        problems.append(str(err))
+    if k.enabled and k.kubeconfig and not k.host:
+        try:
+            base = str(Path(k.kubeconfig).resolve().parent)
+            typed_kubeconfig(read_kubeconfig(k.kubeconfig), k.kubeconfig, base)
+        except ConfigError as err:
+            problems.append(str(err))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return Inputs(web)

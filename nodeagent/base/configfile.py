@@ -1,17 +1,17 @@
 """Reading the files a user hands the agent: bounded, regular files only, YAML with positions.
 
 Every config the agent reads (MIG and sharing configs, the settings file, the hooks file, the
-workload file, the device plugin's config, the machine-type file) comes through `read_bytes`:
-at most MAX_FILE_BYTES, and only a regular file (or stdin for `-`), so `/dev/zero`, a FIFO or a
-100 MiB file named as a config is one sentence naming it, never a MemoryError or a hang.
+workload file, the device plugin's config, the machine-type file) comes through `read_bytes`
+(nodeagent.base.files.read_input, the one opener): at most MAX_FILE_BYTES, and only a regular file
+(or stdin for `-`), so `/dev/zero`, a FIFO, a loop of links or a 100 MiB file named as a
+config is one sentence naming it, never a MemoryError or a hang.
 `compose` and `Errors` give the strict parsers their file:line:col; `ConfigCache` keeps a file
-that is read every reconcile parsed until it changes. Bottom layer: imports only errors.
+that is read every reconcile parsed until it changes. Bottom layer: imports only errors and files.
 """
 
 from __future__ import annotations
 
 import os
-import stat
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 import yaml
 
 from nodeagent.base.errors import ConfigError
+from nodeagent.base.files import FileTooLarge, read_input
 
 MAX_FILE_BYTES = 4 * 1024 * 1024  # the largest upstream config seen is ~30 KiB
 MAX_ERRORS = 20  # a file of 200,000 configs aliasing one bad entry must not print 19 MB
@@ -27,34 +28,11 @@ STANDARD_TAG = "tag:yaml.org,2002:"
 T = TypeVar("T")
 
 
-class UnreadableFile(ConfigError):
-    """The file is missing or the system refused to read it (as opposed to a file that is
-    there but is no config: a directory, a device, a FIFO, too large)."""
-
-
-def _kind_of_file(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def _too_big(what: str, path: str) -> ConfigError:
-    return ConfigError(
-        f"cannot read {what} {path}: it is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB"
-    )
-
-
 def read_bytes(path: str, what: str) -> bytes:
-    """The bytes of `path` (`-`: standard input), at most MAX_FILE_BYTES. Raises ConfigError
-    naming `what` and the path for a missing or unreadable file, one that is not a regular
-    file (directory, FIFO, device, socket), and one that is too large."""
+    """The bytes of `path` (`-`: standard input), at most MAX_FILE_BYTES, read through
+    nodeagent.base.files.read_input (the one opener). Raises ConfigError naming `what` and the path
+    for a missing or unreadable file (UnreadableFile), one that is not a regular file
+    (folder, FIFO, device, socket, a loop of links), and one that is too large."""
     if path == "-":
         stream = getattr(sys.stdin, "buffer", None)
         data = (
@@ -63,37 +41,11 @@ def read_bytes(path: str, what: str) -> bytes:
             else sys.stdin.read(MAX_FILE_BYTES + 1).encode()
         )
         if len(data) > MAX_FILE_BYTES:
-            raise _too_big(what, "<stdin>")
-        return data
-    try:
-        # O_NONBLOCK: opening a FIFO without a writer returns at once (fstat refuses it next).
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as err:
-        raise UnreadableFile(f"cannot read {what} {path}: {err.strerror}") from err
-    try:
-        mode = os.fstat(fd)
-        if not stat.S_ISREG(mode.st_mode):
-            raise ConfigError(
-                f"cannot read {what} {path}: it is {_kind_of_file(mode.st_mode)}, not a file"
+            raise FileTooLarge(
+                f"cannot read {what} <stdin>: it is larger than {MAX_FILE_BYTES >> 20} MiB"
             )
-        if mode.st_size > MAX_FILE_BYTES:
-            raise _too_big(what, path)
-        chunks: list[bytes] = []
-        left = MAX_FILE_BYTES + 1  # a file that grows while read is still bounded
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError as err:
-        raise UnreadableFile(f"cannot read {what} {path}: {err.strerror}") from err
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > MAX_FILE_BYTES:
-        raise _too_big(what, path)
-    return data
+        return data
+    return read_input(path, what, MAX_FILE_BYTES)
 
 
 def read_text(path: str, what: str) -> str:
@@ -185,14 +137,45 @@ class Errors:
             raise config_error(self.source, self.items)
 
 
+MERGE_TAG = STANDARD_TAG + "merge"
+
+
+def _merged(
+    node: yaml.MappingNode, errors: Errors, what: str, inside: frozenset[int] = frozenset()
+) -> list[tuple[yaml.Node, yaml.Node]]:
+    """The mapping's own pairs after those its merge keys (`<<: *defaults`, YAML 1.1, as
+    mig-parted's parser takes them) bring in: an own key wins over a merged one, an earlier
+    merged mapping over a later one."""
+    own = [(k, v) for k, v in node.value if k.tag != MERGE_TAG]
+    taken = {k.value for k, _ in own if isinstance(k, yaml.ScalarNode)}
+    merged: list[tuple[yaml.Node, yaml.Node]] = []
+    for key, value in node.value:
+        if key.tag != MERGE_TAG:
+            continue
+        sources = value.value if isinstance(value, yaml.SequenceNode) else [value]
+        for source in sources:
+            if not isinstance(source, yaml.MappingNode):
+                errors.add(source, f"{what}: '<<' merges a mapping, not {kind(source)}")
+                continue
+            if id(source) in inside | {id(node)}:
+                errors.add(source, f"{what}: '<<' merges a mapping into itself")
+                continue
+            for k, v in _merged(source, errors, what, inside | {id(node)}):
+                if isinstance(k, yaml.ScalarNode) and k.value not in taken:
+                    taken.add(k.value)
+                    merged.append((k, v))
+    return merged + own
+
+
 def mapping(node: yaml.Node, errors: Errors, what: str) -> list[tuple[yaml.Node, yaml.Node]]:
-    """The (key, value) pairs of a mapping node; reports duplicate and non-string keys."""
+    """The (key, value) pairs of a mapping node, merge keys resolved; reports duplicate and
+    non-string keys."""
     if not isinstance(node, yaml.MappingNode):
         errors.add(node, f"{what} must be a mapping, not {kind(node)}")
         return []
     seen: set[str] = set()
     pairs: list[tuple[yaml.Node, yaml.Node]] = []
-    for key, value in node.value:
+    for key, value in _merged(node, errors, what):
         if not isinstance(key, yaml.ScalarNode):
             errors.add(key, f"{what} has a key that is not a string")
             continue
@@ -240,7 +223,7 @@ def check_tags(root: yaml.Node, errors: Errors, what: str = "a MIG config") -> N
         seen.add(id(node))
         if not node.tag.startswith(STANDARD_TAG):
             errors.add(node, f"tag {node.tag!r} is not allowed in {what}")
-        elif isinstance(node, yaml.ScalarNode):
+        elif isinstance(node, yaml.ScalarNode) and node.tag != MERGE_TAG:
             try:
                 yaml.constructor.SafeConstructor().construct_object(node)
             except (yaml.YAMLError, ValueError, TypeError, OverflowError) as err:

@@ -90,29 +90,99 @@ def atomic_write_text(
         raise
 
 
-def read_regular(path: Path, what: str, max_bytes: int) -> bytes | None:
-    """At most `max_bytes` of the regular file `path` names (a link is followed: reading
-    through one is harmless, and Kubernetes mounts ConfigMap files as links), or None when
-    it does not exist. Never blocks on a FIFO, never opens a device (opening one can act).
-    Raises ConfigError for anything but a regular file, OSError when it cannot be read."""
+class UnreadableFile(ConfigError):
+    """An input file is missing or the system refused to read it (as opposed to a file that
+    is there but is no input: a folder, a device, a FIFO, a link loop, too large). `errno`:
+    the OS error's number, where there was one."""
+
+    def __init__(self, message: str, errno_: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno_
+
+
+class FileTooLarge(ConfigError):
+    """An input file is larger than its reader takes."""
+
+
+def _size(max_bytes: int) -> str:
+    if max_bytes >= 1 << 20 and not max_bytes % (1 << 20):
+        return f"{max_bytes >> 20} MiB"
+    return f"{max_bytes} bytes"
+
+
+def _unreadable(path: Path | str, what: str, err: OSError) -> ConfigError:
+    if err.errno == errno.ELOOP:
+        return ConfigError(
+            f"cannot read {what} {path}: it is a loop of symbolic links (or a chain of too"
+            " many); name the file itself"
+        )
+    return UnreadableFile(f"cannot read {what} {path}: {err.strerror or err}", err.errno)
+
+
+def read_regular(path: Path | str, what: str, max_bytes: int) -> bytes | None:
+    """The bytes of the regular file `path` names, or None when it does not exist: the one
+    way nodeagent opens an input file (configs, checkpoints, records, TLS files, kubeconfigs,
+    tokens, sysfs and procfs files). A link is followed (Kubernetes mounts ConfigMap files as
+    links); opened O_NONBLOCK|O_NOCTTY|O_CLOEXEC, so a FIFO never blocks and a terminal never
+    becomes ours; a device node is never opened (opening one can act). Raises ConfigError
+    naming `what` and the path for anything but a regular file and a loop of links,
+    FileTooLarge for more than `max_bytes`, UnreadableFile when the system refuses."""
     try:
         kind = kind_of(os.stat(path).st_mode)
     except FileNotFoundError:
         return None
+    except OSError as err:
+        raise _unreadable(path, what, err) from err
     if kind is not None:
-        raise _refuse(path, what, kind)
+        raise _refuse_read(path, what, kind)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    except OSError as err:
+        raise _unreadable(path, what, err) from err
     try:
-        kind = kind_of(os.fstat(fd).st_mode)
+        st = os.fstat(fd)
+        kind = kind_of(st.st_mode)
         if kind is not None:  # swapped in after the check: still never read
-            raise _refuse(path, what, kind)
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(max_bytes)
+            raise _refuse_read(path, what, kind)
+        if st.st_size > max_bytes:
+            raise FileTooLarge(f"cannot read {what} {path}: it is larger than {_size(max_bytes)}")
+        chunks: list[bytes] = []
+        left = max_bytes + 1  # a file that grows while read (or procfs, size 0) stays bounded
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as err:
+        raise _unreadable(path, what, err) from err
     finally:
         os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > max_bytes:
+        raise FileTooLarge(f"cannot read {what} {path}: it is larger than {_size(max_bytes)}")
+    return data
+
+
+def read_input(path: Path | str, what: str, max_bytes: int) -> bytes:
+    """`read_regular` of a file that must be there: raises UnreadableFile when it is not."""
+    data = read_regular(path, what, max_bytes)
+    if data is None:
+        raise UnreadableFile(
+            f"cannot read {what} {path}: {os.strerror(errno.ENOENT)}", errno.ENOENT
+        )
+    return data
+
+
+_READ_WORDS = {"a folder": "a directory", "a named pipe (FIFO)": "a FIFO"}
+
+
+def _refuse_read(path: Path | str, what: str, kind: str) -> ConfigError:
+    return ConfigError(
+        f"cannot read {what} {path}: it is {_READ_WORDS.get(kind, kind)}, not a file"
+    )
 
 
 def write_if_changed(path: Path, text: str, what: str, mode: int | None = None) -> bool:
@@ -120,7 +190,11 @@ def write_if_changed(path: Path, text: str, what: str, mode: int | None = None) 
     was written. Raises ConfigError (not a regular file) or OSError."""
     data = text.encode()
     check_target(path, what)
-    if read_regular(path, what, len(data) + 1) == data:
+    try:
+        same = read_regular(path, what, len(data)) == data
+    except FileTooLarge:
+        same = False
+    if same:
         return False
     atomic_write_text(path, text, mode, what=what)
     return True

@@ -94,9 +94,13 @@ def cmd_metrics(ctx: Context) -> int:
 
 
 def cmd_config_check(ctx: Context) -> int:
-    """Validate the settings (file, environment, flags) and print the effective ones."""
+    """Validate the settings (file, environment, flags) and the files `run` reads before it
+    starts (nodeagent.agent.service.check_inputs, as `run` does), and print the effective ones."""
     import yaml
 
+    from nodeagent.agent.service import check_inputs
+
+    check_inputs(ctx.settings)
     doc = as_document(ctx.settings)
     if ctx.args.output == "json":
         sources = {k: f"{s.kind} {s.where}" for k, s in sorted(ctx.sources.items())}

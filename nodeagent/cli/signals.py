@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nodeagent.base.errors import AgentError
+from nodeagent.base.errors import AgentError, ConfigError
+from nodeagent.base.files import UnreadableFile, read_regular
 from nodeagent.base.logs import configure_logging
 from nodeagent.cli.common import Context
 from nodeagent.host.sdnotify import Notifier
@@ -100,9 +101,12 @@ def _transient(path: str | None) -> OSError | None:
     if path is None:
         return None
     try:
-        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
-    except OSError as err:
-        return err if err.errno in TRANSIENT_ERRNOS else None
+        read_regular(path, "settings file", 0)
+    except UnreadableFile as err:
+        if err.errno in TRANSIENT_ERRNOS:
+            return OSError(err.errno, os.strerror(err.errno))
+    except ConfigError:
+        return None
     return None
 
 

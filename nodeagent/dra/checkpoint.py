@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.base.errors import ConfigError
-from nodeagent.base.files import atomic_write_text
+from nodeagent.base.files import atomic_write_text, read_regular
+
+MAX_FILE_BYTES = 4 << 20  # as every input file the agent reads
 
 VERSION = 1
 PREPARING = "preparing"
@@ -141,12 +143,15 @@ def _claim(uid: str, raw: Any, path: Path) -> PreparedClaim:
 def load(path: Path) -> Checkpoint:
     """The checkpoint at `path`; an empty one when there is no file. Raises ConfigError for a
     file that is not a version-1 checkpoint (nothing is guessed about claims it cannot read)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
+    raw = read_regular(path, "DRA checkpoint", MAX_FILE_BYTES)
+    if raw is None:
         return Checkpoint()
-    except OSError as err:
-        raise ConfigError(f"cannot read DRA checkpoint {path}: {err.strerror}") from err
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"DRA checkpoint {path} is not UTF-8 text (bad byte at offset {err.start})"
+        ) from err
     try:
         data = json.loads(text)
     except ValueError as err:

@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import signal
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -29,6 +30,7 @@ import yaml
 from nodeagent.base.configfile import read_bytes
 from nodeagent.base.errors import ConfigError, KubeError
 from nodeagent.base.logs import get_logger
+from nodeagent.kube.kubeconfig_fields import typed_kubeconfig
 
 log = get_logger("nodeagent.kube")
 REFRESH_MARGIN_SECONDS = 60.0  # a token is fetched again this long before it expires
@@ -213,12 +215,12 @@ def configure(cfg: Any, path: str, exec_timeout_seconds: float, stop: threading.
     from kubernetes.config.config_exception import ConfigException
     from kubernetes.config.kube_config import KubeConfigLoader
 
-    document = read_kubeconfig(path)
-    doc, spec, cluster = split_exec(document)
     base = str(Path(path).resolve().parent)  # relative paths in it: from its folder
+    document = typed_kubeconfig(read_kubeconfig(path), path, base)
+    doc, spec, cluster = split_exec(document)
     try:
         KubeConfigLoader(config_dict=doc, config_base_path=base).load_and_set(cfg)
-    except (ConfigException, ValueError, TypeError, KeyError, AttributeError, OSError) as err:
+    except ConfigException as err:  # the loader's own sentences (no context, no user)
         raise ConfigError(
             f"cannot configure the Kubernetes client from kubeconfig {path}: {err}"
         ) from err
@@ -242,15 +244,24 @@ def configure_in_cluster(cfg: Any, folder: str) -> None:
             " KUBERNETES_SERVICE_PORT are not set (not in a pod? give --kubeconfig)"
         )
     ca = os.path.join(folder, "ca.crt")
-    if not read_bytes(ca, "service account CA").strip():
+    ca_pem = read_bytes(ca, "service account CA")
+    if not ca_pem.strip():
         raise ConfigError(f"service account CA {ca} is empty")
+    try:
+        ssl.create_default_context(cadata=ca_pem.decode("ascii"))
+    except (ValueError, ssl.SSLError) as err:  # UnicodeDecodeError is a ValueError
+        raise ConfigError(f"service account CA {ca} holds no PEM certificate") from err
     token_file = os.path.join(folder, "token")
 
     def token() -> str:
-        value = read_bytes(token_file, "service account token").decode("utf-8", "replace")
-        if not value.strip():
+        value = read_bytes(token_file, "service account token").decode("ascii", "replace").strip()
+        if not value:
             raise ConfigError(f"service account token {token_file} is empty")
-        return "Bearer " + value.strip()
+        if not value.isprintable() or "\ufffd" in value:
+            raise ConfigError(
+                f"service account token {token_file} is not printable ASCII (a bearer token)"
+            )
+        return "Bearer " + value
 
     cfg.host = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
     cfg.ssl_ca_cert = ca

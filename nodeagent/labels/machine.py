@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nodeagent.base.configfile import UnreadableFile, read_bytes
+from nodeagent.base.configfile import read_bytes
 from nodeagent.base.errors import ConfigError
+from nodeagent.base.files import UnreadableFile
 from nodeagent.base.logs import get_logger
 from nodeagent.labels.gfd import GfdOptions
 from nodeagent.settings import Labels

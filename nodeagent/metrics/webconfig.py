@@ -30,6 +30,8 @@ from typing import Any
 import yaml
 
 from nodeagent.base.configfile import Errors, check_tags, compose, kind, mapping, read_text, scalar
+from nodeagent.base.errors import ConfigError
+from nodeagent.base.files import read_input
 
 TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -55,6 +57,7 @@ TOOLKIT_ONLY = {
     "prefer_server_cipher_suites", "curve_preferences", "http_server_config", "rate_limit",
 }  # fmt: skip
 MAX_USERS = 64
+MAX_TLS_FILE_BYTES = 1 << 20  # a certificate chain is a few KiB
 MAX_CACHED = 1024  # credentials that passed bcrypt once, kept to spare the next scrape ~70 ms
 
 
@@ -198,15 +201,31 @@ def _tls(fields: dict[str, Any], errors: Errors, root: yaml.Node) -> ssl.SSLCont
     except ValueError as err:  # a version this OpenSSL will not do
         errors.add(fields.get("min_version", root), f"TLS versions refused: {err}")
         return None
+    asked: list[bool] = []
+
+    def no_passphrase() -> bytes:  # OpenSSL would ask on the terminal and wait
+        asked.append(True)
+        return b""
+
+    key = "cert_file"
     try:
-        key = "cert_file"
-        ctx.load_cert_chain(str(text["cert_file"]), str(text["key_file"]))
+        for key in ("cert_file", "key_file", "client_ca_file"):  # the one opener says why
+            if text.get(key):
+                read_input(str(text[key]), f"tls_server_config.{key}", MAX_TLS_FILE_BYTES)
+        key = "key_file"
+        ctx.load_cert_chain(str(text["cert_file"]), str(text["key_file"]), no_passphrase)
         key = "client_ca_file"
         if text.get(key):
             ctx.load_verify_locations(str(text[key]))
+    except ConfigError as err:
+        errors.add(fields[key], str(err))
+        return None
     except (OSError, ssl.SSLError) as err:
         reason = getattr(err, "strerror", None) or getattr(err, "reason", None) or str(err)
-        errors.add(fields[key], f"tls_server_config.{key}: cannot load it: {reason}")
+        if asked and key == "key_file":
+            reason = "the key is protected by a passphrase; give an unencrypted key"
+        where = "cert_file and key_file" if key == "key_file" else key
+        errors.add(fields[key], f"tls_server_config.{where}: cannot load it: {reason}")
         return None
     ctx.verify_mode = mode
     return ctx

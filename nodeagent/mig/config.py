@@ -22,6 +22,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 from nodeagent.base.configfile import (
+    STANDARD_TAG,
     Errors,
     Mark,
     check_tags,
@@ -163,7 +164,7 @@ def _entry(node: yaml.Node, errors: Errors, what: str) -> Entry | None:
         errors.add(node, f"{what}: missing 'mig-enabled' (true or false)")
     else:
         enode = fields["mig-enabled"][1]
-        value = scalar(enode) if isinstance(enode, yaml.ScalarNode) else None
+        value = go_scalar(enode)
         if not isinstance(value, bool):
             errors.add(enode, f"{what}: mig-enabled must be true or false, not {kind(enode)}")
         else:
@@ -200,22 +201,19 @@ def _devices(
     dnode = fields["devices"][1]
     if isinstance(dnode, yaml.ScalarNode) and dnode.value == "all":
         return "all"
+    if isinstance(dnode, yaml.SequenceNode) and not dnode.value:
+        return ()  # mig-parted takes it: an entry for no GPU
     if not isinstance(dnode, yaml.SequenceNode):
         errors.add(
             dnode, f"{what}: devices must be 'all' or a list of GPU indices, not {kind(dnode)}"
         )
         return None
-    if not dnode.value:
-        errors.add(dnode, f"{what}: devices is an empty list")
-        return None
     indices: list[int] = []
     for item in dnode.value:
-        value = scalar(item) if isinstance(item, yaml.ScalarNode) else None
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        value = go_int(item)
+        if value is None or value < 0:
             errors.add(item, f"{what}: device index must be an integer >= 0, not {kind(item)}")
-        elif value in indices:
-            errors.add(item, f"{what}: device index {value} is listed twice")
-        else:
+        elif value not in indices:  # listed twice: mig-parted takes it, one GPU
             indices.append(value)
     return tuple(indices)
 
@@ -251,7 +249,10 @@ def _mig_devices(
         return ()
     mnode = fields["mig-devices"][1]
     if isinstance(mnode, yaml.ScalarNode) and scalar(mnode) is None:
-        errors.add(mnode, f"{what}: mig-devices is empty; write {{}} for no slices")
+        # mig-parted reads an empty value as no slices: fine where MIG is off, missing where on
+        enabled = go_scalar(fields["mig-enabled"][1]) if "mig-enabled" in fields else None
+        if enabled is not False:
+            errors.add(mnode, f"{what}: mig-devices is empty; write {{}} for no slices")
         return ()
     counts: list[ProfileCount] = []
     seen: dict[ProfileName, str] = {}
@@ -271,12 +272,41 @@ def _mig_devices(
             errors.add(knode, f"{what}: {name!r} names the same profile as {seen[profile]!r}")
             continue
         seen[profile] = name
-        value = scalar(vnode) if isinstance(vnode, yaml.ScalarNode) else None
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        value = go_int(vnode)
+        if value is None or value < 0:
             errors.add(vnode, f"{what}: count of {name} must be an integer >= 0, not {kind(vnode)}")
             continue
         counts.append(ProfileCount(name, value, errors.mark(knode), profile))
     return tuple(counts)
+
+
+# YAML 1.1 as go-yaml v2 (under mig-parted's sigs.k8s.io/yaml) resolves plain scalars where
+# PyYAML does not: y/n are booleans, 1e3 is a number.
+GO_BOOLS = {"y": True, "Y": True, "n": False, "N": False}
+GO_FLOAT = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
+
+
+def go_scalar(node: yaml.Node) -> Any:
+    """A scalar's value as mig-parted's parser reads it (None for a list or a mapping)."""
+    if not isinstance(node, yaml.ScalarNode):
+        return None
+    value = scalar(node)
+    if isinstance(value, str) and not node.style and node.tag == STANDARD_TAG + "str":
+        if value in GO_BOOLS:
+            return GO_BOOLS[value]
+        if GO_FLOAT.match(value):
+            return float(value)
+    return value
+
+
+def go_int(node: yaml.Node) -> int | None:
+    """An integer as mig-parted takes one (JSON's number: 7, 0x7, 7.0 or 7e0), else None."""
+    value = go_scalar(node)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    return value if isinstance(value, int) else None
 
 
 def dump_config(configs: dict[str, list[dict[str, Any]]]) -> str:

@@ -12,8 +12,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.base.errors import MpsError
-from nodeagent.base.files import read_regular
+from nodeagent.base.errors import ConfigError, MpsError
+from nodeagent.base.files import FileTooLarge, UnreadableFile, read_regular
 from nodeagent.base.logs import get_logger
 
 NO_DAEMON = "Cannot find MPS control daemon process"
@@ -89,8 +89,8 @@ class MpsControl:
     def daemon_devices(self, pid: int) -> list[str] | None:
         """The CUDA_VISIBLE_DEVICES the daemon `pid` was started with (None: unknown)."""
         try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
+            environ = (proc_file(pid, "environ") or b"").split(b"\0")
+        except ConfigError:
             return None
         for item in environ:
             if item.startswith(b"CUDA_VISIBLE_DEVICES="):
@@ -113,7 +113,7 @@ class MpsControl:
         try:
             data = read_regular(path, "the MPS control daemon's pid file", 64)
             pid = int(data.decode().strip()) if data is not None else 0
-        except (OSError, ValueError):
+        except (UnreadableFile, FileTooLarge, ValueError):
             return None
         if pid <= 0 or not process_alive(pid):
             return None
@@ -128,27 +128,42 @@ class MpsControl:
         return None
 
 
+PROC_FILE_BYTES = 1 << 20  # an environment or a command line is at most a few 100 KiB
+
+
+def proc_file(pid: int, name: str) -> bytes | None:
+    """/proc/<pid>/<name>, read as every input is (nodeagent.base.files.read_regular); None when
+    the process is gone. Raises ConfigError (UnreadableFile: not ours to read)."""
+    return read_regular(f"/proc/{pid}/{name}", f"process {pid}'s {name}", PROC_FILE_BYTES)
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name; [] when it cannot be read."""
+    try:
+        data = proc_file(pid, "stat")
+    except ConfigError:
+        return []
+    return data.decode(errors="replace").rsplit(")", 1)[-1].split() if data else []
+
+
 def process_alive(pid: int) -> bool:
     """Running, not a zombie (an exited process not yet reaped)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] not in ("Z", "X")
 
 
 def parent_pid(pid: int) -> int | None:
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
+        return int(_stat_fields(pid)[1])
+    except (IndexError, ValueError):
         return None
 
 
 def process_argv(pid: int) -> list[str] | None:
     """The process's argv; None when it cannot be read (gone, or not ours to read)."""
     try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+        raw = proc_file(pid, "cmdline") or b""
+    except ConfigError:
         return None
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a] or None
 

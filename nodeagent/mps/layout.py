@@ -27,7 +27,7 @@ from pathlib import Path
 
 from nodeagent.base.configfile import read_bytes
 from nodeagent.base.errors import ConfigError, MpsError
-from nodeagent.base.files import chmod_folder
+from nodeagent.base.files import chmod_folder, read_regular
 from nodeagent.mps.settings import MAX_PLUGIN_REPLICAS
 
 RESOURCE_NAME = re.compile(  # a DNS subdomain, '/', a label name (no '..', no absolute path)
@@ -37,6 +37,7 @@ RESOURCE_NAME = re.compile(  # a DNS subdomain, '/', a label name (no '..', no a
 FLAT = "flat"
 DEVICE_PLUGIN = "device-plugin"
 DEFAULT_RESOURCE = "nvidia.com/gpu"
+PROC_BYTES = 1 << 20  # /proc/meminfo, /proc/self/mounts: a few KiB
 SHM_FALLBACK_KIB = 65536  # upstream's size when /proc/meminfo cannot be read
 # Upstream's mps-control-daemon labels the pipe directory for unprivileged containers where
 # SELinux is enabled, as go-selinux's Chcon(path, label, recursive) (cmd/mps-control-daemon/mps/
@@ -193,10 +194,11 @@ def shm_size_kib(text: str | None) -> int:
 
         return max(parse_size(text, "MPS shm size") // 1024, 1)
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        meminfo = read_regular("/proc/meminfo", "/proc/meminfo", PROC_BYTES) or b""
+        for line in meminfo.decode(errors="replace").splitlines():
             if line.startswith("MemTotal:"):
                 return int(line.split()[1]) // 2
-    except (OSError, ValueError, IndexError):
+    except (ConfigError, ValueError, IndexError):
         pass
     return SHM_FALLBACK_KIB
 
@@ -210,9 +212,10 @@ def is_mounted(path: Path) -> bool:
     """Whether a tmpfs is mounted at `path` (symlinks and relative paths resolved)."""
     real = os.path.realpath(path)
     try:
-        lines = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
+        data = read_regular("/proc/self/mounts", "the mount table", PROC_BYTES) or b""
+    except ConfigError:
         return False
+    lines = data.decode(errors="replace").splitlines()
     fields = (line.split() for line in lines)
     return any(len(f) > 2 and _unescape(f[1]) == real and f[2] == "tmpfs" for f in fields)
 

@@ -16,11 +16,14 @@ LIBRARY_NOT_FOUND = 12
 FUNCTION_NOT_FOUND = 13  # a driver older than the call
 GPU_IS_LOST = 15
 RESET_REQUIRED = 16
+LIB_RM_VERSION_MISMATCH = 18
 IN_USE = 19
 MEMORY = 20
 INSUFFICIENT_RESOURCES = 23
 INVALID_STATE = 29
 UNKNOWN = 999
+# NVML or the GPU is gone: uninitialised, driver not loaded, GPU lost, driver/library mismatch
+GONE = frozenset({UNINITIALIZED, DRIVER_NOT_LOADED, GPU_IS_LOST, LIB_RM_VERSION_MISMATCH})
 
 # NVML's own nvmlErrorString texts for the codes pynvml cannot name without the library.
 MESSAGES = {

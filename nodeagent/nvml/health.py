@@ -15,6 +15,7 @@ from nodeagent.base.errors import NvmlError
 from nodeagent.base.logs import get_logger
 from nodeagent.nvml.codes import (
     FUNCTION_NOT_FOUND,
+    GONE,
     INVALID_ARGUMENT,
     NOT_FOUND,
     NOT_SUPPORTED,
@@ -85,16 +86,22 @@ def read_health(
     `unsupported`, kept by the caller per device, holds the reads the device answered "not
     supported" before: the hardware's and the driver's answer, fixed while NVML is loaded, so
     they are not asked again (a MIG device answers 12 of the 15 so; 750 NVML calls a read of
-    a 56-slice node saves). nvidia-smi equivalent: `nvidia-smi -q -d TEMPERATURE,POWER,CLOCK,
-    PERFORMANCE,ECC,ROW_REMAPPER` and `--query-gpu=pcie.replay_counter`. Raises NvmlError for
-    a failure other than "not supported".
+    a 56-slice node saves). A read that fails otherwise (UNKNOWN, TIMEOUT) costs that value
+    alone, this time. nvidia-smi equivalent: `nvidia-smi -q -d TEMPERATURE,POWER,CLOCK,
+    PERFORMANCE,ECC,ROW_REMAPPER` and `--query-gpu=pcie.replay_counter`. Raises NvmlError only
+    where NVML or the GPU is gone (nodeagent.nvml.session.GONE).
     """
     skip = unsupported if unsupported is not None else set()
 
     def read(function: str, *args: Any) -> Any:
         if (function, *args) in skip:
             return None
-        value = session.call(function, handle, *args, absent=_ABSENT)
+        try:
+            value = session.call(function, handle, *args, absent=_ABSENT)
+        except NvmlError as err:
+            if err.code in GONE:
+                raise
+            return None  # this value only, this time (counted in the session's errors)
         if value is None:
             skip.add((function, *args))
         return value

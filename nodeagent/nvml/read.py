@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from nodeagent.base.errors import ConfigError
+from nodeagent.base.files import read_input
 from nodeagent.nvml.codes import FUNCTION_NOT_FOUND, INVALID_ARGUMENT, NOT_FOUND, NOT_SUPPORTED
 from nodeagent.nvml.fabric import read_fabric
 from nodeagent.nvml.inventory import (
@@ -261,6 +263,7 @@ def _attributes(attrs: Any) -> MigAttributes | None:
 
 SYSFS = Path("/sys")
 NVIDIA_PCI_VENDOR = 0x10DE
+SYSFS_ID_BYTES = 64  # "0x10de\n"
 
 
 def sysfs_bus_id(nvml_bus_id: str) -> str:
@@ -295,9 +298,9 @@ def read_pci_class(session: NvmlSession, dev: Any, bus_id: str, sysfs: Path = SY
             return (int(info.baseClass) << 16) | (int(info.subClass) << 8)
     device = sysfs / "bus" / "pci" / "devices" / sysfs_bus_id(bus_id)
     try:
-        vendor = int((device / "vendor").read_text().strip(), 0)
-        code = int((device / "class").read_text().strip(), 0)
-    except (OSError, ValueError):
+        vendor = int(read_input(device / "vendor", "PCI vendor id", SYSFS_ID_BYTES), 0)
+        code = int(read_input(device / "class", "PCI class", SYSFS_ID_BYTES), 0)
+    except (ConfigError, ValueError):
         return None
     return code if vendor == NVIDIA_PCI_VENDOR else None
 

@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 from nodeagent.base.errors import NvmlError
-from nodeagent.nvml.codes import LIBRARY_NOT_FOUND, NOT_SUPPORTED, message_for
+from nodeagent.nvml.codes import GONE, LIBRARY_NOT_FOUND, NOT_SUPPORTED, message_for
 
 _sessions: dict[int, NvmlSession] = {}
 _sessions_lock = threading.Lock()
@@ -71,6 +71,21 @@ class NvmlSession:
     def read(self, function: str, *args: Any, context: str = "") -> Any:
         """Like call(), but a NOT_SUPPORTED answer becomes None (reads only, never writes)."""
         return self.call(function, *args, context=context, absent=(NOT_SUPPORTED,))
+
+    def sensor(
+        self, function: str, *args: Any, context: str = "", absent: tuple[int, ...] = ()
+    ) -> Any:
+        """One sensor value (a temperature, a counter, a utilization): like call(), but a
+        failure of this read alone (UNKNOWN, TIMEOUT, NOT_SUPPORTED on one field of one GPU)
+        costs only this value: None, counted in error_counts. Raises NvmlError only where
+        NVML or the GPU itself is gone (uninitialised, no driver, GPU lost): every other read
+        would fail too."""
+        try:
+            return self.call(function, *args, context=context, absent=(NOT_SUPPORTED, *absent))
+        except NvmlError as err:
+            if err.code in GONE:
+                raise
+            return None
 
     def close(self) -> None:
         if self._closed:

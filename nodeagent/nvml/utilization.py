@@ -58,7 +58,7 @@ def read_rates(session: NvmlSession, index: int) -> UtilizationRates | None:
     """GPU and memory utilization of GPU `index`; None where NVML has none (MIG-enabled
     GPUs). nvidia-smi equivalent: `--query-gpu=utilization.gpu,utilization.memory`."""
     dev = gpu_handle(session, index)
-    rates = session.read("nvmlDeviceGetUtilizationRates", dev, context=f"GPU {index}")
+    rates = session.sensor("nvmlDeviceGetUtilizationRates", dev, context=f"GPU {index}")
     return None if rates is None else UtilizationRates(_ratio(rates.gpu), _ratio(rates.memory))
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from nodeagent.base.errors import ConfigError
+from nodeagent.base.files import read_regular
 from nodeagent.nvml.inventory import VgpuDevice
 from nodeagent.nvml.session import NvmlSession
 
@@ -76,10 +78,11 @@ def _config_space(session: NvmlSession, device: Path, bus_id: str) -> bytes | No
         found: bytes | None = read(bus_id)
         return found
     try:
-        with open(device / "config", "rb") as f:
-            return f.read(CONFIG_SPACE_BYTES)
-    except OSError:
+        # sysfs gives a config space of 256 bytes to users, 4 KiB to root: read what is there
+        config = read_regular(device / "config", "PCI config space", 1 << 16)
+    except ConfigError:
         return None
+    return None if config is None else config[:CONFIG_SPACE_BYTES]
 
 
 def read_vgpus(

@@ -25,7 +25,8 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from nodeagent.base.errors import SimError
+from nodeagent.base.errors import AgentError, SimError
+from nodeagent.base.files import open_lock_file
 from nodeagent.sim.faults import FaultPlan, SimulatedCrash
 from nodeagent.sim.gpm import Activity, GpmSamples, node_activity
 from nodeagent.sim.models import (
@@ -286,14 +287,14 @@ class SimBase:
                 f"cannot write emulator state file {self._path}: no folder {target.parent}"
             )
         try:
-            lock = open(lock_path, "a")  # noqa: SIM115 (closed below; the open is what may fail)
-        except OSError as err:
-            raise SimError(
-                f"cannot lock emulator state file {self._path}: {err.strerror} ({lock_path})"
-            ) from err
-        with lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            fd = open_lock_file(lock_path, "the emulator state file's lock")
+        except AgentError as err:
+            raise SimError(f"cannot lock emulator state file {self._path}: {err}") from err
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             yield
+        finally:
+            os.close(fd)
 
     @contextmanager
     def edit(self) -> Iterator[SimState]:

@@ -121,11 +121,23 @@ def throttle_mask(gpu: GpuState, load: float) -> int:
     return mask
 
 
+# NVML's counter types: energy (mJ) and ECC counts are unsigned 64-bit, PCIe replays 32-bit.
+U64_MAX = 2**64 - 1
+U32_MAX = 2**32 - 1
+
+
 def energy_mj(gpu: GpuState, load: float, now: float) -> int:
     """Energy since the emulated driver loaded: the energy up to the last change of load, plus
-    the present power since then (power only changes with a checkpoint, so it never falls)."""
+    the present power since then (power only changes with a checkpoint, so it never falls).
+    An unsigned 64-bit counter, as nvmlDeviceGetTotalEnergyConsumption's: it wraps to 0."""
     elapsed = max(now - gpu.health.energy_at, 0.0)
-    return gpu.health.energy_mj + int(power_watts(gpu, load) * elapsed * 1000)
+    return (gpu.health.energy_mj + int(power_watts(gpu, load) * elapsed * 1000)) % (U64_MAX + 1)
+
+
+def add_errors(count: int, more: int, most: int) -> int:
+    """An error counter after `more` errors: it stops at `most` (the counter's largest value),
+    as the driver's ECC and replay counters do, never wraps to a small count."""
+    return min(count + more, most)
 
 
 def checkpoint_energy(state: SimState, now: float) -> None:
@@ -137,7 +149,7 @@ def checkpoint_energy(state: SimState, now: float) -> None:
 
 
 def record_xid(gpu: GpuState, xid: int) -> None:
-    gpu.health.xid_serial += 1
+    gpu.health.xid_serial = min(gpu.health.xid_serial + 1, U64_MAX)
     gpu.health.xids = [*gpu.health.xids, xid][-XID_LOG:]
 
 

@@ -29,6 +29,9 @@ from nodeagent.sim.health import (
     MAX_TEMPERATURE,
     MAX_WATTS,
     REASON_NAMES,
+    U32_MAX,
+    U64_MAX,
+    add_errors,
     checkpoint_energy,
     energy_mj,
     health_model,
@@ -46,6 +49,7 @@ XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError: the only event type the emulat
 _EVENT_SET_KIND = 6
 MAX_XID = 2**32 - 1
 MAX_COUNT = 1_000_000
+COUNTER_MAX = {"ecc_corrected": U64_MAX, "ecc_uncorrected": U64_MAX, "pcie_replays": U32_MAX}
 
 
 class HealthCalls(SimBase):
@@ -216,8 +220,8 @@ class HealthCalls(SimBase):
                     setattr(h, key, values[key])
             if values.get("throttle") is not None:
                 h.throttle = sorted(set(values["throttle"]))
-            for key in ("ecc_corrected", "ecc_uncorrected", "pcie_replays"):
-                setattr(h, key, getattr(h, key) + int(values.get(key) or 0))
+            for key, most in COUNTER_MAX.items():
+                setattr(h, key, add_errors(getattr(h, key), int(values.get(key) or 0), most))
             for key in ("row_remap_pending", "row_remap_failure"):
                 if values.get(key) is not None:
                     setattr(h, key, int(values[key]))

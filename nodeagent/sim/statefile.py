@@ -17,10 +17,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
-from nodeagent.base.errors import SimError
-from nodeagent.base.files import atomic_write_text
+from nodeagent.base.errors import ConfigError, SimError
+from nodeagent.base.files import atomic_write_text, read_regular
 from nodeagent.sim.check import state_problems
-from nodeagent.sim.health import MAX_TEMPERATURE, MAX_WATTS, REASON_NAMES
+from nodeagent.sim.health import MAX_TEMPERATURE, MAX_WATTS, REASON_NAMES, U32_MAX, U64_MAX
 from nodeagent.sim.models import MODEL_NAMES
 from nodeagent.sim.rules import CI_IDS, COMPUTE_MODES, GI_IDS, MAX_PID
 from nodeagent.sim.state import (
@@ -84,7 +84,11 @@ def _int(value: Any, where: str, allowed: range | tuple[int, ...]) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         _fail(f"{where} must be an integer, not {_show(value)}")
     if value not in allowed:
-        if len(allowed) == 1:
+        # range.__len__ is a C size: a 64-bit counter's range has no len()
+        single = (
+            allowed.stop - allowed.start == 1 if isinstance(allowed, range) else (len(allowed) == 1)
+        )
+        if single:
             _fail(f"{where} must be {allowed[0]}, not {value}")
         if isinstance(allowed, range):
             _fail(f"{where} must be {allowed.start} to {allowed.stop - 1}, not {value}")
@@ -158,8 +162,9 @@ def _health(raw: Any, where: str) -> HealthState:
     health = HealthState()  # a file of an older nodeagent: the emulated driver loads now
     if "energy_at" in raw:
         health.energy_at = _number(raw["energy_at"], f"{where}.energy_at", 0, 1e12)
-    for key in counters:
-        setattr(health, key, _int(raw.get(key, 0), f"{where}.{key}", range(0, _I64)))
+    for key in counters:  # each as wide as NVML's counter: every value the emulator writes
+        top = U32_MAX if key == "pcie_replays" else U64_MAX
+        setattr(health, key, _int(raw.get(key, 0), f"{where}.{key}", range(0, top + 1)))
     for key in flags:
         setattr(health, key, _int(raw.get(key, 0), f"{where}.{key}", (0, 1)))
     health.temperature_celsius = _optional(
@@ -254,30 +259,22 @@ def _no_constants(name: str) -> NoReturn:
 
 
 def _read_bytes(path: Path) -> tuple[bytes, Stamp] | None:
-    """The file's bytes and the stamp of that very file (taken from the descriptor read, so a
-    write by another process in between cannot pair new stamp with old bytes), or None when
-    it does not exist (yet). Never blocks on a FIFO."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        raise SimError(f"cannot read emulator state file {path}: {err.strerror}") from err
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise SimError(f"emulator state file {path} is a folder; name a file in it")
-        if not stat.S_ISREG(st.st_mode):
-            raise SimError(f"emulator state file {path} is not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_STATE_BYTES + 1)
-    except OSError as err:
-        raise SimError(f"cannot read emulator state file {path}: {err.strerror}") from err
-    finally:
-        os.close(fd)
-    if len(data) > MAX_STATE_BYTES:
-        raise SimError(f"emulator state file {path} is over {MAX_STATE_BYTES // 2**20} MiB")
-    return data, _stamp(st)
+    """The file's bytes and the stamp of that very file, or None when it does not exist
+    (yet). Read as every input is (nodeagent.base.files.read_regular: never blocks on a FIFO,
+    bounded); the stamp is taken before and after the read, and a write by another process in
+    between (the stamps differ) is read again, so new stamp is never paired with old bytes."""
+    for _ in range(3):
+        before = _stamp_of(path)
+        try:
+            data = read_regular(path, "emulator state file", MAX_STATE_BYTES)
+        except ConfigError as err:
+            raise SimError(str(err)) from err
+        if data is None:
+            return None
+        after = _stamp_of(path)
+        if after is not None and after == before:
+            return data, after
+    raise SimError(f"cannot read emulator state file {path}: it changes faster than it is read")
 
 
 def _json_value(data: bytes) -> Any:
@@ -394,6 +391,13 @@ class StateWriter:
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
+
+
+def _stamp_of(path: Path) -> Stamp | None:
+    try:
+        return _stamp(os.stat(path))
+    except OSError:  # read_regular says why
+        return None
 
 
 def _stamp(st: os.stat_result) -> Stamp:

@@ -171,7 +171,7 @@ MAX_FILE_BYTES = 4 << 20  # as every input file the agent reads
 def read_trace(path: Path, what: str) -> str | None:
     """A record or trace file's text, None when absent: a regular file only, read without
     blocking and bounded (a FIFO or a device there never hangs a reader). Raises ConfigError
-    for anything but a regular file, OSError when it cannot be read, UnicodeDecodeError
+    for anything but a regular file or one it cannot read (UnreadableFile), UnicodeDecodeError
     (a ValueError) for bytes that are not UTF-8."""
     data = read_regular(path, what, MAX_FILE_BYTES)
     return None if data is None else data.decode()

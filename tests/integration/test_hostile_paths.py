@@ -112,7 +112,9 @@ def test_a_read_refuses_what_is_not_a_regular_file_without_blocking(
     link = tmp_path / "link"
     link.symlink_to(target)
     for path in (target, link):  # a link is followed, to a regular file only
-        with pytest.raises(ConfigError, match=f"is {re.escape(WORDS[kind])}, not a regular file"):
+        read_words = {"a folder": "a directory", "a named pipe (FIFO)": "a FIFO"}
+        word = read_words.get(WORDS[kind], WORDS[kind])
+        with pytest.raises(ConfigError, match=f"it is {re.escape(word)}, not a file"):
             read_regular(path, "the test file", 100)
     assert now() == before
 
@@ -120,7 +122,9 @@ def test_a_read_refuses_what_is_not_a_regular_file_without_blocking(
 def test_a_read_follows_a_link_to_a_regular_file(tmp_path: Path) -> None:
     (tmp_path / "data").write_bytes(b"x" * 1000)
     (tmp_path / "link").symlink_to(tmp_path / "data")
-    assert read_regular(tmp_path / "link", "f", 10) == b"x" * 10
+    assert read_regular(tmp_path / "link", "f", 1000) == b"x" * 1000
+    with pytest.raises(ConfigError, match=r"cannot read f .*link: it is larger than 10 bytes"):
+        read_regular(tmp_path / "link", "f", 10)  # bounded: refused, never cut short
     assert read_regular(tmp_path / "dangling", "f", 10) is None
 
 

@@ -188,7 +188,7 @@ def test_health_texts_show_no_paths_or_pids_unless_asked() -> None:
         ("tls_server_config:\n  cert_file: a\n", "1:1", "tls_server_config needs key_file"),
         ("basic_auth_users:\n  alice: hunter2\n", "2:10", "must be a bcrypt hash"),
         ("tls_server_config:\n  cert_file: /nonexistent.crt\n  key_file: /nonexistent.key\n",
-         "2:14", "cert_file: cannot load it"),
+         "2:14", "cannot read tls_server_config.cert_file /nonexistent.crt"),
         ("tls: {}\n", "1:1", "unknown key 'tls'"),
         ("- a\n", "1:1", "must be a mapping"),
     ],

@@ -108,7 +108,7 @@ def test_a_pid_file_that_is_a_fifo_is_refused_without_blocking(
 ) -> None:
     (tmp_path / "pipe").mkdir()
     os.mkfifo(tmp_path / "pipe" / PID_FILE)
-    assert_one_error(mps("status"), 2, "pid file", "a named pipe (FIFO)")
+    assert_one_error(mps("status"), 2, "pid file", "it is a FIFO, not a file")
 
 
 @pytest.mark.parametrize("link", ["root", "pipe", "log"])

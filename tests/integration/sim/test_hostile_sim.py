@@ -212,7 +212,7 @@ ROWS = {
     "key-twice": _corrupt(
         GOOD.replace(b'"version": 1', b'"version": 1, "version": 1'), "'version' twice"
     ),
-    "over-16-mib": Row(STATUS, 2, ("{state}", "is over 16 MiB"), b" " * (16 * 2**20 + 1)),
+    "over-16-mib": Row(STATUS, 2, ("{state}", "is larger than 16 MiB"), b" " * (16 * 2**20 + 1)),
     "nested-deep": _corrupt(b"[" * 100_000, "nested too deeply"),
     "gi-id-a-string": _corrupt(
         _bytes(_node(mig=1, gis=({**_gi(1, 19, 0, 1), "id": "1"},))), "gis.1.id must be an integer"
@@ -322,13 +322,13 @@ ROWS = {
     ),
     # 3. a state path that is no plain file in a writable folder
     "a-folder": Row(
-        ("--simulate", "h200", "--sim-state", "{tmp}", "status"), 2, ("{tmp}", "is a folder")
+        ("--simulate", "h200", "--sim-state", "{tmp}", "status"), 2, ("{tmp}", "is a directory")
     ),
-    "a-fifo": Row(STATUS, 2, ("{state}", "not a regular file"), setup=_fifo),
+    "a-fifo": Row(STATUS, 2, ("{state}", "it is a FIFO, not a file"), setup=_fifo),
     "dev-null": Row(
         ("--simulate", "h200", "--sim-state", "/dev/null", "status"),
         2,
-        ("/dev/null", "not a regular file"),
+        ("/dev/null", "a character device, not a file"),
     ),
     "link-loop": Row(STATUS, 2, ("{state}", "cannot read", "symbolic links"), setup=_link_loop),
     "no-folder": Row(

@@ -112,4 +112,4 @@ def test_a_fifo_as_record_or_trace_never_hangs_the_reader(tmp_path: Path) -> Non
     os.mkfifo(cdi / "k8s.gpu.nodeagent.io-claim_u1.json")
     store = OwnerStore(tmp_path / "owners.json", evidence_of(DRIVER, (), (cdi,)))
     owners = store.read()  # a blocking open of either FIFO would hang here
-    assert owners.uncertain is not None and "named pipe" in owners.uncertain
+    assert owners.uncertain is not None and "a FIFO, not a file" in owners.uncertain

@@ -12,11 +12,13 @@ from nodeagent.base.errors import ConfigError
 from nodeagent.kube import kubeconfig
 from nodeagent.kube.api import KubeSettings, make_api_client
 
+TLS = Path(__file__).parents[2] / "fixtures" / "tls"
+
 
 @pytest.fixture
 def account(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "token").write_text("first-token\n")
-    (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    (tmp_path / "ca.crt").write_bytes((TLS / "cert.crt").read_bytes())
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
     return tmp_path
@@ -53,13 +55,37 @@ def test_an_ipv6_service_host_is_bracketed(account: Path, monkeypatch: pytest.Mo
         (lambda d: (d / "token").write_text("\n"), "token"),
         (lambda d: (d / "ca.crt").write_text(""), "CA"),
         (
+            lambda d: (d / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n"),
+            "no PEM certificate",
+        ),
+        (lambda d: (d / "token").write_text("t\u00e9\n"), "not printable ASCII"),
+        (lambda d: (d / "token").write_text("a\x07b\n"), "not printable ASCII"),
+        (
+            lambda d: (
+                os.symlink(d / "loop", d / "loop")
+                or (d / "token").unlink()
+                or (d / "token").symlink_to(d / "loop")
+            ),
+            "loop of symbolic links",
+        ),
+        (
             lambda d: (
                 os.mkfifo(d / "fifo") or (d / "token").unlink() or (d / "fifo").rename(d / "token")
             ),
             "not a file",
         ),
     ],
-    ids=["no-env", "no-token", "empty-token", "empty-ca", "fifo-token"],
+    ids=[
+        "no-env",
+        "no-token",
+        "empty-token",
+        "empty-ca",
+        "not-a-ca",
+        "non-ascii-token",
+        "control-char-token",
+        "token-link-loop",
+        "fifo-token",
+    ],
 )
 def test_a_service_account_that_cannot_be_used_is_one_sentence(
     account: Path, change: object, words: str

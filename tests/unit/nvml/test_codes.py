@@ -7,7 +7,7 @@ import pynvml
 
 from nodeagent.nvml import codes
 
-NAMES = [n for n in vars(codes) if n.isupper() and n != "MESSAGES"]
+NAMES = [n for n in vars(codes) if n.isupper() and n not in ("MESSAGES", "GONE")]
 
 
 def test_every_code_is_pynvml_s() -> None:
@@ -22,6 +22,7 @@ def test_the_texts_are_nvml_s_and_an_unnamed_code_says_its_number() -> None:
     assert codes.message_for(codes.LIBRARY_NOT_FOUND) == "NVML Shared Library Not Found"
     assert codes.message_for(12345) == "NVML error 12345"
     assert set(codes.MESSAGES) <= {getattr(codes, n) for n in NAMES}
+    assert {getattr(codes, n) for n in NAMES} >= codes.GONE
 
 
 def test_no_other_module_names_an_nvml_code_by_its_number() -> None:
