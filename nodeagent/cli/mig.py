@@ -15,9 +15,6 @@ from nodeagent.cli.common import (
     output_flag,
     print_json,
 )
-from nodeagent.cli.pipelines import config_name, describe_op, dialect, failed, mig_pipeline
-from nodeagent.host.hooks import apply_switches
-from nodeagent.nvml import read_inventory
 
 if TYPE_CHECKING:
     pass
@@ -35,6 +32,9 @@ ASSERTION_FAILURE = "Assertion failure: selected configuration not currently app
 
 
 def cmd_mig_apply(ctx: Context) -> int:
+    from nodeagent.cli.pipelines import describe_op, dialect, failed, mig_pipeline
+    from nodeagent.host.hooks import apply_switches
+
     pipeline, name = mig_pipeline(ctx, progress=True)
     with apply_switches(bool(ctx.args.skip_reset), bool(ctx.args.mode_only)):
         report = pipeline.run_once(dry_run=ctx.args.dry_run)
@@ -59,6 +59,8 @@ def cmd_mig_apply(ctx: Context) -> int:
 
 def cmd_mig_assert(ctx: Context) -> int:
     """As mig-parted's assert: a GPU the config does not select is a difference too."""
+    from nodeagent.cli.pipelines import config_name, dialect, failed, mig_pipeline
+
     upstream = dialect(ctx) == "mig-parted"
     if ctx.args.valid_config:  # the file and the name only, as mig-parted: no GPU is read
         from nodeagent.reconcile import mig_config_cache
@@ -117,6 +119,7 @@ def _write(ctx: Context, configs: dict[str, list[dict[str, Any]]], target: str |
 
 def cmd_mig_export(ctx: Context) -> int:
     from nodeagent.mig.generate import export_current
+    from nodeagent.nvml import read_inventory
 
     label = "current" if ctx.args.config_label is None else ctx.args.config_label
     if not label:
@@ -128,6 +131,7 @@ def cmd_mig_export(ctx: Context) -> int:
 
 def cmd_mig_generate(ctx: Context) -> int:
     from nodeagent.mig.generate import generate_configs
+    from nodeagent.nvml import read_inventory
 
     _write(ctx, generate_configs(read_inventory(ctx.session)), ctx.args.output_file)
     return 0

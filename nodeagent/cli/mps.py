@@ -7,8 +7,6 @@ from typing import TYPE_CHECKING
 
 from nodeagent.base.errors import ConfigError, NothingMatched
 from nodeagent.cli.common import Context, print_json
-from nodeagent.mps.intent import mps_daemon_settings
-from nodeagent.nvml import read_inventory
 
 if TYPE_CHECKING:
     from nodeagent.mps.daemon import MpsDaemon, MpsStatus
@@ -16,6 +14,9 @@ if TYPE_CHECKING:
 
 
 def mps_settings(ctx: Context) -> MpsSettings:
+    from nodeagent.mps.intent import mps_daemon_settings
+    from nodeagent.nvml import read_inventory
+
     mps = ctx.settings.mps
     if mps.devices:
         devices = mps.devices
@@ -38,6 +39,7 @@ def _kube_enabled(ctx: Context) -> bool:
 def _mps_daemon(ctx: Context, check: bool = True) -> MpsDaemon:
     from nodeagent.mps.daemon import MpsDaemon
     from nodeagent.mps.settings import Limits, validate
+    from nodeagent.nvml import read_inventory
     from nodeagent.nvml.write import ComputeModeWriter
 
     settings = mps_settings(ctx)
@@ -65,6 +67,7 @@ def _print_mps(ctx: Context, status: MpsStatus) -> None:
 def _check_plugin(ctx: Context, settings: MpsSettings) -> None:
     """In the device plugin's layout the daemon must serve what the plugin can: every full
     GPU, and no MIG GPU on the node (nodeagent.sharing.plugin). Raises ConfigError."""
+    from nodeagent.nvml import read_inventory
     from nodeagent.sharing.offers import planned_offers
     from nodeagent.sharing.plugin import advertised
 

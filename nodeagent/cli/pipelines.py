@@ -9,10 +9,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from nodeagent.base.errors import AgentError, ConfigError, ResetLeftToUser
-from nodeagent.base.lock import lock_path
 from nodeagent.cli.common import Context, reset_for
-from nodeagent.mig.profile import profile_or_none
-from nodeagent.nvml import read_inventory
 
 if TYPE_CHECKING:
     from nodeagent.mig.config import MigConfigFile
@@ -35,6 +32,8 @@ def config_name(ctx: Context, cfg: MigConfigFile) -> str:
 
 
 def describe_op(op: dict[str, Any]) -> str:
+    from nodeagent.mig.profile import profile_or_none
+
     text = f"GPU {op['gpu']}: {op['op']}"
     if "enabled" in op:
         text += " enabled" if op["enabled"] else " disabled"
@@ -65,6 +64,8 @@ def mig_pipeline(ctx: Context, progress: bool = False) -> tuple[Pipeline, str]:
     read as mig-parted's --mode-only reads it; with --skip-reset no GPU is reset."""
     from nodeagent.agent.factory import command_pipeline
     from nodeagent.base.configfile import ConfigCache
+    from nodeagent.base.lock import lock_path
+    from nodeagent.nvml import read_inventory
     from nodeagent.reconcile import mig_config_cache
 
     settings = ctx.settings
@@ -113,6 +114,7 @@ def failed(report: Report) -> None:
 
 def sharing_pipeline(ctx: Context) -> Pipeline:
     from nodeagent.agent.factory import command_pipeline
+    from nodeagent.base.lock import lock_path
 
     settings = ctx.settings
     if not settings.sharing.config:

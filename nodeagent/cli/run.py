@@ -10,10 +10,9 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodeagent.base.errors import AgentError, NvmlError
-from nodeagent.base.lock import lock_path
 from nodeagent.cli.common import (
     Context,
     add_setting_flags,
@@ -23,13 +22,7 @@ from nodeagent.cli.common import (
     reset_for,
 )
 from nodeagent.cli.mps import cmd_mps
-from nodeagent.cli.pipelines import sharing_preview
 from nodeagent.cli.sharing import SHARING_FLAG_NAMES
-from nodeagent.cli.signals import Reloader, Signals
-from nodeagent.host.sdnotify import Notifier
-from nodeagent.labels.machine import gfd_options
-from nodeagent.labels.render import render_labels, slice_usage
-from nodeagent.nvml import read_inventory
 from nodeagent.settings import GROUPS, SETTINGS_FILE_ENV, SPECS, as_document
 
 SLICES_ANNOTATION = "nodeagent.io/mig.slices"
@@ -38,13 +31,20 @@ RUN_FLAG_NAMES = {
     "mig.config": ("-c", "--mig-config"),
 }
 
+if TYPE_CHECKING:
+    from nodeagent.cli.signals import Signals
+    from nodeagent.host.sdnotify import Notifier
+
 
 def cmd_labels(ctx: Context) -> int:
     """The labels nodeagent publishes for the node as it is, or (-f/-c) as a sharing config
     would leave it. The device plugin config is the file set, or the folder's default or
     fallback (no node label is read here)."""
+    from nodeagent.cli.pipelines import sharing_preview
+    from nodeagent.labels.machine import gfd_options
     from nodeagent.labels.pluginconfig import PluginConfigReader
-    from nodeagent.labels.render import SharingState
+    from nodeagent.labels.render import SharingState, render_labels, slice_usage
+    from nodeagent.nvml import read_inventory
 
     inventory = read_inventory(ctx.session)
     s = ctx.settings
@@ -70,6 +70,7 @@ def cmd_labels(ctx: Context) -> int:
 
 def _agent(ctx: Context) -> Any:
     from nodeagent.agent.service import Agent
+    from nodeagent.base.lock import lock_path
 
     node = ctx.settings.node
     return Agent(
@@ -173,6 +174,9 @@ def status_line(agent: Any) -> str:
 
 def cmd_run(ctx: Context) -> int:
     """The daemon: metrics endpoint, samplers, the reconcile pipeline; SIGHUP reloads."""
+    from nodeagent.cli.signals import Signals
+    from nodeagent.host.sdnotify import Notifier
+
     notify = Notifier(ctx.environ)
     signals = Signals()  # on_stop: the agent's stop event once it exists
     try:
@@ -182,6 +186,8 @@ def cmd_run(ctx: Context) -> int:
 
 
 def _serve(ctx: Context, notify: Notifier, signals: Signals) -> int:
+
+    from nodeagent.cli.signals import Reloader
 
     def pause(seconds: float) -> None:  # in short slices: see the main loop below
         deadline = time.monotonic() + seconds

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from nodeagent.base.errors import AgentError
 from nodeagent.cli.common import Context, add_setting_flags, output_flag, print_json
-from nodeagent.cli.pipelines import describe_op, failed, sharing_pipeline
 
 if TYPE_CHECKING:
     from nodeagent.reconcile import Report
@@ -23,6 +22,8 @@ GROUPS = ("node", "mig", "mps", "sharing")
 
 
 def _print(ctx: Context, report: Report, dry_run: bool) -> None:
+    from nodeagent.cli.pipelines import describe_op
+
     name = report.wanted.sharing_config
     if ctx.args.output == "json":
         print_json({
@@ -46,6 +47,8 @@ def _print(ctx: Context, report: Report, dry_run: bool) -> None:
 
 
 def cmd_sharing_apply(ctx: Context) -> int:
+    from nodeagent.cli.pipelines import failed, sharing_pipeline
+
     report = sharing_pipeline(ctx).run_once(dry_run=ctx.args.dry_run)
     failed(report)
     _print(ctx, report, ctx.args.dry_run)
@@ -69,6 +72,8 @@ def _print_label_changes(ctx: Context, report: Report) -> None:
 
 def cmd_sharing_assert(ctx: Context) -> int:
     """Exit 0 when the node is as the config says (no MIG operation, no MPS change needed)."""
+    from nodeagent.cli.pipelines import failed, sharing_pipeline
+
     report = sharing_pipeline(ctx).run_once(compare=True)
     failed(report)
     name = report.wanted.sharing_config

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodeagent.base.errors import ConfigError
 from nodeagent.cli.common import (
@@ -12,8 +12,9 @@ from nodeagent.cli.common import (
     Context,
     print_json,
 )
-from nodeagent.cli.render import render_inventory
-from nodeagent.nvml import Inventory, read_inventory
+
+if TYPE_CHECKING:
+    from nodeagent.nvml import Inventory
 
 
 def current_sharing(inventory: Inventory) -> dict[int, str]:
@@ -36,6 +37,9 @@ def current_sharing(inventory: Inventory) -> dict[int, str]:
 
 
 def cmd_status(ctx: Context) -> int:
+    from nodeagent.cli.render import render_inventory
+    from nodeagent.nvml import read_inventory
+
     inventory = read_inventory(ctx.session)
     sharing = current_sharing(inventory)
     if ctx.args.output == "json":
