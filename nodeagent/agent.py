@@ -337,7 +337,7 @@ class Agent:
                 web = load_web_config(m.web_config_file) if m.web_config_file else None
                 self.server = MetricsServer(
                     m.address, self.exposition.latest, self.healthy, self.ready,
-                    web=web, details=m.health_details,
+                    web=web, details=m.health_details, cached=self.exposition.fresh,
                 )  # fmt: skip
                 # Served from now on, with what is known: a first reconcile can take minutes.
                 self.server.start()
