@@ -153,7 +153,10 @@ class _Uvicorn(uvicorn.Server):
 
 def _loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     err = context.get("exception")
-    if isinstance(err, OSError):  # a client that went away, a failed TLS handshake
+    if isinstance(err, OSError) and "accept" in str(context.get("message")):
+        # EMFILE and kin: asyncio retries the accept a second later; the operator must know
+        log.warning("http.accept_failed", error=err.strerror or str(err))
+    elif isinstance(err, OSError):  # a client that went away, a failed TLS handshake
         log.debug("http.connection_lost", error=str(err))
     else:
         log.warning("http.loop_error", message=context.get("message"), error=repr(err))
