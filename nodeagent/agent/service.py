@@ -339,7 +339,7 @@ class Agent:
                 web = check_inputs(self.settings).web
                 self.server = MetricsServer(
                     m.address, self.exposition.latest, self.healthy, self.ready,
-                    web=web, details=m.health_details,
+                    web=web, details=m.health_details, cached=self.exposition.fresh,
                 )  # fmt: skip
                 # Served from now on, with what is known: a first reconcile can take minutes.
                 self.server.start()

@@ -29,8 +29,7 @@ class ExpositionCache:
         self._lock = threading.Lock()  # one render at a time; the others wait and reuse it
         self._versions = itertools.count(1)
         self._version = 0  # of the data; bumped by changed()
-        self._rendered = -1  # the version self._body shows
-        self._body = b""
+        self._shown: tuple[int, bytes] = (-1, b"")  # the last render and its data's version
 
     def changed(self) -> None:
         """The data behind the exposition changed (a sample, a reconcile): the next scrape
@@ -42,10 +41,15 @@ class ExpositionCache:
         render, else the bytes of that render."""
         with self._lock:
             version = self._version  # a change during the render is rendered next time
-            if version != self._rendered:
-                self._body = generate_latest(self.registry) + self._extra()
-                self._rendered = version
-            return self._body
+            if version != self._shown[0]:
+                self._shown = (version, generate_latest(self.registry) + self._extra())
+            return self._shown[1]
+
+    def fresh(self) -> bytes | None:
+        """The last render when the data have not changed since, else None; never waits (the
+        server answers such a scrape on its event loop, without a thread)."""
+        version, body = self._shown
+        return body if version == self._version else None
 
     def _extra(self) -> bytes:
         if self.extra is None:

@@ -13,20 +13,37 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from nodeagent.nvml.inventory import (
         Engines as Engines,
+    )
+    from nodeagent.nvml.inventory import (
         GiProfile as GiProfile,
+    )
+    from nodeagent.nvml.inventory import (
         Gpu as Gpu,
+    )
+    from nodeagent.nvml.inventory import (
         Inventory as Inventory,
+    )
+    from nodeagent.nvml.inventory import (
         Placement as Placement,
+    )
+    from nodeagent.nvml.inventory import (
         Process as Process,
+    )
+    from nodeagent.nvml.inventory import (
         Slice as Slice,
     )
     from nodeagent.nvml.read import read_inventory as read_inventory
     from nodeagent.nvml.session import (
         NvmlSession as NvmlSession,
+    )
+    from nodeagent.nvml.session import (
         load_real_library as load_real_library,
+    )
+    from nodeagent.nvml.session import (
         open_session as open_session,
     )
-    from nodeagent.nvml.write import MigModeResult as MigModeResult, MigWriter as MigWriter
+    from nodeagent.nvml.write import MigModeResult as MigModeResult
+    from nodeagent.nvml.write import MigWriter as MigWriter
 
 _WHERE = {
     **dict.fromkeys(
