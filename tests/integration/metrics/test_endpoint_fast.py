@@ -115,3 +115,16 @@ def test_a_probe_is_answered_as_an_http_1_0_request_is(path: str, method: str) -
     lines = without_date(quick_head.split(b"\r\n"))
     assert lines[-1].lower() == b"connection: close"
     assert lines == without_date(handled_head.split(b"\r\n"))
+
+
+def test_answers_go_out_as_written_without_nagle(server: MetricsServer) -> None:
+    """Every connection has TCP_NODELAY: with Nagle's algorithm a body smaller than a segment
+    waited for the client's delayed ACK of the answer's head (40 ms a scrape on Linux). The
+    listening socket is made with proto 0, for which asyncio does not set it itself."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        read_answer(sock)
+        connections = list(server.connections())
+        assert connections, "the server holds the open connection"
+        for peer in connections:
+            assert peer.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
