@@ -14,7 +14,11 @@ The suite's own budget (<= 120 s on a fresh clone of 2 cores) is measured by `ma
 Run from the repository root in the project's .venv (kmock, from the test extra, is the API
 server; the tests' fake kubelet lists the pods):
 
-    python benchmarks/budgets.py [--real] [--plot benchmarks/budgets.png] [--json FILE]
+    python benchmarks/budgets.py [--real] [--agent-python PY] [--plot benchmarks/budgets.png]
+
+RSS depends on what the interpreter has installed (with the test extra, structlog also loads
+rich: 5 MiB): pass --agent-python a venv with only the runtime dependencies to measure the agent
+as the image ships it.
 
 Prints one table (budget, measured, limit, ratio) and the libraries' costs; writes a plot where
 matplotlib is importable.
@@ -229,8 +233,14 @@ def agent_budgets(real: bool, n: int) -> tuple[list[Budget], dict[str, Any]]:
 
 def status_budget(real: bool, runs: int) -> Budget:
     cmds = startup.commands("h200x8")[:2]
-    if real:
-        cmds[1] = startup.Command("status", [sys.executable, "-m", "nodeagent", "status"])
+    python = bench.AGENT_PYTHON
+    cmds = [
+        startup.Command(cmds[0].label, [*python, *cmds[0].argv[1:]]),
+        startup.Command(
+            "status",
+            [*python, "-m", "nodeagent", *([] if real else ["--simulate", "h200x8"]), "status"],
+        ),
+    ]
     timings = startup.measure(cmds, runs, 3, startup.clean_env())
     base, status = timings[0].median_seconds, timings[1].median_seconds
     return Budget(
@@ -267,11 +277,19 @@ def plot(budgets: list[Budget], path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--real", action="store_true", help="the agent on this machine's GPUs")
+    parser.add_argument(
+        "--agent-python",
+        help="the interpreter that runs the agent and the import costs, with its flags (e.g. a"
+        " venv with only the runtime dependencies, as the image ships them: `V/bin/python`, or"
+        " `python3 -S` with the wheels on PYTHONPATH); default: this one",
+    )
     parser.add_argument("--scrapes", type=int, default=1000, help="scrapes per level")
     parser.add_argument("--status-runs", type=int, default=15)
     parser.add_argument("--plot", default=str(HERE / "budgets.png"))
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
+    if args.agent_python:
+        bench.AGENT_PYTHON[:] = args.agent_python.split()
     budgets, extra = agent_budgets(args.real, args.scrapes)
     budgets.append(status_budget(args.real, args.status_runs))
     costs = library_costs()
