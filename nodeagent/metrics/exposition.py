@@ -26,7 +26,7 @@ class ExpositionCache:
     ) -> None:
         self.registry = registry
         self.extra = extra  # families rendered outside prometheus_client (dcgm-compat)
-        self._lock = threading.Lock()  # one render at a time; the others wait and reuse it
+        self._lock = threading.Lock()  # one render at a time; the others take the last one
         self._versions = itertools.count(1)
         self._version = 0  # of the data; bumped by changed()
         self._shown: tuple[int, bytes] = (-1, b"")  # the last render and its data's version
@@ -38,12 +38,21 @@ class ExpositionCache:
 
     def latest(self) -> bytes:
         """The exposition of the data as of now: rendered if they changed since the last
-        render, else the bytes of that render."""
-        with self._lock:
+        render, else the bytes of that render. While another scrape renders, the last render
+        is the answer at once (data one sample older, never a wait behind a render: 6-12 ms
+        of CPU at 56 slices); only the very first render is waited for."""
+        if not self._lock.acquire(blocking=False):
+            shown = self._shown
+            if shown[0] >= 0:
+                return shown[1]
+            self._lock.acquire()
+        try:
             version = self._version  # a change during the render is rendered next time
             if version != self._shown[0]:
                 self._shown = (version, generate_latest(self.registry) + self._extra())
             return self._shown[1]
+        finally:
+            self._lock.release()
 
     def fresh(self) -> bytes | None:
         """The last render when the data have not changed since, else None; never waits (the
