@@ -39,6 +39,7 @@ from nodeagent.metrics.exposition import ExpositionCache
 from nodeagent.metrics.fields import FieldCollector
 from nodeagent.metrics.gpus import GpuCollector
 from nodeagent.metrics.health import HealthCollector
+from nodeagent.metrics.kube import KUBE_REQUESTS, KubeCollector
 from nodeagent.metrics.mps import MpsCollector
 from nodeagent.metrics.pods import PodCollector
 from nodeagent.metrics.server import MetricsServer
@@ -126,7 +127,9 @@ class Agent:
                     ),
                     MpsCollector(lambda: self.mps.status),
                     SharingCollector(lambda: self.pipeline.per_gpu),
-                    # with --dra only: the golden expositions of an agent without it stay
+                    # with --kube / --dra only: the golden expositions of an agent without
+                    # them stay
+                    *([KubeCollector(KUBE_REQUESTS)] if settings.kube.enabled else []),
                     *(
                         [DraCollector(self.dra_stats, lambda: self.dra and self.dra.publisher)]
                         if settings.dra.enabled

@@ -18,6 +18,8 @@ from typing import Any
 
 from kubernetes import client
 
+from nodeagent.metrics.kube import KUBE_REQUESTS
+
 ApiException = client.ApiException
 Configuration = client.Configuration
 USER_AGENT = "nodeagent (kubernetes-client)"
@@ -55,7 +57,13 @@ class Transport:
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self.api.call_api(method, url, headers, body, post, _request_timeout=timeout)
+        watch = str((query or {}).get("watch", "")).lower() == "true"
+        try:
+            response = self.api.call_api(method, url, headers, body, post, _request_timeout=timeout)
+        except Exception:
+            KUBE_REQUESTS.add(method, path, watch, "error")
+            raise
+        KUBE_REQUESTS.add(method, path, watch, str(response.status))
         if stream and 200 <= response.status <= 299:
             return response.response
         data = response.read()

@@ -61,6 +61,23 @@ def test_labels_are_published_and_other_keys_untouched(
     assert "nvidia.com/gpu.product" in owned and "team" not in owned
 
 
+def test_the_requests_it_sent_are_counted(
+    cluster: Cluster, start_agent: Callable[..., tuple[Agent, SimulatedNvml]]
+) -> None:
+    agent, _ = start_agent()
+    cluster.wait(lambda: "nvidia.com/gpu.product" in cluster.labels(NODE), what="first publish")
+    node_writes = cluster.writes("/nodes/")  # the Node patches kmock received
+    exposition = agent.exposition.latest().decode()
+    counted = {
+        line.split("{", 1)[1].split("}", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in exposition.splitlines()
+        if line.startswith("nodeagent_kube_requests_total{")
+    }
+    # (the count is the process's: other agents of this test process add to it)
+    assert counted.get('code="200",resource="nodes",verb="patch"', 0) >= node_writes >= 1
+    assert any('verb="watch"' in labels and 'resource="nodes"' in labels for labels in counted)
+
+
 def test_mig_config_protocol_to_success(
     cluster: Cluster, start_agent: Callable[..., tuple[Agent, SimulatedNvml]]
 ) -> None:
