@@ -104,35 +104,6 @@ def library_costs() -> list[tuple[str, float]]:
     return costs
 
 
-@contextmanager
-def kube_and_dra(tmp: Path, uuids: list[str], env: dict[str, str]) -> Iterator[list[str]]:
-    """`run` flags for --kube --dra on loopback: a kmock API server that knows
-    resource.k8s.io/v1, the fake kubelet's pod-resources socket (one pod a slice), the DRA
-    plugin, registry and CDI directories in `tmp`."""
-    from tests.support.dra import dra_cluster
-    from tests.support.fake_kubelet.podresources import pod, serve
-
-    cluster = dra_cluster()
-    socket_path = tmp / "kubelet.sock"
-    dirs = {d: tmp / d for d in ("plugins", "registry", "cdi")}
-    for d in dirs.values():
-        d.mkdir()
-    try:
-        cluster.add_node("bench-node", {})
-        with serve(socket_path) as kubelet:
-            kubelet.pods = [  # type: ignore[assignment]
-                pod("bench", f"infer-{i}", {"main": {"nvidia.com/mig-1g.18gb": [uuid]}})
-                for i, uuid in enumerate(uuids)
-            ]
-            yield [
-                "--kube", "--kube-host", cluster.url, "--pod-resources-socket", str(socket_path),
-                "--dra", "--dra-plugin-dir", str(dirs["plugins"]),
-                "--dra-registry-dir", str(dirs["registry"]), "--dra-cdi-dir", str(dirs["cdi"]),
-            ]  # fmt: skip
-    finally:
-        cluster.close()
-
-
 def _get(port: int, path: str) -> float:
     """Seconds for one GET on a new connection (the answer read whole)."""
     t0 = time.perf_counter()
@@ -205,10 +176,8 @@ def agent_budgets(real: bool, n: int) -> tuple[list[Budget], dict[str, Any]]:
         else:
             prefix, env, uuids = bench.emulated_node(tmp)
             where = "8 emulated H200, 56 slices, 56 pods"
-        with kube_and_dra(tmp, uuids, env) as flags:
-            proc, port = bench._start_agent(
-                prefix, {**env, "NODE_NAME": "bench-node"}, tuple(flags)
-            )
+        with bench.kube(tmp, uuids, env, dra=True) as (flags, kenv):
+            proc, port = bench._start_agent(prefix, kenv, tuple(flags))
             try:
                 bench._scrape(port, 200)  # warm: the exposition, the connection, the caches
                 time.sleep(2.0)

@@ -364,21 +364,29 @@ def emulated_node(tmp: Path) -> tuple[list[str], dict[str, str], list[str]]:
 
 @contextmanager
 def kube(
-    tmp: Path, uuids: list[str], env: dict[str, str]
+    tmp: Path, uuids: list[str], env: dict[str, str], dra: bool = False
 ) -> Iterator[tuple[list[str], dict[str, str]]]:
     """What `nodeagent run --kube` needs, on loopback: an API server (kmock, as the tests use)
     with this Node, and the kubelet's pod-resources socket (the tests' fake) listing one pod on
-    each slice. Yields the `run` flags and the environment."""
+    each slice; with `dra`, an API server that knows resource.k8s.io/v1 and `--dra` with its
+    plugin, registry and CDI directories in `tmp`. Yields the `run` flags and the environment."""
     if importlib.util.find_spec("kmock") is None:  # the conftest would skip, not raise
         raise ImportError("kmock (the `test` extra) is not installed")
     root = str(Path(__file__).resolve().parents[1])  # the tests' helpers, from this checkout
     if root not in sys.path:
         sys.path.insert(0, root)
     from tests.support.cluster import Cluster
+    from tests.support.dra import dra_cluster
     from tests.support.fake_kubelet.podresources import pod, serve
 
-    cluster = Cluster()
+    cluster = dra_cluster() if dra else Cluster()
     socket = tmp / "kubelet.sock"
+    flags = ["--kube", "--kube-host", cluster.url, "--pod-resources-socket", str(socket)]
+    if dra:
+        for d in ("plugins", "registry", "cdi"):
+            (tmp / d).mkdir()
+            flags += [f"--dra-{d.rstrip('s')}-dir", str(tmp / d)]
+        flags.append("--dra")
     try:
         cluster.add_node("bench-node", {})
         with serve(socket) as kubelet:
@@ -386,7 +394,6 @@ def kube(
                 pod("bench", f"infer-{i}", {"main": {"nvidia.com/mig-1g.18gb": [uuid]}})
                 for i, uuid in enumerate(uuids)
             ]
-            flags = ["--kube", "--kube-host", cluster.url, "--pod-resources-socket", str(socket)]
             yield flags, {**env, "NODE_NAME": "bench-node"}
     finally:
         cluster.close()
