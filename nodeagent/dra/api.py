@@ -4,12 +4,27 @@ the Node (NodeApi); plain JSON in and out."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from nodeagent.kube.api import MERGE_PATCH, NodeApi, _none_on, _path
+from nodeagent.kube.transport import ApiException
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIM = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
+APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply (JSON is YAML)
+
+
+def _replaced(err: ApiException) -> bool:
+    """Whether the API server refused an apply because the claim's UID is another one (the
+    claim was deleted and made again under its name): 422 on metadata.uid."""
+    if err.status != 422:
+        return False
+    try:
+        causes = (json.loads(err.body or "{}").get("details") or {}).get("causes") or []
+    except ValueError:
+        return False
+    return any(isinstance(c, dict) and c.get("field") == "metadata.uid" for c in causes)
 
 
 class DraApi(NodeApi):
@@ -67,6 +82,50 @@ class DraApi(NodeApi):
             retry_seconds=None if budget_seconds is None else max(0.0, budget_seconds - timeout),
         )
         return claim
+
+    def apply_claim_status(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        driver: str,
+        devices: list[dict[str, Any]],
+        budget_seconds: float,
+    ) -> bool:
+        """Server-side apply of the claim's status.devices as field manager `driver`: the
+        entries it applied before and `devices` leaves out are removed, other drivers' stay.
+        The claim's UID is a precondition. `budget_seconds` bounds the whole write, retries
+        (logged at debug) included. False when the claim is gone or was replaced; raises
+        KubeError (the API server down, the write refused: RBAC, validation)."""
+        path = _path(CLAIM, ns=namespace, name=name) + "/status"
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "status": {"devices": devices},
+        }
+        query = {"fieldManager": driver, "force": "true"}
+        timeout = max(0.1, min(self.settings.request_timeout_seconds, budget_seconds))
+
+        def apply() -> bool:
+            try:
+                self._request(
+                    "PATCH", path, body=body, query=query, content_type=APPLY_PATCH,
+                    timeout=timeout,
+                )  # fmt: skip
+            except ApiException as err:
+                if err.status == 404 or _replaced(err):
+                    return False
+                raise
+            return True
+
+        written: bool = self._call(
+            f"write resourceclaim {namespace}/{name} status",
+            apply,
+            retry_seconds=max(0.0, budget_seconds - timeout),
+            quiet=True,
+        )
+        return written
 
     def counters_kept(self, driver: str) -> bool:
         """Whether the API server keeps a ResourceSlice's counters (its DRAPartitionableDevices

@@ -11,6 +11,7 @@ import pytest
 
 from nodeagent.dra.node import NodeConfig, NodeDriver
 from nodeagent.dra.server import DraPluginServer
+from nodeagent.metrics.dra import DraStats
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml
 from nodeagent.state.snapshot import Holder
@@ -83,11 +84,16 @@ class DraNode:
     root: Path
     state: Path
     pods: dict[str, Holder]  # devices the device plugin's pods hold (pod-resources)
+    stats: DraStats | None = None  # what the driver counted (nodeagent.metrics.dra)
 
     def add_claim(self, claim: dict[str, Any]) -> Claim:
         meta = claim["metadata"]
         self.cluster.km.objects[CLAIMS, meta["namespace"], meta["name"]] = claim
         return Claim(meta["namespace"], meta["name"], meta["uid"])
+
+    def claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """The claim as the API server holds it now."""
+        return dict(self.cluster.km.objects[CLAIMS, namespace, name])
 
     def inventory(self) -> Inventory:
         return read_inventory(self.session)
