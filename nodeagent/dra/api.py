@@ -4,27 +4,13 @@ the Node (NodeApi); plain JSON in and out."""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from typing import Any
 
 from nodeagent.kube.api import MERGE_PATCH, NodeApi, _none_on, _path
-from nodeagent.kube.transport import ApiException
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIM = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
-APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply (JSON is YAML)
-
-
-def _replaced(err: ApiException) -> bool:
-    """Whether the API server refused an apply because the claim's UID is another one (the
-    claim was deleted and made again under its name): 422 on metadata.uid."""
-    if err.status != 422:
-        return False
-    try:
-        causes = (json.loads(err.body or "{}").get("details") or {}).get("causes") or []
-    except ValueError:
-        return False
-    return any(isinstance(c, dict) and c.get("field") == "metadata.uid" for c in causes)
 
 
 class DraApi(NodeApi):
@@ -83,45 +69,47 @@ class DraApi(NodeApi):
         )
         return claim
 
-    def apply_claim_status(
+    def update_claim_status(
         self,
         namespace: str,
         name: str,
         uid: str,
-        driver: str,
-        devices: list[dict[str, Any]],
+        devices: Callable[[dict[str, Any]], list[dict[str, Any]] | None],
         budget_seconds: float,
+        claim: dict[str, Any] | None = None,
     ) -> bool:
-        """Server-side apply of the claim's status.devices as field manager `driver`: the
-        entries it applied before and `devices` leaves out are removed, other drivers' stay.
-        The claim's UID is a precondition. `budget_seconds` bounds the whole write, retries
-        (logged at debug) included. False when the claim is gone or was replaced; raises
-        KubeError (the API server down, the write refused: RBAC, validation)."""
-        path = _path(CLAIM, ns=namespace, name=name) + "/status"
-        body = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
-            "status": {"devices": devices},
-        }
-        query = {"fieldManager": driver, "force": "true"}
+        """Replace the claim's status.devices with `devices(claim)` (None: nothing to write),
+        read-modify-write: an update of the status subresource (PUT, at the claim's
+        resourceVersion) from `claim` as read (or read now); on a conflict the claim is read
+        again and `devices` asked again. Not a patch: the v1.36 API server refuses every patch
+        of the status of a claim whose allocation carries an opaque config ("status.allocation:
+        field is immutable"; docs/dra.md, "Device status"). `budget_seconds` bounds the whole
+        write, retries (logged at debug) included. False when the claim is gone or replaced
+        (another UID); raises KubeError (the API server down, the write refused)."""
+        path = _path(CLAIM, ns=namespace, name=name)
         timeout = max(0.1, min(self.settings.request_timeout_seconds, budget_seconds))
+        latest = [claim]
 
-        def apply() -> bool:
-            try:
-                self._request(
-                    "PATCH", path, body=body, query=query, content_type=APPLY_PATCH,
-                    timeout=timeout,
-                )  # fmt: skip
-            except ApiException as err:
-                if err.status == 404 or _replaced(err):
-                    return False
-                raise
-            return True
+        def attempt() -> bool:
+            current = (
+                latest.pop() or _none_on(404, lambda: self._request("GET", path, timeout=timeout))()
+            )
+            latest.append(None)  # a retry reads the claim again
+            if current is None or (current.get("metadata") or {}).get("uid") != uid:
+                return False
+            wanted = devices(current)
+            if wanted is None:
+                return True
+            status = {k: v for k, v in (current.get("status") or {}).items() if k != "devices"}
+            body = {**current, "status": {**status, **({"devices": wanted} if wanted else {})}}
+            stored = _none_on(
+                404, lambda: self._request("PUT", path + "/status", body=body, timeout=timeout)
+            )()
+            return stored is not None
 
         written: bool = self._call(
             f"write resourceclaim {namespace}/{name} status",
-            apply,
+            attempt,
             retry_seconds=max(0.0, budget_seconds - timeout),
             quiet=True,
         )

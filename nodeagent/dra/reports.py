@@ -20,13 +20,7 @@ from nodeagent.base.logs import get_logger
 from nodeagent.dra.api import DraApi
 from nodeagent.dra.claims import ClaimRef
 from nodeagent.dra.node import Prepared
-from nodeagent.dra.status import (
-    current_entries,
-    failed_entries,
-    now_rfc3339,
-    ready_entries,
-    settled,
-)
+from nodeagent.dra.status import failed_entries, merged, now_rfc3339, ready_entries
 
 log = get_logger("nodeagent.dra")
 # A status write's budget, retries included: a report, so it takes little of the kubelet's 45 s
@@ -62,45 +56,53 @@ class StatusReports:
         self._failing = False
 
     def prepared(
-        self, ref: ClaimRef, claim: Mapping[str, Any], made: Sequence[Prepared], deadline: float
+        self, ref: ClaimRef, claim: dict[str, Any], made: Sequence[Prepared], deadline: float
     ) -> None:
-        """Ready True for each prepared device, with what was made."""
+        """Ready True for each prepared device, with what was made. `claim` as read for the
+        prepare (read again only on a conflict)."""
         data = {p.device: p.data for p in made}
-        wanted = ready_entries(self.driver, self.pool, claim, data, now_rfc3339())
-        self._write(ref, claim, wanted, deadline, STATUS_SECONDS)
+        now = now_rfc3339()
 
-    def failed(self, ref: ClaimRef, claim: Mapping[str, Any], error: str, deadline: float) -> None:
+        def devices(current: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+            wanted = ready_entries(self.driver, self.pool, current, data, now)
+            return merged(current, self.driver, wanted)
+
+        self._write(ref, devices, deadline, STATUS_SECONDS, claim)
+
+    def failed(self, ref: ClaimRef, claim: dict[str, Any], error: str, deadline: float) -> None:
         """Ready False for each of the claim's devices on this node, the error its message."""
-        wanted = failed_entries(self.driver, self.pool, claim, error, now_rfc3339())
-        self._write(ref, claim, wanted, deadline, STATUS_SECONDS)
+        now = now_rfc3339()
+
+        def devices(current: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+            wanted = failed_entries(self.driver, self.pool, current, error, now)
+            return merged(current, self.driver, wanted)
+
+        self._write(ref, devices, deadline, STATUS_SECONDS, claim)
 
     def cleared(self, ref: ClaimRef, deadline: float) -> None:
-        """The driver's entries removed (unprepare); a claim gone or replaced has none."""
-        self._send(ref, [], deadline, CLEAR_SECONDS)
+        """The driver's entries removed (unprepare): the claim read, written only where it has
+        some; a claim gone or replaced has none."""
+
+        def devices(current: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+            return merged(current, self.driver, [])
+
+        self._write(ref, devices, deadline, CLEAR_SECONDS, None)
 
     def _write(
         self,
         ref: ClaimRef,
-        claim: Mapping[str, Any],
-        wanted: list[dict[str, Any]],
+        devices: Callable[[dict[str, Any]], list[dict[str, Any]] | None],
         deadline: float,
         share: float,
-    ) -> None:
-        devices = settled(wanted, current_entries(claim, self.driver))
-        if devices is None:  # the claim says so already (a kubelet's retry, a restart)
-            return
-        self._send(ref, devices, deadline, share)
-
-    def _send(
-        self, ref: ClaimRef, devices: list[dict[str, Any]], deadline: float, share: float
+        claim: dict[str, Any] | None,
     ) -> None:
         budget = min(share, deadline - self.clock())
         try:
             if budget < MIN_SECONDS:
                 raise KubeError(f"no time left before the kubelet's deadline for {ref}'s status")
-            self.api.apply_claim_status(
-                ref.namespace, ref.name, ref.uid, self.driver, devices, budget
-            )
+            if claim is not None and devices(claim) is None:
+                return  # the claim says so already (a kubelet's retry, a restart): no write
+            self.api.update_claim_status(ref.namespace, ref.name, ref.uid, devices, budget, claim)
         except KubeError as err:
             self._outcome(ref, str(err))
             return

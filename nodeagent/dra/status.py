@@ -196,3 +196,16 @@ def settled(
     if len(before) == len(out) and all(before.get(_key(e)) == e for e in out):
         return None
     return out
+
+
+def merged(
+    claim: Mapping[str, Any], driver: str, wanted: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]] | None:
+    """The claim's whole status.devices with this driver's entries made `wanted` (settled) and
+    every other driver's kept as they are; None when nothing changes."""
+    devices = (claim.get("status") or {}).get("devices") or []
+    others = [
+        dict(e) for e in devices if not (isinstance(e, Mapping) and e.get("driver") == driver)
+    ]
+    ours = settled(wanted, current_entries(claim, driver))
+    return None if ours is None else others + ours

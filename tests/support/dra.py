@@ -3,6 +3,7 @@ ResourceSlices and ResourceClaims, and a fake kubelet that registers the plugin 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,17 @@ DRIVER = "gpu.nodeagent.io"
 NODE = "node-1"
 
 
-def dra_cluster() -> Cluster:
+class DraCluster(Cluster):
+    """kmock's API server as the DRA driver sees it. `status_fault`, when set, answers the
+    claims' status updates instead of storing them (a test's API server failing or hanging)."""
+
+    status_fault: Callable[[], Any] | None = None
+
+
+def dra_cluster() -> DraCluster:
     """A kmock API server that knows resource.k8s.io/v1 (an empty list, not a 404, before the
     first slice is written)."""
-    cluster = Cluster()
+    cluster = DraCluster()
 
     def declare() -> None:
         cluster.km.resources["resource.k8s.io/v1/resourceslices"].kind = "ResourceSlice"
@@ -35,7 +43,15 @@ def dra_cluster() -> Cluster:
         cluster.km.resources["resource.k8s.io/v1/resourceclaims"].kind = "ResourceClaim"
         cluster.km.resources["resource.k8s.io/v1/resourceclaims"].namespaced = True
 
+    def put_status(request: Any) -> Any:
+        """An update of a claim's status (kmock serves PATCH, not PUT): stored whole."""
+        if cluster.status_fault is not None:
+            return cluster.status_fault()
+        cluster.km.objects[CLAIMS, request.namespace, request.name] = dict(request.data)
+        return dict(request.data)
+
     cluster.on_loop(declare)
+    cluster.on_loop(lambda: cluster.km["put", CLAIMS] << put_status)
     return cluster
 
 
@@ -75,7 +91,7 @@ def mps_config(percentage: Any, pinned: Any = None) -> list[dict[str, Any]]:
 
 @dataclass
 class DraNode:
-    cluster: Cluster
+    cluster: DraCluster
     lib: SimulatedNvml
     session: NvmlSession
     node: NodeDriver

@@ -5,7 +5,7 @@ prepare that failed, and it is said once and counted."""
 
 from __future__ import annotations
 
-import threading
+import json
 import time
 from typing import Any
 
@@ -14,7 +14,7 @@ import pytest
 from nodeagent.dra import reports
 from nodeagent.dra import server as dra_server
 from tests.support.cli import captured_logs
-from tests.support.dra import CLAIMS, DRIVER, NODE, DraNode, allocated_claim, kmock, mps_config
+from tests.support.dra import DRIVER, NODE, DraNode, allocated_claim, kmock, mps_config
 from tests.support.fake_kubelet.dra import Claim
 
 
@@ -121,12 +121,8 @@ def short_deadline(dra_node: DraNode, monkeypatch: pytest.MonkeyPatch) -> float:
 def test_an_api_server_failing_the_write_fails_the_report_not_the_prepare(
     dra_node: DraNode, short_deadline: float
 ) -> None:
-    down = threading.Event()
-    down.set()
     failure = kmock.KubernetesError(status=503, reason="ServiceUnavailable", message="etcd down")
-    dra_node.cluster.on_loop(
-        lambda: dra_node.cluster.km["patch", CLAIMS] << (lambda: failure if down.is_set() else None)
-    )
+    dra_node.cluster.status_fault = lambda: failure
     with captured_logs("warning") as logs:
         first = _prepare_timed(dra_node, "a", "uid-a", "gpu-0-mig-1g18gb-19-0")
         second = _prepare_timed(dra_node, "b", "uid-b", "gpu-0-mig-1g18gb-19-1")
@@ -139,7 +135,7 @@ def test_an_api_server_failing_the_write_fails_the_report_not_the_prepare(
     assert len(said) == 1 and "HTTP 503" in said[0]["error"], said  # once, not per claim
     assert not [e for e in logs if e["event"] == "kube.retry"]  # nor per retry
 
-    down.clear()  # the API server is back: the next write works, and that is said too
+    dra_node.cluster.status_fault = None  # the API server is back: the next write works
     with captured_logs("info") as logs:
         assert _prepare_timed(dra_node, "c", "uid-c", "gpu-1")[0] == ""
     assert _ready(_entries(dra_node, "c")["gpu-1"])["status"] == "True"
@@ -148,22 +144,23 @@ def test_an_api_server_failing_the_write_fails_the_report_not_the_prepare(
     ]
 
 
-def test_an_api_server_that_hangs_on_the_write_leaves_the_prepare_in_time(
+def test_an_api_server_that_hangs_on_the_write_leaves_each_call_in_time(
     dra_node: DraNode, short_deadline: float
 ) -> None:
     import asyncio
 
-    dra_node.cluster.on_loop(
-        lambda: dra_node.cluster.km["patch", CLAIMS] << (lambda: asyncio.sleep(30))
-    )
-    error, took, claim = _prepare_timed(dra_node, "a", "uid-a", "gpu-1")
+    error, _, kept = _prepare_timed(dra_node, "k", "uid-k", "gpu-1")
+    assert error == "" and _entries(dra_node, "k")
+    dra_node.cluster.status_fault = lambda: asyncio.sleep(30)  # answers nothing
+    error, took, _ = _prepare_timed(dra_node, "a", "uid-a", "gpu-0-mig-1g18gb-19-0")
     assert error == "" and took < short_deadline, (error, took)
     assert _writes(dra_node, "failure") == 1
-    # ...and an unprepare's removal takes at most its own second
+    # an unprepare's removal waits at most its own second
     began = time.monotonic()
-    assert dra_node.kubelet.unprepare([claim]) == {"uid-a": ""}
+    assert dra_node.kubelet.unprepare([kept]) == {"uid-k": ""}
     assert time.monotonic() - began < reports.CLEAR_SECONDS + 1.0
-    assert not dra_node.inventory().gpus[1].mig_current and _writes(dra_node, "failure") == 2
+    assert _writes(dra_node, "failure") == 2
+    assert "uid-k" not in json.loads(dra_node.checkpoint.read_text())["claims"]  # unprepared
 
 
 def test_no_time_left_before_the_deadline_is_no_write(
@@ -175,4 +172,4 @@ def test_no_time_left_before_the_deadline_is_no_write(
     error, _, _ = _prepare_timed(dra_node, "a", "uid-a", "gpu-1")
     assert error == "" and _entries(dra_node, "a") == {}
     assert _writes(dra_node, "failure") == 1
-    assert dra_node.cluster.writes("/resourceclaims/") == 0
+    assert dra_node.cluster.writes("/resourceclaims/") == 0  # not even tried
