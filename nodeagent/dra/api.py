@@ -87,7 +87,9 @@ class DraApi(NodeApi):
         write, retries (logged at debug) included. False when the claim is gone or replaced
         (another UID); raises KubeError (the API server down, the write refused)."""
         path = _path(CLAIM, ns=namespace, name=name)
-        timeout = max(0.1, min(self.settings.request_timeout_seconds, budget_seconds))
+        # Half the budget at most for one request: the other half is for a retry (a conflict
+        # is retried at once).
+        timeout = max(0.1, min(self.settings.request_timeout_seconds, budget_seconds / 2))
         latest = [claim]
 
         def attempt() -> bool:

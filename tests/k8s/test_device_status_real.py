@@ -143,6 +143,25 @@ def _allocated(api: Any, namespace: str) -> list[dict[str, Any]]:
     return [c for c in items if (c.get("status") or {}).get("allocation")]
 
 
+def _one_gpu_claim(api: Any, namespace: str, node: str) -> dict[str, Any]:
+    """Claim `c` of a whole GPU of an emulated H200 node `node`, allocated by the scheduler."""
+    from kubernetes import client
+
+    core, res = client.CoreV1Api(api), client.ResourceV1Api(api)
+    session = NvmlSession(SimulatedNvml(parse_spec("h200")))
+    make_node(api, node)
+    _publish(api, node, session)
+    session.close()
+    _device_classes(api)
+    request = {"name": "g", "exactly": {"deviceClassName": DRIVER}}
+    res.create_namespaced_resource_claim(
+        namespace, {"metadata": {"name": "c"}, "spec": {"devices": {"requests": [request]}}}
+    )
+    core.create_namespaced_pod(namespace, _pod("p", node, {"resourceClaimName": "c"}))
+    claim: dict[str, Any] = _wait("claim c allocated", lambda: _allocated(api, namespace))[0]
+    return claim
+
+
 def test_claims_prepared_through_the_plugin_end_with_their_device_status(
     api_client: Any, namespace: str, short_tmp: Path, fake_mps_control: str
 ) -> None:
@@ -248,26 +267,9 @@ def test_claims_prepared_through_the_plugin_end_with_their_device_status(
 def test_the_status_write_takes_exactly_the_shipped_rules(
     api_client: Any, namespace: str, short_tmp: Path, rules: list[dict[str, Any]], refused: str
 ) -> None:
-    from kubernetes import client
 
-    core, res = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
     node = f"n-{uuid.uuid4().hex[:8]}"
-    session = NvmlSession(SimulatedNvml(parse_spec("h200")))
-    make_node(api_client, node)
-    _publish(api_client, node, session)
-    session.close()
-    _device_classes(api_client)
-    res.create_namespaced_resource_claim(
-        namespace,
-        {
-            "metadata": {"name": "c"},
-            "spec": {
-                "devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": DRIVER}}]}
-            },
-        },
-    )
-    core.create_namespaced_pod(namespace, _pod("p", node, {"resourceClaimName": "c"}))
-    claim = _wait("claim c allocated", lambda: _allocated(api_client, namespace))[0]
+    claim = _one_gpu_claim(api_client, namespace, node)
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     entry = {
         "driver": DRIVER, "pool": node, "device": result["device"], "data": {"uuid": "GPU-0"},
@@ -296,27 +298,10 @@ def test_a_token_not_bound_to_the_claims_node_cannot_write_its_status(
     """associated-node:update: the shipped role lets an agent write the status of claims on
     its own node only; the same service account's token bound to a pod on another node is
     refused."""
-    from kubernetes import client
 
-    core, res = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
     node, other = f"n-{uuid.uuid4().hex[:8]}", f"n-{uuid.uuid4().hex[:8]}"
-    session = NvmlSession(SimulatedNvml(parse_spec("h200")))
-    make_node(api_client, node)
     make_node(api_client, other)
-    _publish(api_client, node, session)
-    session.close()
-    _device_classes(api_client)
-    res.create_namespaced_resource_claim(
-        namespace,
-        {
-            "metadata": {"name": "c"},
-            "spec": {
-                "devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": DRIVER}}]}
-            },
-        },
-    )
-    core.create_namespaced_pod(namespace, _pod("p", node, {"resourceClaimName": "c"}))
-    claim = _wait("claim c allocated", lambda: _allocated(api_client, namespace))[0]
+    claim = _one_gpu_claim(api_client, namespace, node)
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     entry = {"driver": DRIVER, "pool": node, "device": result["device"], "data": {"uuid": "x"}}
     with agent_identity(api_client, namespace, other, shipped_rules(), short_tmp) as kubeconfig:
@@ -328,3 +313,35 @@ def test_a_token_not_bound_to_the_claims_node_cannot_write_its_status(
     # not on the claim's node: only arbitrary-node:update would do, and the role has none
     assert 'resource="resourceclaims/driver", verb="[arbitrary-node:update]"' in str(err.value)
     assert not _claim(api_client, namespace, "c")["status"].get("devices")
+
+
+def test_a_write_from_a_stale_read_reads_the_claim_again(
+    api_client: Any, namespace: str, short_tmp: Path
+) -> None:
+    """The claim changed since the prepare read it (the scheduler reserving it for another
+    pod, a label): the update at the old resourceVersion conflicts, the claim is read again
+    and the write made on it."""
+    from kubernetes import client
+
+    node = f"n-{uuid.uuid4().hex[:8]}"
+    stale = _one_gpu_claim(api_client, namespace, node)
+    client.ResourceV1Api(api_client).patch_namespaced_resource_claim(
+        "c", namespace, {"metadata": {"labels": {"team": "speech"}}}
+    )
+    (result,) = stale["status"]["allocation"]["devices"]["results"]
+    entry = {"driver": DRIVER, "pool": node, "device": result["device"], "data": {"uuid": "x"}}
+    asked: list[str] = []
+
+    def devices(claim: dict[str, Any]) -> list[dict[str, Any]]:
+        asked.append(claim["metadata"]["resourceVersion"])
+        return [entry]
+
+    with agent_identity(api_client, namespace, node, shipped_rules(), short_tmp) as kubeconfig:
+        api = _driver_api(kubeconfig, node)
+        assert api.update_claim_status(
+            namespace, "c", stale["metadata"]["uid"], devices, 5.0, stale
+        )
+    now = _claim(api_client, namespace, "c")
+    assert now["metadata"]["labels"] == {"team": "speech"}  # the change in between is kept
+    assert [e["data"] for e in now["status"]["devices"]] == [{"uuid": "x"}]
+    assert len(asked) == 2 and asked[0] == stale["metadata"]["resourceVersion"] != asked[1]
