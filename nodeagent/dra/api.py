@@ -90,13 +90,11 @@ class DraApi(NodeApi):
         # Half the budget at most for one request: the other half is for a retry (a conflict
         # is retried at once).
         timeout = max(0.1, min(self.settings.request_timeout_seconds, budget_seconds / 2))
-        latest = [claim]
+        given = {"claim": claim}  # the first attempt's; every retry reads the claim again
+        read = _none_on(404, lambda: self._request("GET", path, timeout=timeout))
 
         def attempt() -> bool:
-            current = (
-                latest.pop() or _none_on(404, lambda: self._request("GET", path, timeout=timeout))()
-            )
-            latest.append(None)  # a retry reads the claim again
+            current = given.pop("claim", None) or read()
             if current is None or (current.get("metadata") or {}).get("uid") != uid:
                 return False
             wanted = devices(current)

@@ -106,6 +106,10 @@ class StatusReports:
         except KubeError as err:
             self._outcome(ref, str(err))
             return
+        except Exception as err:  # a bug: it costs the report, never the kubelet's call
+            log.debug("dra.status_write_crashed", claim=str(ref), exc_info=True)
+            self._outcome(ref, f"internal error ({type(err).__name__}: {err})")
+            return
         self._outcome(ref, None)
 
     def _outcome(self, ref: ClaimRef, error: str | None) -> None:
