@@ -4,6 +4,7 @@ the Node (NodeApi); plain JSON in and out."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from nodeagent.kube.api import MERGE_PATCH, NodeApi, _none_on, _path
@@ -67,6 +68,52 @@ class DraApi(NodeApi):
             retry_seconds=None if budget_seconds is None else max(0.0, budget_seconds - timeout),
         )
         return claim
+
+    def update_claim_status(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        devices: Callable[[dict[str, Any]], list[dict[str, Any]] | None],
+        budget_seconds: float,
+        claim: dict[str, Any] | None = None,
+    ) -> bool:
+        """Replace the claim's status.devices with `devices(claim)` (None: nothing to write),
+        read-modify-write: an update of the status subresource (PUT, at the claim's
+        resourceVersion) from `claim` as read (or read now); on a conflict the claim is read
+        again and `devices` asked again. Not a patch: the v1.36 API server refuses every patch
+        of the status of a claim whose allocation carries an opaque config ("status.allocation:
+        field is immutable"; docs/dra.md, "Device status"). `budget_seconds` bounds the whole
+        write, retries (logged at debug) included. False when the claim is gone or replaced
+        (another UID); raises KubeError (the API server down, the write refused)."""
+        path = _path(CLAIM, ns=namespace, name=name)
+        # Half the budget at most for one request: the other half is for a retry (a conflict
+        # is retried at once).
+        timeout = max(0.1, min(self.settings.request_timeout_seconds, budget_seconds / 2))
+        given = {"claim": claim}  # the first attempt's; every retry reads the claim again
+        read = _none_on(404, lambda: self._request("GET", path, timeout=timeout))
+
+        def attempt() -> bool:
+            current = given.pop("claim", None) or read()
+            if current is None or (current.get("metadata") or {}).get("uid") != uid:
+                return False
+            wanted = devices(current)
+            if wanted is None:
+                return True
+            status = {k: v for k, v in (current.get("status") or {}).items() if k != "devices"}
+            body = {**current, "status": {**status, **({"devices": wanted} if wanted else {})}}
+            stored = _none_on(
+                404, lambda: self._request("PUT", path + "/status", body=body, timeout=timeout)
+            )()
+            return stored is not None
+
+        written: bool = self._call(
+            f"write resourceclaim {namespace}/{name} status",
+            attempt,
+            retry_seconds=max(0.0, budget_seconds - timeout),
+            quiet=True,
+        )
+        return written
 
     def counters_kept(self, driver: str) -> bool:
         """Whether the API server keeps a ResourceSlice's counters (its DRAPartitionableDevices

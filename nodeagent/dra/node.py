@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,6 +44,7 @@ from nodeagent.base.logs import get_logger
 from nodeagent.dra import cdi
 from nodeagent.dra.checkpoint import PREPARED, PREPARING, PreparedClaim, PreparedDevice, load, save
 from nodeagent.dra.claims import ClaimRef, claimed_devices
+from nodeagent.dra.status import device_data
 from nodeagent.dra.wanted import intents, prepare_wants, release_wants, slice_at
 from nodeagent.mig.select import Desired
 from nodeagent.mig.wanted import ChangeDone, MigEngine, WantedChange
@@ -74,12 +75,14 @@ class NodeConfig:
 
 @dataclass(frozen=True)
 class Prepared:
-    """What the kubelet hears for one device: its request, pool, name and CDI ids."""
+    """What the kubelet hears for one device: its request, pool, name and CDI ids; and what
+    preparing it made, for the claim's status (nodeagent.dra.status.device_data)."""
 
     request: str
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
+    data: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
 class Stats(Protocol):
@@ -90,6 +93,7 @@ class Stats(Protocol):
     def observe_nvml(self, op: str, seconds: float) -> None: ...
     def refused(self, reason: str) -> None: ...
     def set_prepared(self, counts: Mapping[str, int]) -> None: ...
+    def status_written(self, ok: bool) -> None: ...
 
 
 def kind_of(devices: tuple[PreparedDevice, ...] | list[PreparedDevice]) -> str:
@@ -423,7 +427,10 @@ class NodeDriver:
 
 def _answer(claim: PreparedClaim) -> list[Prepared]:
     by_device = dict(zip((d.device for d in claim.devices), claim.cdi_ids, strict=False))
-    return [Prepared(d.request, d.pool, d.device, (by_device[d.device],)) for d in claim.devices]
+    return [
+        Prepared(d.request, d.pool, d.device, (by_device[d.device],), device_data(d))
+        for d in claim.devices
+    ]
 
 
 def _made(

@@ -31,8 +31,9 @@ from nodeagent.base.errors import AgentError, KubeError, LockHeld
 from nodeagent.base.files import open_lock_file
 from nodeagent.base.logs import get_logger
 from nodeagent.dra.api import DraApi
-from nodeagent.dra.claims import checked_ref, quoted
+from nodeagent.dra.claims import ClaimRef, checked_ref, quoted
 from nodeagent.dra.node import NodeDriver
+from nodeagent.dra.reports import StatusReports
 from nodeagent.kubelet.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -115,15 +116,22 @@ class DraService:
     fails the others."""
 
     def __init__(
-        self, node: NodeDriver, api: DraApi, pb: ModuleType, slots: threading.Semaphore
+        self,
+        node: NodeDriver,
+        api: DraApi,
+        pb: ModuleType,
+        slots: threading.Semaphore,
+        reports: StatusReports,
     ) -> None:
         self.node = node
         self.api = api
         self.pb = pb
         self.slots = slots
+        self.reports = reports
 
     def _prepare_one(self, claim: Any, deadline: float) -> Any:
         where = f"claim {quoted(claim.namespace)}/{quoted(claim.name)}"
+        read: tuple[ClaimRef, dict[str, Any]] | None = None  # the claim, once it is this one
         try:
             ref = checked_ref(claim.namespace, claim.name, claim.uid)
             where = str(ref)
@@ -134,14 +142,20 @@ class DraService:
             uid = (obj.get("metadata") or {}).get("uid")
             if uid != ref.uid:
                 raise KubeError(f"{ref} has UID {quoted(uid)}, not {ref.uid}: it was replaced")
+            read = ref, obj
             prepared = self.node.prepare(ref, obj, deadline)
         except AgentError as err:
             log.warning("dra.prepare_failed", claim=where, error=str(err))
+            if read is not None:
+                self.reports.failed(*read, str(err), deadline)
             return self.pb.NodePrepareResourceResponse(error=f"{where}: {err}")
         except Exception as err:  # a bug: this claim's answer, not the whole call's
             log.debug("dra.prepare_crashed", claim=where, exc_info=True)
             log.error("dra.prepare_failed", claim=where, error=_internal(err))
+            if read is not None:
+                self.reports.failed(*read, _internal(err), deadline)
             return self.pb.NodePrepareResourceResponse(error=f"{where}: {_internal(err)}")
+        self.reports.prepared(ref, obj, prepared, deadline)
         devices = [
             self.pb.Device(
                 request_names=[p.request],
@@ -159,6 +173,7 @@ class DraService:
             ref = checked_ref(claim.namespace, claim.name, claim.uid)
             where = str(ref)
             self.node.unprepare(ref.uid, deadline)
+            self.reports.cleared(ref, deadline)
         except AgentError as err:
             log.warning("dra.unprepare_failed", claim=where, error=str(err))
             return self.pb.NodeUnprepareResourceResponse(error=f"{where}: {err}")
@@ -242,8 +257,9 @@ class DraPluginServer:
         self.sockets = sockets
         self.registration = Registration(driver, sockets.plugin)
         slots = threading.Semaphore(PREPARE_SLOTS)  # both API versions share them
-        self.v1 = DraService(node, api, dra_v1_pb2, slots)
-        self.v1beta1 = DraService(node, api, dra_v1beta1_pb2, slots)
+        reports = StatusReports(api, driver, node.config.pool, node.stats)
+        self.v1 = DraService(node, api, dra_v1_pb2, slots, reports)
+        self.v1beta1 = DraService(node, api, dra_v1beta1_pb2, slots, reports)
         self._servers: list[grpc.Server] = []
         self._lock_fd: int | None = None
         self._made: dict[Path, int] = {}  # the sockets this server bound: path -> inode

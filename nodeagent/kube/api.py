@@ -63,10 +63,10 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-def _log_retry(what: str, state: RetryCallState) -> None:
+def _log_retry(what: str, state: RetryCallState, quiet: bool = False) -> None:
     """Every retry is logged: an unreachable API server is never silent."""
     err = state.outcome.exception() if state.outcome else None
-    log.warning(
+    (log.debug if quiet else log.warning)(
         "kube.retry",
         call=what,
         attempt=state.attempt_number,
@@ -159,9 +159,16 @@ class NodeApi:
     def _sleep(self, seconds: float) -> None:
         self.stop_event.wait(seconds)
 
-    def _call(self, what: str, fn: Callable[[], T], retry_seconds: float | None = None) -> T:
+    def _call(
+        self,
+        what: str,
+        fn: Callable[[], T],
+        retry_seconds: float | None = None,
+        quiet: bool = False,
+    ) -> T:
         """`fn` retried while the API server cannot answer, for `retry_seconds` (default: the
-        settings'). Raises KubeError."""
+        settings'); each retry logged (at debug with `quiet`: a caller that says the failure
+        itself, once). Raises KubeError."""
         retrying = Retrying(
             retry=retry_if_exception(_retryable),
             wait=wait_exponential(multiplier=0.1, max=5),
@@ -170,7 +177,7 @@ class NodeApi:
             )
             | stop_when_event_set(self.stop_event),
             sleep=self._sleep,
-            before_sleep=lambda state: _log_retry(what, state),
+            before_sleep=lambda state: _log_retry(what, state, quiet),
             reraise=True,
         )
         try:

@@ -8,6 +8,7 @@ DraStats; read per scrape by DraCollector, which yields nothing while DRA is off
     nodeagent_dra_nvml_operation_duration_seconds{op}       histogram
     nodeagent_dra_claims_prepared{kind}                     gauge
     nodeagent_dra_refusals_total{reason}                    counter
+    nodeagent_dra_status_writes_total{result}               counter (claims' status.devices)
     nodeagent_dra_slice_writes_total                        counter
     nodeagent_dra_partitionable_devices                     gauge (1 counters kept, 0 dropped)
 """
@@ -66,6 +67,7 @@ class DraStats:
         self.nvml: dict[str, _Histogram] = {}
         self.refusals: Counter[str] = Counter()
         self.prepared: dict[str, int] = {}
+        self.status_writes: Counter[str] = Counter()
 
     def observe_prepare(self, kind: str, seconds: float, ok: bool) -> None:
         with self.lock:
@@ -88,6 +90,10 @@ class DraStats:
     def set_prepared(self, counts: Mapping[str, int]) -> None:
         with self.lock:
             self.prepared = dict(counts)
+
+    def status_written(self, ok: bool) -> None:
+        with self.lock:
+            self.status_writes["success" if ok else "failure"] += 1
 
 
 class Publisher(Protocol):
@@ -159,6 +165,15 @@ class DraCollector:
             for reason, n in sorted(s.refusals.items()):
                 refusals.add_metric([reason], n)
             families.append(refusals)
+            writes = CounterMetricFamily(
+                "nodeagent_dra_status_writes",
+                "Writes of claims' status.devices (a report: a failed one fails no prepare),"
+                " by result.",
+                labels=["result"],
+            )
+            for result in ("success", "failure"):
+                writes.add_metric([result], s.status_writes.get(result, 0))
+            families.append(writes)
         yield from families
         yield CounterMetricFamily(
             "nodeagent_dra_slice_writes",

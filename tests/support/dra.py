@@ -3,6 +3,7 @@ ResourceSlices and ResourceClaims, and a fake kubelet that registers the plugin 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 
 from nodeagent.dra.node import NodeConfig, NodeDriver
 from nodeagent.dra.server import DraPluginServer
+from nodeagent.metrics.dra import DraStats
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml
 from nodeagent.state.snapshot import Holder
@@ -23,10 +25,17 @@ DRIVER = "gpu.nodeagent.io"
 NODE = "node-1"
 
 
-def dra_cluster() -> Cluster:
+class DraCluster(Cluster):
+    """kmock's API server as the DRA driver sees it. `status_fault`, when set, answers the
+    claims' status updates instead of storing them (a test's API server failing or hanging)."""
+
+    status_fault: Callable[[], Any] | None = None
+
+
+def dra_cluster() -> DraCluster:
     """A kmock API server that knows resource.k8s.io/v1 (an empty list, not a 404, before the
     first slice is written)."""
-    cluster = Cluster()
+    cluster = DraCluster()
 
     def declare() -> None:
         cluster.km.resources["resource.k8s.io/v1/resourceslices"].kind = "ResourceSlice"
@@ -34,7 +43,15 @@ def dra_cluster() -> Cluster:
         cluster.km.resources["resource.k8s.io/v1/resourceclaims"].kind = "ResourceClaim"
         cluster.km.resources["resource.k8s.io/v1/resourceclaims"].namespaced = True
 
+    def put_status(request: Any) -> Any:
+        """An update of a claim's status (kmock serves PATCH, not PUT): stored whole."""
+        if cluster.status_fault is not None:
+            return cluster.status_fault()
+        cluster.km.objects[CLAIMS, request.namespace, request.name] = dict(request.data)
+        return dict(request.data)
+
     cluster.on_loop(declare)
+    cluster.on_loop(lambda: cluster.km["put", CLAIMS] << put_status)
     return cluster
 
 
@@ -74,7 +91,7 @@ def mps_config(percentage: Any, pinned: Any = None) -> list[dict[str, Any]]:
 
 @dataclass
 class DraNode:
-    cluster: Cluster
+    cluster: DraCluster
     lib: SimulatedNvml
     session: NvmlSession
     node: NodeDriver
@@ -83,11 +100,16 @@ class DraNode:
     root: Path
     state: Path
     pods: dict[str, Holder]  # devices the device plugin's pods hold (pod-resources)
+    stats: DraStats | None = None  # what the driver counted (nodeagent.metrics.dra)
 
     def add_claim(self, claim: dict[str, Any]) -> Claim:
         meta = claim["metadata"]
         self.cluster.km.objects[CLAIMS, meta["namespace"], meta["name"]] = claim
         return Claim(meta["namespace"], meta["name"], meta["uid"])
+
+    def claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """The claim as the API server holds it now."""
+        return dict(self.cluster.km.objects[CLAIMS, namespace, name])
 
     def inventory(self) -> Inventory:
         return read_inventory(self.session)

@@ -28,7 +28,8 @@ ATTRIBUTE = re.compile(r'device\.attributes\["gpu\.nodeagent\.io"\]\.(\w+)')
 
 def documents() -> list[dict[str, Any]]:
     docs = [d for path in EXAMPLES for d in yaml.safe_load_all(path.read_text()) if d]
-    return docs + [d for d in render("overlays/with-dra") if d["kind"] == "DeviceClass"]
+    deployed = ("DeviceClass", "ClusterRole")
+    return docs + [d for d in render("overlays/with-dra") if d["kind"] in deployed]
 
 
 @pytest.mark.parametrize("doc", documents(), ids=lambda d: f"{d['kind']}-{d['metadata']['name']}")
@@ -86,7 +87,7 @@ def test_the_readme_examples_are_the_files() -> None:
     """The README's DRA examples validate and say what the deployed files say."""
     shown = readme_documents()
     files = {(d["kind"], d["metadata"]["name"]): d for d in documents()}
-    assert len(shown) == 4
+    assert len(shown) == 5
     for doc in shown:
         kubernetes_validate.validate(doc, VERSION, strict=True)
         assert doc == files[(doc["kind"], doc["metadata"]["name"])]

@@ -14,6 +14,7 @@ from nodeagent.agent.factory import dra_driver
 from nodeagent.dra.api import DraApi
 from nodeagent.dra.server import DraPluginServer, Sockets
 from nodeagent.kube.api import KubeSettings, make_api_client
+from nodeagent.metrics.dra import DraStats
 from nodeagent.nvml import NvmlSession
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
@@ -44,14 +45,17 @@ def dra_node(short_root: Path, fake_mps_control: str) -> Iterator[DraNode]:
     lock = state.with_name(".sim.json.lock")
     pods: dict[str, Holder] = {}
     config = node_config(short_root, fake_mps_control)
-    node = dra_driver(session, Settings(), config, no_reset, lock, pods=lambda: dict(pods))
+    stats = DraStats()
+    node = dra_driver(
+        session, Settings(), config, no_reset, lock, pods=lambda: dict(pods), stats=stats
+    )
     sockets = Sockets(short_root / "p" / "dra.sock", short_root / "reg" / f"{DRIVER}-reg.sock")
     server = DraPluginServer(node, api, DRIVER, sockets)
     server.start()
     kubelet = FakeDraKubelet(short_root / "reg")
     kubelet.register(DRIVER)
     try:
-        yield DraNode(cluster, lib, session, node, server, kubelet, short_root, state, pods)
+        yield DraNode(cluster, lib, session, node, server, kubelet, short_root, state, pods, stats)
     finally:
         server.stop()
         for daemon_dir in (short_root / "p" / "mps").glob("*/*"):
