@@ -99,7 +99,8 @@ def _scheduled_claim(api: Any, namespace: str, pod: str, node: str) -> dict[str,
     status = got["status"]["extendedResourceClaimStatus"]
     claim = _claim(api, namespace, status["resourceClaimName"])
     meta = claim["metadata"]
-    assert meta["name"].startswith(f"{pod}-extended-resources-")
+    prefix = f"{pod}-extended-resources-"  # metadata.generateName: 5 random characters follow
+    assert meta["name"].startswith(prefix) and len(meta["name"]) == len(prefix) + 5
     assert meta["annotations"] == {"resource.kubernetes.io/extended-resource-claim": "true"}
     (owner,) = meta["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", pod, got["metadata"]["uid"])
