@@ -217,8 +217,9 @@ def report(args: argparse.Namespace, phases: dict[str, tuple[Counts, float]]) ->
     print(f"\nwrites at steady state, all {n} agents, {steady_seconds:.0f} s: {steady_writes}")
     # Little's law: in flight = rate x time in the server; watches hold no seat once started.
     print("\nat 5,000 nodes (rate x 5,000; in flight = rate x latency, 50 ms a request assumed):")
-    extrapolated = {}
-    for phase, (counts, seconds) in phases.items():
+    extrapolated: dict[str, dict[str, float]] = {}
+    for phase in ("start", "steady"):
+        counts, seconds = phases[phase]
         reads = sum(v for (verb, _), v in counts.items() if verb not in WRITES and verb != "watch")
         writes = sum(v for (verb, _), v in counts.items() if verb in WRITES)
         watches = sum(v for (verb, _), v in counts.items() if verb == "watch")
@@ -237,6 +238,26 @@ def report(args: argparse.Namespace, phases: dict[str, tuple[Counts, float]]) ->
             f"  {per_s['writes']:8.1f} writes/s ({inflight_writes:5.1f} of {MAX_MUTATING_INFLIGHT})"
             f"  {per_s['watches']:7.1f} watches opened/s"
         )
+    # A rollout is a burst, not a rate: what one node's change costs, times 5,000 labelled at once,
+    # and the time the API server needs for it at its in-flight limits (50 ms a request).
+    counts, seconds = phases["rollout"]
+    reads = sum(v for (verb, _), v in counts.items() if verb not in WRITES) / n
+    writes = sum(v for (verb, _), v in counts.items() if verb in WRITES) / n
+    busy = max(
+        reads * 5000 * 0.05 / MAX_READONLY_INFLIGHT, writes * 5000 * 0.05 / MAX_MUTATING_INFLIGHT
+    )
+    extrapolated["rollout"] = {
+        "reads_per_node": reads,
+        "writes_per_node": writes,
+        "seconds_at_limits": busy,
+        "inflight_reads": min(reads * 5000, MAX_READONLY_INFLIGHT),
+        "inflight_writes": min(writes * 5000, MAX_MUTATING_INFLIGHT),
+    }
+    print(
+        f"  rollout  {reads:.1f} reads and {writes:.1f} writes a node ({seconds:.0f} s for all {n});"
+        f" 5,000 nodes at once: {reads * 5000:,.0f} reads, {writes * 5000:,.0f} writes, which the"
+        f" API server's limits admit in {busy:.1f} s"
+    )
     if args.json:
         Path(args.json).write_text(
             json.dumps({"per_agent_minute": rows, "at_5000": extrapolated}, indent=1)

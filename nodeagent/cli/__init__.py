@@ -16,6 +16,7 @@ from nodeagent import __version__
 from nodeagent.base.errors import AgentError
 from nodeagent.base.logs import configure_logging, printable
 from nodeagent.cli.common import Context, add_setting_flags, output_flag
+from nodeagent.cli.dra import add_dra_parser
 from nodeagent.cli.mig import add_mig_parser
 from nodeagent.cli.migparted import read_mig_parted_variables
 from nodeagent.cli.plan import add_plan_parser
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sharing_parser(sub)
     add_plan_parser(sub)
     add_run_parsers(sub)
+    add_dra_parser(sub)
 
     sim = sub.add_parser("sim", help="drive the emulator as a user would (needs --simulate)")
     simsub = sim.add_subparsers(dest="sim_command", metavar="SIMCOMMAND")

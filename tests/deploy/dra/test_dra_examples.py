@@ -87,7 +87,7 @@ def test_the_readme_examples_are_the_files() -> None:
     """The README's DRA examples validate and say what the deployed files say."""
     shown = readme_documents()
     files = {(d["kind"], d["metadata"]["name"]): d for d in documents()}
-    assert len(shown) == 5
+    assert len(shown) == 9
     for doc in shown:
         kubernetes_validate.validate(doc, VERSION, strict=True)
         assert doc == files[(doc["kind"], doc["metadata"]["name"])]
