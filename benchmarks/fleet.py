@@ -10,6 +10,9 @@ state file each), run `nodeagent run --kube --dra` against kube-apiserver v1.36.
     start     from launch until every node carries the agent's labels (and its ResourceSlices)
     steady    STEADY seconds doing nothing (default 120)
     rollout   nvidia.com/mig.config=all-1g.18gb on every node, until each reports success
+    churn     ROUNDS rounds of one DRA claim a node (a 1g.18gb slice): a pod and its claim
+              created, the real scheduler allocates, the tests' fake kubelet has the node's
+              agent prepare and unprepare it, pod and claim deleted
 
 Run from the repository root in the project's .venv:
 
@@ -25,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,13 +43,18 @@ REPO = HERE.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tests.support.fake_kubelet.dra import Claim, FakeDraKubelet  # noqa: E402
 from tests.support.k8s import (  # noqa: E402
     k8s_available,
+    make_node,
     start_control_plane,
     stop_control_plane,
 )
 
 MIG_CONFIG = "nvidia.com/mig.config"
+DRIVER = "gpu.nodeagent.io"
+SLICE_CLASS = "mig-1g.18gb.gpu.nodeagent.io"
+CLASSES = REPO / "daemonset" / "components" / "dra" / "deviceclasses.yaml"
 STATE = "nvidia.com/mig.config.state"
 # kube-apiserver defaults (v1.36): --max-requests-inflight 400, --max-mutating-requests-inflight
 # 200 (with API Priority and Fairness these are the server's total concurrency, 600 seats).
@@ -75,6 +84,7 @@ class Agent:
     def __init__(self, index: int, root: Path, kubeconfig: Path) -> None:
         self.node = f"fleet-{index:03d}"
         d = root / self.node
+        self.registry = d / "registry"
         for sub in ("plugins", "registry", "cdi"):
             (d / sub).mkdir(parents=True)
         argv = [
@@ -112,6 +122,65 @@ class Agent:
             self.proc.kill()
 
 
+def churn(api_client: Any, agents: list[Agent], rounds: int) -> int:
+    """`rounds` times, one claim a node: created with a pod, allocated by the scheduler,
+    prepared and unprepared through the node's agent (the fake kubelet), deleted. Returns the
+    number of claims."""
+    import yaml
+    from kubernetes import client
+
+    core, resource = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
+    for doc in yaml.safe_load_all(CLASSES.read_text()):
+        if doc and doc.get("kind") == "DeviceClass":
+            resource.create_device_class(doc)
+    core.create_namespace({"metadata": {"name": "fleet"}})
+    kubelets = {}
+    for a in agents:
+        kubelets[a.node] = FakeDraKubelet(a.registry)
+        kubelets[a.node].register(DRIVER)
+    done = 0
+    for r in range(rounds):
+        for a in agents:
+            name = f"{a.node}-{r}"
+            resource.create_namespaced_resource_claim("fleet", {
+                "metadata": {"name": name},
+                "spec": {"devices": {"requests": [
+                    {"name": "gpu", "exactly": {"deviceClassName": SLICE_CLASS}}]}},
+            })  # fmt: skip
+            core.create_namespaced_pod("fleet", {
+                "metadata": {"name": name},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": a.node},
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                    "resources": {"claims": [{"name": "gpu"}]}}],
+                },
+            })  # fmt: skip
+        deadline = time.monotonic() + 120
+        pending = {a.node for a in agents}
+        while pending and time.monotonic() < deadline:
+            for a in agents:
+                if a.node not in pending:
+                    continue
+                claim = resource.read_namespaced_resource_claim(f"{a.node}-{r}", "fleet")
+                if claim.status and claim.status.allocation:
+                    ref = Claim("fleet", claim.metadata.name, claim.metadata.uid)
+                    result = kubelets[a.node].prepare([ref])[ref.uid]
+                    if result.error:
+                        raise SystemExit(f"prepare on {a.node}: {result.error}")
+                    error = kubelets[a.node].unprepare([ref])[ref.uid]
+                    if error:
+                        raise SystemExit(f"unprepare on {a.node}: {error}")
+                    core.delete_namespaced_pod(claim.metadata.name, "fleet", grace_period_seconds=0)
+                    resource.delete_namespaced_resource_claim(claim.metadata.name, "fleet")
+                    pending.discard(a.node)
+                    done += 1
+            time.sleep(0.2)
+        if pending:
+            raise SystemExit(f"claims not allocated in time on {sorted(pending)}")
+    return done
+
+
 def fleet_counts(agents: list[Agent]) -> list[Counts]:
     return [scrape_counts(a.port) for a in agents]
 
@@ -144,11 +213,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agents", type=int, default=20)
     parser.add_argument("--steady", type=float, default=120.0, help="seconds of steady state")
+    parser.add_argument("--rounds", type=int, default=3, help="claim churn: claims a node")
     parser.add_argument("--plot", default=str(HERE / "fleet.png"))
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     if not k8s_available():
         raise SystemExit("../shared/k8s is not beside this checkout: no control plane to run")
+    # A SIGTERM stops the agents and the control plane too (the `finally` below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from kubernetes import client, config
 
     with tempfile.TemporaryDirectory(prefix="nodeagent-fleet-") as tmp:
@@ -159,9 +231,10 @@ def main() -> None:
         try:
             configuration = client.Configuration()
             config.load_kube_config(str(cp.kubeconfig), client_configuration=configuration)
-            core = client.CoreV1Api(client.ApiClient(configuration))
+            api_client = client.ApiClient(configuration)
+            core = client.CoreV1Api(api_client)
             for i in range(args.agents):
-                core.create_node({"metadata": {"name": f"fleet-{i:03d}"}})
+                make_node(api_client, f"fleet-{i:03d}")  # schedulable: allocatable, no taint
             print(f"starting {args.agents} agents ...", flush=True)
             t0 = time.monotonic()
             agents = [Agent(i, root / "agents", cp.kubeconfig) for i in range(args.agents)]
@@ -194,6 +267,12 @@ def main() -> None:
             rollout_seconds = time.monotonic() - t1
             rolled = fleet_counts(agents)
             phases["rollout"] = (delta(rolled, after), rollout_seconds)
+            print(f"churn: {args.rounds} rounds of one claim a node ...", flush=True)
+            t2 = time.monotonic()
+            claims = churn(api_client, agents, args.rounds)
+            churned = fleet_counts(agents)
+            phases["churn"] = (delta(churned, rolled), time.monotonic() - t2)
+            print(f"  {claims} claims prepared and unprepared", flush=True)
         finally:
             for a in agents:
                 a.stop()
@@ -258,11 +337,31 @@ def report(args: argparse.Namespace, phases: dict[str, tuple[Counts, float]]) ->
         f" 5,000 nodes at once: {reads * 5000:,.0f} reads, {writes * 5000:,.0f} writes, which the"
         f" API server's limits admit in {busy:.1f} s"
     )
+    if "churn" in phases:
+        counts, seconds = phases["churn"]
+        claims = n * args.rounds
+        per_claim = sum(counts.values()) / claims
+        writes = sum(v for (verb, _), v in counts.items() if verb in WRITES) / claims
+        extrapolated["churn"] = {
+            "requests_per_claim": per_claim,
+            "writes_per_claim": writes,
+            "inflight_reads": (per_claim - writes) * claims / seconds * 5000 / n * 0.05,
+            "inflight_writes": writes * claims / seconds * 5000 / n * 0.05,
+        }
+        print(
+            f"  churn    {per_claim:.1f} requests a claim ({writes:.1f} writes); at this pace on"
+            f" 5,000 nodes: {extrapolated['churn']['inflight_reads']:.1f} reads and"
+            f" {extrapolated['churn']['inflight_writes']:.1f} writes in flight"
+        )
     if args.json:
         Path(args.json).write_text(
             json.dumps({"per_agent_minute": rows, "at_5000": extrapolated}, indent=1)
         )
-    plot(rows, extrapolated, args.plot, n)
+    per_node = {
+        f"{phase} ({seconds:.0f} s)": {f"{v} {r}": c / n for (v, r), c in sorted(counts.items())}
+        for phase, (counts, seconds) in phases.items()
+    }
+    plot(per_node, extrapolated, args.plot, n)
 
 
 def plot(
@@ -284,19 +383,20 @@ def plot(
         values = [rows[p].get(key, 0.0) for p in phases]
         left.bar(phases, values, bottom=bottom, label=key)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    left.set_ylabel("requests per agent per minute")
+    left.set_ylabel("requests a node sent in the phase")
     left.set_title(f"{n} agents against kube-apiserver v1.36.2")
     left.legend(fontsize=7)
-    x = range(len(phases))
+    names = list(at5000)
+    x = range(len(names))
     right.bar(
         [i - 0.2 for i in x],
-        [at5000[p]["inflight_reads"] for p in phases],
+        [at5000[p]["inflight_reads"] for p in names],
         0.4,
         label="reads in flight",
     )
     right.bar(
         [i + 0.2 for i in x],
-        [at5000[p]["inflight_writes"] for p in phases],
+        [at5000[p]["inflight_writes"] for p in names],
         0.4,
         label="writes in flight",
     )
@@ -304,7 +404,7 @@ def plot(
     right.axhline(
         MAX_READONLY_INFLIGHT, color="black", linestyle=":", label="read-only limit (400)"
     )
-    right.set_xticks(list(x), phases)
+    right.set_xticks(list(x), [p if p != "rollout" else "rollout (all at once)" for p in names])
     right.set_yscale("symlog", linthresh=1)
     right.set_ylabel("requests in flight at 5,000 nodes (50 ms each)")
     right.set_title("extrapolated to 5,000 nodes")

@@ -53,27 +53,6 @@ def namespace(api_client: Any) -> Iterator[str]:
         core.delete_namespace(name)
 
 
-def make_node(api_client: Any, name: str, labels: dict[str, str] | None = None) -> None:
-    """A Node a pod can be bound to (no kubelet: allocatable given, the not-ready taint gone)."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(api_client)
-    core.create_node(
-        {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}}}
-    )
-    status = {
-        "status": {
-            "capacity": {"cpu": "64", "memory": "512Gi", "pods": "250"},
-            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "250"},
-            "conditions": [
-                {"type": "Ready", "status": "True", "reason": "Test", "message": "no kubelet"}
-            ],
-        }
-    }
-    core.patch_node_status(name, status)
-    core.patch_node(name, {"spec": {"taints": []}})
-
-
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
     """A short directory: unix sockets (an MPS daemon's pipe) take at most 107 bytes."""

@@ -29,11 +29,11 @@ from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
-from tests.k8s.conftest import make_node
 from tests.k8s.test_dra_real import _publish, _template
 from tests.k8s.test_packing_real import DRIVER, REPO, _device_classes, _pod, _wait
 from tests.support.dra import _quit_mps
 from tests.support.fake_kubelet.dra import Claim, FakeDraKubelet
+from tests.support.k8s import make_node
 
 RBAC = REPO / "daemonset" / "components" / "dra" / "rbac.yaml"
 

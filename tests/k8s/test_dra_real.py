@@ -57,7 +57,7 @@ def test_templates_on_an_h200_node_allocated_then_prepared(
 ) -> None:
     from kubernetes import client
 
-    from tests.k8s.conftest import make_node
+    from tests.support.k8s import make_node
 
     core, res = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
     node = f"n-{uuid.uuid4().hex[:8]}"
@@ -127,7 +127,7 @@ def test_the_1g_template_on_an_a100_node_takes_its_one_slice_profile(
 ) -> None:
     from kubernetes import client
 
-    from tests.k8s.conftest import make_node
+    from tests.support.k8s import make_node
 
     core, res = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
     node = f"n-{uuid.uuid4().hex[:8]}"

@@ -19,11 +19,10 @@ import yaml
 
 from nodeagent.dra.plugin import DraPlugin
 from nodeagent.nvml import MigWriter, NvmlSession, read_inventory
-from tests.k8s.conftest import make_node
 from tests.k8s.test_gates_real import _plugin
 from tests.k8s.test_packing_real import DRIVER, REPO, _device_classes, _publish, _wait
 from tests.support.fake_kubelet.dra import Claim, FakeDraKubelet, PreparedDevice
-from tests.support.k8s import ControlPlane
+from tests.support.k8s import ControlPlane, make_node
 
 PODS = {
     d["metadata"]["name"]: d

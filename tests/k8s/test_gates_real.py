@@ -22,12 +22,12 @@ from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
-from tests.k8s.conftest import make_node
 from tests.support import leaks
 from tests.support.k8s import (
     DEFAULT_GATES,
     ControlPlane,
     k8s_available,
+    make_node,
     port_base,
     required,
     start_control_plane,

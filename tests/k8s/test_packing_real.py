@@ -17,7 +17,7 @@ from nodeagent.dra.devices import resource_slices
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
-from tests.k8s.conftest import make_node
+from tests.support.k8s import make_node
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.nodeagent.io"

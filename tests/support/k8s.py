@@ -8,6 +8,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO.parent / "shared" / "k8s"
@@ -118,3 +119,24 @@ def stop_shared(run: str) -> None:
     if (d / "state").is_dir():
         stop_control_plane(ControlPlane(d / "state" / "admin.kubeconfig", d / "state"))
     shutil.rmtree(d, ignore_errors=True)
+
+
+def make_node(api_client: Any, name: str, labels: dict[str, str] | None = None) -> None:
+    """A Node a pod can be bound to (no kubelet: allocatable given, the not-ready taint gone)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    core.create_node(
+        {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}}}
+    )
+    status = {
+        "status": {
+            "capacity": {"cpu": "64", "memory": "512Gi", "pods": "250"},
+            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "250"},
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "Test", "message": "no kubelet"}
+            ],
+        }
+    }
+    core.patch_node_status(name, status)
+    core.patch_node(name, {"spec": {"taints": []}})
