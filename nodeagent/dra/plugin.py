@@ -124,11 +124,16 @@ class DraPlugin:
         return slices
 
     def _say(self, faulty: dict[str, DeviceFault]) -> None:
-        for name in sorted(faulty.keys() - self.faulty.keys()):
-            f = faulty[name]
-            log.warning("dra.device_tainted", device=name, reason=f.reason, effect=f.effect)
-        for name in sorted(self.faulty.keys() - faulty.keys()):
-            log.info("dra.device_healthy", device=name, was=self.faulty[name].reason)
+        """One log line per new (reason, effect) and one for the devices healthy again."""
+        new: dict[tuple[str, str], list[str]] = {}
+        for name, f in faulty.items():
+            if self.faulty.get(name) != f:
+                new.setdefault((f.reason, f.effect), []).append(name)
+        for (reason, effect), names in sorted(new.items()):
+            log.warning("dra.devices_tainted", devices=names, reason=reason, effect=effect)
+        healthy = [name for name in self.faulty if name not in faulty]
+        if healthy:
+            log.info("dra.devices_healthy", devices=healthy)
         self.faulty = faulty
 
     def stop(self) -> None:

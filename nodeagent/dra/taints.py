@@ -40,10 +40,13 @@ class DeviceFault:
 
     @property
     def reason(self) -> str:
-        """The kinds as one label value: joined by '.', at most 63 characters."""
-        text = ".".join(self.kinds)
-        if len(text) > MAX_LABEL_VALUE:
-            text = text[:MAX_LABEL_VALUE].rstrip(".-")
+        """The kinds as one label value: joined by '.', as many whole ones as 63 characters
+        hold."""
+        text = self.kinds[0][:MAX_LABEL_VALUE]
+        for kind in self.kinds[1:]:
+            if len(text) + 1 + len(kind) > MAX_LABEL_VALUE:
+                break
+            text += "." + kind
         return text
 
 
