@@ -196,3 +196,14 @@ def test_every_version_of_the_health_stream_is_served(
     sick = stream.wait(lambda m: m["gpu-1"].health == "UNHEALTHY")
     assert sick["gpu-0"].health == "HEALTHY" and sick["gpu-1"].last_updated > 0
     assert sick["gpu-1"].message == ("" if version.startswith("v1alpha1") else "xid-79")
+
+
+def test_an_uncorrected_ecc_error_taints_the_gpu_until_the_counters_are_stable(
+    agent: tuple[Agent, Cluster, SimulatedNvml],
+) -> None:
+    _, cluster, lib = agent
+    lib.set_health(1, ecc_uncorrected=1)
+    cluster.wait(lambda: "gpu-1" in tainted(cluster), what="gpu-1 tainted", timeout=10)
+    assert tainted(cluster)["gpu-1"] == {"value": "ecc-uncorrected", "effect": "NoSchedule"}
+    assert not any(name.startswith("gpu-0") for name in tainted(cluster))
+    cluster.wait(lambda: not tainted(cluster), what="the taints gone", timeout=10)
