@@ -108,7 +108,9 @@ proto:
 	"$$tmp/venv/bin/python" -m pip install --quiet '$(PROTO_TOOLS)' && \
 	"$$tmp/venv/bin/python" -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \
 	  nodeagent/kubelet/proto/podresources.proto nodeagent/kubelet/proto/dra_v1.proto \
-	  nodeagent/kubelet/proto/dra_v1beta1.proto nodeagent/kubelet/proto/pluginregistration.proto
+	  nodeagent/kubelet/proto/dra_v1beta1.proto nodeagent/kubelet/proto/pluginregistration.proto \
+	  nodeagent/kubelet/proto/dra_health_v1alpha1.proto nodeagent/kubelet/proto/dra_health_v1beta1.proto \
+	  nodeagent/kubelet/proto/dra_health_v1.proto
 
 clean:
 	rm -rf $(VENV) .run .site .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -55,6 +55,7 @@ from nodeagent.nvml.gpm import GpmReader
 from nodeagent.nvml.write import ComputeModeWriter
 from nodeagent.reconcile import Pipeline
 from nodeagent.settings import Settings, merge_reload
+from nodeagent.state.faults import FaultPolicy
 from nodeagent.state.owners import inventory_reader, with_owners
 from nodeagent.state.sampling import FieldSampler, GpmSampler, HealthSampler, UtilizationSampler
 from nodeagent.state.snapshot import Allocations, Snapshot, Store
@@ -62,7 +63,8 @@ from nodeagent.state.workers import Worker
 
 log = get_logger("nodeagent.agent.service")
 STOP_SECONDS = 4.0  # how long stop() waits for idle workers (SIGTERM exits within 5 s)
-NVML_READERS = ("refresh", "gpm", "mps-probe")  # wait for the NVML lock during a MIG change
+# Workers that wait for the NVML lock during a MIG change.
+NVML_READERS = ("refresh", "gpm", "mps-probe", "dra-publish")
 
 
 class NfdSink:
@@ -103,7 +105,7 @@ class Agent:
         self.stats = AgentStats()
         self.dra_stats = DraStats()  # the DRA driver's, with --dra
         self.gpm = GpmSampler(GpmReader(session), self.store, monotonic)
-        self.health = HealthSampler(session, self.store)
+        self.health = HealthSampler(session, self.store, monotonic, clock)
         self.fields = FieldSampler(session, self.store, monotonic)
         self.utilization = UtilizationSampler(session, self.store, clock)
         self.mps = MpsManager(ComputeModeWriter(session))
@@ -284,9 +286,18 @@ class Agent:
         self.dra.start()
 
     def publish_dra(self) -> None:
+        """Every dra.health-interval: poll the devices' faults, then publish the ResourceSlices
+        (written only when the devices or their taints changed) and the health board."""
         snap = self.store.snapshot
-        if self.dra is not None and snap is not None:
-            self.dra.publish(snap.inventory)
+        if self.dra is None or snap is None:
+            return
+        d = self.settings.dra
+        try:
+            self.health.poll_faults()
+        except AgentError as err:  # the faults known stay; the inventory is published anyway
+            log.warning("dra.fault_poll_failed", error=str(err))
+        policy = FaultPolicy(d.health_hold_seconds, frozenset(d.ignored_xids))
+        self.dra.publish(snap.inventory, self.health.faults.active(policy), d.fatal_faults)
 
     def _wake_reconcile(self) -> None:
         worker = self.workers.get("reconcile")
@@ -382,7 +393,7 @@ class Agent:
         if self.dra is not None:
             workers.append(
                 Worker("dra-publish", self.publish_dra,
-                       lambda: self.settings.metrics.refresh_interval_seconds, self.stop_event,
+                       lambda: self.settings.dra.health_interval_seconds, self.stop_event,
                        clock=self.monotonic)
             )  # fmt: skip
         if self.watcher is not None:

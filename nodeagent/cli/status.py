@@ -114,6 +114,7 @@ def add_sim_health_parsers(simsub: Any) -> None:
     p.add_argument("--gpu", "-i", required=True, type=int)
     p.add_argument("--xid", required=True, type=int, help="the XID code, e.g. 79")
     p.add_argument("--count", type=int, default=1, help="how many times (1 to 1000)")
+    p.add_argument("--gi", type=int, help="of this GPU instance (a MIG slice; default: the GPU)")
     p.set_defaults(func=cmd_sim_xid)
 
 
@@ -165,9 +166,10 @@ def cmd_sim_xid(ctx: Context) -> int:
 
     check_xid(ctx.args.xid, ctx.args.count)
     _check_gpu(ctx, ctx.args.gpu)
-    ctx.emulator("xid").inject_xid(ctx.args.gpu, ctx.args.xid, ctx.args.count)
+    ctx.emulator("xid").inject_xid(ctx.args.gpu, ctx.args.xid, ctx.args.count, ctx.args.gi)
+    of = f" (GPU instance {ctx.args.gi})" if ctx.args.gi is not None else ""
     print(
-        f"GPU {ctx.args.gpu} reported XID {ctx.args.xid}"
+        f"GPU {ctx.args.gpu}{of} reported XID {ctx.args.xid}"
         + (f" {ctx.args.count} times" if ctx.args.count != 1 else "")
     )
     return 0

@@ -1,25 +1,33 @@
 """The DRA driver as the agent runs it (`nodeagent run --kube --dra`): the kubelet plugin's
-gRPC services, the node's ResourceSlices kept up to date, and the claims' devices counted as
-busy by the rest of the agent."""
+gRPC services, the node's ResourceSlices kept up to date (faulty devices tainted), the devices'
+health streamed to the kubelet, and the claims' devices counted as busy by the rest of the
+agent."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection, Mapping
 from pathlib import Path
+from typing import Any
 
 from nodeagent.base.errors import ConfigError
+from nodeagent.base.logs import get_logger
 from nodeagent.dra.api import DraApi
-from nodeagent.dra.devices import resource_slices
+from nodeagent.dra.devices import SliceSpec, resource_slices
+from nodeagent.dra.health import HealthBoard
 from nodeagent.dra.nocounters import safe_slices
 from nodeagent.dra.node import NodeConfig, NodeDriver, Stats
 from nodeagent.dra.server import DraPluginServer, Sockets
 from nodeagent.dra.slices import GateWatch, SlicePublisher
+from nodeagent.dra.taints import DeviceFault, device_faults, device_names, with_taints
 from nodeagent.kube.api import KubeSettings, make_api_client
 from nodeagent.mig.wanted import MigEngine
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.settings import Settings
+from nodeagent.state.faults import Fault, FaultKey
 from nodeagent.state.owners import OwnerStore
 
+log = get_logger("nodeagent.dra")
 PLUGIN_SOCKET = "dra.sock"
 
 
@@ -63,9 +71,12 @@ class DraPlugin:
             mps_control=settings.mps.control,
         )
         self.node = NodeDriver(session, config, engine, owners, stats)
-        self.server = DraPluginServer(self.node, self.api, d.driver, sockets(settings))
+        self.board = HealthBoard()
+        self.server = DraPluginServer(self.node, self.api, d.driver, sockets(settings), self.board)
         self.publisher = SlicePublisher(self.api, d.driver)
         self.gate = GateWatch(self.api, d.driver, self.publisher)
+        self.faulty: dict[str, DeviceFault] = {}  # the devices tainted now
+        self._built: tuple[Any, ...] = ()  # (inventory, counters dropped, slices)
 
     @property
     def checkpoint(self) -> Path:
@@ -82,15 +93,48 @@ class DraPlugin:
             self.server.stop()
             raise
 
-    def publish(self, inventory: Inventory) -> bool:
-        """Bring the node's ResourceSlices to `inventory`; True when something was written.
-        Where the API server drops the counters (nodeagent.dra.slices.GateWatch), only
-        devices that cannot overlap (nodeagent.dra.nocounters). Raises KubeError."""
-        if self.gate.counters_dropped():
-            wanted = safe_slices(inventory, self.api.name, self.driver, self.devices)
+    def publish(
+        self,
+        inventory: Inventory,
+        faults: Mapping[FaultKey, Fault] | None = None,
+        fatal_kinds: Collection[str] = (),
+    ) -> bool:
+        """Bring the node's ResourceSlices to `inventory`, each device with a fault in `faults`
+        tainted (NoExecute where its fault is in `fatal_kinds`), and the health board to the
+        same; True when something was written. Where the API server drops the counters
+        (nodeagent.dra.slices.GateWatch), only devices that cannot overlap
+        (nodeagent.dra.nocounters). Raises KubeError."""
+        slices = self._slices(inventory, self.gate.counters_dropped())
+        faulty = device_faults(slices, faults or {}, fatal_kinds)
+        self._say(faulty)
+        self.board.update(device_names(slices), {n: f.reason for n, f in faulty.items()})
+        return self.publisher.publish(with_taints(slices, faulty, self.driver))
+
+    def _slices(self, inventory: Inventory, dropped: bool) -> list[SliceSpec]:
+        """The untainted slices, built again only when the inventory or the gate changed (the
+        fault poll asks every dra.health-interval)."""
+        if self._built and self._built[0] is inventory and self._built[1] == dropped:
+            slices: list[SliceSpec] = self._built[2]
+            return slices
+        if dropped:
+            slices = safe_slices(inventory, self.api.name, self.driver, self.devices)
         else:
-            wanted = resource_slices(inventory, self.api.name, self.driver, self.devices)
-        return self.publisher.publish(wanted)
+            slices = resource_slices(inventory, self.api.name, self.driver, self.devices)
+        self._built = (inventory, dropped, slices)
+        return slices
+
+    def _say(self, faulty: dict[str, DeviceFault]) -> None:
+        """One log line per new (reason, effect) and one for the devices healthy again."""
+        new: dict[tuple[str, str], list[str]] = {}
+        for name, f in faulty.items():
+            if self.faulty.get(name) != f:
+                new.setdefault((f.reason, f.effect), []).append(name)
+        for (reason, effect), names in sorted(new.items()):
+            log.warning("dra.devices_tainted", devices=names, reason=reason, effect=effect)
+        healthy = [name for name in self.faulty if name not in faulty]
+        if healthy:
+            log.info("dra.devices_healthy", devices=healthy)
+        self.faulty = faulty
 
     def stop(self) -> None:
         self.server.stop()

@@ -9,6 +9,15 @@ and `NodeUnprepareResources` once they are gone, on `<plugin dir>/dra.sock`, as 
 kubernetes/kubelet@63b3249724f7:pkg/apis/dra/{v1,v1beta1}/api.proto and
 pkg/apis/pluginregistration/v1/api.proto. Every claim gets its own answer: one claim's error
 never fails the others.
+
+The same socket serves the kubelet's resource-health stream (KEP-4680, the kubelet's
+ResourceHealthStatus gate): `DRAResourceHealth.NodeWatchResources` in its three versions, all
+advertised at registration. Kubelets 1.34 and 1.35 call `v1alpha1.DRAResourceHealth`
+unconditionally (kubernetes/kubernetes pkg/kubelet/cm/dra/plugin/dra_plugin.go); newer ones
+pick the newest of `v1.DRAResourceHealth` and `v1alpha1.DRAResourceHealth` the registration lists
+(pickHealthService), and a kubelet ignores versions it does not know. The messages are the
+same in each (v1alpha1 lacks `message` and `health_check_timeout_seconds`), from
+staging/src/k8s.io/kubelet/pkg/apis/dra-health/{v1alpha1,v1beta1,v1}/api.proto.
 """
 
 from __future__ import annotations
@@ -32,9 +41,16 @@ from nodeagent.base.files import open_lock_file
 from nodeagent.base.logs import get_logger
 from nodeagent.dra.api import DraApi
 from nodeagent.dra.claims import ClaimRef, checked_ref, quoted
+from nodeagent.dra.health import RESEND_SECONDS, HealthBoard, Reading
 from nodeagent.dra.node import NodeDriver
 from nodeagent.dra.reports import StatusReports
 from nodeagent.kubelet.proto import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
+    dra_health_v1alpha1_pb2,
+    dra_health_v1alpha1_pb2_grpc,
+    dra_health_v1beta1_pb2,
+    dra_health_v1beta1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -46,6 +62,11 @@ from nodeagent.kubelet.proto import (
 log = get_logger("nodeagent.dra")
 PLUGIN_TYPE = "DRAPlugin"
 SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+HEALTH: dict[str, tuple[ModuleType, ModuleType]] = {
+    "v1.DRAResourceHealth": (dra_health_v1_pb2, dra_health_v1_pb2_grpc),
+    "v1beta1.DRAResourceHealth": (dra_health_v1beta1_pb2, dra_health_v1beta1_pb2_grpc),
+    "v1alpha1.DRAResourceHealth": (dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc),
+}
 
 
 @dataclass(frozen=True)
@@ -66,7 +87,7 @@ class Registration(pluginregistration_pb2_grpc.RegistrationServicer):
             type=PLUGIN_TYPE,
             name=self.driver,
             endpoint=str(self.endpoint),
-            supported_versions=list(SERVICES),
+            supported_versions=[*SERVICES, *HEALTH],
         )
 
     def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
@@ -89,8 +110,11 @@ ANSWER_MARGIN_SECONDS = 3.0
 API_SHARE = 0.5
 # Threads for the kubelet's calls; prepares may take at most PREPARE_SLOTS of them, so an
 # unprepare (and a registration call) always finds one free.
-WORKERS = 16
+# Health streams (the kubelet holds one open for as long as it runs) take at most
+# HEALTH_STREAMS threads more.
 PREPARE_SLOTS = 12
+HEALTH_STREAMS = 2
+WORKERS = 16 + HEALTH_STREAMS
 
 
 def _deadline(context: Any) -> float:
@@ -211,6 +235,55 @@ class DraService:
         return self.pb.NodeUnprepareResourcesResponse(claims=answers)
 
 
+class HealthService:
+    """NodeWatchResources for one version of the health API (`pb`): the board at once, then at
+    every change and at least every RESEND_SECONDS, until the kubelet hangs up or the server
+    stops. At most HEALTH_STREAMS at a time (over all versions): another is refused with
+    RESOURCE_EXHAUSTED, never left to hold a thread a prepare needs."""
+
+    def __init__(
+        self, board: HealthBoard, pool: str, pb: ModuleType, streams: threading.Semaphore
+    ) -> None:
+        self.board = board
+        self.pool = pool
+        self.pb = pb
+        self.streams = streams
+        self._has_message = "message" in pb.DeviceHealth.DESCRIPTOR.fields_by_name
+
+    def _response(self, reading: Reading) -> Any:
+        pb = self.pb
+        devices = []
+        for d in reading.devices:
+            extra = {"message": d.message} if self._has_message and d.message else {}
+            devices.append(
+                pb.DeviceHealth(
+                    device=pb.DeviceIdentifier(pool_name=self.pool, device_name=d.device),
+                    health=pb.HEALTHY if d.healthy else pb.UNHEALTHY,
+                    last_updated_time=int(reading.determined_at),
+                    **extra,
+                )
+            )
+        return pb.NodeWatchResourcesResponse(devices=devices)
+
+    def NodeWatchResources(self, request: Any, context: Any) -> Any:
+        if not self.streams.acquire(blocking=False):
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the driver serves {HEALTH_STREAMS} health streams already",
+            )
+        try:
+            context.add_callback(self.board.wake)
+            seen = -1
+            while not self.board.closed:
+                reading = self.board.wait(seen, RESEND_SECONDS)
+                if not context.is_active() or self.board.closed:
+                    break
+                seen = reading.version
+                yield self._response(reading)
+        finally:
+            self.streams.release()
+
+
 def _listen(socket: Path, add: list[Any]) -> grpc.Server:
     """A server on a unix socket (a stale socket file from a killed run is replaced)."""
     socket.parent.mkdir(parents=True, exist_ok=True)
@@ -253,13 +326,22 @@ class DraPluginServer:
     """The registration and DRA services, started and stopped together, by the one agent
     that holds the plugin directory's lock."""
 
-    def __init__(self, node: NodeDriver, api: DraApi, driver: str, sockets: Sockets) -> None:
+    def __init__(
+        self, node: NodeDriver, api: DraApi, driver: str, sockets: Sockets,
+        board: HealthBoard | None = None,
+    ) -> None:  # fmt: skip
         self.sockets = sockets
         self.registration = Registration(driver, sockets.plugin)
         slots = threading.Semaphore(PREPARE_SLOTS)  # both API versions share them
         reports = StatusReports(api, driver, node.config.pool, node.stats)
         self.v1 = DraService(node, api, dra_v1_pb2, slots, reports)
         self.v1beta1 = DraService(node, api, dra_v1beta1_pb2, slots, reports)
+        self.board = board or HealthBoard()
+        streams = threading.Semaphore(HEALTH_STREAMS)
+        self.health = {
+            name: (HealthService(self.board, node.config.pool, pb, streams), pb_grpc)
+            for name, (pb, pb_grpc) in HEALTH.items()
+        }
         self._servers: list[grpc.Server] = []
         self._lock_fd: int | None = None
         self._made: dict[Path, int] = {}  # the sockets this server bound: path -> inode
@@ -278,6 +360,10 @@ class DraPluginServer:
                         lambda s: dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(self.v1, s),
                         lambda s: dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
                             self.v1beta1, s
+                        ),
+                        *(
+                            lambda s, h=h, g=g: g.add_DRAResourceHealthServicer_to_server(h, s)
+                            for h, g in self.health.values()
                         ),
                     ],
                 )
@@ -306,6 +392,7 @@ class DraPluginServer:
     def stop(self) -> None:
         """Registration first (the kubelet stops calling), then the DRA service; then the
         sockets this server made, only if they are still its own (a newer agent's are left)."""
+        self.board.close()  # the health streams end at once, not after the grace period
         for server in reversed(self._servers):
             server.stop(grace=2).wait(5)
         self._servers.clear()

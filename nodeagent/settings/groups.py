@@ -12,6 +12,11 @@ DEFAULT_LABEL_PREFIX = "nvidia.com/"
 DEFAULT_MPS_ROOT = Path("/run/nvidia/mps")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 DEFAULT_RUN_DIR = Path("/run/nodeagent")
+# XIDs an application causes, no fault of the GPU's (NVIDIA/k8s-device-plugin
+# internal/rm/health.go, applicationErrorXids: 13 graphics engine exception, 31 GPU memory page
+# fault, 43 GPU stopped processing, 45 preemptive cleanup, 68 video processor exception, 109
+# context switch timeout).
+APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
 DEFAULT_REBOOT_COMMAND = "systemctl reboot"
 # mig-manager's CDI refresh after a MIG change (NVIDIA/mig-parted bd7160f4,
 # pkg/mig/reconfigure/reconfigure.go handleCDI/createCDISpec), for a driver installed on the
@@ -156,6 +161,10 @@ class Dra:
     registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     cdi_dir: Path = Path("/var/run/cdi")
     devices: tuple[int, ...] | None = None  # the GPUs DRA manages; None: every GPU
+    health_interval_seconds: float = 0.5
+    health_hold_seconds: float = 60.0
+    fatal_faults: tuple[str, ...] = ()
+    ignored_xids: tuple[int, ...] = APPLICATION_XIDS
 
     @property
     def plugin_path(self) -> Path:

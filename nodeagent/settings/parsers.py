@@ -325,6 +325,39 @@ def driver_name(raw: Any) -> str:
 FALLBACKS = ("named", "single", "empty")  # config-manager's fallback strategies
 
 
+FAULT = re.compile(
+    r"^(xid|xid-[1-9][0-9]{0,5}|ecc-uncorrected|row-remap-pending|row-remap-failure)$"
+)
+
+
+def faults(raw: Any) -> tuple[str, ...]:
+    """Fault kinds (nodeagent.state.faults): xid (every XID), xid-<code>, ecc-uncorrected,
+    row-remap-pending, row-remap-failure; a list, or a text separated by ','; empty: none."""
+    items = raw if isinstance(raw, list) else _text(raw).split(",")
+    out = tuple(_text(i).strip().lower() for i in items if _text(i).strip())
+    for item in out:
+        if not FAULT.match(item):
+            raise Invalid(
+                "must list xid, xid-<code>, ecc-uncorrected, row-remap-pending or"
+                f" row-remap-failure, not {_show(item)}"
+            )
+    return out
+
+
+def xids(raw: Any) -> tuple[int, ...]:
+    """XID codes (1-999999): a list, or a text separated by ','; empty: none."""
+    items = raw if isinstance(raw, list) else _text(raw).split(",")
+    out: list[int] = []
+    for item in items:
+        text = _text(item).strip()
+        if isinstance(item, str) and not text:
+            continue
+        if isinstance(item, bool) or not _digits(text) or not 1 <= int(text) <= 999_999:
+            raise Invalid(f"must be XID codes like 13,31, not {_show(raw)}")
+        out.append(int(text))
+    return tuple(sorted(set(out)))
+
+
 def fallbacks(raw: Any) -> tuple[str, ...]:
     """config-manager's FALLBACK_STRATEGIES: named, single, empty, in order (a list, or a
     text separated by ',' as the Helm chart joins them, or ';'); empty: none."""

@@ -16,6 +16,7 @@ from nodeagent.settings.parsers import (
     devices,
     driver_name,
     fallbacks,
+    faults,
     integer,
     label_key,
     label_prefix,
@@ -27,6 +28,7 @@ from nodeagent.settings.parsers import (
     size,
     socket,
     text,
+    xids,
 )
 
 
@@ -239,6 +241,21 @@ SPECS: tuple[Spec, ...] = (
           "where the claims' CDI specs are written (the container runtime's CDI directory)"),
     _spec("dra", "devices", "NODEAGENT_DRA_DEVICES", "--dra-devices", optional(devices),
           "GPU indices DRA manages (default: every GPU); leave the others to the device plugin"),
+    _spec("dra", "health-interval", "NODEAGENT_DRA_HEALTH_INTERVAL", "--dra-health-interval",
+          seconds(), "seconds between fault polls (XIDs, uncorrected ECC, row remapping): a"
+          " faulty device's taint is written within this and one ResourceSlice write",
+          field="health_interval_seconds", hot=True),
+    _spec("dra", "health-hold", "NODEAGENT_DRA_HEALTH_HOLD", "--dra-health-hold", seconds(),
+          "seconds a device stays tainted after its last XID or uncorrected ECC error (healthy"
+          " again after this long without a new one; row-remap faults last while NVML says so)",
+          field="health_hold_seconds", hot=True),
+    _spec("dra", "fatal-faults", "NODEAGENT_DRA_FATAL_FAULTS", "--dra-fatal-faults", faults,
+          "faults whose taint is NoExecute (pods using the device are evicted) instead of"
+          " NoSchedule: xid (every XID), xid-<code>, ecc-uncorrected, row-remap-pending,"
+          " row-remap-failure", hot=True),
+    _spec("dra", "ignored-xids", "NODEAGENT_DRA_IGNORED_XIDS", "--dra-ignored-xids", xids,
+          "XIDs that taint nothing: an application's own errors (NVIDIA's device plugin ignores"
+          " the same: 13, 31, 43, 45, 68, 109)", hot=True),
 )  # fmt: skip
 BY_KEY = {s.dotted: s for s in SPECS}
 SETTINGS_FILE_ENV = "NODEAGENT_CONFIG"

@@ -148,17 +148,22 @@ def checkpoint_energy(state: SimState, now: float) -> None:
         gpu.health.energy_at = max(now, gpu.health.energy_at)
 
 
-def record_xid(gpu: GpuState, xid: int) -> None:
-    gpu.health.xid_serial = min(gpu.health.xid_serial + 1, U64_MAX)
-    gpu.health.xids = [*gpu.health.xids, xid][-XID_LOG:]
+def record_xid(gpu: GpuState, xid: int, gi: int | None = None) -> None:
+    """XID `xid` on `gpu`, of its GPU instance `gi` (None: of the whole GPU)."""
+    h = gpu.health
+    gis = [*h.xid_gis, *[None] * (len(h.xids) - len(h.xid_gis))]  # an older file's: GPU-wide
+    h.xid_serial = min(h.xid_serial + 1, U64_MAX)
+    h.xids = [*h.xids, xid][-XID_LOG:]
+    h.xid_gis = [*gis, gi][-XID_LOG:]
 
 
-def xid_after(gpu: GpuState, serial: int) -> tuple[int, int] | None:
-    """The first XID with a serial above `serial` still kept, as (serial, code); older ones a
-    reader did not take in time are lost, as in a full driver queue."""
+def xid_after(gpu: GpuState, serial: int) -> tuple[int, int, int | None] | None:
+    """The first XID with a serial above `serial` still kept, as (serial, code, GPU instance
+    or None); older ones a reader did not take in time are lost, as in a full driver queue."""
     h = gpu.health
     if serial >= h.xid_serial or not h.xids:
         return None
     first = h.xid_serial - len(h.xids) + 1
     wanted = max(serial + 1, first)
-    return wanted, h.xids[wanted - first]
+    at = wanted - first
+    return wanted, h.xids[at], h.xid_gis[at] if at < len(h.xid_gis) else None

@@ -171,7 +171,11 @@ class HealthCalls(SimBase):
             data = pynvml.c_nvmlEventData_t()
             data.device = _handle(_KIND_DEVICE, index)
             data.eventType, data.eventData = XID_EVENT, found[1]
-            data.gpuInstanceId, data.computeInstanceId = NO_ID, NO_ID
+            gi = self.state.gpus[index].gis.get(found[2]) if found[2] is not None else None
+            # A GPU instance's XID names it and its first compute instance (NVML's gpuInstanceId,
+            # computeInstanceId); one whose GI went since names neither.
+            data.gpuInstanceId = NO_ID if gi is None else gi.id
+            data.computeInstanceId = NO_ID if gi is None or not gi.cis else min(gi.cis)
             return data
         return _fail(pynvml.NVML_ERROR_TIMEOUT)
 
@@ -226,13 +230,17 @@ class HealthCalls(SimBase):
                 if values.get(key) is not None:
                     setattr(h, key, int(values[key]))
 
-    def inject_xid(self, index: int, xid: int, count: int = 1) -> None:
-        """The driver reports XID `xid` on GPU `index`, `count` times. Raises SimError."""
+    def inject_xid(self, index: int, xid: int, count: int = 1, gi: int | None = None) -> None:
+        """The driver reports XID `xid` on GPU `index`, `count` times; of its GPU instance `gi`
+        (None: of the whole GPU). Raises SimError (a GI that GPU does not have)."""
         check_xid(xid, count)
         with self.edit():
             gpu = self._gpu_at(index)
+            if gi is not None and gi not in gpu.gis:
+                have = ", ".join(map(str, sorted(gpu.gis))) or "none"
+                raise SimError(f"GPU {index} has no GPU instance {gi} (its GPU instances: {have})")
             for _ in range(count):
-                record_xid(gpu, xid)
+                record_xid(gpu, xid, gi)
 
     def _gpu_at(self, index: int) -> GpuState:
         gpus = self.state.gpus

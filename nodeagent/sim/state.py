@@ -67,6 +67,8 @@ class HealthState:
     energy_at: float = field(default_factory=time.time)
     xid_serial: int = 0  # XIDs injected so far
     xids: list[int] = field(default_factory=list)  # the newest XID_LOG codes, oldest first
+    # The GPU instance each of `xids` hit (None: the whole GPU); shorter in an older file.
+    xid_gis: list[int | None] = field(default_factory=list)
 
 
 @dataclass

@@ -158,7 +158,9 @@ def _health(raw: Any, where: str) -> HealthState:
     counters = ("ecc_corrected", "ecc_uncorrected", "pcie_replays", "energy_mj", "xid_serial")
     overrides = ("temperature_celsius", "power_watts", "sm_clock_mhz", "memory_clock_mhz")
     flags = ("row_remap_pending", "row_remap_failure")
-    _object(raw, where, (), (*counters, *overrides, *flags, "throttle", "energy_at", "xids"))
+    _object(
+        raw, where, (), (*counters, *overrides, *flags, "throttle", "energy_at", "xids", "xid_gis")
+    )
     health = HealthState()  # a file of an older nodeagent: the emulated driver loads now
     if "energy_at" in raw:
         health.energy_at = _number(raw["energy_at"], f"{where}.energy_at", 0, 1e12)
@@ -184,6 +186,12 @@ def _health(raw: Any, where: str) -> HealthState:
     if len(xids) > min(XID_LOG, health.xid_serial):
         _fail(f"{where}.xids holds {len(xids)} codes, more than {min(XID_LOG, health.xid_serial)}")
     health.xids = [_int(x, f"{where}.xids[{i}]", range(1, 2**32)) for i, x in enumerate(xids)]
+    gis = _list(raw.get("xid_gis", []), f"{where}.xid_gis")
+    if len(gis) > len(xids):
+        _fail(f"{where}.xid_gis holds {len(gis)} entries, more than its {len(xids)} xids")
+    health.xid_gis = [
+        _optional(g, f"{where}.xid_gis[{i}]", range(0, 64)) for i, g in enumerate(gis)
+    ]
     return health
 
 

@@ -10,11 +10,19 @@ from collections.abc import Callable
 from typing import Any
 
 from nodeagent.base.errors import NvmlError
-from nodeagent.nvml import NvmlSession
+from nodeagent.base.logs import get_logger
+from nodeagent.nvml import Inventory, NvmlSession
 from nodeagent.nvml.codes import NOT_FOUND
 from nodeagent.nvml.fields import DeviceFields, FieldReader
 from nodeagent.nvml.gpm import GpmReader
-from nodeagent.nvml.health import Health, XidWatcher, mig_handle, read_health
+from nodeagent.nvml.health import (
+    Health,
+    XidWatcher,
+    mig_handle,
+    read_fault_counters,
+    read_health,
+)
+from nodeagent.nvml.inventory import Slice
 from nodeagent.nvml.session import gpu_handle
 from nodeagent.nvml.utilization import (
     MAX_SAMPLE_PERIOD_US,
@@ -22,9 +30,11 @@ from nodeagent.nvml.utilization import (
     ProcessUtilizationReader,
     idle_sample,
 )
+from nodeagent.state.faults import FaultKey, FaultTracker
 from nodeagent.state.snapshot import FieldValues, GpmValues, HealthValues, ProcessUtilization, Store
 
 Clock = Callable[[], float]
+log = get_logger("nodeagent.state.sampling")
 MIN_GPM_WINDOW_SECONDS = 0.1
 
 
@@ -114,16 +124,23 @@ class GpmSampler:
 
 class HealthSampler:
     """Reads every GPU's and MIG device's health counters and drains the XID event set; run by
-    the refresh worker after each new snapshot, never by a scrape."""
+    the refresh worker after each new snapshot, never by a scrape. `poll_faults()` reads only
+    what says a device is faulty (XIDs, uncorrected ECC, row remapping), for the DRA driver's
+    taints at its own, shorter interval; both feed `faults`."""
 
-    def __init__(self, session: NvmlSession, store: Store) -> None:
+    def __init__(
+        self, session: NvmlSession, store: Store, clock: Clock = time.monotonic,
+        wall: Clock = time.time,
+    ) -> None:  # fmt: skip
         self.session = session
         self.store = store
         self.xids = XidWatcher(session)
+        self.faults = FaultTracker(clock, wall)
         self._counts: dict[int, Counter[int]] = {}
         self._last: dict[int, int] = {}
         self._tried: set[int] = set()
         self._unsupported: dict[str, set[tuple[object, ...]]] = {}  # by GPU or MIG UUID
+        self._fault_reads: dict[str, set[tuple[object, ...]]] = {}  # the same, of poll_faults
 
     def tick(self) -> None:
         """One read of everything; raises NvmlError on a GPU fault (the last values stay)."""
@@ -140,14 +157,11 @@ class HealthSampler:
             return self._unsupported[uuid]
 
         with self.session.lock:
+            self._watch(snap.inventory)
             for gpu in snap.inventory.gpus:
-                if gpu.index not in self._tried:  # once: a GPU without XID events stays so
-                    self._tried.add(gpu.index)
-                    if self.xids.watch(gpu.index):
-                        self._counts[gpu.index] = Counter()
-                        self._last[gpu.index] = 0
                 handle = gpu_handle(self.session, gpu.index)
                 by_gpu[gpu.index] = read_health(self.session, handle, skip(gpu.uuid))
+                self.faults.health(FaultKey(gpu.index), by_gpu[gpu.index])
                 for s in gpu.slices:
                     if s.mig_uuid is None or s.ci_id is None:
                         continue
@@ -155,10 +169,8 @@ class HealthSampler:
                     if handle is not None:  # else destroyed since the snapshot
                         health = read_health(self.session, handle, skip(s.mig_uuid))
                         by_slice[(gpu.index, s.gi_id, s.ci_id)] = health
-            for event in self.xids.poll():
-                if event.gpu in self._counts:
-                    self._counts[event.gpu][event.xid] += 1
-                    self._last[event.gpu] = event.xid
+                        self.faults.health(_slice_key(s), health)
+            self._drain(snap.inventory)
         self.store.publish_health(
             HealthValues(
                 by_gpu=by_gpu,
@@ -168,9 +180,66 @@ class HealthSampler:
             )
         )
 
+    def poll_faults(self) -> None:
+        """XIDs, uncorrected ECC counts and row-remap flags of every GPU and MIG device into
+        `faults` (3 NVML calls a device and one a queued XID). Raises NvmlError on a GPU
+        fault."""
+        snap = self.store.snapshot
+        if snap is None:
+            return
+        known, self._fault_reads = self._fault_reads, {}
+        with self.session.lock:
+            self._watch(snap.inventory)
+            self._drain(snap.inventory)
+            for gpu in snap.inventory.gpus:
+                skip = self._fault_reads[gpu.uuid] = known.get(gpu.uuid, set())
+                handle = gpu_handle(self.session, gpu.index)
+                self.faults.health(
+                    FaultKey(gpu.index), read_fault_counters(self.session, handle, skip)
+                )
+                for s in gpu.slices:
+                    if s.mig_uuid is None or s.ci_id is None:
+                        continue
+                    handle = mig_handle(self.session, s.mig_uuid)
+                    if handle is not None:
+                        skip = self._fault_reads[s.mig_uuid] = known.get(s.mig_uuid, set())
+                        health = read_fault_counters(self.session, handle, skip)
+                        self.faults.health(_slice_key(s), health)
+        self.faults.forget(_keys(snap.inventory))
+
+    def _watch(self, inventory: Inventory) -> None:
+        for gpu in inventory.gpus:
+            if gpu.index not in self._tried:  # once: a GPU without XID events stays so
+                self._tried.add(gpu.index)
+                if self.xids.watch(gpu.index):
+                    self._counts[gpu.index] = Counter()
+                    self._last[gpu.index] = 0
+
+    def _drain(self, inventory: Inventory) -> None:
+        """The XIDs queued since the last drain: counted per GPU, and each a fault of the slice
+        whose GPU instance NVML names (of the whole GPU when it names none, or one the snapshot
+        does not know yet)."""
+        slices = {(s.gpu_index, s.gi_id): s for g in inventory.gpus for s in g.slices}
+        for event in self.xids.poll():
+            if event.gpu in self._counts:
+                self._counts[event.gpu][event.xid] += 1
+                self._last[event.gpu] = event.xid
+            hit = slices.get((event.gpu, event.gi_id)) if event.gi_id is not None else None
+            self.faults.xid(FaultKey(event.gpu) if hit is None else _slice_key(hit), event.xid)
+            log.warning("xid", gpu=event.gpu, xid=event.xid, gi=event.gi_id, ci=event.ci_id)
+
     def close(self) -> None:
         with self.session.lock:
             self.xids.close()
+
+
+def _slice_key(s: Slice) -> FaultKey:
+    return FaultKey(s.gpu_index, s.profile_id, s.placement.start)
+
+
+def _keys(inventory: Inventory) -> set[FaultKey]:
+    keys = {FaultKey(g.index) for g in inventory.gpus}
+    return keys | {_slice_key(s) for g in inventory.gpus for s in g.slices}
 
 
 class FieldSampler:

@@ -6,6 +6,10 @@ DRAPlugin, the driver's name, an endpoint it can dial, a service version it spea
 v1.DRAPlugin and falls back to v1beta1.DRAPlugin, as the kubelet's DRA manager does), and tells
 the plugin with `NotifyRegistrationStatus`. `prepare()` and `unprepare()` then call
 NodePrepareResources / NodeUnprepareResources for a list of claims, over the version chosen.
+`watch_health()` opens the resource-health stream (DRAResourceHealth.NodeWatchResources) as
+the kubelet's health manager does: over the newest version the registration advertised
+(pickHealthService: v1 before v1alpha1), or v1alpha1 when it advertised none, as 1.34's kubelet
+calls it unconditionally; `health=` forces one.
 The protocol is kubernetes/kubelet@63b3249724f7d89a8aa48f9acb3811f193c9aa68:
 pkg/apis/dra/{v1,v1beta1}/api.proto, pkg/apis/pluginregistration/v1/api.proto and
 pkg/apis/dra/{v1,v1beta1}/types.go (the service names).
@@ -13,6 +17,7 @@ pkg/apis/dra/{v1,v1beta1}/types.go (the service names).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -21,6 +26,12 @@ from typing import Any
 import grpc
 
 from nodeagent.kubelet.proto import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
+    dra_health_v1alpha1_pb2,
+    dra_health_v1alpha1_pb2_grpc,
+    dra_health_v1beta1_pb2,
+    dra_health_v1beta1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -32,6 +43,11 @@ from nodeagent.kubelet.proto import (
 VERSIONS: dict[str, tuple[ModuleType, ModuleType]] = {
     "v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),
     "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
+}
+HEALTH: dict[str, tuple[ModuleType, ModuleType]] = {  # most preferred first
+    "v1.DRAResourceHealth": (dra_health_v1_pb2, dra_health_v1_pb2_grpc),
+    "v1beta1.DRAResourceHealth": (dra_health_v1beta1_pb2, dra_health_v1beta1_pb2_grpc),
+    "v1alpha1.DRAResourceHealth": (dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc),
 }
 TIMEOUT_SECONDS = 30.0
 
@@ -56,6 +72,14 @@ class PreparedDevice:
 
 
 @dataclass(frozen=True)
+class DeviceHealth:
+    pool: str
+    health: str  # HEALTHY, UNHEALTHY, UNKNOWN
+    message: str  # '' over v1alpha1, which has none
+    last_updated: int
+
+
+@dataclass(frozen=True)
 class PrepareResult:
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
@@ -71,6 +95,7 @@ class FakeDraKubelet:
         self.speaks = speaks
         self.endpoint: Path | None = None
         self.version = ""
+        self.advertised: tuple[str, ...] = ()
 
     def register(self, driver: str) -> str:
         """Register the plugin of `driver`; returns the service version chosen. Raises
@@ -100,6 +125,7 @@ class FakeDraKubelet:
         if not endpoint.is_socket():
             return f"endpoint {endpoint} is no socket"
         self.endpoint, self.version = endpoint, common[0]
+        self.advertised = tuple(info.supported_versions)
         return ""
 
     def _call(self, method: str, claims: list[Claim]) -> Any:
@@ -137,3 +163,36 @@ class FakeDraKubelet:
         """NodeUnprepareResources for `claims`: each claim UID's error ('' when done)."""
         reply = self._call("NodeUnprepareResources", claims)
         return {uid: answer.error for uid, answer in reply.claims.items()}
+
+    def health_version(self) -> str:
+        """The health service the kubelet would call: the newest one advertised, else
+        v1alpha1 (a 1.34 kubelet calls it whatever the plugin advertised)."""
+        return next((v for v in HEALTH if v in self.advertised), "v1alpha1.DRAResourceHealth")
+
+    def watch_health(
+        self, timeout_seconds: float = TIMEOUT_SECONDS, health: str | None = None
+    ) -> Iterator[dict[str, DeviceHealth]]:
+        """The health stream: each message as {device name: DeviceHealth}, until the plugin
+        ends it or `timeout_seconds` pass (grpc.RpcError DEADLINE_EXCEEDED). Close the
+        iterator to hang up."""
+        if self.endpoint is None:
+            raise FakeKubeletError("no plugin registered")
+        pb, pb_grpc = HEALTH[health or self.health_version()]
+        with grpc.insecure_channel(f"unix://{self.endpoint}") as channel:
+            stub = pb_grpc.DRAResourceHealthStub(channel)
+            stream = stub.NodeWatchResources(
+                pb.NodeWatchResourcesRequest(), timeout=timeout_seconds
+            )
+            try:
+                for reply in stream:
+                    yield {
+                        d.device.device_name: DeviceHealth(
+                            d.device.pool_name,
+                            pb.HealthStatus.Name(d.health),
+                            getattr(d, "message", ""),
+                            d.last_updated_time,
+                        )
+                        for d in reply.devices
+                    }
+            finally:
+                stream.cancel()
