@@ -35,10 +35,13 @@ def short_root() -> Iterator[Path]:
 
 
 @pytest.fixture
-def dra_node(short_root: Path, fake_mps_control: str) -> Iterator[DraNode]:
+def dra_node(
+    request: pytest.FixtureRequest, short_root: Path, fake_mps_control: str
+) -> Iterator[DraNode]:
+    """An emulated h200x2 node (or the spec a test passes: `indirect` parametrization)."""
     cluster = dra_cluster()
     state = short_root / "sim.json"
-    lib = SimulatedNvml(parse_spec("h200x2"), state)
+    lib = SimulatedNvml(parse_spec(getattr(request, "param", "h200x2")), state)
     session = NvmlSession(lib)
     kube = KubeSettings(node_name=NODE, host=cluster.url, retry_seconds=1.0)
     api = DraApi(make_api_client(kube), kube)
