@@ -24,11 +24,14 @@ import time
 from pathlib import Path
 
 from nodeagent.base.logs import configure_logging
-from nodeagent.mig.apply import reconfigure
 from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml
+
+# the MIG change through the one pipeline, as the tests make it (tests/support/mig_apply.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.mig_apply import reconfigure
 
 Row = dict[str, float]
 
