@@ -214,9 +214,25 @@ class NodeApi:
     def watch_node(self, resource_version: str | None) -> Iterator[tuple[str, dict[str, Any]]]:
         """Events of this node only (field selector metadata.name). Ends when the server or the
         read timeout ends the watch; raises WatchExpired on 410 and KubeError on other errors."""
+        query = {"fieldSelector": f"metadata.name={self.name}"}
+        for kind, data in self.watch(f"node {self.name}", "/api/v1/nodes", resource_version, query):
+            if data.get("metadata", {}).get("name") == self.name:
+                yield kind, data
+
+    def watch(
+        self,
+        what: str,
+        path: str,
+        resource_version: str | None,
+        query: dict[str, str] | None = None,
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(event type, object) of a watch of the collection at `path` from `resource_version`,
+        bookmarks included (their object carries the new resourceVersion). Ends when the server
+        or the read timeout ends the watch; raises WatchExpired on 410 (relist and watch
+        again) and KubeError on other errors."""
         timeout = self.settings.watch_timeout_seconds
-        query = {
-            "fieldSelector": f"metadata.name={self.name}",
+        params = {
+            **(query or {}),
             "timeoutSeconds": max(int(timeout), 1),
             "allowWatchBookmarks": "true",
             "resourceVersion": resource_version or None,
@@ -226,7 +242,7 @@ class NodeApi:
         try:
             # The server ends the watch at timeoutSeconds; the read timeout catches a dead one.
             response = self._watch = self._request(
-                "GET", "/api/v1/nodes", query=query, timeout=timeout * 1.5 + 1, stream=True
+                "GET", path, query=params, timeout=timeout * 1.5 + 1, stream=True
             )
             for event in json_lines(response):
                 kind, data = str(event.get("type")), event.get("object") or {}
@@ -234,19 +250,16 @@ class NodeApi:
                     if data.get("code") == 410:
                         raise WatchExpired(str(data.get("message", "")))
                     raise KubeError(
-                        f"Kubernetes API: watch node {self.name} failed: HTTP"
+                        f"Kubernetes API: watch {what} failed: HTTP"
                         f" {data.get('code')} {data.get('reason', '')}: {data.get('message', '')}"
                     )
-                if data.get("metadata", {}).get("name") == self.name:
-                    yield kind, data
+                yield kind, data
         except ApiException as err:
             if getattr(err, "status", None) == 410:
                 raise WatchExpired(str(err)) from err
-            raise KubeError(
-                f"Kubernetes API: watch node {self.name} failed: {_describe(err)}"
-            ) from err
+            raise KubeError(f"Kubernetes API: watch {what} failed: {_describe(err)}") from err
         except ValueError as err:
-            raise KubeError(f"Kubernetes API: watch node {self.name}: not JSON: {err}") from err
+            raise KubeError(f"Kubernetes API: watch {what}: not JSON: {err}") from err
         except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError) as err:
             log.debug("watch.ended", reason=type(err).__name__)
         finally:
