@@ -36,6 +36,12 @@ def _template(name: str, namespace: str) -> dict[str, Any]:
     return {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
 
 
+def _one_1g_slice(namespace: str) -> dict[str, Any]:
+    docs = yaml.safe_load_all((REPO / "examples/dra/claim-templates.yaml").read_text())
+    (doc,) = [d for d in docs if d["metadata"]["name"] == "one-1g-slice"]
+    return {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
+
+
 def _node(api: Any, session: NvmlSession, shares: str) -> str:
     from kubernetes import client
 
@@ -139,15 +145,18 @@ def test_three_30_percent_shares_fit_one_gpu_a_fourth_waits(
     assert len({r["shareID"] for r in results}) == 3, results
     assert all(r["consumedCapacity"] == {SM: "30", MEMORY: "16Gi"} for r in results), results
 
-    # 90 % are taken: a fourth 30 % share does not fit, and the GPU is nobody's whole.
-    core.create_namespaced_pod(
-        namespace, _pod("asr-3", node, {"resourceClaimTemplateName": "mps-30"})
-    )
-    core.create_namespaced_pod(namespace, _pod("llm", node, {"resourceClaimTemplateName": "whole"}))
-    _wait("asr-3 unschedulable", lambda: _unschedulable(api_client, namespace, "asr-3"))
-    _wait("llm unschedulable", lambda: _unschedulable(api_client, namespace, "llm"))
-    assert _claim_of(api_client, namespace, "asr-3") is None
-    assert _claim_of(api_client, namespace, "llm") is None
+    # 90 % are taken: a fourth 30 % share does not fit; the GPU is nobody's whole, and none
+    # of its MIG slices can be had either (v1.36 takes the share device's counters, all of
+    # the GPU's, at its first allocation: the 10 % left cannot be expressed as room for a 1g).
+    res.create_namespaced_resource_claim_template(namespace, _one_1g_slice(namespace))
+    waiting = {"asr-3": "mps-30", "llm": "whole", "asr-small": "one-1g-slice"}
+    for pod, template in waiting.items():
+        core.create_namespaced_pod(
+            namespace, _pod(pod, node, {"resourceClaimTemplateName": template})
+        )
+    for pod in waiting:
+        _wait(f"{pod} unschedulable", lambda p=pod: _unschedulable(api_client, namespace, p))
+        assert _claim_of(api_client, namespace, pod) is None
 
     config = NodeConfig(
         DRIVER, node, short_tmp / "p", short_tmp / "cdi", mps_control=fake_mps_control
@@ -177,6 +186,7 @@ def test_three_30_percent_shares_fit_one_gpu_a_fourth_waits(
     fourth = _wait("asr-3's claim allocated", lambda: _claim_of(api_client, namespace, "asr-3"))
     assert _result(fourth)["device"] == "gpu-0-mps"
     assert _unschedulable(api_client, namespace, "llm")
+    assert _unschedulable(api_client, namespace, "asr-small")
 
 
 def test_two_claims_share_one_mig_slice_each_with_its_own_daemon(
