@@ -226,6 +226,12 @@ def claimed_devices(claim: Mapping[str, Any], driver: str, pool: str) -> list[Cl
             )
         if ref.shared and not admin:
             mps = share_mps(result, driver, where)
+            if any(c.device == device for c in out):
+                raise ConfigError(
+                    f"{where}: {device} is given to two of its requests; a claim gets one MPS"
+                    " daemon a device: ask once, or keep them apart with a distinctAttribute"
+                    ' constraint (for example "gpu.nodeagent.io/uuid")'
+                )
         share_id = result.get("shareID")
         share_id = share_id if isinstance(share_id, str) else None
         out.append(ClaimedDevice(request, pool, device, ref, mps, admin, share_id))

@@ -196,6 +196,14 @@ def test_a_share_devices_claim_carries_its_limits_and_share_id(device: str) -> N
     assert claimed.ref.shared
 
 
+def test_one_claim_given_one_share_device_twice_is_refused() -> None:
+    claim = _claim("gpu-0-mps")
+    results = claim["status"]["allocation"]["devices"]["results"]
+    results.append({**results[0], "request": "other", "shareID": "another"})
+    with pytest.raises(ConfigError, match="gpu-0-mps is given to two of its requests"):
+        claimed_devices(claim, DRIVER, "n")
+
+
 def test_a_share_takes_no_mps_config_and_admin_access_no_limits() -> None:
     with pytest.raises(ConfigError, match="gpu-0-mps is an MPS share sized by the scheduler"):
         claimed_devices(_claim("gpu-0-mps", config=True), DRIVER, "n")
