@@ -241,3 +241,20 @@ def test_shares_of_one_device_coexist_in_the_ownership_record_an_exclusive_holde
     )
     assert owners.sharing(share, but="u9") == ["claim ns/one"]
     assert owners.sharing(share, but="u1") == []
+
+
+def test_the_share_device_docs_dra_md_shows_is_what_an_h200_publishes() -> None:
+    from tests.deploy.dra.test_dra_examples import readme_documents
+
+    (shown,) = [
+        d for doc in readme_documents() if doc["kind"] == "ResourceSlice" for d in doc["spec"]["devices"]
+    ]  # fmt: skip
+    published = _devices("h200", "gpus")[shown["name"]]
+    assert shown["capacity"] == published["capacity"]
+    assert shown["allowMultipleAllocations"] is published["allowMultipleAllocations"] is True
+    for name, value in shown["attributes"].items():
+        if name != "uuid":  # the emulator's UUIDs are its own
+            assert published["attributes"][name] == value
+    (counters,) = shown["consumesCounters"]
+    (all_counters,) = published["consumesCounters"]
+    assert counters["counters"].items() <= all_counters["counters"].items()
