@@ -47,6 +47,8 @@ class PreparedDevice:
     mig_uuid: str | None = None
     mps: Mapping[str, Any] | None = None  # thread_percentage, pinned_memory_bytes, pipe_dir
     admin: bool = False  # adminAccess: holds nothing, made nothing
+    shared: bool = False  # an MPS share device: other claims may hold the same device
+    share_id: str | None = None  # the allocation's shareID (KEP-5075)
 
     @property
     def is_mig(self) -> bool:
@@ -105,7 +107,8 @@ _DEVICE_TYPES: dict[str, tuple[type, ...]] = {
     "gpu": (int,),
     **dict.fromkeys(_OPTIONAL_INT, (int, type(None))),
     **dict.fromkeys(("profile", "mig_uuid"), (str, type(None))),
-    **dict.fromkeys(("existed", "admin"), (bool,)),
+    **dict.fromkeys(("existed", "admin", "shared"), (bool,)),
+    "share_id": (str, type(None)),
     "mps": (dict, type(None)),
 }
 

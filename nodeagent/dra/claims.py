@@ -12,6 +12,11 @@ DeviceClass, each for some or all requests. nodeagent reads one opaque kind, for
 
 Anything else (an unknown key, a bad value, an MPS config on a MIG slice) is an error that
 names the claim, and nothing is prepared for it.
+
+An MPS share device (nodeagent.dra.shares: allowMultipleAllocations, KEP-5075) takes no
+MpsConfig: its limits are what the scheduler gave the claim, the result's `consumedCapacity`
+(`<driver>/sm` percent -> threadPercentage, `<driver>/memory` bytes -> pinnedMemory), and the
+result's `shareID` tells the claims that share it apart.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 
 from nodeagent.base.errors import ConfigError
 from nodeagent.dra.devices import DeviceRef, parse_device_name
+from nodeagent.dra.shares import MEMORY_CAPACITY, SM_CAPACITY
 
 CONFIG_API_VERSION = "gpu.nodeagent.io/v1"
 MPS_KIND = "MpsConfig"
@@ -55,6 +61,7 @@ class ClaimedDevice:
     ref: DeviceRef
     mps: Mps | None = None
     admin: bool = False  # adminAccess: see the GPU as it is, hold and change nothing
+    share_id: str | None = None  # the allocation's shareID on an MPS share device
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,40 @@ def parse_mps(params: Mapping[str, Any], where: str) -> Mps:
     return Mps(pct, pinned)
 
 
+def share_mps(result: Mapping[str, Any], driver: str, where: str) -> Mps:
+    """The MPS limits of an allocation result on a share device: its consumedCapacity's
+    `<driver>/sm` (percent, 1-100) as the thread percentage and `<driver>/memory` (bytes, at
+    least 1Mi, whole MiB) as the pinned memory limit. Raises ConfigError naming what is
+    missing or wrong (no consumedCapacity: the API server or scheduler runs without
+    DRAConsumableCapacity, and the share has no size)."""
+    device = result.get("device")
+    consumed = result.get("consumedCapacity") or {}
+    sm = consumed.get(f"{driver}/{SM_CAPACITY}")
+    memory = consumed.get(f"{driver}/{MEMORY_CAPACITY}")
+    if sm is None or memory is None:
+        raise ConfigError(
+            f"{where}: {device} is an MPS share but its allocation has no consumedCapacity"
+            f" {driver}/{SM_CAPACITY} and {driver}/{MEMORY_CAPACITY} (is the DRAConsumableCapacity"
+            " feature gate off on kube-apiserver or kube-scheduler?)"
+        )
+    problems = []
+    pct = int(sm) if isinstance(sm, str) and sm.isdigit() else None
+    if pct is None or not 1 <= pct <= 100:
+        problems.append(f"{SM_CAPACITY} {sm!r} is not a whole percentage 1-100")
+    pinned = 0
+    try:
+        pinned = parse_quantity(memory, MEMORY_CAPACITY)
+    except ConfigError as err:
+        problems.append(str(err))
+    else:
+        if pinned < 1 << 20:
+            problems.append(f"{MEMORY_CAPACITY} {memory!r} is under 1Mi")
+    if problems:
+        raise ConfigError(f"{where}: {device}'s consumed capacity: " + "; ".join(problems))
+    assert pct is not None
+    return Mps(pct, pinned >> 20 << 20)
+
+
 def _configs(allocation: Mapping[str, Any], driver: str, where: str) -> list[tuple[set[str], Mps]]:
     """(requests it applies to (empty: all), Mps) for each of this driver's opaque configs;
     class configs first, then the claim's, so the claim's win."""
@@ -173,12 +214,27 @@ def claimed_devices(claim: Mapping[str, Any], driver: str, pool: str) -> list[Cl
             # A subrequest ('gpu/small') matches a config naming its request ('gpu').
             if not requests or request in requests or request.split("/", 1)[0] in requests:
                 mps = candidate
+        if mps is not None and ref.shared:
+            raise ConfigError(
+                f"{where}: {device} is an MPS share sized by the scheduler (capacity.requests"
+                f" {driver}/{SM_CAPACITY}, {driver}/{MEMORY_CAPACITY}); it takes no MpsConfig"
+            )
         if mps is not None and ref.is_mig:
             raise ConfigError(
-                f"{where}: an MPS share needs a whole GPU; {device} is a MIG slice"
-                " (MPS inside MIG slices is not supported)"
+                f"{where}: an MPS share needs a whole GPU; {device} is a MIG slice (an MpsConfig"
+                " does not apply to slices: a share of a slice is its -mps device)"
             )
-        out.append(ClaimedDevice(request, pool, device, ref, mps, admin))
+        if ref.shared and not admin:
+            mps = share_mps(result, driver, where)
+            if any(c.device == device for c in out):
+                raise ConfigError(
+                    f"{where}: {device} is given to two of its requests; a claim gets one MPS"
+                    " daemon a device: ask once, or keep them apart with a distinctAttribute"
+                    ' constraint (for example "gpu.nodeagent.io/uuid")'
+                )
+        share_id = result.get("shareID")
+        share_id = share_id if isinstance(share_id, str) else None
+        out.append(ClaimedDevice(request, pool, device, ref, mps, admin, share_id))
     if not out:
         raise ConfigError(f"{where} has no device of {driver} on node {pool}")
     return out

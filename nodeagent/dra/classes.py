@@ -107,8 +107,10 @@ def mig_class_name(plugin_name: str, driver: str) -> str:
 def device_classes(inventories: Iterable[Inventory], driver: str) -> list[dict[str, Any]]:
     """Every DeviceClass for `driver`'s devices on the GPUs of `inventories`: a whole GPU
     (`<driver>`, extended resource nvidia.com/gpu), any MIG slice (`mig.<driver>`, no extended
-    resource: a pod asking for one names a profile), and one class per device plugin MIG name
-    (`mig-<name>.<driver>`, extended resource nvidia.com/mig-<name>), sorted by name."""
+    resource: a pod asking for one names a profile), any MPS share (`mps.<driver>`: a GPU's or
+    a slice's share device, sized by the claim's capacity requests), and one class per device
+    plugin MIG name (`mig-<name>.<driver>`, extended resource nvidia.com/mig-<name>), sorted
+    by name."""
     gpus = [g for inv in inventories for g in inv.gpus]
     names = mig_names(gpus)
     carried: dict[str, set[str]] = defaultdict(set)  # profile -> the plugin names it carries
@@ -119,6 +121,7 @@ def device_classes(inventories: Iterable[Inventory], driver: str) -> list[dict[s
     out = [
         _class(driver, _base(driver, "gpu"), GPU_RESOURCE),
         _class(f"mig.{driver}", _base(driver, "mig")),
+        _class(f"mps.{driver}", _base(driver, "mps")),
     ]
     for plugin_name in sorted(names):
         selector = _profile_selector(driver, names[plugin_name], ambiguous)

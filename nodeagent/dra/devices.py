@@ -13,6 +13,13 @@ resource.k8s.io/v1 (kubernetes/api@10b39a39bcee: resource/v1/types.go) puts a po
 sets and its devices in different ResourceSlices ("only one of Devices and SharedCounters can
 be set"), at most 8 counter sets per slice and 64 devices per slice that consumes counters:
 one counters slice per 8 GPUs, then one devices slice per GPU (an H200 has 26 devices).
+
+MPS shares (KEP-5075 consumable capacity, `dra.mps-shares`): beside a GPU (and, with `mig`,
+beside each MIG placement) a share device `<name>-mps` with `allowMultipleAllocations` and two
+capacities the scheduler hands out per claim, `<driver>/sm` (percent) and `<driver>/memory`
+(bytes). It consumes the same counters as its exclusive twin: kube-scheduler v1.36 takes a
+multi-allocatable device's counters once, for its first allocation, so while any share is
+allocated neither the twin nor an overlapping slice can be, and the other way round.
 """
 
 from __future__ import annotations
@@ -22,12 +29,14 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from nodeagent.dra.shares import share_device
 from nodeagent.nvml.inventory import GiProfile, Gpu, Inventory, Placement
 
 MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_DEVICES_PER_SLICE = 64  # ResourceSliceMaxDevicesWithAdvancedFeatures
-MIG_NAME = re.compile(r"^gpu-(\d+)-mig-[a-z0-9-]+-(\d+)-(\d+)$")
-GPU_NAME = re.compile(r"^gpu-(\d+)$")
+MIG_NAME = re.compile(r"^gpu-(\d+)-mig-[a-z0-9-]+-(\d+)-(\d+)(-mps)?$")
+GPU_NAME = re.compile(r"^gpu-(\d+)(-mps)?$")
+SHARES = ("none", "gpus", "mig")  # dra.mps-shares: which devices have a share device
 CAPACITIES = (  # (capacity name, counter name)
     ("memory", "memory"),
     ("multiprocessors", "multiprocessors"),
@@ -46,6 +55,7 @@ class DeviceRef:
     gpu: int
     profile_id: int | None = None
     start: int | None = None
+    shared: bool = False  # its MPS share device (nodeagent.dra.shares)
 
     @property
     def is_mig(self) -> bool:
@@ -83,9 +93,9 @@ def parse_device_name(name: str) -> DeviceRef | None:
     """The GPU (and MIG profile id and placement start) a device name stands for; None for a
     name this driver never publishes."""
     if m := GPU_NAME.match(name):
-        return DeviceRef(int(m.group(1)))
+        return DeviceRef(int(m.group(1)), shared=bool(m.group(2)))
     if m := MIG_NAME.match(name):
-        return DeviceRef(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        return DeviceRef(int(m.group(1)), int(m.group(2)), int(m.group(3)), bool(m.group(4)))
     return None
 
 
@@ -220,28 +230,76 @@ def gpu_devices(inventory: Inventory, gpu: Gpu) -> list[dict[str, Any]]:
 
 
 def counter_set(gpu: Gpu) -> dict[str, Any]:
+    """The GPU's counters: its partitions' (memory slices, memory, SMs, engines), or, for a GPU
+    that offers no slices, its memory only (what keeps it and its share device apart)."""
+    if not offers_slices(gpu):
+        return {"name": counter_set_name(gpu.index), "counters": _counters_whole(gpu)}
     return {
         "name": counter_set_name(gpu.index),
         "counters": _counters(_max_capacity(gpu), range(gpu.memory_slice_count)),
     }
 
 
+def _counters_whole(gpu: Gpu) -> dict[str, dict[str, str]]:
+    return {"memory": {"value": str(gpu.memory_total_bytes)}}
+
+
+# -- MPS shares (KEP-5075 consumable capacity) -------------------------------------------------
+
+
+def shares_whole(gpu: Gpu, shares: str) -> bool:
+    return shares != "none" and offers_whole(gpu)
+
+
+def shares_slices(gpu: Gpu, shares: str) -> bool:
+    return shares == "mig" and offers_slices(gpu)
+
+
+def with_shares(
+    inventory: Inventory, gpu: Gpu, devices: list[dict[str, Any]], driver: str, shares: str
+) -> list[dict[str, Any]]:
+    """`devices` (gpu_devices) with the share devices `shares` asks for, each after its twin.
+    A GPU that offers no slices consumes its counter set (counter_set) so that it and its
+    share device exclude each other."""
+    out: list[dict[str, Any]] = []
+    for d in devices:
+        ref = parse_device_name(d["name"])
+        assert ref is not None
+        if not ref.is_mig and shares_whole(gpu, shares):
+            if not d.get("consumesCounters"):
+                counters = {"counterSet": counter_set_name(gpu.index)}
+                d = {**d, "consumesCounters": [{**counters, "counters": _counters_whole(gpu)}]}
+            out += [d, share_device(d, driver, gpu.memory_total_bytes)]
+        elif ref.is_mig and shares_slices(gpu, shares):
+            profile = gpu.profile_by_id(ref.profile_id or 0)
+            assert profile is not None
+            out += [d, share_device(d, driver, profile.memory_bytes)]
+        else:
+            out.append(d)
+    return out
+
+
 def resource_slices(
-    inventory: Inventory, node: str, driver: str, gpus: Collection[int] | None = None
+    inventory: Inventory,
+    node: str,
+    driver: str,
+    gpus: Collection[int] | None = None,
+    shares: str = "none",
 ) -> list[SliceSpec]:
     """Every ResourceSlice of this node's pool (named after the node): the counter sets, then
-    one slice of devices per GPU. `gpus` limits them to those GPU indices (None: all)."""
+    one slice of devices per GPU. `gpus` limits them to those GPU indices (None: all);
+    `shares` (SHARES) says which devices get an MPS share device beside them."""
     chosen = [g for g in inventory.gpus if gpus is None or g.index in gpus]
     prefix = f"{node}-{dns_label(driver)}"
     base = {"driver": driver, "nodeName": node}
     out: list[SliceSpec] = []
-    with_counters = [g for g in chosen if offers_slices(g)]
+    with_counters = [g for g in chosen if offers_slices(g) or shares_whole(g, shares)]
     for k in range(0, len(with_counters), MAX_COUNTER_SETS_PER_SLICE):
         batch = with_counters[k : k + MAX_COUNTER_SETS_PER_SLICE]
         spec = {**base, "sharedCounters": [counter_set(g) for g in batch]}
         out.append(SliceSpec(f"{prefix}-counters-{k // MAX_COUNTER_SETS_PER_SLICE}", spec))
     for gpu in chosen:
-        devices = gpu_devices(inventory, gpu)
+        devices = with_shares(inventory, gpu, gpu_devices(inventory, gpu), driver, shares)
         for k in range(0, len(devices), MAX_DEVICES_PER_SLICE):
             part = "" if k == 0 else f"-{k // MAX_DEVICES_PER_SLICE}"
             spec = {**base, "devices": devices[k : k + MAX_DEVICES_PER_SLICE]}

@@ -226,6 +226,7 @@ class NodeDriver:
         try:
             claimed = claimed_devices(claim, c.driver, c.pool)
             wanted = intents(self._inventory(), claimed, before.devices if before else (), c.gpus)
+            wanted = self._joining(ref.uid, wanted)
         except AgentError:
             if before is not None:  # a retry that is refused now holds nothing
                 self._release(ref.uid, before, deadline)
@@ -251,6 +252,22 @@ class NodeDriver:
         log.info("dra.prepared", claim=str(ref), devices=[d.device for d in made])
         return _answer(record), kind
 
+    def _joining(self, uid: str, wanted: list[PreparedDevice]) -> list[PreparedDevice]:
+        """A share of a MIG slice that other claims share already takes their `existed`: a
+        slice made for shares goes with the last claim sharing it, whoever made it."""
+        claims = load(self.config.checkpoint).claims
+        out = []
+        for d in wanted:
+            mates = [
+                m
+                for other, c in claims.items()
+                if other != uid
+                for m in c.devices
+                if d.shared and d.is_mig and m.shared and m.device == d.device
+            ]
+            out.append(replace(d, existed=mates[0].existed) if mates else d)
+        return out
+
     def _change(
         self, ref: ClaimRef, wanted: list[PreparedDevice], deadline: float | None
     ) -> WantedChange:
@@ -259,6 +276,8 @@ class NodeDriver:
         def wants(inventory: Inventory, held: Mapping[str, str]) -> Mapping[int, Desired]:
             owners = self.owners.read()
             gpus = {g.index: g for g in inventory.gpus}
+            mates: set[str] = set()  # the claims sharing a device with this one
+            joined: set[str] = set()  # the share devices they hold already
             for d in wanted:
                 if d.admin:
                     continue
@@ -268,13 +287,18 @@ class NodeDriver:
                     if d.is_mig
                     else (0, gpu.memory_slice_count)
                 )
-                other = owners.owner_of(gpu.uuid, start, size, but=ref.uid)
+                share = _held(d) if d.shared else None
+                if share is not None and (sharing := owners.sharing(share, but=ref.uid)):
+                    mates.update(sharing)
+                    joined.add(d.device)
+                other = owners.owner_of(gpu.uuid, start, size, but=ref.uid, share=share)
                 if other is None and owners.uncertain is not None and not d.is_mig:
                     other = f"an unknown owner ({owners.uncertain})"
                 if other is not None:
                     where = f"memory slices {start}-{start + size - 1}" if d.is_mig else "the GPU"
                     raise SliceInUse(f"{d.device}: {other} holds {where} of GPU {d.gpu}")
-            return prepare_wants(inventory, wanted, held, me)
+            held = {uuid: who for uuid, who in held.items() if who not in mates}
+            return prepare_wants(inventory, wanted, held, me, joined)
 
         def record(inventory: Inventory, done: bool) -> None:
             gpus = {g.index: g for g in inventory.gpus}
@@ -283,13 +307,11 @@ class NodeDriver:
                 if d.admin:
                     continue
                 if not d.is_mig:
-                    devices.append(Held(d.gpu_uuid))
+                    devices.append(_held(d))
                     continue
                 there = slice_at(gpus[d.gpu], d.profile_id or 0, d.placement_start or 0)
                 uuid = there.mig_uuid if there is not None else None
-                devices.append(
-                    Held(d.gpu_uuid, d.placement_start, d.placement_size, d.profile_id, uuid)
-                )
+                devices.append(replace(_held(d), mig_uuid=uuid))
             owner = ClaimOwner(ref.namespace, ref.name, tuple(devices))
             self.owners.update(lambda o: o.with_claim(ref.uid, owner))
 
@@ -341,8 +363,22 @@ class NodeDriver:
         return self.config.plugin_dir / "mps" / uid / device
 
     def _mps_daemon(self, d: PreparedDevice, root: Path, inventory: Inventory) -> MpsDaemon:
+        """The claim's own MPS control daemon for `d`, with the claim's limits: its
+        MpsConfig's, or a share device's consumed capacity. Raises ConfigError."""
         assert d.mps is not None
         pinned = d.mps.get("pinned_memory_bytes")
+        if d.is_mig:  # a share of a MIG slice: the daemon sees that MIG device only
+            settings = MpsSettings(
+                devices=(d.gpu,), thread_percentage=int(d.mps["thread_percentage"]),
+                pipe_dir=root / "pipe", log_dir=root / "log", ready_file=root / "ready",
+                control_binary=self.config.mps_control,
+            )  # fmt: skip
+            limits = Limits(
+                int(d.mps["thread_percentage"]),
+                {0: int(pinned)} if pinned else {},
+                d.mig_uuid or "",
+            )
+            return MpsDaemon(settings, limits)
         settings = MpsSettings(
             devices=(d.gpu,),
             thread_percentage=int(d.mps["thread_percentage"]),
@@ -403,7 +439,11 @@ class NodeDriver:
         me = f"claim {claim.namespace}/{claim.name}"
 
         def wants(inventory: Inventory, held: Mapping[str, str]) -> Mapping[int, Desired]:
-            return release_wants(inventory, claim.devices, me)
+            owners = self.owners.read()
+            kept = {  # a shared slice stays while another claim shares it
+                d.device for d in claim.devices if d.shared and owners.sharing(_held(d), but=uid)
+            }
+            return release_wants(inventory, claim.devices, me, kept)
 
         def record(inventory: Inventory, done: bool) -> None:
             if done:
@@ -423,6 +463,13 @@ class NodeDriver:
                 " will ask again"
             ) from err
         self._update(uid, None)
+
+
+def _held(d: PreparedDevice) -> Held:
+    """What `d` holds in the ownership record (its MIG UUID once made)."""
+    if not d.is_mig:
+        return Held(d.gpu_uuid, shared=d.shared)
+    return Held(d.gpu_uuid, d.placement_start, d.placement_size, d.profile_id, shared=d.shared)
 
 
 def _answer(claim: PreparedClaim) -> list[Prepared]:

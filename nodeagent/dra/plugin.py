@@ -52,6 +52,7 @@ class DraPlugin:
         d = settings.dra
         self.driver = d.driver
         self.devices = d.devices
+        self.mps_shares = d.mps_shares
         if d.devices is not None:  # a GPU the node lacks is a mistake, not a GPU to skip
             with session.lock:
                 have = sorted(g.index for g in read_inventory(session).gpus)
@@ -119,7 +120,9 @@ class DraPlugin:
         if dropped:
             slices = safe_slices(inventory, self.api.name, self.driver, self.devices)
         else:
-            slices = resource_slices(inventory, self.api.name, self.driver, self.devices)
+            slices = resource_slices(
+                inventory, self.api.name, self.driver, self.devices, self.mps_shares
+            )
         self._built = (inventory, dropped, slices)
         return slices
 

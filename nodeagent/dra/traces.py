@@ -13,8 +13,10 @@ from pathlib import Path
 from nodeagent.base.errors import AgentError, ConfigError
 from nodeagent.dra import cdi
 from nodeagent.dra.checkpoint import load as load_checkpoint
-from nodeagent.dra.devices import parse_device_name
+from nodeagent.dra.devices import DeviceRef, parse_device_name
+from nodeagent.dra.shares import SHARE_SUFFIX
 from nodeagent.nvml import Inventory, NvmlSession
+from nodeagent.nvml.inventory import Gpu
 from nodeagent.settings import Dra
 from nodeagent.settings.groups import DEFAULT_KUBELET_PLUGINS
 from nodeagent.state.owners import (
@@ -90,6 +92,7 @@ def rebuild(evidence: Evidence, inventory: Inventory | None) -> Owners:
                     p.placement_size,
                     p.profile_id,
                     p.mig_uuid,
+                    p.shared,
                 )
                 for p in c.devices
                 if not p.admin
@@ -121,6 +124,18 @@ def _listdir(path: Path, problems: list[str]) -> list[str]:
         return []
 
 
+def _held(gpu: Gpu, ref: DeviceRef) -> Held | None:
+    """What a device name holds of `gpu`: the GPU, or its profile's placement (None: the GPU
+    has no such placement); a share device's, shared."""
+    if not ref.is_mig:
+        return Held(gpu.uuid, shared=ref.shared)
+    profile = gpu.profile_by_id(ref.profile_id or 0)
+    at = next((p for p in (profile.placements if profile else ()) if p.start == ref.start), None)
+    if at is None:
+        return None
+    return Held(gpu.uuid, at.start, at.size, ref.profile_id, shared=ref.shared)
+
+
 def _mps_roots(
     root: Path, inventory: Inventory | None, claims: dict[str, ClaimOwner], problems: list[str]
 ) -> None:
@@ -135,7 +150,7 @@ def _mps_roots(
             if gpu is None:
                 problems.append(f"MPS root {root / uid / device} names a GPU this node lacks")
                 continue
-            _add(claims, uid, Held(gpu.uuid))
+            _add(claims, uid, _held(gpu, ref) or Held(gpu.uuid))
 
 
 def _cdi_specs(
@@ -162,7 +177,7 @@ def _cdi_specs(
         try:
             spec = json.loads(read_trace(root / name, "a CDI spec") or "")
             envs = [
-                e
+                (e, str(dev.get("name", "")).endswith(SHARE_SUFFIX))
                 for dev in spec["devices"]
                 for e in dev["containerEdits"].get("env", [])
                 if isinstance(e, str) and e.startswith("NVIDIA_VISIBLE_DEVICES=")
@@ -170,13 +185,13 @@ def _cdi_specs(
         except (OSError, ValueError, TypeError, KeyError, AttributeError, ConfigError) as err:
             problems.append(f"CDI spec {root / name} is unreadable ({err})")
             continue
-        for env in envs:
+        for env, shared in envs:
             uuid = env.split("=", 1)[1]
             if uuid in slices:
                 gpu, start, size, profile = slices[uuid]
-                _add(claims, uid, Held(gpu, start, size, profile, uuid))
+                _add(claims, uid, Held(gpu, start, size, profile, uuid, shared))
             elif uuid in parents:
-                _add(claims, uid, Held(uuid))
+                _add(claims, uid, Held(uuid, shared=shared))
             elif uuid.startswith("MIG-"):
                 problems.append(f"CDI spec {root / name} names {uuid}, a MIG device not here")
 
@@ -201,17 +216,9 @@ def _api_claims(
             gpu = gpus.get(ref.gpu) if ref is not None else None
             if ref is None or gpu is None:
                 continue  # another driver's naming, or a GPU this node lacks: nothing held here
-            if not ref.is_mig:
-                held = Held(gpu.uuid)
-            else:
-                profile = gpu.profile_by_id(ref.profile_id or 0)
-                at = next(
-                    (p for p in (profile.placements if profile else ()) if p.start == ref.start),
-                    None,
-                )
-                if at is None:
-                    continue
-                held = Held(gpu.uuid, at.start, at.size, ref.profile_id)
+            held = _held(gpu, ref)
+            if held is None:
+                continue
             _add(claims, uid, held)
             owner = claims[uid]
             if not owner.name:

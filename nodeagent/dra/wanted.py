@@ -9,6 +9,10 @@ makes just that. A slice with processes, one a pod holds or one another claim ho
 refuses the claim here, with nothing changed. A whole GPU wants MIG off (the planner refuses
 when a slice is in use). Unprepared, the GPU should hold what it holds minus the slices the
 claim created. A device with admin access wants nothing.
+
+An MPS share device (nodeagent.dra.shares) wants what its twin wants; the claims already
+sharing it (`joined`) are not in its way: their processes run there, and their slice is the
+one this claim shares. Unprepared, a shared slice goes only with the last claim sharing it.
 """
 
 from __future__ import annotations
@@ -46,9 +50,10 @@ def intents(
         if not c.ref.is_mig:
             out.append(
                 PreparedDevice(
-                    c.request, c.pool, c.device, gpu.index, gpu.uuid, mps=mps, admin=c.admin
+                    c.request, c.pool, c.device, gpu.index, gpu.uuid, mps=mps, admin=c.admin,
+                    shared=c.ref.shared, share_id=c.share_id,
                 )
-            )
+            )  # fmt: skip
             continue
         profile = gpu.profile_by_id(c.ref.profile_id or 0)
         at = (
@@ -66,7 +71,8 @@ def intents(
         out.append(
             PreparedDevice(
                 c.request, c.pool, c.device, gpu.index, gpu.uuid, profile.id, profile.name,
-                at.start, at.size, existed, admin=c.admin,
+                at.start, at.size, existed, mps=mps, admin=c.admin, shared=c.ref.shared,
+                share_id=c.share_id,
             )
         )  # fmt: skip
     return out
@@ -152,10 +158,15 @@ def _make_room(
 
 
 def prepare_wants(
-    inventory: Inventory, devices: list[PreparedDevice], held: Mapping[str, str], source: str
+    inventory: Inventory,
+    devices: list[PreparedDevice],
+    held: Mapping[str, str],
+    source: str,
+    joined: Collection[str] = (),
 ) -> dict[int, Desired]:
     """What the GPUs of `devices` should be for the claim to hold them. `held`: {UUID: who}
-    of every holder but the claim itself. Raises SliceInUse."""
+    of every holder but the claim itself (and the claims it shares a device with); `joined`:
+    the share devices other claims hold already. Raises SliceInUse."""
     gpus = {g.index: g for g in inventory.gpus}
     layouts: dict[int, dict[Instance, Shape]] = {}
     out: dict[int, Desired] = {}
@@ -173,7 +184,9 @@ def prepare_wants(
         busy = {i: who for i, ss in gis.items() if (who := _who(ss, held)) is not None}
         if not d.is_mig:
             if (who := held.get(gpu.uuid)) is not None or (
-                gpu.processes and (who := f"process {gpu.processes[0].pid}")
+                d.device not in joined
+                and gpu.processes
+                and (who := f"process {gpu.processes[0].pid}")
             ):
                 raise SliceInUse(f"GPU {gpu.index} is in use ({who}); nothing was changed")
             if gpu.mig_current or gpu.mig_pending:
@@ -188,6 +201,8 @@ def prepare_wants(
         profile = gpu.profile_by_id(d.profile_id)
         assert profile is not None
         full: Shape = (profile.slice_count,)
+        if d.device in joined:  # the processes there are the other shares' clients
+            busy.pop(want, None)
         if want in layout and layout[want] != full and want in busy:
             raise SliceInUse(
                 f"GPU {gpu.index} slice {profile.name} at placement {want.placement} is in use"
@@ -206,15 +221,20 @@ def prepare_wants(
 
 
 def release_wants(
-    inventory: Inventory, devices: tuple[PreparedDevice, ...], source: str
+    inventory: Inventory,
+    devices: tuple[PreparedDevice, ...],
+    source: str,
+    kept: Collection[str] = (),
 ) -> dict[int, Desired]:
     """What the GPUs should be once the slices the claim created (not those that were there
-    before it) are gone."""
+    before it, nor the shared ones in `kept` that other claims still hold) are gone."""
     gpus = {g.index: g for g in inventory.gpus}
     layouts: dict[int, dict[Instance, Shape]] = {}
     for d in devices:
         gpu = gpus.get(d.gpu)
         if gpu is None or not d.is_mig or d.existed or d.admin or not gpu.mig_current:
+            continue
+        if d.device in kept:
             continue
         assert d.profile_id is not None and d.placement_start is not None
         assert d.placement_size is not None

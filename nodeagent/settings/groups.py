@@ -165,6 +165,7 @@ class Dra:
     health_hold_seconds: float = 60.0
     fatal_faults: tuple[str, ...] = ()
     ignored_xids: tuple[int, ...] = APPLICATION_XIDS
+    mps_shares: str = "none"  # none | gpus | mig: which devices have an MPS share device
 
     @property
     def plugin_path(self) -> Path:

@@ -256,6 +256,10 @@ SPECS: tuple[Spec, ...] = (
     _spec("dra", "ignored-xids", "NODEAGENT_DRA_IGNORED_XIDS", "--dra-ignored-xids", xids,
           "XIDs that taint nothing: an application's own errors (NVIDIA's device plugin ignores"
           " the same: 13, 31, 43, 45, 68, 109)", hot=True),
+    _spec("dra", "mps-shares", "NODEAGENT_DRA_MPS_SHARES", "--dra-mps-shares",
+          choice("none", "gpus", "mig"), "MPS shares as consumable capacity: none; gpus (each"
+          " GPU with MIG off also a device several claims share, each sized in SM percent and"
+          " memory); mig (also each MIG placement)"),
 )  # fmt: skip
 BY_KEY = {s.dotted: s for s in SPECS}
 SETTINGS_FILE_ENV = "NODEAGENT_CONFIG"

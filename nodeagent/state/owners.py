@@ -44,13 +44,25 @@ CLAIM = "claim"
 
 @dataclass(frozen=True)
 class Held:
-    """One device a claim holds: a whole GPU (no placement) or a MIG slice at a placement."""
+    """One device a claim holds: a whole GPU (no placement) or a MIG slice at a placement;
+    `shared`: its MPS share (nodeagent.dra.shares), which the other claims sharing the same
+    GPU or slice hold too."""
 
     gpu_uuid: str
     start: int | None = None
     size: int | None = None
     profile_id: int | None = None
     mig_uuid: str | None = None
+    shared: bool = False
+
+    def same_share(self, other: Held) -> bool:
+        """Whether both are shares of one device (the GPU, or one profile at one placement)."""
+        return (
+            self.shared
+            and other.shared
+            and (self.gpu_uuid, self.start, self.profile_id)
+            == (other.gpu_uuid, other.start, other.profile_id)
+        )
 
     @property
     def is_mig(self) -> bool:
@@ -111,11 +123,16 @@ class Owners:
                     held.setdefault(uuid, owner.holder(uid))
         return held
 
-    def owner_of(self, gpu_uuid: str, start: int, size: int, but: str = "") -> str | None:
-        """The claim (other than `but`) holding any of those memory slices of that GPU."""
+    def owner_of(
+        self, gpu_uuid: str, start: int, size: int, but: str = "", share: Held | None = None
+    ) -> str | None:
+        """The claim (other than `but`) holding any of those memory slices of that GPU; a
+        claim holding the same share as `share` does not count (shares of a device coexist)."""
         for uid, owner in self.claims.items():
             for d in owner.devices:
                 if uid == but or d.gpu_uuid != gpu_uuid:
+                    continue
+                if share is not None and d.same_share(share):
                     continue
                 if not d.is_mig:
                     return f"claim {owner.namespace}/{owner.name}"
@@ -123,6 +140,14 @@ class Owners:
                 if start < d.start + d.size and d.start < start + size:
                     return f"claim {owner.namespace}/{owner.name}"
         return None
+
+    def sharing(self, share: Held, but: str) -> list[str]:
+        """The claims (other than `but`) holding the same share as `share`, by name."""
+        return [
+            f"claim {o.namespace}/{o.name}"
+            for uid, o in sorted(self.claims.items())
+            if uid != but and any(d.same_share(share) for d in o.devices)
+        ]
 
     def to_json(self) -> str:
         claims = {uid: asdict(c) for uid, c in sorted(self.claims.items())}
@@ -151,7 +176,9 @@ def _parse(text: str, path: Path) -> Owners:
             devices = []
             for d in raw["devices"]:
                 held = Held(**d)
-                if not isinstance(held.gpu_uuid, str) or not all(
+                if not isinstance(held.gpu_uuid, str) or not isinstance(held.shared, bool):
+                    raise ValueError(f"claim {uid}: a device is malformed")
+                if not all(
                     v is None or (isinstance(v, int) and not isinstance(v, bool))
                     for v in (held.start, held.size, held.profile_id)
                 ):

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from nodeagent.cli import build_parser
-from nodeagent.dra.devices import gpu_devices
+from nodeagent.dra.devices import gpu_devices, with_shares
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.settings import load
 from nodeagent.sim import SimulatedNvml, parse_spec
@@ -42,7 +42,8 @@ def test_selectors_name_attributes_the_driver_publishes() -> None:
     inv = read_inventory(session)
     session.close()
     gpu = replace(inv.gpus[0], mig_current=True)
-    published = {name for d in gpu_devices(inv, gpu) for name in d["attributes"]}
+    devices = with_shares(inv, gpu, gpu_devices(inv, gpu), "gpu.nodeagent.io", "mig")
+    published = {name for d in devices for name in d["attributes"]}
     profiles = {d["attributes"]["profile"]["string"] for d in gpu_devices(inv, gpu) if "profile" in d["attributes"]}  # fmt: skip
     text = yaml.safe_dump_all(documents())
     named = set(ATTRIBUTE.findall(text))
@@ -85,9 +86,10 @@ def readme_documents() -> list[dict[str, Any]]:
 
 def test_the_readme_examples_are_the_files() -> None:
     """The README's DRA examples validate and say what the deployed files say."""
-    shown = readme_documents()
+    # A ResourceSlice shown is the driver's output, abridged (tests/unit/dra/test_shares.py).
+    shown = [d for d in readme_documents() if d["kind"] != "ResourceSlice"]
     files = {(d["kind"], d["metadata"]["name"]): d for d in documents()}
-    assert len(shown) == 9
+    assert len(shown) == 11
     for doc in shown:
         kubernetes_validate.validate(doc, VERSION, strict=True)
         assert doc == files[(doc["kind"], doc["metadata"]["name"])]

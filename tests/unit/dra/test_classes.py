@@ -126,4 +126,9 @@ def test_the_command_prints_the_classes_for_the_nodes_gpus(cli: Callable[..., Re
     )
     assert other.returncode == 0, other.stderr
     names = [d["metadata"]["name"] for d in yaml.safe_load_all(other.stdout) if d]
-    assert names[:3] == ["gpu.example.com", "mig.gpu.example.com", "mig-1g.18gb.gpu.example.com"]
+    assert names[:4] == [
+        "gpu.example.com",
+        "mig.gpu.example.com",
+        "mps.gpu.example.com",
+        "mig-1g.18gb.gpu.example.com",
+    ]

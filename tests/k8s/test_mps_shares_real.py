@@ -1,0 +1,241 @@
+"""MPS shares as consumable capacity (KEP-5075, DRAConsumableCapacity, beta in v1.36) against
+the real kube-scheduler v1.36.2: the templates of examples/dra/mps-shares.yaml, pods from them
+put on one share device while their capacity requests fit (each claim with a shareID and a
+consumedCapacity of its own), the next one left pending, the share device's exclusive twin
+kept from anybody while a share is allocated; then nodeagent's driver prepares each claim on
+the emulated node with an MPS daemon of its own whose limits are the claim's consumed capacity,
+read back from the (fake) daemon, and unprepare stops it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nodeagent.agent.factory import dra_driver
+from nodeagent.base.units import parse_size
+from nodeagent.dra.claims import ClaimRef
+from nodeagent.dra.devices import resource_slices
+from nodeagent.dra.node import NodeConfig, NodeDriver
+from nodeagent.mps.control import MpsControl
+from nodeagent.nvml import NvmlSession, read_inventory
+from nodeagent.settings import Settings
+from nodeagent.sim import SimulatedNvml
+from nodeagent.sim.models import parse_spec
+from tests.k8s.test_packing_real import DRIVER, REPO, _device_classes, _pod, _wait
+
+EXAMPLE = list(yaml.safe_load_all((REPO / "examples/dra/mps-shares.yaml").read_text()))
+SM, MEMORY = f"{DRIVER}/sm", f"{DRIVER}/memory"
+
+
+def _template(name: str, namespace: str) -> dict[str, Any]:
+    (doc,) = [d for d in EXAMPLE if d["kind"] == "ResourceClaimTemplate" and d["metadata"]["name"] == name]  # fmt: skip
+    return {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
+
+
+def _one_1g_slice(namespace: str) -> dict[str, Any]:
+    docs = yaml.safe_load_all((REPO / "examples/dra/claim-templates.yaml").read_text())
+    (doc,) = [d for d in docs if d["metadata"]["name"] == "one-1g-slice"]
+    return {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
+
+
+def _node(api: Any, session: NvmlSession, shares: str) -> str:
+    from kubernetes import client
+
+    from tests.support.k8s import make_node
+
+    node = f"n-{uuid.uuid4().hex[:8]}"
+    make_node(api, node)
+    wanted = resource_slices(read_inventory(session), node, DRIVER, shares=shares)
+    for s in wanted:
+        pool = {"name": node, "generation": 1, "resourceSliceCount": len(wanted)}
+        client.ResourceV1Api(api).create_resource_slice(
+            {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+             "metadata": {"name": s.name}, "spec": {**s.spec, "pool": pool}}
+        )  # fmt: skip
+    _device_classes(api)
+    return node
+
+
+def _claim_of(api: Any, namespace: str, pod: str) -> dict[str, Any] | None:
+    """The pod's claim (made from its template) once the scheduler allocated it."""
+    from kubernetes import client
+
+    raw = client.ResourceV1Api(api).list_namespaced_resource_claim(
+        namespace, _preload_content=False
+    )
+    for c in json.loads(raw.data)["items"]:
+        owners = c["metadata"].get("ownerReferences") or []
+        if any(o["name"] == pod for o in owners) and (c.get("status") or {}).get("allocation"):
+            return dict(c)
+    return None
+
+
+def _result(claim: dict[str, Any]) -> dict[str, Any]:
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    return dict(result)
+
+
+def _unschedulable(api: Any, namespace: str, pod: str) -> bool:
+    from kubernetes import client
+
+    p = client.CoreV1Api(api).read_namespaced_pod(pod, namespace)
+    return any(
+        c.type == "PodScheduled" and c.reason == "Unschedulable" for c in p.status.conditions or []
+    )
+
+
+def _prepare(driver: NodeDriver, claim: dict[str, Any]) -> None:
+    meta = claim["metadata"]
+    driver.prepare(ClaimRef(meta["namespace"], meta["name"], meta["uid"]), claim)
+
+
+def _limits(control: str, root: Path) -> tuple[float, int]:
+    """The claim's MPS daemon's own answer: its thread percentage and device 0's pinned limit."""
+    mps = MpsControl(control, root / "pipe", root / "log")
+    pct = float(mps.command("get_default_active_thread_percentage"))
+    return pct, parse_size(mps.command("get_default_device_pinned_mem_limit 0"))
+
+
+def _visible(control: str, root: Path) -> str:
+    pid = MpsControl(control, root / "pipe", root / "log").daemon_pid()
+    assert pid is not None
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    (visible,) = [e for e in env if e.startswith(b"CUDA_VISIBLE_DEVICES=")]
+    return visible.split(b"=", 1)[1].decode()
+
+
+def _quit_all(control: str, plugin_dir: Path) -> None:
+    from tests.support.dra import _quit_mps
+
+    for d in (plugin_dir / "mps").glob("*/*"):
+        _quit_mps(control, d)
+
+
+def test_three_30_percent_shares_fit_one_gpu_a_fourth_waits(
+    api_client: Any, namespace: str, short_tmp: Path, fake_mps_control: str
+) -> None:
+    from kubernetes import client
+
+    core, res = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
+    state = short_tmp / "sim.json"
+    session = NvmlSession(SimulatedNvml(parse_spec("h200"), state))
+    node = _node(api_client, session, "gpus")
+    res.create_namespaced_resource_claim_template(namespace, _template("mps-30", namespace))
+    res.create_namespaced_resource_claim_template(
+        namespace,
+        {"metadata": {"name": "whole"},
+         "spec": {"spec": {"devices": {"requests": [
+             {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}}},
+    )  # fmt: skip
+    pods = ["asr-0", "asr-1", "asr-2"]
+    for pod in pods:
+        core.create_namespaced_pod(
+            namespace, _pod(pod, node, {"resourceClaimTemplateName": "mps-30"})
+        )
+    claims = _wait(
+        "3 claims allocated",
+        lambda: all(c := [_claim_of(api_client, namespace, p) for p in pods]) and c,
+    )
+    results = [_result(c) for c in claims]
+    assert {r["device"] for r in results} == {"gpu-0-mps"}, results
+    assert len({r["shareID"] for r in results}) == 3, results
+    assert all(r["consumedCapacity"] == {SM: "30", MEMORY: "16Gi"} for r in results), results
+
+    # 90 % are taken: a fourth 30 % share does not fit; the GPU is nobody's whole, and none
+    # of its MIG slices can be had either (v1.36 takes the share device's counters, all of
+    # the GPU's, at its first allocation: the 10 % left cannot be expressed as room for a 1g).
+    res.create_namespaced_resource_claim_template(namespace, _one_1g_slice(namespace))
+    waiting = {"asr-3": "mps-30", "llm": "whole", "asr-small": "one-1g-slice"}
+    for pod, template in waiting.items():
+        core.create_namespaced_pod(
+            namespace, _pod(pod, node, {"resourceClaimTemplateName": template})
+        )
+    for pod in waiting:
+        _wait(f"{pod} unschedulable", lambda p=pod: _unschedulable(api_client, namespace, p))
+        assert _claim_of(api_client, namespace, pod) is None
+
+    config = NodeConfig(
+        DRIVER, node, short_tmp / "p", short_tmp / "cdi", mps_control=fake_mps_control
+    )
+    driver = dra_driver(
+        session, Settings(), config, lambda i: None, state.with_name(".sim.json.lock")
+    )
+    try:
+        for c in claims:
+            _prepare(driver, c)
+        roots = [driver.mps_root(c["metadata"]["uid"], "gpu-0-mps") for c in claims]
+        gpu = read_inventory(session).gpus[0]
+        for root in roots:  # each claim its own daemon, its own limits
+            assert _limits(fake_mps_control, root) == (30.0, 16 << 30)
+            assert _visible(fake_mps_control, root) == gpu.uuid
+        assert len({r.resolve() for r in roots}) == 3
+
+        driver.unprepare(claims[0]["metadata"]["uid"])
+        assert not roots[0].exists()
+        assert _limits(fake_mps_control, roots[1]) == (30.0, 16 << 30)  # the others keep theirs
+    finally:
+        _quit_all(fake_mps_control, short_tmp / "p")
+        session.close()
+
+    # The pod goes, its claim with it: the scheduler gives its 30 % to the waiting pod.
+    core.delete_namespaced_pod("asr-0", namespace, grace_period_seconds=0)
+    fourth = _wait("asr-3's claim allocated", lambda: _claim_of(api_client, namespace, "asr-3"))
+    assert _result(fourth)["device"] == "gpu-0-mps"
+    assert _unschedulable(api_client, namespace, "llm")
+    assert _unschedulable(api_client, namespace, "asr-small")
+
+
+def test_two_claims_share_one_mig_slice_each_with_its_own_daemon(
+    api_client: Any, namespace: str, short_tmp: Path, fake_mps_control: str
+) -> None:
+    from kubernetes import client
+
+    core, res = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
+    state = short_tmp / "sim.json"
+    session = NvmlSession(SimulatedNvml(parse_spec("h200"), state))
+    node = _node(api_client, session, "mig")
+    res.create_namespaced_resource_claim_template(namespace, _template("mps-half-1g", namespace))
+    pods = ["tts-0", "tts-1"]
+    for pod in pods:
+        core.create_namespaced_pod(
+            namespace, _pod(pod, node, {"resourceClaimTemplateName": "mps-half-1g"})
+        )
+    claims = _wait(
+        "2 claims allocated",
+        lambda: all(c := [_claim_of(api_client, namespace, p) for p in pods]) and c,
+    )
+    results = [_result(c) for c in claims]
+    (device,) = {r["device"] for r in results}
+    assert device.startswith("gpu-0-mig-1g18gb-19-") and device.endswith("-mps"), results
+    assert len({r["shareID"] for r in results}) == 2, results
+    assert all(r["consumedCapacity"] == {SM: "50", MEMORY: "8Gi"} for r in results), results
+
+    config = NodeConfig(
+        DRIVER, node, short_tmp / "p", short_tmp / "cdi", mps_control=fake_mps_control
+    )
+    driver = dra_driver(
+        session, Settings(), config, lambda i: None, state.with_name(".sim.json.lock")
+    )
+    start = int(device.removesuffix("-mps").rsplit("-", 1)[1])
+    try:
+        for c in claims:
+            _prepare(driver, c)
+        (made,) = read_inventory(session).gpus[0].slices  # one slice, made by the first
+        assert made.placement.start == start and made.mig_uuid
+        roots = [driver.mps_root(c["metadata"]["uid"], device) for c in claims]
+        for root in roots:
+            assert _limits(fake_mps_control, root) == (50.0, 8 << 30)
+            assert _visible(fake_mps_control, root) == made.mig_uuid
+
+        driver.unprepare(claims[0]["metadata"]["uid"])  # the other still shares the slice
+        assert [s.mig_uuid for s in read_inventory(session).gpus[0].slices] == [made.mig_uuid]
+        driver.unprepare(claims[1]["metadata"]["uid"])  # the last one: the slice goes
+        assert read_inventory(session).gpus[0].slices == ()
+        assert not (short_tmp / "p" / "mps" / claims[1]["metadata"]["uid"]).exists()
+    finally:
+        _quit_all(fake_mps_control, short_tmp / "p")
+        session.close()
