@@ -1,8 +1,9 @@
-"""One node serving every mode at once, changed live (issue 31 item 7): GPU 0 in MIG slices
-(one of them a claim's), GPU 1 an MPS share, GPU 2 a whole GPU, all in the node's
-ResourceSlices; GPU 0's free memory slices repartitioned ten times by other claims moves no
-claim: the busy slice keeps its MIG device, the MPS daemon keeps serving, the whole GPU stays
-whole, and the published ResourceSlices are not written again."""
+"""One node serving every mode at once, changed live (issue 31 item 7): GPU 0 in MIG slices,
+one a claim's and one shared by MPS (a consumable-capacity share of the slice), GPU 1 an MPS
+share, GPU 2 a whole GPU, all in the node's ResourceSlices; GPU 0's free memory slices
+repartitioned ten times by other claims moves no claim: the busy slices keep their MIG devices,
+the MPS daemons keep serving, the whole GPU stays whole, and the published ResourceSlices are
+not written again."""
 
 from __future__ import annotations
 
@@ -33,33 +34,44 @@ FREE_HALF = (
 @pytest.mark.parametrize("dra_node", ["h200x4"], indirect=True)
 def test_every_mode_at_once_and_ten_repartitions_move_no_claim(dra_node: DraNode) -> None:
     kubelet = dra_node.kubelet
-    busy = dra_node.add_claim(allocated_claim("asr", "uid-busy", {"gpu": "gpu-0-mig-3g71gb-9-0"}))
+    busy = dra_node.add_claim(allocated_claim("asr", "uid-busy", {"gpu": "gpu-0-mig-2g35gb-14-0"}))
+    inside = allocated_claim("emb", "uid-in", {"gpu": "gpu-0-mig-1g18gb-19-2-mps"})
+    (result,) = inside["status"]["allocation"]["devices"]["results"]
+    result["shareID"] = "1f0c2d36-0b55-4a4e-9a57-6c1e2d7f0a11"
+    result["consumedCapacity"] = {"gpu.nodeagent.io/sm": "50", "gpu.nodeagent.io/memory": "8Gi"}
+    shared_slice = dra_node.add_claim(inside)
     share = dra_node.add_claim(
         allocated_claim("tts", "uid-mps", {"gpu": "gpu-1"}, mps_config(25, "16Gi"))
     )
     whole = dra_node.add_claim(allocated_claim("llm", "uid-whole", {"gpu": "gpu-2"}))
-    results = kubelet.prepare([busy, share, whole])
+    results = kubelet.prepare([busy, shared_slice, share, whole])
     assert {uid: r.error for uid, r in results.items()} == {
-        "uid-busy": "", "uid-mps": "", "uid-whole": ""
+        "uid-busy": "", "uid-in": "", "uid-mps": "", "uid-whole": ""
     }  # fmt: skip
 
     inventory = dra_node.inventory()
-    (busy_slice,) = inventory.gpus[0].slices
+    kept = sorted((s.placement.start, s.profile, s.mig_uuid) for s in inventory.gpus[0].slices)
+    assert [(start, profile) for start, profile, _ in kept] == [(0, "2g.35gb"), (2, "1g.18gb")]
+    busy_slice = next(s for s in inventory.gpus[0].slices if s.placement.start == 0)
     pipe = dra_node.root / "p" / "mps" / "uid-mps" / "gpu-1" / "pipe"
-    assert (pipe / "control").exists()
+    pipe_in = dra_node.root / "p" / "mps" / "uid-in" / "gpu-0-mig-1g18gb-19-2-mps" / "pipe"
+    assert (pipe / "control").exists() and (pipe_in / "control").exists()
     assert not inventory.gpus[1].mig_current and not inventory.gpus[2].mig_current
 
     # All of it published together, once.
     kube = KubeSettings(node_name=NODE, host=dra_node.cluster.url, retry_seconds=1.0)
     publisher = SlicePublisher(DraApi(make_api_client(kube), kube), DRIVER)
-    assert publisher.publish(resource_slices(inventory, NODE, DRIVER))
+    assert publisher.publish(resource_slices(inventory, NODE, DRIVER, shares="mig"))
     names = {
         d["name"]
         for (resource, _, _), obj in list(dra_node.cluster.km.objects.items())
         if resource == SLICES and not obj.deleted
         for d in dict(obj)["spec"].get("devices", [])
     }
-    assert {"gpu-0-mig-3g71gb-9-0", "gpu-1", "gpu-2", *FREE_HALF} <= names
+    assert {
+        "gpu-0-mig-2g35gb-14-0", "gpu-0-mig-1g18gb-19-2-mps", "gpu-1", "gpu-1-mps", "gpu-2",
+        *FREE_HALF,
+    } <= names  # fmt: skip
     slice_writes = sum(
         1 for r in list(dra_node.cluster.km) if is_write(r) and "resourceslices" in str(r.url)
     )
@@ -73,21 +85,23 @@ def test_every_mode_at_once_and_ten_repartitions_move_no_claim(dra_node: DraNode
         assert kubelet.unprepare([claim]) == {f"uid-r{n}": ""}
 
         now = dra_node.inventory()
-        # the busy slice: the same MIG device at the same place, still the claim's
-        assert [s.mig_uuid for s in now.gpus[0].slices] == [busy_slice.mig_uuid]
+        # the busy slices: the same MIG devices at the same places, still the claims'
+        assert (
+            sorted((s.placement.start, s.profile, s.mig_uuid) for s in now.gpus[0].slices) == kept
+        )
         assert claim_holders(dra_node.checkpoint)[str(busy_slice.mig_uuid)].pod == "asr"
-        # the MPS share still served, the whole GPU still whole and held
-        assert (pipe / "control").exists()
+        # both MPS shares still served, the whole GPU still whole and held
+        assert (pipe / "control").exists() and (pipe_in / "control").exists()
         assert not now.gpus[1].mig_current and not now.gpus[2].mig_current
         held = claim_holders(dra_node.checkpoint)
         assert held[now.gpus[1].uuid].pod == "tts" and held[now.gpus[2].uuid].pod == "llm"
         # the devices did not change: nothing to publish
-        assert not publisher.publish(resource_slices(now, NODE, DRIVER))
+        assert not publisher.publish(resource_slices(now, NODE, DRIVER, shares="mig"))
 
     writes_after = sum(
         1 for r in list(dra_node.cluster.km) if is_write(r) and "resourceslices" in str(r.url)
     )
     assert writes_after == slice_writes
-    assert kubelet.unprepare([busy, share, whole]) == {
-        "uid-busy": "", "uid-mps": "", "uid-whole": ""
+    assert kubelet.unprepare([busy, shared_slice, share, whole]) == {
+        "uid-busy": "", "uid-in": "", "uid-mps": "", "uid-whole": ""
     }  # fmt: skip
