@@ -396,6 +396,12 @@ class Agent:
                        lambda: self.settings.dra.health_interval_seconds, self.stop_event,
                        clock=self.monotonic)
             )  # fmt: skip
+            from nodeagent.dra.binding import INTERVAL_SECONDS
+
+            workers.append(
+                Worker("dra-bind", self.dra.bind, lambda: INTERVAL_SECONDS, self.stop_event,
+                       max_backoff_seconds=30, clock=self.monotonic)
+            )  # fmt: skip
         if self.watcher is not None:
             workers.append(
                 Worker(

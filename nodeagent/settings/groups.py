@@ -165,6 +165,9 @@ class Dra:
     health_hold_seconds: float = 60.0
     fatal_faults: tuple[str, ...] = ()
     ignored_xids: tuple[int, ...] = APPLICATION_XIDS
+    # MIG placements not made yet carry binding conditions (KEP-5007): the slice is made before
+    # the pod binds, and a failure reschedules the pod
+    binding_conditions: bool = True
 
     @property
     def plugin_path(self) -> Path:

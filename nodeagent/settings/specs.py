@@ -256,6 +256,11 @@ SPECS: tuple[Spec, ...] = (
     _spec("dra", "ignored-xids", "NODEAGENT_DRA_IGNORED_XIDS", "--dra-ignored-xids", xids,
           "XIDs that taint nothing: an application's own errors (NVIDIA's device plugin ignores"
           " the same: 13, 31, 43, 45, 68, 109)", hot=True),
+    _spec("dra", "binding-conditions", "NODEAGENT_DRA_BINDING_CONDITIONS",
+          "--dra-binding-conditions", boolean,
+          "MIG slices not made yet carry binding conditions: made before the pod binds, a"
+          " failure reschedules the pod (needs DRADeviceBindingConditions; dropped: off)",
+          hot=True),
 )  # fmt: skip
 BY_KEY = {s.dotted: s for s in SPECS}
 SETTINGS_FILE_ENV = "NODEAGENT_CONFIG"
