@@ -64,7 +64,7 @@ from nodeagent.state.workers import Worker
 log = get_logger("nodeagent.agent.service")
 STOP_SECONDS = 4.0  # how long stop() waits for idle workers (SIGTERM exits within 5 s)
 # Workers that wait for the NVML lock during a MIG change.
-NVML_READERS = ("refresh", "gpm", "mps-probe", "dra-publish")
+NVML_READERS = ("refresh", "gpm", "mps-probe", "dra-publish", "dra-bind")
 
 
 class NfdSink:
