@@ -2,7 +2,8 @@
 v1.36.2: a pod whose claim gets a MIG placement not made yet stays unbound (the scheduler
 waits in PreBind) until nodeagent's binding watcher has made the slice and set
 gpu.nodeagent.io/SliceReady; the kubelet's prepare then adopts that slice. A make that the
-emulator refuses sets gpu.nodeagent.io/SliceFailed and the scheduler gives the claim up."""
+emulator refuses sets gpu.nodeagent.io/SliceFailed: the scheduler fails the binding and
+deallocates the claim (it is then allocated again, here on the one node there is)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,13 @@ def _node_of(api: Any, namespace: str, pod: str) -> str | None:
 
     got = client.CoreV1Api(api).read_namespaced_pod(pod, namespace)
     return str(got.spec.node_name) if got.spec.node_name else None
+
+
+def _scheduling_failures(api: Any, namespace: str) -> list[str]:
+    from kubernetes import client
+
+    events = client.CoreV1Api(api).list_namespaced_event(namespace).items
+    return [str(e.message) for e in events if e.reason == "FailedScheduling"]
 
 
 def _conditions(claim: dict[str, Any]) -> dict[str, str]:
@@ -131,11 +139,13 @@ def test_a_refused_make_sets_the_failure_condition_and_the_pod_does_not_bind(
         assert read_inventory(session).gpus[0].slices == ()  # nothing made, nothing held
         assert claim["metadata"]["uid"] not in load(plugin.checkpoint).claims
 
-        def given_up() -> bool:
-            c = _claim_of(api_client, namespace, "asr")
-            return c is None or not (c.get("status") or {}).get("reservedFor")
+        def said(text: str) -> bool:
+            return any(text in m for m in _scheduling_failures(api_client, namespace))
 
-        _wait("the scheduler to give the claim up", given_up, 30)
+        # The scheduler's next read in PreBind (every 5 s) fails the binding with our reason;
+        # its next cycle's PostFilter deallocates the claim so that it can be allocated again.
+        _wait("the binding failed", lambda: said("reason=SliceCreateFailed"), 30)
+        _wait("the claim deallocated", lambda: said("deallocation of ResourceClaim completed"), 30)
         assert time.monotonic() - began < 30
         assert _node_of(api_client, namespace, "asr") is None
     finally:
