@@ -64,7 +64,7 @@ from nodeagent.state.workers import Worker
 log = get_logger("nodeagent.agent.service")
 STOP_SECONDS = 4.0  # how long stop() waits for idle workers (SIGTERM exits within 5 s)
 # Workers that wait for the NVML lock during a MIG change.
-NVML_READERS = ("refresh", "gpm", "mps-probe", "dra-publish")
+NVML_READERS = ("refresh", "gpm", "mps-probe", "dra-publish", "dra-bind")
 
 
 class NfdSink:
@@ -395,6 +395,12 @@ class Agent:
                 Worker("dra-publish", self.publish_dra,
                        lambda: self.settings.dra.health_interval_seconds, self.stop_event,
                        clock=self.monotonic)
+            )  # fmt: skip
+            from nodeagent.dra.binding import INTERVAL_SECONDS
+
+            workers.append(
+                Worker("dra-bind", self.dra.bind, lambda: INTERVAL_SECONDS, self.stop_event,
+                       max_backoff_seconds=30, clock=self.monotonic)
             )  # fmt: skip
         if self.watcher is not None:
             workers.append(

@@ -13,16 +13,31 @@ from nodeagent.dra.traces import AllocatedClaim
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 
 
+def allocated_claims(api: DraApi, driver: str) -> list[dict[str, Any]]:
+    """Every claim (all namespaces) with a device of `driver` in this node's pool, as the API
+    server holds it. Raises KubeError when the API server cannot be asked."""
+    result: dict[str, Any] = (
+        api._call("list resourceclaims", lambda: api._request("GET", CLAIMS)) or {}
+    )
+    out = []
+    for item in result.get("items") or []:
+        allocation = (item.get("status") or {}).get("allocation") or {}
+        results = (allocation.get("devices") or {}).get("results") or []
+        if any(
+            isinstance(r, dict) and r.get("driver") == driver and r.get("pool") == api.name
+            for r in results
+        ):
+            out.append(item)
+    return out
+
+
 def allocated_here(api: DraApi, driver: str) -> Callable[[], Mapping[str, AllocatedClaim]]:
     """A function listing every claim (all namespaces) with a device of `driver` in this
     node's pool; raises KubeError when the API server cannot be asked."""
 
     def read() -> Mapping[str, AllocatedClaim]:
-        result: dict[str, Any] = (
-            api._call("list resourceclaims", lambda: api._request("GET", CLAIMS)) or {}
-        )
         out: dict[str, AllocatedClaim] = {}
-        for item in result.get("items") or []:
+        for item in allocated_claims(api, driver):
             meta = item.get("metadata") or {}
             allocation = (item.get("status") or {}).get("allocation") or {}
             results = (allocation.get("devices") or {}).get("results") or []

@@ -20,6 +20,15 @@ capacities the scheduler hands out per claim, `<driver>/sm` (percent) and `<driv
 (bytes). It consumes the same counters as its exclusive twin: kube-scheduler v1.36 takes a
 multi-allocatable device's counters once, for its first allocation, so while any share is
 allocated neither the twin nor an overlapping slice can be, and the other way round.
+
+A MIG placement that is not made yet can carry binding conditions (KEP-5007, the
+DRADeviceBindingConditions gate; resource.k8s.io/v1 Device.bindingConditions and
+bindingFailureConditions, at most 4 each, set together or not at all): the scheduler copies them
+into the claim's allocation result and waits in PreBind until the driver sets
+`<driver>/SliceReady` True in the claim's status.devices (nodeagent.dra.binding), or fails the
+binding when `<driver>/SliceFailed` is True. A device that exists carries none. `bindsToNode`
+is not set: it pins a network-attached device's allocation to the chosen node, and these
+devices are in a ResourceSlice of one node already.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ from nodeagent.nvml.inventory import GiProfile, Gpu, Inventory, Placement
 
 MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_DEVICES_PER_SLICE = 64  # ResourceSliceMaxDevicesWithAdvancedFeatures
+SLICE_READY = "SliceReady"  # binding condition types, each prefixed with the driver's name
+SLICE_FAILED = "SliceFailed"
 MIG_NAME = re.compile(r"^gpu-(\d+)-mig-[a-z0-9-]+-(\d+)-(\d+)(-mps)?$")
 GPU_NAME = re.compile(r"^gpu-(\d+)(-mps)?$")
 SHARES = ("none", "gpus", "mig")  # dra.mps-shares: which devices have a share device
@@ -83,6 +94,15 @@ def gpu_device_name(gpu: int) -> str:
 def mig_device_name(gpu: int, profile: GiProfile, start: int) -> str:
     """'gpu-0-mig-1g18gb-19-0': GPU, profile (dots dropped), profile id, placement start."""
     return f"gpu-{gpu}-mig-{dns_label(profile.name.replace('.', ''))}-{profile.id}-{start}"
+
+
+def binding_conditions(driver: str) -> dict[str, list[str]]:
+    """The fields a MIG device not made yet carries: the condition the scheduler waits for, and
+    the one that fails the binding."""
+    return {
+        "bindingConditions": [f"{driver}/{SLICE_READY}"],
+        "bindingFailureConditions": [f"{driver}/{SLICE_FAILED}"],
+    }
 
 
 def counter_set_name(gpu: int) -> str:
@@ -212,11 +232,22 @@ def placement_order(profile: GiProfile) -> list[Placement]:
     return sorted(profile.placements, key=lambda at: -at.start)
 
 
-def gpu_devices(inventory: Inventory, gpu: Gpu) -> list[dict[str, Any]]:
+def made(gpu: Gpu, profile: GiProfile, at: Placement) -> bool:
+    """Whether the GPU holds a slice of `profile` at `at` now (a GI without its CI is not one)."""
+    return any(
+        s.profile_id == profile.id and s.placement.start == at.start and s.mig_uuid is not None
+        for s in gpu.slices
+    )
+
+
+def gpu_devices(
+    inventory: Inventory, gpu: Gpu, binding: dict[str, list[str]] | None = None
+) -> list[dict[str, Any]]:
     """The whole GPU first, then each profile's placements, smallest profile first (memory
     slices, memory, plain before `+me`): a request that several profiles match (a selector
     for "a 1g") takes the smallest that fits, 1g.18gb before 1g.35gb. Each profile's
-    placements in placement_order."""
+    placements in placement_order; with `binding` (binding_conditions), each placement not
+    made yet carries it."""
     devices = [gpu_device(inventory, gpu)] if offers_whole(gpu) else []
     if offers_slices(gpu):
         smallest = sorted(
@@ -225,7 +256,11 @@ def gpu_devices(inventory: Inventory, gpu: Gpu) -> list[dict[str, Any]]:
                            "+" in p.name, p.slice_count, p.id),
         )  # fmt: skip
         for profile in smallest:
-            devices += [mig_device(inventory, gpu, profile, at) for at in placement_order(profile)]
+            for at in placement_order(profile):
+                device = mig_device(inventory, gpu, profile, at)
+                if binding and not made(gpu, profile, at):
+                    device.update({k: list(v) for k, v in binding.items()})
+                devices.append(device)
     return devices
 
 
@@ -285,10 +320,13 @@ def resource_slices(
     driver: str,
     gpus: Collection[int] | None = None,
     shares: str = "none",
+    binding: bool = False,
 ) -> list[SliceSpec]:
     """Every ResourceSlice of this node's pool (named after the node): the counter sets, then
     one slice of devices per GPU. `gpus` limits them to those GPU indices (None: all);
-    `shares` (SHARES) says which devices get an MPS share device beside them."""
+    `shares` (SHARES) says which devices get an MPS share device beside them; `binding`: the
+    MIG placements not made yet carry binding conditions (their share devices never do)."""
+    conditions = binding_conditions(driver) if binding else None
     chosen = [g for g in inventory.gpus if gpus is None or g.index in gpus]
     prefix = f"{node}-{dns_label(driver)}"
     base = {"driver": driver, "nodeName": node}
@@ -299,7 +337,9 @@ def resource_slices(
         spec = {**base, "sharedCounters": [counter_set(g) for g in batch]}
         out.append(SliceSpec(f"{prefix}-counters-{k // MAX_COUNTER_SETS_PER_SLICE}", spec))
     for gpu in chosen:
-        devices = with_shares(inventory, gpu, gpu_devices(inventory, gpu), driver, shares)
+        devices = with_shares(
+            inventory, gpu, gpu_devices(inventory, gpu, conditions), driver, shares
+        )
         for k in range(0, len(devices), MAX_DEVICES_PER_SLICE):
             part = "" if k == 0 else f"-{k // MAX_DEVICES_PER_SLICE}"
             spec = {**base, "devices": devices[k : k + MAX_DEVICES_PER_SLICE]}

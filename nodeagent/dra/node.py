@@ -268,6 +268,51 @@ class NodeDriver:
             out.append(replace(d, existed=mates[0].existed) if mates else d)
         return out
 
+    # -- made before the pod binds (binding conditions) ----------------------------------------
+
+    def make(
+        self, ref: ClaimRef, claim: Mapping[str, Any], deadline: float | None = None
+    ) -> list[PreparedDevice]:
+        """The claim's MIG slices made before its pod binds (nodeagent.dra.binding): the first
+        half of a prepare, through the same change (the ownership record first, then the
+        planner's operations), leaving the claim `preparing` in the checkpoint with what it
+        made, so that the kubelet's prepare finds the slices there and adopts them (created by
+        the claim: its unprepare destroys them) and an unprepare undoes them. A claim already
+        in the checkpoint is made again only where something is missing. Raises as prepare
+        does; whatever it raises, the claim holds nothing afterwards."""
+        with self._claim(ref.uid):
+            c = self.config
+            before = load(c.checkpoint).claims.get(ref.uid)
+            if (
+                before is not None
+                and before.state == PREPARED
+                and self._gone(ref.uid, before) is None
+            ):
+                return list(before.devices)
+            claimed = claimed_devices(claim, c.driver, c.pool)
+            previous = before.devices if before else ()
+            wanted = intents(self._inventory(), claimed, previous, c.gpus)
+            record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted))
+            self._update(ref.uid, record)
+            try:
+                done = self._run(self._change(ref, wanted, deadline))
+                made = _made(done.inventory, wanted, ref)
+                self._update(ref.uid, replace(record, devices=tuple(made)))
+            except BaseException as err:
+                log.warning("dra.make_undone", claim=str(ref), error=str(err))
+                try:
+                    self._release(ref.uid, record, deadline)
+                except AgentError as undo:
+                    log.error("dra.undo_failed", claim=str(ref), error=str(undo))
+                raise
+        log.info("dra.made_before_binding", claim=str(ref), devices=[d.device for d in made])
+        return made
+
+    def waiting(self) -> dict[str, PreparedClaim]:
+        """The claims the checkpoint holds that are not prepared (made before binding, or a
+        prepare under way or cut short). Raises ConfigError (an unreadable checkpoint)."""
+        return {u: c for u, c in load(self.config.checkpoint).claims.items() if c.state != PREPARED}
+
     def _change(
         self, ref: ClaimRef, wanted: list[PreparedDevice], deadline: float | None
     ) -> WantedChange:

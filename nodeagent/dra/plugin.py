@@ -13,6 +13,7 @@ from typing import Any
 from nodeagent.base.errors import ConfigError
 from nodeagent.base.logs import get_logger
 from nodeagent.dra.api import DraApi
+from nodeagent.dra.binding import Binder
 from nodeagent.dra.devices import SliceSpec, resource_slices
 from nodeagent.dra.health import HealthBoard
 from nodeagent.dra.nocounters import safe_slices
@@ -74,10 +75,12 @@ class DraPlugin:
         self.node = NodeDriver(session, config, engine, owners, stats)
         self.board = HealthBoard()
         self.server = DraPluginServer(self.node, self.api, d.driver, sockets(settings), self.board)
+        self.binder = Binder(self.api, self.node, self.server.v1.reports)
         self.publisher = SlicePublisher(self.api, d.driver)
         self.gate = GateWatch(self.api, d.driver, self.publisher)
+        self.binding = d.binding_conditions
         self.faulty: dict[str, DeviceFault] = {}  # the devices tainted now
-        self._built: tuple[Any, ...] = ()  # (inventory, counters dropped, slices)
+        self._built: tuple[Any, ...] = ()  # (inventory, counters dropped, binding, slices)
 
     @property
     def checkpoint(self) -> Path:
@@ -111,19 +114,25 @@ class DraPlugin:
         self.board.update(device_names(slices), {n: f.reason for n, f in faulty.items()})
         return self.publisher.publish(with_taints(slices, faulty, self.driver))
 
+    def bind(self) -> None:
+        """One pass of the binding watcher (nodeagent.dra.binding): the slices of the claims
+        the scheduler waits on made, their binding conditions written. Raises KubeError."""
+        self.binder.cycle()
+
     def _slices(self, inventory: Inventory, dropped: bool) -> list[SliceSpec]:
         """The untainted slices, built again only when the inventory or the gate changed (the
         fault poll asks every dra.health-interval)."""
-        if self._built and self._built[0] is inventory and self._built[1] == dropped:
-            slices: list[SliceSpec] = self._built[2]
+        binding = self.binding and not self.publisher.binding_dropped
+        if self._built and self._built[0] is inventory and self._built[1:3] == (dropped, binding):
+            slices: list[SliceSpec] = self._built[3]
             return slices
         if dropped:
             slices = safe_slices(inventory, self.api.name, self.driver, self.devices)
         else:
             slices = resource_slices(
-                inventory, self.api.name, self.driver, self.devices, self.mps_shares
+                inventory, self.api.name, self.driver, self.devices, self.mps_shares, binding
             )
-        self._built = (inventory, dropped, slices)
+        self._built = (inventory, dropped, binding, slices)
         return slices
 
     def _say(self, faulty: dict[str, DeviceFault]) -> None:

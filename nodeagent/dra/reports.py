@@ -20,7 +20,13 @@ from nodeagent.base.logs import get_logger
 from nodeagent.dra.api import DraApi
 from nodeagent.dra.claims import ClaimRef
 from nodeagent.dra.node import Prepared
-from nodeagent.dra.status import failed_entries, merged, now_rfc3339, ready_entries
+from nodeagent.dra.status import (
+    binding_entries,
+    failed_entries,
+    merged,
+    now_rfc3339,
+    ready_entries,
+)
 
 log = get_logger("nodeagent.dra")
 # A status write's budget, retries included: a report, so it takes little of the kubelet's 45 s
@@ -79,6 +85,24 @@ class StatusReports:
 
         self._write(ref, devices, deadline, STATUS_SECONDS, claim)
 
+    def binding(
+        self,
+        ref: ClaimRef,
+        claim: dict[str, Any],
+        made: Mapping[str, Mapping[str, Any]] | None,
+        error: str,
+        deadline: float,
+    ) -> bool:
+        """The binding conditions of the devices the scheduler waits on (made: True; None:
+        the failure condition, `error` its message); True when the claim holds them now."""
+        now = now_rfc3339()
+
+        def devices(current: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+            wanted = binding_entries(self.driver, self.pool, current, made, error, now)
+            return merged(current, self.driver, wanted)
+
+        return self._write(ref, devices, deadline, STATUS_SECONDS, claim)
+
     def cleared(self, ref: ClaimRef, deadline: float) -> None:
         """The driver's entries removed (unprepare): the claim read, written only where it has
         some; a claim gone or replaced has none."""
@@ -95,22 +119,25 @@ class StatusReports:
         deadline: float,
         share: float,
         claim: dict[str, Any] | None,
-    ) -> None:
+    ) -> bool:
         budget = min(share, deadline - self.clock())
         try:
             if budget < MIN_SECONDS:
                 raise KubeError(f"no time left before the kubelet's deadline for {ref}'s status")
             if claim is not None and devices(claim) is None:
-                return  # the claim says so already (a kubelet's retry, a restart): no write
-            self.api.update_claim_status(ref.namespace, ref.name, ref.uid, devices, budget, claim)
+                return True  # the claim says so already (a kubelet's retry, a restart)
+            written = self.api.update_claim_status(
+                ref.namespace, ref.name, ref.uid, devices, budget, claim
+            )
         except KubeError as err:
             self._outcome(ref, str(err))
-            return
+            return False
         except Exception as err:  # a bug: it costs the report, never the kubelet's call
             log.debug("dra.status_write_crashed", claim=str(ref), exc_info=True)
             self._outcome(ref, f"internal error ({type(err).__name__}: {err})")
-            return
+            return False
         self._outcome(ref, None)
+        return written
 
     def _outcome(self, ref: ClaimRef, error: str | None) -> None:
         if self.stats is not None:

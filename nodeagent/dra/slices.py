@@ -57,6 +57,10 @@ def _matters(spec: dict[str, Any]) -> Any:
     return _normal({k: v for k, v in spec.items() if k != "pool"})
 
 
+def _has_binding(spec: dict[str, Any]) -> bool:
+    return any(d.get("bindingConditions") for d in spec.get("devices") or [])
+
+
 def _has_counters(spec: dict[str, Any]) -> bool:
     devices = spec.get("devices") or []
     return bool(spec.get("sharedCounters")) or any(d.get("consumesCounters") for d in devices)
@@ -77,6 +81,10 @@ class SlicePublisher:
         self.counters_dropped: bool | None = None
         # Told when a write's answer lacks the counters it was sent with (GateWatch says it).
         self.on_counters_dropped: Callable[[], None] | None = None
+        # Whether the API server dropped the devices' binding conditions (its
+        # DRADeviceBindingConditions gate off: pkg/registry/resource/resourceslice/strategy.go
+        # drops them as it drops counters); None before a write that sent some.
+        self.binding_dropped: bool | None = None
 
     def publish(self, wanted: Sequence[SliceSpec]) -> bool:
         """Make the API hold exactly `wanted`; True when something was written. Raises
@@ -119,12 +127,27 @@ class SlicePublisher:
             if sent and stored is not None and not _has_counters(stored.get("spec") or {}):
                 self._dropped(w.name)
                 return True  # nothing remembered: the next publish writes again
+            if _has_binding(w.spec) and stored is not None:
+                self._binding_kept(_has_binding(stored.get("spec") or {}), w.name)
         for name in sorted(set(existing) - {w.name for w in wanted}):
             self.api.delete_slice(name)
             self.writes += 1
         self._published = wanted
         log.info("dra.slices.published", generation=self.generation, slices=len(wanted))
         return True
+
+    def _binding_kept(self, kept: bool, name: str) -> None:
+        """A write's answer said whether the binding conditions were kept: said once when they
+        are not (the next publish leaves them out, so the slices compare equal again)."""
+        if not kept and self.binding_dropped is not True:
+            log.warning(
+                "dra.binding_conditions_dropped",
+                slice=name,
+                gate="DRADeviceBindingConditions",
+                message="the API server drops the devices' binding conditions: slices not made"
+                " yet are made when the kubelet prepares the claim, after the pod binds",
+            )
+        self.binding_dropped = not kept
 
     def _dropped(self, name: str) -> None:
         log.info("dra.slices.counters_dropped_on_write", slice=name, generation=self.generation)

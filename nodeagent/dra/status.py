@@ -209,3 +209,64 @@ def merged(
     ]
     ours = settled(wanted, current_entries(claim, driver))
     return None if ours is None else others + ours
+
+
+BOUND_REASON = "SliceMade"
+BIND_FAILED_REASON = "SliceCreateFailed"
+
+
+def binding_results(claim: Mapping[str, Any], driver: str, pool: str) -> list[Mapping[str, Any]]:
+    """The claim's allocation results of `driver` in `pool` that carry binding conditions
+    (copied by the scheduler from the device): those the scheduler waits on in PreBind."""
+    return [r for r in _results(claim, driver, pool) if r.get("bindingConditions")]
+
+
+def binding_settled(claim: Mapping[str, Any], driver: str, pool: str) -> bool:
+    """Whether every device the scheduler waits on has all its binding conditions True, or
+    one of its failure conditions True: nothing left to say before the pod binds."""
+    entries = {_key(e): e for e in current_entries(claim, driver)}
+    for result in binding_results(claim, driver, pool):
+        entry = entries.get(_key(_entry(driver, result))) or {}
+        true = {
+            c.get("type")
+            for c in entry.get("conditions") or []
+            if isinstance(c, Mapping) and c.get("status") == "True"
+        }
+        failed = bool(true & set(result.get("bindingFailureConditions") or []))
+        if not failed and not set(result.get("bindingConditions") or []) <= true:
+            return False
+    return True
+
+
+def binding_entries(
+    driver: str,
+    pool: str,
+    claim: Mapping[str, Any],
+    made: Mapping[str, Mapping[str, Any]] | None,
+    error: str,
+    now: str,
+) -> list[dict[str, Any]]:
+    """The entries of the devices the scheduler waits on: with `made` (device name -> its
+    data), each of the device's binding conditions True, reason SliceMade; without, its first
+    failure condition True, reason SliceCreateFailed, `error` the message (the scheduler
+    fails the binding and puts the pod back in its queue)."""
+    generation = (claim.get("metadata") or {}).get("generation")
+    out = []
+    for result in binding_results(claim, driver, pool):
+        entry = _entry(driver, result)
+        data = made.get(str(result.get("device"))) if made is not None else None
+        if data is not None:
+            types, reason, message = result["bindingConditions"], BOUND_REASON, describe(data)
+            entry["data"] = dict(data)
+        else:
+            failures = result.get("bindingFailureConditions") or []
+            if not failures:
+                continue  # nothing to say that the scheduler would hear: it times out
+            types = failures[:1]
+            reason = BIND_FAILED_REASON
+            message = error if made is None else f"{result.get('device')} was not made"
+        entry["conditions"] = [
+            {**_condition(True, reason, message, generation, now), "type": str(t)} for t in types
+        ]
+        out.append(entry)
+    return out

@@ -166,6 +166,9 @@ class Dra:
     fatal_faults: tuple[str, ...] = ()
     ignored_xids: tuple[int, ...] = APPLICATION_XIDS
     mps_shares: str = "none"  # none | gpus | mig: which devices have an MPS share device
+    # MIG placements not made yet carry binding conditions (KEP-5007): the slice is made before
+    # the pod binds, and a failure reschedules the pod
+    binding_conditions: bool = True
 
     @property
     def plugin_path(self) -> Path:

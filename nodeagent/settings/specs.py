@@ -260,6 +260,11 @@ SPECS: tuple[Spec, ...] = (
           choice("none", "gpus", "mig"), "MPS shares as consumable capacity: none; gpus (each"
           " GPU with MIG off also a device several claims share, each sized in SM percent and"
           " memory); mig (also each MIG placement)"),
+    _spec("dra", "binding-conditions", "NODEAGENT_DRA_BINDING_CONDITIONS",
+          "--dra-binding-conditions", boolean,
+          "MIG slices not made yet carry binding conditions: made before the pod binds, a"
+          " failure reschedules the pod (needs DRADeviceBindingConditions; dropped: off)",
+          hot=True),
 )  # fmt: skip
 BY_KEY = {s.dotted: s for s in SPECS}
 SETTINGS_FILE_ENV = "NODEAGENT_CONFIG"

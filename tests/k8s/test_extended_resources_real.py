@@ -9,6 +9,7 @@ nvidia.com/gpu fill both."""
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -79,6 +80,12 @@ def _dra_node(
     plugin, session = _plugin(root, cp, node, "h200")
     MigWriter(session).set_mig_mode(0, True)  # a whole GPU's claim turns it off again
     plugin.start()
+    stop = threading.Event()
+    # The agent's dra-bind worker: a MIG placement not made yet has binding conditions.
+    binder = threading.Thread(
+        target=lambda: [plugin.bind() for _ in iter(lambda: stop.wait(0.5), True)]
+    )
+    binder.start()
     try:
         assert plugin.publish(read_inventory(session))
         kubelet = FakeDraKubelet(root / "reg")
@@ -86,6 +93,8 @@ def _dra_node(
         _device_classes(api)
         yield node, plugin, session, kubelet
     finally:
+        stop.set()
+        binder.join()
         plugin.stop()
         session.close()
 

@@ -157,6 +157,10 @@ def test_an_xid_of_one_mig_slice_taints_that_slice_only_and_fatal_is_no_execute(
         lambda: any(s.gi_id == made.gi_id for s in running.store.snapshot.inventory.gpus[1].slices),
         what="the slice in the agent's snapshot",
     )
+    cluster.wait(  # published as made: no binding condition left on it
+        lambda: "bindingConditions" not in devices(cluster, 1)["gpu-1-mig-1g18gb-19-6"],
+        what="the slice published as made",
+    )
     before = {**devices(cluster, 0), **devices(cluster, 1)}
 
     lib.inject_xid(1, 48, gi=made.gi_id)  # a double-bit ECC error: fatal by the settings

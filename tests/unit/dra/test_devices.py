@@ -189,3 +189,34 @@ def test_slices_validate_against_the_v1_schema(spec: str) -> None:
             },
         }
         kubernetes_validate.validate(obj, "1.37.0", strict=True)
+
+
+def test_only_placements_not_made_yet_carry_binding_conditions() -> None:
+    from nodeagent.nvml import MigWriter
+
+    session = NvmlSession(SimulatedNvml(parse_spec("h200")))
+    writer = MigWriter(session)
+    writer.set_mig_mode(0, True)
+    gpu = read_inventory(session).gpus[0]
+    profile = next(p for p in gpu.profiles if p.name == "1g.18gb")
+    at = next(p for p in profile.placements if p.start == 6)
+    gi = writer.create_gpu_instance(0, profile.id, at)
+    writer.create_compute_instance(0, gi, 1, 0, full=True)
+    inv = read_inventory(session)
+    session.close()
+    (_, devices) = resource_slices(inv, "n", DRIVER, binding=True)
+    binding = {d["name"]: d.get("bindingConditions") for d in devices.spec["devices"]}
+    assert binding["gpu-0-mig-1g18gb-19-6"] is None  # made: nothing to wait for
+    waiting = {n for n, b in binding.items() if b}
+    assert waiting == set(binding) - {"gpu-0-mig-1g18gb-19-6", "gpu-0"}
+    d = next(d for d in devices.spec["devices"] if d["name"] == "gpu-0-mig-1g18gb-19-5")
+    assert d["bindingConditions"] == ["gpu.nodeagent.io/SliceReady"]
+    assert d["bindingFailureConditions"] == ["gpu.nodeagent.io/SliceFailed"]
+    assert "bindsToNode" not in d
+    plain = resource_slices(inv, "n", DRIVER)
+    assert not any(d.get("bindingConditions") for s in plain for d in s.spec.get("devices", []))
+    for s in resource_slices(inv, "node-1", DRIVER, binding=True):
+        pool = {"name": "node-1", "generation": 1, "resourceSliceCount": 2}
+        obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+               "metadata": {"name": s.name}, "spec": {**s.spec, "pool": pool}}  # fmt: skip
+        kubernetes_validate.validate(obj, "1.37.0", strict=True)

@@ -12,6 +12,8 @@ from nodeagent.dra.checkpoint import PreparedDevice
 from nodeagent.dra.status import device_data, failed_entries, merged, ready_entries
 
 DRIVER = "gpu.nodeagent.io"
+POOL = "node-1"
+NOW = "2026-12-04T05:00:00Z"
 MIG = PreparedDevice(
     "s", "node-1", "gpu-0-mig-1g18gb-19-3", 0, "GPU-0", profile_id=19, profile="1g.18gb",
     placement_start=3, placement_size=1, mig_uuid="MIG-3",
@@ -80,3 +82,46 @@ def test_an_entry_carries_its_allocation_share_id() -> None:
     claim = _claim(share="a1b2")
     (entry,) = ready_entries(DRIVER, "node-1", claim, {MIG.device: device_data(MIG)}, "T1")
     assert (entry["device"], entry["shareID"]) == (MIG.device, "a1b2")
+
+
+def _waited(device: str = "gpu-0-mig-1g18gb-19-6") -> dict[str, Any]:
+    result = {
+        "request": "s", "driver": DRIVER, "pool": POOL, "device": device,
+        "bindingConditions": [f"{DRIVER}/SliceReady"],
+        "bindingFailureConditions": [f"{DRIVER}/SliceFailed"],
+    }  # fmt: skip
+    plain = {"request": "g", "driver": DRIVER, "pool": POOL, "device": "gpu-1"}
+    return {
+        "metadata": {"generation": 1},
+        "status": {"allocation": {"devices": {"results": [result, plain]}}},
+    }
+
+
+def test_binding_entries_say_made_or_failed_only_for_the_devices_waited_on() -> None:
+    from nodeagent.dra.status import binding_entries, binding_settled
+
+    claim = _waited()
+    assert not binding_settled(claim, DRIVER, POOL)
+    data = {"type": "mig", "uuid": "MIG-1", "gpu": {"index": 0, "uuid": "GPU-0"}}
+    (made,) = binding_entries(DRIVER, POOL, claim, {"gpu-0-mig-1g18gb-19-6": data}, "", NOW)
+    assert made["device"] == "gpu-0-mig-1g18gb-19-6" and made["data"] == data
+    (cond,) = made["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == (
+        f"{DRIVER}/SliceReady",
+        "True",
+        "SliceMade",
+    )
+    claim["status"]["devices"] = [made]
+    assert binding_settled(claim, DRIVER, POOL)
+
+    (failed,) = binding_entries(DRIVER, POOL, _waited(), None, "GPU 0 is busy", NOW)
+    (cond,) = failed["conditions"]
+    assert (cond["type"], cond["status"], cond["message"]) == (
+        f"{DRIVER}/SliceFailed",
+        "True",
+        "GPU 0 is busy",
+    )
+    assert "data" not in failed
+    settled_claim = _waited()
+    settled_claim["status"]["devices"] = [failed]
+    assert binding_settled(settled_claim, DRIVER, POOL)

@@ -1,0 +1,128 @@
+"""The binding watcher (nodeagent.dra.binding) against kmock's API server and the emulator: a
+claim whose device carries binding conditions gets its slice made before the kubelet's prepare
+and SliceReady True in its status; the prepare adopts the slice. The edges: the claim deleted
+meanwhile, the API server down or refusing the status write, a placement another claim holds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from nodeagent.base.errors import KubeError
+from nodeagent.dra.api import DraApi
+from nodeagent.dra.binding import Binder
+from nodeagent.dra.checkpoint import PREPARED, PREPARING, load
+from nodeagent.kube.api import KubeSettings, make_api_client
+from tests.support.dra import CLAIMS, DRIVER, DraNode, allocated_claim, kmock
+
+READY = f"{DRIVER}/SliceReady"
+FAILED = f"{DRIVER}/SliceFailed"
+DEVICE = "gpu-0-mig-1g18gb-19-6"
+
+
+def _waited_on(name: str, uid: str, device: str = DEVICE) -> dict[str, Any]:
+    """A claim as the scheduler leaves it in PreBind: the device's binding conditions copied
+    into its allocation result."""
+    claim = allocated_claim(name, uid, {"s": device})
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    result["bindingConditions"] = [READY]
+    result["bindingFailureConditions"] = [FAILED]
+    return claim
+
+
+def _binder(dra_node: DraNode) -> Binder:
+    reports = dra_node.server.v1.reports
+    return Binder(reports.api, dra_node.node, reports)
+
+
+def _conditions(dra_node: DraNode, name: str) -> dict[str, tuple[str, str]]:
+    (entry,) = dra_node.claim("speech", name)["status"]["devices"]
+    return {c["type"]: (c["status"], c["reason"]) for c in entry["conditions"]}
+
+
+def _owned(dra_node: DraNode) -> set[str]:
+    return set(dra_node.node.owners.read().claims)
+
+
+def test_the_slice_is_made_before_the_prepare_which_adopts_it(dra_node: DraNode) -> None:
+    claim = dra_node.add_claim(_waited_on("asr", "uid-a"))
+    binder = _binder(dra_node)
+    binder.cycle()
+    assert dra_node.layout() == [("1g.18gb", 6)]
+    assert _conditions(dra_node, "asr") == {READY: ("True", "SliceMade")}
+    (entry,) = dra_node.claim("speech", "asr")["status"]["devices"]
+    (made,) = dra_node.inventory().gpus[0].slices
+    assert entry["data"]["uuid"] == made.mig_uuid and entry["data"]["mig"]["created"] is True
+    assert load(dra_node.checkpoint).claims["uid-a"].state == PREPARING
+    assert _owned(dra_node) == {"uid-a"}  # the record and the checkpoint agree
+
+    stored = dra_node.claim("speech", "asr")
+    binder.cycle()  # settled: nothing made, nothing written
+    assert dra_node.claim("speech", "asr") == stored and dra_node.layout() == [("1g.18gb", 6)]
+
+    answer = dra_node.kubelet.prepare([claim])["uid-a"]
+    assert answer.error == "" and [d.device for d in answer.devices] == [DEVICE]
+    (adopted,) = dra_node.inventory().gpus[0].slices
+    assert adopted.mig_uuid == made.mig_uuid
+    assert load(dra_node.checkpoint).claims["uid-a"].state == PREPARED
+    assert dra_node.kubelet.unprepare([claim]) == {"uid-a": ""}
+    assert dra_node.layout() == [] and _owned(dra_node) == set()
+
+
+def test_a_claim_deleted_before_its_prepare_gives_its_slice_back(dra_node: DraNode) -> None:
+    dra_node.add_claim(_waited_on("asr", "uid-a"))
+    binder = _binder(dra_node)
+    binder.cycle()
+    assert dra_node.layout() == [("1g.18gb", 6)]
+    del dra_node.cluster.km.objects[CLAIMS, "speech", "asr"]
+    binder.cycle()
+    assert dra_node.layout() == []
+    assert load(dra_node.checkpoint).claims == {} and _owned(dra_node) == set()
+
+
+def test_a_claim_without_binding_conditions_is_left_to_its_prepare(dra_node: DraNode) -> None:
+    dra_node.add_claim(allocated_claim("asr", "uid-a", {"s": DEVICE}))
+    _binder(dra_node).cycle()
+    assert dra_node.layout() == [] and load(dra_node.checkpoint).claims == {}
+    assert not dra_node.claim("speech", "asr")["status"].get("devices")
+
+
+def test_a_placement_another_claim_holds_sets_the_failure_condition(dra_node: DraNode) -> None:
+    first = dra_node.add_claim(allocated_claim("one", "uid-1", {"s": "gpu-0-mig-1g35gb-20-6"}))
+    assert dra_node.kubelet.prepare([first])["uid-1"].error == ""
+    before = dra_node.layout()
+    assert [start for _, start in before] == [6]
+    dra_node.add_claim(_waited_on("two", "uid-2"))
+    _binder(dra_node).cycle()
+    assert _conditions(dra_node, "two") == {FAILED: ("True", "SliceCreateFailed")}
+    (entry,) = dra_node.claim("speech", "two")["status"]["devices"]
+    (condition,) = entry["conditions"]
+    assert "claim speech/one" in condition["message"], condition
+    assert dra_node.layout() == before  # nothing changed
+    assert "uid-2" not in load(dra_node.checkpoint).claims and _owned(dra_node) == {"uid-1"}
+
+
+def test_an_api_server_down_makes_nothing(dra_node: DraNode) -> None:
+    dra_node.add_claim(_waited_on("asr", "uid-a"))
+    kube = KubeSettings(node_name="node-1", host="http://127.0.0.1:9", retry_seconds=0.2)
+    down = Binder(DraApi(make_api_client(kube), kube), dra_node.node, dra_node.server.v1.reports)
+    with pytest.raises(KubeError):
+        down.cycle()
+    assert dra_node.layout() == [] and load(dra_node.checkpoint).claims == {}
+
+
+def test_a_refused_status_write_is_written_at_the_next_cycle_without_a_second_make(
+    dra_node: DraNode,
+) -> None:
+    dra_node.add_claim(_waited_on("asr", "uid-a"))
+    binder = _binder(dra_node)
+    failure = kmock.KubernetesError(status=503, reason="ServiceUnavailable", message="etcd down")
+    dra_node.cluster.status_fault = lambda: failure
+    binder.cycle()
+    (made,) = dra_node.inventory().gpus[0].slices
+    dra_node.cluster.status_fault = None
+    binder.cycle()
+    assert _conditions(dra_node, "asr") == {READY: ("True", "SliceMade")}
+    (again,) = dra_node.inventory().gpus[0].slices
+    assert again.mig_uuid == made.mig_uuid

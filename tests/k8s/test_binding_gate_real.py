@@ -1,0 +1,70 @@
+"""Binding conditions against a real API server (v1.36.2) with DRADeviceBindingConditions off:
+it stores the ResourceSlices without them, silently; the driver sees that in the write's
+answer, says it once, and publishes without them from then on, so the slices compare equal
+and a later publish writes nothing."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nodeagent.nvml import MigWriter, read_inventory
+from tests.k8s.test_gates_real import _plugin, _stored
+from tests.support import leaks
+from tests.support.cli import captured_logs
+from tests.support.k8s import (
+    DEFAULT_GATES,
+    ControlPlane,
+    k8s_available,
+    make_node,
+    port_base,
+    required,
+    start_control_plane,
+    stop_control_plane,
+)
+
+
+@pytest.fixture(scope="module")
+def binding_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane of its own, DRADeviceBindingConditions off."""
+    if not k8s_available():
+        if required():
+            pytest.fail("../shared/k8s is not beside this checkout (CI needs it)")
+        pytest.skip("../shared/k8s is not beside this checkout: no real control plane")
+    gates = DEFAULT_GATES.replace(
+        "DRADeviceBindingConditions=true", "DRADeviceBindingConditions=false"
+    )
+    state = Path(tmp_path_factory.mktemp("k8s-binding-off"))
+    cp = start_control_plane(state, gates, port_base(os.environ[leaks.MARKER]) + 60)
+    try:
+        yield cp
+    finally:
+        stop_control_plane(cp)
+
+
+def test_dropped_binding_conditions_are_seen_said_once_and_left_out(
+    binding_off: ControlPlane, short_tmp: Path
+) -> None:
+    from kubernetes import config
+
+    api = config.new_client_from_config(str(binding_off.kubeconfig))
+    make_node(api, "n-binding-off")
+    plugin, session = _plugin(short_tmp, binding_off, "n-binding-off", "h200")
+    MigWriter(session).set_mig_mode(0, True)
+    try:
+        with captured_logs("warning") as logs:
+            assert plugin.publish(read_inventory(session)) is True
+        assert plugin.publisher.binding_dropped is True
+        said = [e for e in logs if e["event"] == "dra.binding_conditions_dropped"]
+        assert len(said) == 1 and said[0]["gate"] == "DRADeviceBindingConditions", logs
+        devices = [d for s in _stored(plugin).values() for d in s.get("devices") or []]
+        assert devices and not any(d.get("bindingConditions") for d in devices)
+
+        writes = plugin.publisher.writes
+        assert plugin.publish(read_inventory(session)) is False  # left out: equal as stored
+        assert plugin.publisher.writes == writes
+    finally:
+        session.close()
