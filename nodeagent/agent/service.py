@@ -462,6 +462,8 @@ class Agent:
             worker.wake()  # out of its wait at once
         if self.watcher is not None:
             self.watcher.api.interrupt()  # out of its blocking read
+        if self.dra is not None:
+            self.dra.api.interrupt()  # the binding watch too
         deadline = time.monotonic() + wait_seconds
         for worker in self.workers.values():
             if worker.is_alive():

@@ -13,22 +13,24 @@ from nodeagent.dra.traces import AllocatedClaim
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 
 
-def allocated_claims(api: DraApi, driver: str) -> list[dict[str, Any]]:
+def allocated_to(claim: dict[str, Any], driver: str, pool: str) -> bool:
+    """Whether `claim` holds a device of `driver` in `pool` (this node's)."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    return any(
+        isinstance(r, dict) and r.get("driver") == driver and r.get("pool") == pool for r in results
+    )
+
+
+def allocated_claims(api: DraApi, driver: str) -> tuple[list[dict[str, Any]], str | None]:
     """Every claim (all namespaces) with a device of `driver` in this node's pool, as the API
-    server holds it. Raises KubeError when the API server cannot be asked."""
+    server holds it, and the list's resourceVersion (to watch from). Raises KubeError when the
+    API server cannot be asked."""
     result: dict[str, Any] = (
         api._call("list resourceclaims", lambda: api._request("GET", CLAIMS)) or {}
     )
-    out = []
-    for item in result.get("items") or []:
-        allocation = (item.get("status") or {}).get("allocation") or {}
-        results = (allocation.get("devices") or {}).get("results") or []
-        if any(
-            isinstance(r, dict) and r.get("driver") == driver and r.get("pool") == api.name
-            for r in results
-        ):
-            out.append(item)
-    return out
+    items = [i for i in result.get("items") or [] if allocated_to(i, driver, api.name)]
+    return items, (result.get("metadata") or {}).get("resourceVersion")
 
 
 def allocated_here(api: DraApi, driver: str) -> Callable[[], Mapping[str, AllocatedClaim]]:
@@ -37,7 +39,7 @@ def allocated_here(api: DraApi, driver: str) -> Callable[[], Mapping[str, Alloca
 
     def read() -> Mapping[str, AllocatedClaim]:
         out: dict[str, AllocatedClaim] = {}
-        for item in allocated_claims(api, driver):
+        for item in allocated_claims(api, driver)[0]:
             meta = item.get("metadata") or {}
             allocation = (item.get("status") or {}).get("allocation") or {}
             results = (allocation.get("devices") or {}).get("results") or []

@@ -9,8 +9,11 @@ the binding at once when a failure condition is True: it unreserves the claim an
 back to its queue (kube-scheduler v1.36.2, plugins/dynamicresources: PreBind,
 isClaimReadyForBinding).
 
-Each cycle: the claims allocated to this node's pool whose waited-on devices are not settled
-get their slices made through the one engine (NodeDriver.make: the ownership record, the
+The claims are listed once, then watched from that list's resourceVersion (`run`, the
+dra-bind worker: a watch is one request a minute at steady state, where listing every claim
+of the cluster each second was 60 a minute and grew with the cluster); listed again only when
+the watch expires (410). Each claim allocated to this node's pool whose waited-on devices are
+not settled gets its slices made through the one engine (NodeDriver.make: the ownership record, the
 planner, the MIG writer lock), then the binding conditions True in their status.devices
 (nodeagent.dra.reports); a make that fails writes the failure condition with its error. The
 kubelet's prepare then finds the slices made and adopts them. A claim made here and no longer
@@ -26,15 +29,16 @@ from typing import Any
 
 from nodeagent.base.errors import AgentError
 from nodeagent.base.logs import get_logger
-from nodeagent.dra.allocated import allocated_claims
+from nodeagent.dra.allocated import CLAIMS, allocated_claims, allocated_to
 from nodeagent.dra.api import DraApi
 from nodeagent.dra.claims import ClaimRef
 from nodeagent.dra.node import NodeDriver
 from nodeagent.dra.reports import StatusReports
 from nodeagent.dra.status import binding_results, binding_settled, device_data
+from nodeagent.kube.api import WatchExpired
 
 log = get_logger("nodeagent.dra")
-INTERVAL_SECONDS = 1.0  # between two lists of the claims (the scheduler reads every 5 s)
+INTERVAL_SECONDS = 1.0  # between two watches of the claims (each ends after the watch timeout)
 MAKE_SECONDS = 30.0  # a make's wait for the MIG writer lock
 
 
@@ -54,20 +58,48 @@ class Binder:
         self.driver = node.config.driver
         self.pool = node.config.pool
         self.clock = clock
+        self.version: str | None = None  # of the last list or watch event: watched from
+
+    def run(self) -> None:
+        """The worker's pass: a list when there is none to watch from (the first pass, or the
+        watch expired), then a watch of the claims until the API server ends it. Raises
+        KubeError (the worker backs off), ConfigError (an unreadable checkpoint)."""
+        if self.version is None:
+            self.cycle()
+        try:
+            for kind, claim in self.api.watch("resourceclaims", CLAIMS, self.version):
+                self.version = (claim.get("metadata") or {}).get("resourceVersion") or self.version
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    self._changed(kind, claim)
+        except WatchExpired:
+            self.version = None  # listed again at the next pass
 
     def cycle(self) -> None:
-        """One pass. Raises KubeError when the claims cannot be listed (the worker backs off),
-        ConfigError when the checkpoint cannot be read."""
+        """One list: every claim allocated here bound, every claim made here but no longer
+        allocated here released. Raises KubeError when the claims cannot be listed, ConfigError
+        when the checkpoint cannot be read."""
         # The checkpoint before the list: a claim it holds that the list lacks was not
         # allocated here when the list was taken, so a prepare starting now is not undone.
         waiting = self.node.waiting()
-        claims = allocated_claims(self.api, self.driver)
+        claims, self.version = allocated_claims(self.api, self.driver)
         allocated = {str((c.get("metadata") or {}).get("uid")) for c in claims}
         for claim in claims:
             if binding_results(claim, self.driver, self.pool):
                 self._bind(claim)
         for uid, record in waiting.items():
             if uid not in allocated:
+                self._release(uid, f"{record.namespace}/{record.name}")
+
+    def _changed(self, kind: str, claim: dict[str, Any]) -> None:
+        """One watched change: a claim allocated here bound; one made here that is gone or no
+        longer allocated here released."""
+        here = kind != "DELETED" and allocated_to(claim, self.driver, self.api.name)
+        if here and binding_results(claim, self.driver, self.pool):
+            self._bind(claim)
+        elif not here:
+            uid = str((claim.get("metadata") or {}).get("uid"))
+            record = self.node.waiting().get(uid)
+            if record is not None:
                 self._release(uid, f"{record.namespace}/{record.name}")
 
     def _bind(self, claim: dict[str, Any]) -> None:

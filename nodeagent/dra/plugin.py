@@ -115,9 +115,10 @@ class DraPlugin:
         return self.publisher.publish(with_taints(slices, faulty, self.driver))
 
     def bind(self) -> None:
-        """One pass of the binding watcher (nodeagent.dra.binding): the slices of the claims
-        the scheduler waits on made, their binding conditions written. Raises KubeError."""
-        self.binder.cycle()
+        """One pass of the binding watcher (nodeagent.dra.binding): the claims listed if need
+        be, then watched until the API server ends the watch; the slices of those the
+        scheduler waits on made, their binding conditions written. Raises KubeError."""
+        self.binder.run()
 
     def _slices(self, inventory: Inventory, dropped: bool) -> list[SliceSpec]:
         """The untainted slices, built again only when the inventory or the gate changed (the
@@ -149,4 +150,5 @@ class DraPlugin:
         self.faulty = faulty
 
     def stop(self) -> None:
+        self.api.interrupt()  # the binding watch ends at once, not at its timeout
         self.server.stop()

@@ -96,7 +96,7 @@ def test_the_pod_binds_once_the_watcher_made_its_slice_and_prepare_adopts_it(
         assert _node_of(api_client, namespace, "asr") is None
         assert read_inventory(session).gpus[0].slices == ()
 
-        plugin.bind()
+        plugin.binder.cycle()  # one pass of the dra-bind worker: the list
         (made,) = read_inventory(session).gpus[0].slices
         assert made.placement.start == int(result["device"].rsplit("-", 1)[1])
         now = _claim_of(api_client, namespace, "asr")
@@ -133,7 +133,7 @@ def test_a_refused_make_sets_the_failure_condition_and_the_pod_does_not_bind(
     try:
         claim = _wait("the claim allocated", lambda: _allocated(api_client, namespace, "asr"))
         began = time.monotonic()
-        plugin.bind()
+        plugin.binder.cycle()  # one pass of the dra-bind worker: the list
         now = _claim_of(api_client, namespace, "asr")
         assert now is not None and _conditions(now) == {FAILED: "True"}
         assert read_inventory(session).gpus[0].slices == ()  # nothing made, nothing held

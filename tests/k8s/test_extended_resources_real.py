@@ -94,7 +94,9 @@ def _dra_node(
         yield node, plugin, session, kubelet
     finally:
         stop.set()
-        binder.join()
+        while binder.is_alive():  # its watch ends now (the agent's stop does the same)
+            plugin.api.interrupt()
+            binder.join(0.5)
         plugin.stop()
         session.close()
 

@@ -126,3 +126,43 @@ def test_a_refused_status_write_is_written_at_the_next_cycle_without_a_second_ma
     assert _conditions(dra_node, "asr") == {READY: ("True", "SliceMade")}
     (again,) = dra_node.inventory().gpus[0].slices
     assert again.mig_uuid == made.mig_uuid
+
+
+def test_the_worker_lists_once_then_binds_what_the_watch_brings(dra_node: DraNode) -> None:
+    """`run`, the dra-bind worker's pass: a list when there is none to watch from, then the
+    claims' changes as they come (a claim added while it watches is bound in that watch; one
+    deleted is released), not a list of every claim each second."""
+    import json
+    import threading
+    import urllib.request
+
+    kube = KubeSettings(node_name="node-1", host=dra_node.cluster.url, watch_timeout_seconds=3)
+    binder = Binder(DraApi(make_api_client(kube), kube), dra_node.node, dra_node.server.v1.reports)
+    collection = f"{dra_node.cluster.url}/apis/resource.k8s.io/v1/namespaces/speech/resourceclaims"
+
+    def send(method: str, url: str, body: dict[str, Any] | None = None) -> None:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(url, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        urllib.request.urlopen(request, timeout=10).close()
+
+    worker = threading.Thread(target=binder.run)
+    worker.start()
+    try:
+        dra_node.cluster.wait(lambda: binder.version is not None, what="the first list")
+        send("POST", collection, _waited_on("asr", "uid-w"))
+        dra_node.cluster.wait(lambda: dra_node.layout() == [("1g.18gb", 6)], what="the slice")
+        dra_node.cluster.wait(
+            lambda: _conditions(dra_node, "asr") == {READY: ("True", "SliceMade")},
+            what="SliceReady",
+        )
+        send("DELETE", f"{collection}/asr")
+        dra_node.cluster.wait(lambda: dra_node.layout() == [], what="the slice given back")
+    finally:
+        binder.api.interrupt()
+        worker.join(10)
+    lists = [
+        r for r in list(dra_node.cluster.km)
+        if "resourceclaims" in str(r.url) and "watch" not in str(r.url) and r.method == "GET"
+    ]  # fmt: skip
+    assert len(lists) == 1  # one list; the rest came over the watch
