@@ -59,10 +59,11 @@ system-deps:
 	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends systemd >/dev/null; }; \
 	else echo "note: install the Debian package 'systemd'; the unit's verify test skips without it"; fi
 
-# One xdist worker more than CPUs: about 40 % of the suite's test time is waiting (agents'
-# intervals, processes, sockets, Prometheus), so a spare worker keeps the CPUs busy
-# (2 cores: 120 s with 2 workers, 95 s with 3). TEST_WORKERS=N overrides.
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
+# Two xdist workers more than CPUs: much of the suite's test time is waiting (agents'
+# intervals, processes, sockets, Prometheus, the real scheduler's 5 s PreBind reads and its
+# control planes starting), so spare workers keep the CPUs busy (2 cores, 3,357 tests: 129 s
+# with 3 workers, 120 s with 4). TEST_WORKERS=N overrides.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 2 )))
 
 test: lint system-deps
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
