@@ -112,6 +112,8 @@ class DraPlugin:
         faulty = device_faults(slices, faults or {}, fatal_kinds)
         self._say(faulty)
         self.board.update(device_names(slices), {n: f.reason for n, f in faulty.items()})
+        if self.publisher.taints_dropped:  # the API server drops them: said once, left out
+            return self.publisher.publish(slices)
         return self.publisher.publish(with_taints(slices, faulty, self.driver))
 
     def bind(self) -> None:

@@ -61,6 +61,10 @@ def _has_binding(spec: dict[str, Any]) -> bool:
     return any(d.get("bindingConditions") for d in spec.get("devices") or [])
 
 
+def _has_taints(spec: dict[str, Any]) -> bool:
+    return any(d.get("taints") for d in spec.get("devices") or [])
+
+
 def _has_counters(spec: dict[str, Any]) -> bool:
     devices = spec.get("devices") or []
     return bool(spec.get("sharedCounters")) or any(d.get("consumesCounters") for d in devices)
@@ -85,6 +89,9 @@ class SlicePublisher:
         # DRADeviceBindingConditions gate off: pkg/registry/resource/resourceslice/strategy.go
         # drops them as it drops counters); None before a write that sent some.
         self.binding_dropped: bool | None = None
+        # Whether the API server dropped the devices' taints (DRADeviceTaints off); None
+        # before a write that sent some.
+        self.taints_dropped: bool | None = None
 
     def publish(self, wanted: Sequence[SliceSpec]) -> bool:
         """Make the API hold exactly `wanted`; True when something was written. Raises
@@ -129,6 +136,8 @@ class SlicePublisher:
                 return True  # nothing remembered: the next publish writes again
             if _has_binding(w.spec) and stored is not None:
                 self._binding_kept(_has_binding(stored.get("spec") or {}), w.name)
+            if _has_taints(w.spec) and stored is not None:
+                self._taints_kept(_has_taints(stored.get("spec") or {}), w.name)
         for name in sorted(set(existing) - {w.name for w in wanted}):
             self.api.delete_slice(name)
             self.writes += 1
@@ -148,6 +157,19 @@ class SlicePublisher:
                 " yet are made when the kubelet prepares the claim, after the pod binds",
             )
         self.binding_dropped = not kept
+
+    def _taints_kept(self, kept: bool, name: str) -> None:
+        """A write's answer said whether the devices' taints were kept: said once when they
+        are not (the next publish leaves them out, so the slices compare equal again)."""
+        if not kept and self.taints_dropped is not True:
+            log.warning(
+                "dra.taints_dropped",
+                slice=name,
+                gate="DRADeviceTaints",
+                message="the API server drops the devices' taints: a faulty GPU or slice stays"
+                " schedulable; its health still goes to the kubelet's health stream",
+            )
+        self.taints_dropped = not kept
 
     def _dropped(self, name: str) -> None:
         log.info("dra.slices.counters_dropped_on_write", slice=name, generation=self.generation)

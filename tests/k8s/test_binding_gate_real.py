@@ -29,14 +29,14 @@ from tests.support.k8s import (
 
 @pytest.fixture(scope="module")
 def binding_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A control plane of its own, DRADeviceBindingConditions off."""
+    """A control plane of its own, DRADeviceBindingConditions and DRADeviceTaints off."""
     if not k8s_available():
         if required():
             pytest.fail("../shared/k8s is not beside this checkout (CI needs it)")
         pytest.skip("../shared/k8s is not beside this checkout: no real control plane")
     gates = DEFAULT_GATES.replace(
         "DRADeviceBindingConditions=true", "DRADeviceBindingConditions=false"
-    )
+    ).replace("DRADeviceTaints=true", "DRADeviceTaints=false")
     state = Path(tmp_path_factory.mktemp("k8s-binding-off"))
     cp = start_control_plane(state, gates, port_base(os.environ[leaks.MARKER]) + 60)
     try:
@@ -67,4 +67,36 @@ def test_dropped_binding_conditions_are_seen_said_once_and_left_out(
         assert plugin.publish(read_inventory(session)) is False  # left out: equal as stored
         assert plugin.publisher.writes == writes
     finally:
+        session.close()
+
+
+def test_dropped_taints_are_seen_said_once_and_left_out(
+    binding_off: ControlPlane, short_tmp: Path
+) -> None:
+    """With DRADeviceTaints off the API server stores the devices without their taints: the
+    driver says so once and publishes without them, so a later publish writes nothing."""
+    import time
+
+    from kubernetes import config
+
+    from nodeagent.state.faults import Fault, FaultKey
+
+    api = config.new_client_from_config(str(binding_off.kubeconfig))
+    make_node(api, "n-taints-off")
+    plugin, session = _plugin(short_tmp, binding_off, "n-taints-off", "h200")
+    faults = {FaultKey(0): Fault(("xid-79",), time.time())}
+    try:
+        with captured_logs("warning") as logs:
+            assert plugin.publish(read_inventory(session), faults) is True
+            said = [e for e in logs if e["event"] == "dra.taints_dropped"]
+            assert plugin.publisher.taints_dropped is True
+            assert not any(
+                d.get("taints") for s in _stored(plugin).values() for d in s.get("devices") or []
+            )
+            writes = plugin.publisher.writes
+            assert plugin.publish(read_inventory(session), faults) is False  # nothing to write
+            assert plugin.publisher.writes == writes
+        assert len(said) == 1 and said[0]["gate"] == "DRADeviceTaints"
+    finally:
+        plugin.stop()
         session.close()
