@@ -38,7 +38,9 @@ def binding_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPla
         "DRADeviceBindingConditions=true", "DRADeviceBindingConditions=false"
     ).replace("DRADeviceTaints=true", "DRADeviceTaints=false")
     state = Path(tmp_path_factory.mktemp("k8s-binding-off"))
-    cp = start_control_plane(state, gates, port_base(os.environ[leaks.MARKER]) + 60)
+    # + 25: every port apart from the shared plane's (+ 0) and the gate-off one's (+ 50); + 60
+    # put this etcd on that one's etcd peer port (23800 + 50 = 23790 + 60)
+    cp = start_control_plane(state, gates, port_base(os.environ[leaks.MARKER]) + 25)
     try:
         yield cp
     finally:
