@@ -6,7 +6,6 @@ and a later publish writes nothing."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,16 +19,16 @@ from tests.support.k8s import (
     ControlPlane,
     k8s_available,
     make_node,
-    port_base,
     required,
-    start_control_plane,
-    stop_control_plane,
+    shared_control_plane,
 )
 
 
 @pytest.fixture(scope="module")
-def binding_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A control plane of its own, DRADeviceBindingConditions and DRADeviceTaints off."""
+def binding_off() -> ControlPlane:
+    """A control plane of the session's own, DRADeviceBindingConditions and DRADeviceTaints off
+    (shared by the xdist workers that run this module's tests; stopped at the session's end;
+    port offset 25: apart from the shared plane's 0 and the other gate-off plane's 50)."""
     if not k8s_available():
         if required():
             pytest.fail("../shared/k8s is not beside this checkout (CI needs it)")
@@ -37,14 +36,10 @@ def binding_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPla
     gates = DEFAULT_GATES.replace(
         "DRADeviceBindingConditions=true", "DRADeviceBindingConditions=false"
     ).replace("DRADeviceTaints=true", "DRADeviceTaints=false")
-    state = Path(tmp_path_factory.mktemp("k8s-binding-off"))
-    # + 25: every port apart from the shared plane's (+ 0) and the gate-off one's (+ 50); + 60
-    # put this etcd on that one's etcd peer port (23800 + 50 = 23790 + 60)
-    cp = start_control_plane(state, gates, port_base(os.environ[leaks.MARKER]) + 25)
     try:
-        yield cp
-    finally:
-        stop_control_plane(cp)
+        return shared_control_plane(os.environ[leaks.MARKER], gates, 25, "binding-off")
+    except RuntimeError as err:
+        pytest.fail(str(err))
 
 
 def test_dropped_binding_conditions_are_seen_said_once_and_left_out(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,29 +27,26 @@ from tests.support.k8s import (
     ControlPlane,
     k8s_available,
     make_node,
-    port_base,
     required,
-    start_control_plane,
-    stop_control_plane,
+    shared_control_plane,
 )
 
 DRIVER = "gpu.nodeagent.io"
 
 
 @pytest.fixture(scope="module")
-def gate_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A control plane of its own, DRAPartitionableDevices off."""
+def gate_off() -> ControlPlane:
+    """A control plane of the session's own, DRAPartitionableDevices off (shared by the xdist
+    workers that run this module's tests; stopped at the session's end)."""
     if not k8s_available():
         if required():
             pytest.fail("../shared/k8s is not beside this checkout (CI needs it)")
         pytest.skip("../shared/k8s is not beside this checkout: no real control plane")
     gates = DEFAULT_GATES.replace("DRAPartitionableDevices=true", "DRAPartitionableDevices=false")
-    state = Path(tmp_path_factory.mktemp("k8s-gate-off"))
-    cp = start_control_plane(state, gates, port_base(os.environ[leaks.MARKER]) + 50)
     try:
-        yield cp
-    finally:
-        stop_control_plane(cp)
+        return shared_control_plane(os.environ[leaks.MARKER], gates, 50, "gate-off")
+    except RuntimeError as err:
+        pytest.fail(str(err))
 
 
 def _plugin(

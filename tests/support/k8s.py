@@ -85,25 +85,30 @@ def port_base(run: str) -> int:
     return 1000 + int(hashlib.sha256(run.encode()).hexdigest(), 16) % 40 * 100
 
 
-def shared_control_plane(run: str) -> ControlPlane:
-    """The session's control plane, started by the first test process that asks (under a file
-    lock); the others find it. Raises RuntimeError when it could not start (said once: every
-    later asker gets the same error)."""
+def shared_control_plane(
+    run: str, gates: str | None = None, offset: int = 0, name: str = "plane"
+) -> ControlPlane:
+    """The session's control plane `name` (`gates`: its feature gates, None up.sh's; `offset`:
+    added to the session's ports, apart for each plane), started by the first test process
+    that asks (under a file lock); the others find it, so xdist workers that run tests of one
+    module share it instead of starting two on the same ports. Raises RuntimeError when it
+    could not start (said once: every later asker gets the same error)."""
     import fcntl
     import json
 
     d = shared_dir(run)
     d.mkdir(exist_ok=True)
-    with open(d / "lock", "w") as lock:
+    with open(d / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        info = d / "plane.json"
+        info = d / f"{name}.json"
         if info.exists():
             data = json.loads(info.read_text())
             if data.get("error"):
                 raise RuntimeError(data["error"])
             return ControlPlane(Path(data["kubeconfig"]), Path(data["state"]))
+        state = d / ("state" if name == "plane" else f"state-{name}")
         try:
-            cp = start_control_plane(d / "state", port_base=port_base(run))
+            cp = start_control_plane(state, gates, port_base(run) + offset)
         except RuntimeError as err:
             info.write_text(json.dumps({"error": str(err)}))
             raise
@@ -112,12 +117,13 @@ def shared_control_plane(run: str) -> ControlPlane:
 
 
 def stop_shared(run: str) -> None:
-    """Stop the session's control plane, if one was started (the session's end)."""
+    """Stop the session's control planes, if any was started (the session's end)."""
     import shutil
 
     d = shared_dir(run)
-    if (d / "state").is_dir():
-        stop_control_plane(ControlPlane(d / "state" / "admin.kubeconfig", d / "state"))
+    for state in sorted(d.glob("state*")) if d.is_dir() else []:
+        if state.is_dir():
+            stop_control_plane(ControlPlane(state / "admin.kubeconfig", state))
     shutil.rmtree(d, ignore_errors=True)
 
 
