@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from nodeagent.base.errors import AgentError
@@ -57,12 +58,35 @@ def _matters(spec: dict[str, Any]) -> Any:
     return _normal({k: v for k, v in spec.items() if k != "pool"})
 
 
-def _has_binding(spec: dict[str, Any]) -> bool:
-    return any(d.get("bindingConditions") for d in spec.get("devices") or [])
+@dataclass(frozen=True)
+class GatedField:
+    """A device field the API server drops where its feature gate is off: what is said, once,
+    when a write's answer lacks it."""
+
+    key: str  # in each device of a slice
+    event: str
+    gate: str
+    message: str
 
 
-def _has_taints(spec: dict[str, Any]) -> bool:
-    return any(d.get("taints") for d in spec.get("devices") or [])
+BINDING = GatedField(
+    "bindingConditions",
+    "dra.binding_conditions_dropped",
+    "DRADeviceBindingConditions",
+    "the API server drops the devices' binding conditions: slices not made yet are made when"
+    " the kubelet prepares the claim, after the pod binds",
+)
+TAINTS = GatedField(
+    "taints",
+    "dra.taints_dropped",
+    "DRADeviceTaints",
+    "the API server drops the devices' taints: a faulty GPU or slice stays schedulable; its"
+    " health still goes to the kubelet's health stream",
+)
+
+
+def _carries(spec: dict[str, Any], field: GatedField) -> bool:
+    return any(d.get(field.key) for d in spec.get("devices") or [])
 
 
 def _has_counters(spec: dict[str, Any]) -> bool:
@@ -85,13 +109,10 @@ class SlicePublisher:
         self.counters_dropped: bool | None = None
         # Told when a write's answer lacks the counters it was sent with (GateWatch says it).
         self.on_counters_dropped: Callable[[], None] | None = None
-        # Whether the API server dropped the devices' binding conditions (its
-        # DRADeviceBindingConditions gate off: pkg/registry/resource/resourceslice/strategy.go
-        # drops them as it drops counters); None before a write that sent some.
-        self.binding_dropped: bool | None = None
-        # Whether the API server dropped the devices' taints (DRADeviceTaints off); None
-        # before a write that sent some.
-        self.taints_dropped: bool | None = None
+        # Whether the API server dropped each gated device field (its gate off:
+        # pkg/registry/resource/resourceslice/strategy.go drops them as it drops counters);
+        # a field is absent before a write that sent it.
+        self.dropped: dict[GatedField, bool] = {}
 
     def publish(self, wanted: Sequence[SliceSpec]) -> bool:
         """Make the API hold exactly `wanted`; True when something was written. Raises
@@ -134,10 +155,9 @@ class SlicePublisher:
             if sent and stored is not None and not _has_counters(stored.get("spec") or {}):
                 self._dropped(w.name)
                 return True  # nothing remembered: the next publish writes again
-            if _has_binding(w.spec) and stored is not None:
-                self._binding_kept(_has_binding(stored.get("spec") or {}), w.name)
-            if _has_taints(w.spec) and stored is not None:
-                self._taints_kept(_has_taints(stored.get("spec") or {}), w.name)
+            for field in (BINDING, TAINTS):
+                if stored is not None and _carries(w.spec, field):
+                    self._kept(field, _carries(stored.get("spec") or {}, field), w.name)
         for name in sorted(set(existing) - {w.name for w in wanted}):
             self.api.delete_slice(name)
             self.writes += 1
@@ -145,31 +165,20 @@ class SlicePublisher:
         log.info("dra.slices.published", generation=self.generation, slices=len(wanted))
         return True
 
-    def _binding_kept(self, kept: bool, name: str) -> None:
-        """A write's answer said whether the binding conditions were kept: said once when they
-        are not (the next publish leaves them out, so the slices compare equal again)."""
-        if not kept and self.binding_dropped is not True:
-            log.warning(
-                "dra.binding_conditions_dropped",
-                slice=name,
-                gate="DRADeviceBindingConditions",
-                message="the API server drops the devices' binding conditions: slices not made"
-                " yet are made when the kubelet prepares the claim, after the pod binds",
-            )
-        self.binding_dropped = not kept
+    @property
+    def binding_dropped(self) -> bool | None:
+        return self.dropped.get(BINDING)
 
-    def _taints_kept(self, kept: bool, name: str) -> None:
-        """A write's answer said whether the devices' taints were kept: said once when they
-        are not (the next publish leaves them out, so the slices compare equal again)."""
-        if not kept and self.taints_dropped is not True:
-            log.warning(
-                "dra.taints_dropped",
-                slice=name,
-                gate="DRADeviceTaints",
-                message="the API server drops the devices' taints: a faulty GPU or slice stays"
-                " schedulable; its health still goes to the kubelet's health stream",
-            )
-        self.taints_dropped = not kept
+    @property
+    def taints_dropped(self) -> bool | None:
+        return self.dropped.get(TAINTS)
+
+    def _kept(self, field: GatedField, kept: bool, name: str) -> None:
+        """A write's answer said whether `field` was kept: said once when it is not (the next
+        publish leaves it out, so the slices compare equal again)."""
+        if not kept and self.dropped.get(field) is not True:
+            log.warning(field.event, slice=name, gate=field.gate, message=field.message)
+        self.dropped[field] = not kept
 
     def _dropped(self, name: str) -> None:
         log.info("dra.slices.counters_dropped_on_write", slice=name, generation=self.generation)
