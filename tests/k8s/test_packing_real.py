@@ -18,19 +18,14 @@ from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
 from tests.support.k8s import make_node
+from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.nodeagent.io"
 
 
 def _wait(what: str, check: Callable[[], Any], seconds: float = 60) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_for(check, what, seconds, interval=0.2)
 
 
 def _publish(api: Any, node: str, spec: str) -> None:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from kubernetes import client
+
+from tests.support.wait import wait_for
 
 kmock = pytest.importorskip("kmock")
 NODES = kmock.resource("v1/nodes")
@@ -116,14 +117,7 @@ class Cluster:
         return sum(1 for r in list(self.km) if is_write(r) and path in str(r.url))
 
     def wait(self, predicate: Callable[[], Any], timeout: float = 30, what: str = "") -> Any:
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            last = predicate()
-            if last:
-                return last
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what or predicate}; last: {last!r}")
+        return wait_for(predicate, what or str(predicate), timeout)
 
 
 def kube_group(cluster: Cluster, node: str, **extra: Any) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.support.agent import SteppedClock, make_agent
 from tests.support.mig_apply import reconfigure
+from tests.support.wait import wait_for as wait
 
 GIB = 1024**3
 
@@ -54,16 +54,7 @@ def http_get(url: str, timeout: float = 5) -> tuple[int, str]:
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 60) -> Any:
     """Poll `predicate` (OSError counts as not yet) until it is truthy; its value."""
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-            if last:
-                return last
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+    return wait(predicate, what, timeout, ignore=(OSError,))
 
 
 def build_agent(
