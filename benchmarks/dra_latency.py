@@ -52,6 +52,7 @@ from nodeagent.settings import Settings  # noqa: E402
 from nodeagent.sim import open_emulator  # noqa: E402
 from tests.support.fake_kubelet.dra import Claim, FakeDraKubelet  # noqa: E402
 from tests.support.k8s import (  # noqa: E402
+    create_device_classes,
     k8s_available,
     make_node,
     start_control_plane,
@@ -60,7 +61,6 @@ from tests.support.k8s import (  # noqa: E402
 
 DRIVER = "gpu.nodeagent.io"
 NAMESPACE = "latency"
-CLASSES = REPO / "daemonset" / "components" / "dra" / "deviceclasses.yaml"
 SPEC = "h200x4"
 SLICE_SELECTOR = f'device.attributes["{DRIVER}"].profile == "1g.18gb"'
 MODES: dict[str, dict[str, Any]] = {
@@ -218,7 +218,6 @@ def main() -> None:
         raise SystemExit("../shared/k8s is not beside this checkout: no control plane to run")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     os.environ.setdefault("NODEAGENT_SIM_LATENCY", "h200")
-    import yaml
     from kubernetes import client, config
 
     results: dict[str, dict[str, list[float]]] = {}
@@ -237,9 +236,7 @@ def main() -> None:
             config.load_kube_config(str(cp.kubeconfig), client_configuration=configuration)
             api_client = client.ApiClient(configuration)
             client.CoreV1Api(api_client).create_namespace({"metadata": {"name": NAMESPACE}})
-            for doc in yaml.safe_load_all(CLASSES.read_text()):
-                if doc and doc.get("kind") == "DeviceClass":
-                    client.ResourceV1Api(api_client).create_device_class(doc)
+            create_device_classes(api_client)
             for name in args.modes.split(","):
                 for binding in (True, False):
                     label = f"{name}, binding conditions {'on' if binding else 'off'}"

@@ -45,6 +45,7 @@ if str(REPO) not in sys.path:
 
 from tests.support.fake_kubelet.dra import Claim, FakeDraKubelet  # noqa: E402
 from tests.support.k8s import (  # noqa: E402
+    create_device_classes,
     k8s_available,
     make_node,
     start_control_plane,
@@ -54,7 +55,6 @@ from tests.support.k8s import (  # noqa: E402
 MIG_CONFIG = "nvidia.com/mig.config"
 DRIVER = "gpu.nodeagent.io"
 SLICE_CLASS = "mig-1g.18gb.gpu.nodeagent.io"
-CLASSES = REPO / "daemonset" / "components" / "dra" / "deviceclasses.yaml"
 STATE = "nvidia.com/mig.config.state"
 # kube-apiserver defaults (v1.36): --max-requests-inflight 400, --max-mutating-requests-inflight
 # 200 (with API Priority and Fairness these are the server's total concurrency, 600 seats).
@@ -126,13 +126,10 @@ def churn(api_client: Any, agents: list[Agent], rounds: int) -> int:
     """`rounds` times, one claim a node: created with a pod, allocated by the scheduler,
     prepared and unprepared through the node's agent (the fake kubelet), deleted. Returns the
     number of claims."""
-    import yaml
     from kubernetes import client
 
     core, resource = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
-    for doc in yaml.safe_load_all(CLASSES.read_text()):
-        if doc and doc.get("kind") == "DeviceClass":
-            resource.create_device_class(doc)
+    create_device_classes(api_client)
     core.create_namespace({"metadata": {"name": "fleet"}})
     kubelets = {}
     for a in agents:

@@ -17,7 +17,7 @@ from nodeagent.dra.devices import resource_slices
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
-from tests.support.k8s import make_node
+from tests.support.k8s import create_device_classes, make_node
 from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,18 +49,7 @@ def _publish(api: Any, node: str, spec: str) -> None:
 
 
 def _device_classes(api: Any) -> None:
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    res = client.ResourceV1Api(api)
-    for doc in yaml.safe_load_all(
-        (REPO / "daemonset/components/dra/deviceclasses.yaml").read_text()
-    ):
-        try:
-            res.create_device_class(doc)
-        except ApiException as err:
-            if err.status != 409:  # another test made it
-                raise
+    create_device_classes(api)
 
 
 def _node(api: Any, spec: str) -> str:

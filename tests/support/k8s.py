@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+DEVICE_CLASSES = REPO / "daemonset" / "components" / "dra" / "deviceclasses.yaml"
 K8S = REPO.parent / "shared" / "k8s"
 PORTS = {  # up.sh's variables and their defaults
     "K8S_ETCD_PORT": 23790,
@@ -146,3 +147,21 @@ def make_node(api_client: Any, name: str, labels: dict[str, str] | None = None) 
     }
     core.patch_node_status(name, status)
     core.patch_node(name, {"spec": {"taints": []}})
+
+
+def create_device_classes(api_client: Any) -> None:
+    """The DeviceClasses nodeagent ships (daemonset/components/dra/deviceclasses.yaml), as
+    `kubectl apply` would create them; one that exists already (another test made it) stays."""
+    import yaml
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    resource = client.ResourceV1Api(api_client)
+    for doc in yaml.safe_load_all(DEVICE_CLASSES.read_text()):
+        if not doc or doc.get("kind") != "DeviceClass":
+            continue
+        try:
+            resource.create_device_class(doc)
+        except ApiException as err:
+            if err.status != 409:
+                raise
