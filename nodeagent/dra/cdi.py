@@ -7,7 +7,9 @@ kind is `k8s.<driver>/claim`, and each device is `<claim uid>-<device name>`, so
 returned to the kubelet are `k8s.<driver>/claim=<uid>-<device>`. The edits select the GPU or
 MIG device by UUID (NVIDIA_VISIBLE_DEVICES, which the NVIDIA container toolkit turns into
 device nodes and driver mounts, as it does for the device plugin) and, for an MPS share, point
-the clients at the claim's MPS daemon.
+the clients at the MPS daemon serving the claim, with the claim's own limits as client
+environment (an MpsConfig's daemon is the claim's own; a share device's is the device's one
+server for all its share claims, nodeagent.mps.shares, and NODEAGENT_MPS_CLAIM names the claim).
 """
 
 from __future__ import annotations
@@ -43,7 +45,10 @@ def cdi_id(driver: str, claim_uid: str, device: str) -> str:
     return f"{kind(driver)}={cdi_device_name(claim_uid, device)}"
 
 
-def _edits(device: PreparedDevice) -> dict[str, Any]:
+CLAIM_ENV = "NODEAGENT_MPS_CLAIM"  # a share client's claim UID: the watch attributes it by this
+
+
+def _edits(device: PreparedDevice, claim_uid: str) -> dict[str, Any]:
     uuid = device.mig_uuid if device.is_mig else device.gpu_uuid
     env = [f"NVIDIA_VISIBLE_DEVICES={uuid}"]
     edits: dict[str, Any] = {"env": env}
@@ -54,6 +59,8 @@ def _edits(device: PreparedDevice) -> dict[str, Any]:
         pinned = device.mps.get("pinned_memory_bytes")
         if pinned:
             env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={int(pinned) >> 20}M")
+        if device.shared:  # one server for the device's claims: whose client is this
+            env.append(f"{CLAIM_ENV}={claim_uid}")
         edits["mounts"] = [
             {"hostPath": pipe, "containerPath": pipe, "options": ["rbind", "rw"]},
         ]
@@ -66,7 +73,7 @@ def render(driver: str, claim_uid: str, devices: Iterable[PreparedDevice]) -> di
         "cdiVersion": CDI_VERSION,
         "kind": kind(driver),
         "devices": [
-            {"name": cdi_device_name(claim_uid, d.device), "containerEdits": _edits(d)}
+            {"name": cdi_device_name(claim_uid, d.device), "containerEdits": _edits(d, claim_uid)}
             for d in devices
         ],
     }

@@ -16,7 +16,15 @@ names the claim, and nothing is prepared for it.
 An MPS share device (nodeagent.dra.shares: allowMultipleAllocations, KEP-5075) takes no
 MpsConfig: its limits are what the scheduler gave the claim, the result's `consumedCapacity`
 (`<driver>/sm` percent -> threadPercentage, `<driver>/memory` bytes -> pinnedMemory), and the
-result's `shareID` tells the claims that share it apart.
+result's `shareID` tells the claims that share it apart. The share claims on one device are
+the clients of one MPS server (nodeagent.mps.shares), and an MPS server runs as one user: a
+claim whose containers run as another uid than 0 says so in an opaque config of its own, so
+it gets a daemon of its users (claims of different users on one device are time-sliced
+against each other):
+
+    apiVersion: gpu.nodeagent.io/v1
+    kind: MpsShare
+    user: 1000               # the uid the claim's containers run as (runAsUser)
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from nodeagent.dra.shares import MEMORY_CAPACITY, SM_CAPACITY
 
 CONFIG_API_VERSION = "gpu.nodeagent.io/v1"
 MPS_KIND = "MpsConfig"
+SHARE_KIND = "MpsShare"
+MAX_UID = (1 << 31) - 1
 _QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
 _UNITS = {
     None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
@@ -45,12 +55,16 @@ class Mps:
 
     thread_percentage: int
     pinned_memory_bytes: int | None = None
+    user: int | None = None  # a share's: the uid of its clients (its MPS server's user)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "thread_percentage": self.thread_percentage,
             "pinned_memory_bytes": self.pinned_memory_bytes,
         }
+        if self.user is not None:
+            out["user"] = self.user
+        return out
 
 
 @dataclass(frozen=True)
@@ -170,22 +184,39 @@ def share_mps(result: Mapping[str, Any], driver: str, where: str) -> Mps:
     return Mps(pct, pinned >> 20 << 20)
 
 
-def _configs(allocation: Mapping[str, Any], driver: str, where: str) -> list[tuple[set[str], Mps]]:
-    """(requests it applies to (empty: all), Mps) for each of this driver's opaque configs;
-    class configs first, then the claim's, so the claim's win."""
-    out: list[tuple[int, set[str], Mps]] = []
+def parse_share(params: Mapping[str, Any], where: str) -> int:
+    """An MpsShare's parameters -> the uid. Raises ConfigError naming every problem."""
+    problems = [f"unknown key {k!r}" for k in sorted(set(params) - {"apiVersion", "kind", "user"})]
+    user = params.get("user")
+    if isinstance(user, bool) or not isinstance(user, int) or not 0 <= user <= MAX_UID:
+        problems.append(f"user must be a uid, a whole number 0-{MAX_UID}, not {quoted(user)}")
+    if problems:
+        raise ConfigError(f"{where}: {SHARE_KIND}: " + "; ".join(problems))
+    assert isinstance(user, int)
+    return user
+
+
+def _configs(
+    allocation: Mapping[str, Any], driver: str, where: str
+) -> list[tuple[set[str], Mps | int]]:
+    """(requests it applies to (empty: all), Mps or an MpsShare's uid) for each of this
+    driver's opaque configs; class configs first, then the claim's, so the claim's win."""
+    out: list[tuple[int, set[str], Mps | int]] = []
     for entry in allocation.get("devices", {}).get("config") or []:
         opaque = entry.get("opaque") or {}
         if opaque.get("driver") != driver:
             continue
         params = opaque.get("parameters") or {}
-        if params.get("apiVersion") != CONFIG_API_VERSION or params.get("kind") != MPS_KIND:
+        kind = params.get("kind")
+        if params.get("apiVersion") != CONFIG_API_VERSION or kind not in (MPS_KIND, SHARE_KIND):
             raise ConfigError(
                 f"{where}: opaque config for {driver} must be apiVersion {CONFIG_API_VERSION}"
-                f" kind {MPS_KIND}, not {params.get('apiVersion')!r} {params.get('kind')!r}"
+                f" kind {MPS_KIND} or {SHARE_KIND}, not {params.get('apiVersion')!r}"
+                f" {params.get('kind')!r}"
             )
         rank = 0 if entry.get("source") == "FromClass" else 1
-        out.append((rank, set(entry.get("requests") or []), parse_mps(params, where)))
+        parsed = parse_mps(params, where) if kind == MPS_KIND else parse_share(params, where)
+        out.append((rank, set(entry.get("requests") or []), parsed))
     out.sort(key=lambda t: t[0])
     return [(requests, mps) for _, requests, mps in out]
 
@@ -210,10 +241,19 @@ def claimed_devices(claim: Mapping[str, Any], driver: str, pool: str) -> list[Cl
             raise ConfigError(f"{where}: device {device!r} is not one {driver} publishes")
         admin = result.get("adminAccess") is True
         mps: Mps | None = None
+        user: int | None = None
         for requests, candidate in configs if not admin else ():
             # A subrequest ('gpu/small') matches a config naming its request ('gpu').
             if not requests or request in requests or request.split("/", 1)[0] in requests:
-                mps = candidate
+                if isinstance(candidate, Mps):
+                    mps = candidate
+                else:
+                    user = candidate
+        if user is not None and not ref.shared:
+            raise ConfigError(
+                f"{where}: {device} is not an MPS share device; an {SHARE_KIND} config names"
+                " the user of a share device's clients (a -mps device)"
+            )
         if mps is not None and ref.shared:
             raise ConfigError(
                 f"{where}: {device} is an MPS share sized by the scheduler (capacity.requests"
@@ -226,6 +266,8 @@ def claimed_devices(claim: Mapping[str, Any], driver: str, pool: str) -> list[Cl
             )
         if ref.shared and not admin:
             mps = share_mps(result, driver, where)
+            if user is not None:
+                mps = Mps(mps.thread_percentage, mps.pinned_memory_bytes, user)
             if any(c.device == device for c in out):
                 raise ConfigError(
                     f"{where}: {device} is given to two of its requests; a claim gets one MPS"

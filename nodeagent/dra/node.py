@@ -50,11 +50,13 @@ from nodeagent.mig.select import Desired
 from nodeagent.mig.wanted import ChangeDone, MigEngine, WantedChange
 from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.settings import Limits, MpsSettings, validate
+from nodeagent.mps.shares import ShareClient, ShareKey, ShareServers
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.state.owners import ClaimOwner, Held, Owners, OwnerStore
 
 log = get_logger("nodeagent.dra")
 CHECKPOINT_NAME = "checkpoint.json"
+SHARES_DIR = "mps-shared"  # <plugin dir>/mps-shared/<device>-u<uid>/{pipe,log}: share servers
 
 
 @dataclass(frozen=True)
@@ -135,12 +137,16 @@ class NodeDriver:
         engine: MigEngine,
         owners: OwnerStore,
         stats: Stats | None = None,
+        shares: ShareServers | None = None,
     ) -> None:
         self.session = session
         self.config = config
         self.engine = engine
         self.owners = owners
         self.stats = stats
+        self.shares = shares or ShareServers(config.plugin_dir / SHARES_DIR, config.mps_control)
+        self._share_guard = threading.Lock()
+        self._share_locks: dict[str, threading.Lock] = {}  # one claim at a time per server
         self._checkpoint_lock = threading.Lock()  # the checkpoint is one file
         self._guard = threading.Lock()
         self._claims: dict[str, threading.Lock] = {}  # one call per claim at a time
@@ -381,7 +387,7 @@ class NodeDriver:
                 s = slice_at(gpu, d.profile_id or 0, d.placement_start or 0) if gpu else None
                 if s is None or s.mig_uuid != d.mig_uuid:
                     return f"the MIG device of {d.device}"
-            if d.mps is not None and self._mps_stopper(uid, d).control.daemon_pid() is None:
+            if d.mps is not None and self._mps_pid(uid, d) is None:
                 return f"the MPS daemon of {d.device}"
         if uid not in self.owners.read().claims and not all(d.admin for d in claim.devices):
             return "its entry in the ownership record"
@@ -396,9 +402,73 @@ class NodeDriver:
         )  # fmt: skip
         return MpsDaemon(settings, Limits(100, {}, d.gpu_uuid))
 
+    def _mps_pid(self, uid: str, d: PreparedDevice) -> int | None:
+        if d.shared:
+            return self.shares.pid(share_key(d))
+        return self._mps_stopper(uid, d).control.daemon_pid()
+
+    @contextmanager
+    def _share(self, key: ShareKey) -> Iterator[list[tuple[str, PreparedDevice]]]:
+        """The key's server held for one claim; yields the claims on it now (uid, device), as
+        the checkpoint records them: the one record of which claims are its clients."""
+        with self._share_guard:
+            lock = self._share_locks.setdefault(key.name, threading.Lock())
+        with lock:
+            claims = load(self.config.checkpoint).claims
+            yield [
+                (uid, d)
+                for uid, c in sorted(claims.items())
+                for d in c.devices
+                if d.shared and d.mps is not None and share_key(d) == key
+            ]
+
+    def share_clients(self) -> dict[ShareKey, list[tuple[str, PreparedDevice]]]:
+        """Every share server that should run, with its claims (prepared ones)."""
+        out: dict[ShareKey, list[tuple[str, PreparedDevice]]] = {}
+        for uid, c in sorted(load(self.config.checkpoint).claims.items()):
+            if c.state != PREPARED:
+                continue
+            for d in c.devices:
+                if d.shared and d.mps is not None:
+                    out.setdefault(share_key(d), []).append((uid, d))
+        return out
+
+    def check_shares(self) -> list[tuple[str, str]]:
+        """Each share server that should run and does not (crashed, killed) started again
+        with its ceiling; returns the (claim UID, device) of the claims it serves: their
+        clients lost their server. The claims on other servers are not touched."""
+        out = []
+        for key in self.share_clients():
+            with self._share(key) as on:
+                prepared = self._prepared(on)
+                if self.shares.revive(key, [_client(u, d) for u, d in prepared]):
+                    out += [(u, d.device) for u, d in prepared]
+        return out
+
+    def _prepared(self, on: list[tuple[str, PreparedDevice]]) -> list[tuple[str, PreparedDevice]]:
+        claims = load(self.config.checkpoint).claims
+        return [(u, d) for u, d in on if u in claims and claims[u].state == PREPARED]
+
+    def _join_share(self, uid: str, d: PreparedDevice) -> PreparedDevice:
+        """A share claim becomes a client of its device's one server (started by the first
+        claim on it); its own limits go to its containers (nodeagent.dra.cdi)."""
+        assert d.mps is not None
+        key = share_key(d)
+        with self._share(key) as on:
+            clients = [_client(u, m) for u, m in on if u != uid] + [_client(uid, d)]
+            server = self.shares.serve(key, clients)
+        return replace(d, mps={**d.mps, "pipe_dir": str(server.pipe_dir), "server": key.name})
+
+    def _leave_share(self, uid: str, d: PreparedDevice) -> None:
+        key = share_key(d)
+        with self._share(key) as on:
+            self.shares.leave(key, [_client(u, m) for u, m in on if u != uid])
+
     def _start_mps(self, uid: str, d: PreparedDevice, inventory: Inventory) -> PreparedDevice:
         if d.mps is None:
             return d
+        if d.shared:
+            return self._join_share(uid, d)
         root = self.mps_root(uid, d.device)
         self._mps_daemon(d, root, inventory).start()  # adopts the daemon of an earlier try
         return replace(d, mps={**d.mps, "pipe_dir": str(root / "pipe")})
@@ -479,7 +549,9 @@ class NodeDriver:
         they are gone), the CDI spec, the MPS directories, the checkpoint entry."""
         c = self.config
         for d in claim.devices:
-            if d.mps is not None:
+            if d.mps is not None and d.shared:
+                self._leave_share(uid, d)
+            elif d.mps is not None:
                 self._mps_stopper(uid, d).stop()
         me = f"claim {claim.namespace}/{claim.name}"
 
@@ -515,6 +587,19 @@ def _held(d: PreparedDevice) -> Held:
     if not d.is_mig:
         return Held(d.gpu_uuid, shared=d.shared)
     return Held(d.gpu_uuid, d.placement_start, d.placement_size, d.profile_id, shared=d.shared)
+
+
+def share_key(d: PreparedDevice) -> ShareKey:
+    """The share server of a share device: the device its clients see, and their user."""
+    assert d.mps is not None
+    uuid = d.mig_uuid if d.is_mig and d.mig_uuid else d.gpu_uuid
+    return ShareKey(d.device, d.gpu, uuid, int(d.mps.get("user") or 0))
+
+
+def _client(uid: str, d: PreparedDevice) -> ShareClient:
+    assert d.mps is not None
+    pinned = d.mps.get("pinned_memory_bytes")
+    return ShareClient(uid, int(d.mps["thread_percentage"]), int(pinned) if pinned else None)
 
 
 def _answer(claim: PreparedClaim) -> list[Prepared]:

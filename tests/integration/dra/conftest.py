@@ -63,5 +63,7 @@ def dra_node(
         server.stop()
         for daemon_dir in (short_root / "p" / "mps").glob("*/*"):
             _quit_mps(fake_mps_control, daemon_dir)
+        for daemon_dir in (short_root / "p" / "mps-shared").glob("*"):
+            _quit_mps(fake_mps_control, daemon_dir)
         session.close()
         cluster.close()

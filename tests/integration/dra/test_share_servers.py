@@ -1,0 +1,195 @@
+"""MPS shares that really share (issue 38): the share claims on one device are the clients of
+ONE MPS control daemon (nodeagent.mps.shares), started by the first, joined by the others,
+stopped after the last; each claim's own limits reach its containers through its CDI spec,
+and the daemon's limits are the ceiling (the largest share on it). Claims of different users
+get separate daemons. A restarted driver adopts the daemon; a crashed one is started again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeagent.dra import cdi
+from nodeagent.dra.node import NodeDriver
+from nodeagent.mps.control import MpsControl
+from nodeagent.mps.settings import parse_size
+from tests.support.dra import DRIVER, DraNode, allocated_claim
+
+kmock = pytest.importorskip("kmock")
+
+
+def share(name: str, uid: str, device: str, sm: int, memory: str) -> dict[str, Any]:
+    claim = allocated_claim(name, uid, {"gpu": device})
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    result["shareID"] = f"share-{uid}"
+    result["consumedCapacity"] = {f"{DRIVER}/sm": str(sm), f"{DRIVER}/memory": memory}
+    return claim
+
+
+def env_of(node: DraNode, uid: str) -> dict[str, str]:
+    spec = json.loads(cdi.spec_file(node.cdi_dir, DRIVER, uid).read_text())
+    (device,) = spec["devices"]
+    edits = device["containerEdits"]
+    pairs = dict(e.split("=", 1) for e in edits["env"])
+    (mount,) = edits["mounts"]
+    assert mount["hostPath"] == mount["containerPath"] == pairs["CUDA_MPS_PIPE_DIRECTORY"]
+    return pairs
+
+
+def defaults(root: Path, control: str) -> tuple[float, int | None]:
+    mps = MpsControl(control, root / "pipe", root / "log")
+    text = mps.command("get_default_device_pinned_mem_limit 0")
+    return float(mps.command("get_default_active_thread_percentage")), (
+        parse_size(text) if text else None
+    )
+
+
+def servers(node: DraNode) -> list[Path]:
+    return sorted(p for p in (node.root / "p" / "mps-shared").glob("*") if p.is_dir())
+
+
+def test_three_share_claims_on_one_gpu_have_one_daemon_and_three_limit_sets(
+    dra_node: DraNode, fake_mps_control: str
+) -> None:
+    claims = [
+        dra_node.add_claim(share("asr", "uid-asr", "gpu-0-mps", 40, "16Gi")),
+        dra_node.add_claim(share("tts", "uid-tts", "gpu-0-mps", 30, "8Gi")),
+        dra_node.add_claim(share("emb", "uid-emb", "gpu-0-mps", 20, "4Gi")),
+    ]
+    results = dra_node.kubelet.prepare(claims)
+    assert {uid: r.error for uid, r in results.items()} == dict.fromkeys(
+        ("uid-asr", "uid-tts", "uid-emb"), ""
+    )
+    (root,) = servers(dra_node)
+    assert root.name == "gpu-0-mps-u0"
+    envs = {c.uid: env_of(dra_node, c.uid) for c in claims}
+    assert {e["CUDA_MPS_PIPE_DIRECTORY"] for e in envs.values()} == {str(root / "pipe")}
+    assert {u: e["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for u, e in envs.items()} == {
+        "uid-asr": "40", "uid-tts": "30", "uid-emb": "20"
+    }  # fmt: skip
+    assert {u: e["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] for u, e in envs.items()} == {
+        "uid-asr": "0=16384M", "uid-tts": "0=8192M", "uid-emb": "0=4096M"
+    }  # fmt: skip
+    assert {u: e[cdi.CLAIM_ENV] for u, e in envs.items()} == {u: u for u in envs}
+    # The ceiling: the largest share on the device, threads and memory apart.
+    assert defaults(root, fake_mps_control) == (40.0, 16 << 30)
+    pid = MpsControl(fake_mps_control, root / "pipe", root / "log").daemon_pid()
+    gpu0 = dra_node.inventory().gpus[0].uuid
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert f"CUDA_VISIBLE_DEVICES={gpu0}".encode() in env
+
+    # The largest share goes: the ceiling follows the claims left, the daemon stays.
+    dra_node.kubelet.unprepare([claims[0]])
+    assert servers(dra_node) == [root]
+    assert MpsControl(fake_mps_control, root / "pipe", root / "log").daemon_pid() == pid
+    assert defaults(root, fake_mps_control) == (30.0, 8 << 30)
+    dra_node.kubelet.unprepare([claims[1]])
+    assert MpsControl(fake_mps_control, root / "pipe", root / "log").daemon_pid() == pid
+    dra_node.kubelet.unprepare([claims[2]])  # the last client: the daemon stops, its folder goes
+    assert servers(dra_node) == []
+    assert not _alive(pid)
+
+
+@pytest.mark.parametrize("dra_node", ["h200x4"], indirect=True)
+def test_two_claims_sharing_one_mig_slice_have_one_daemon_on_that_slice(
+    dra_node: DraNode, fake_mps_control: str
+) -> None:
+    device = "gpu-0-mig-1g18gb-19-2-mps"
+    claims = [
+        dra_node.add_claim(share("tts-0", "uid-t0", device, 50, "8Gi")),
+        dra_node.add_claim(share("tts-1", "uid-t1", device, 25, "4Gi")),
+    ]
+    assert all(not r.error for r in dra_node.kubelet.prepare(claims).values())
+    (made,) = dra_node.inventory().gpus[0].slices
+    (root,) = servers(dra_node)
+    pid = MpsControl(fake_mps_control, root / "pipe", root / "log").daemon_pid()
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert f"CUDA_VISIBLE_DEVICES={made.mig_uuid}".encode() in env
+    envs = [env_of(dra_node, c.uid) for c in claims]
+    assert [e["NVIDIA_VISIBLE_DEVICES"] for e in envs] == [made.mig_uuid] * 2
+    assert [e["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for e in envs] == ["50", "25"]
+    assert defaults(root, fake_mps_control) == (50.0, 8 << 30)
+    dra_node.kubelet.unprepare([claims[0]])  # the other still shares slice and daemon
+    assert [s.mig_uuid for s in dra_node.inventory().gpus[0].slices] == [made.mig_uuid]
+    assert MpsControl(fake_mps_control, root / "pipe", root / "log").daemon_pid() == pid
+    dra_node.kubelet.unprepare([claims[1]])
+    assert dra_node.inventory().gpus[0].slices == ()
+    assert servers(dra_node) == []
+
+
+def test_a_restarted_driver_adopts_the_daemon_and_a_killed_one_is_started_again(
+    dra_node: DraNode, fake_mps_control: str
+) -> None:
+    claims = [
+        dra_node.add_claim(share("asr", "uid-a", "gpu-1-mps", 30, "8Gi")),
+        dra_node.add_claim(share("tts", "uid-b", "gpu-1-mps", 30, "8Gi")),
+    ]
+    assert all(not r.error for r in dra_node.kubelet.prepare(claims).values())
+    (root,) = servers(dra_node)
+    control = MpsControl(fake_mps_control, root / "pipe", root / "log")
+    pid = control.daemon_pid()
+    assert pid is not None
+
+    # A new driver on the same directories (the agent restarted): nothing is restarted, the
+    # kubelet's prepare again answers the same, every limit is read back.
+    old = dra_node.node
+    again = NodeDriver(old.session, old.config, old.engine, old.owners)
+    again.start()
+    assert again.check_shares() == []
+    assert control.daemon_pid() == pid
+    from nodeagent.dra.claims import ClaimRef
+
+    ref = ClaimRef("speech", "asr", "uid-a")
+    assert [p.device for p in again.prepare(ref, dra_node.claim("speech", "asr"))] == ["gpu-1-mps"]
+    assert control.daemon_pid() == pid
+    assert defaults(root, fake_mps_control) == (30.0, 8 << 30)
+
+    # The daemon is killed under its clients: the next check starts it again with the same
+    # ceiling and names the claims it serves.
+    os.kill(pid, signal.SIGKILL)
+    _wait_gone(pid)
+    assert again.check_shares() == [("uid-a", "gpu-1-mps"), ("uid-b", "gpu-1-mps")]
+    assert control.daemon_pid() not in (None, pid)
+    assert defaults(root, fake_mps_control) == (30.0, 8 << 30)
+    assert again.check_shares() == []
+
+
+def test_claims_of_different_users_get_separate_daemons(dra_node: DraNode) -> None:
+    a = share("asr", "uid-u0", "gpu-0-mps", 30, "8Gi")
+    b = share("tts", "uid-u1000", "gpu-0-mps", 30, "8Gi")
+    b["status"]["allocation"]["devices"]["config"] = [
+        {
+            "source": "FromClaim",
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {"apiVersion": "gpu.nodeagent.io/v1", "kind": "MpsShare",
+                               "user": 1000},
+            },
+        }
+    ]  # fmt: skip
+    claims = [dra_node.add_claim(a), dra_node.add_claim(b)]
+    assert {u: r.error for u, r in dra_node.kubelet.prepare(claims).items()} == {
+        "uid-u0": "", "uid-u1000": ""
+    }  # fmt: skip
+    assert [p.name for p in servers(dra_node)] == ["gpu-0-mps-u0", "gpu-0-mps-u1000"]
+    pipes = {env_of(dra_node, c.uid)["CUDA_MPS_PIPE_DIRECTORY"] for c in claims}
+    assert len(pipes) == 2
+
+
+def _alive(pid: int | None) -> bool:
+    from nodeagent.mps.control import process_alive
+
+    return pid is not None and process_alive(pid)
+
+
+def _wait_gone(pid: int) -> None:
+    import time
+
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
