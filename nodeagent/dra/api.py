@@ -115,6 +115,16 @@ class DraApi(NodeApi):
         )
         return written
 
+    def claim_event(
+        self, namespace: str, name: str, uid: str, reason: str, message: str, kind: str
+    ) -> None:
+        """An Event on a ResourceClaim, in its namespace. Raises KubeError."""
+        body = claim_event_body(namespace, name, uid, reason, message, kind, self.name)
+        path = _path("/api/v1/namespaces/{ns}/events", ns=namespace)
+        self._call(
+            f"create event {reason}", _none_on(409, lambda: self._request("POST", path, body=body))
+        )
+
     def counters_kept(self, driver: str) -> bool:
         """Whether the API server keeps a ResourceSlice's counters (its DRAPartitionableDevices
         feature gate is on): a dry-run create of a slice with one counter set (nothing is
@@ -156,3 +166,29 @@ class DraApi(NodeApi):
             lambda: self._request("PATCH", path, body=body, content_type=MERGE_PATCH),
         )
         return stored
+
+
+def claim_event_body(
+    namespace: str, name: str, uid: str, reason: str, message: str, kind: str, host: str
+) -> dict[str, Any]:
+    """A core/v1 Event on a ResourceClaim (what `kubectl describe resourceclaim` shows)."""
+    import datetime
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    when = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name}.{reason.lower()}.{now.strftime('%Y%m%d%H%M%S%f')}"},
+        "involvedObject": {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "namespace": namespace, "name": name, "uid": uid,
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": kind,
+        "source": {"component": "nodeagent", "host": host},
+        "firstTimestamp": when,
+        "lastTimestamp": when,
+        "count": 1,
+    }  # fmt: skip

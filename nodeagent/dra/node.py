@@ -95,6 +95,8 @@ class Stats(Protocol):
     def observe_nvml(self, op: str, seconds: float) -> None: ...
     def refused(self, reason: str) -> None: ...
     def set_prepared(self, counts: Mapping[str, int]) -> None: ...
+    def share_finding(self, reason: str) -> None: ...
+    def set_shares_over(self, count: int) -> None: ...
     def status_written(self, ok: bool) -> None: ...
 
 
@@ -432,6 +434,11 @@ class NodeDriver:
                 if d.shared and d.mps is not None:
                     out.setdefault(share_key(d), []).append((uid, d))
         return out
+
+    def prepared_claims(self) -> dict[str, tuple[str, str]]:
+        """{UID: (namespace, name)} of the claims prepared here."""
+        claims = load(self.config.checkpoint).claims
+        return {u: (c.namespace, c.name) for u, c in claims.items() if c.state == PREPARED}
 
     def check_shares(self) -> list[tuple[str, str]]:
         """Each share server that should run and does not (crashed, killed) started again

@@ -19,6 +19,7 @@ from nodeagent.dra.health import HealthBoard
 from nodeagent.dra.nocounters import safe_slices
 from nodeagent.dra.node import NodeConfig, NodeDriver, Stats
 from nodeagent.dra.server import DraPluginServer, Sockets
+from nodeagent.dra.sharewatch import ShareWatch
 from nodeagent.dra.slices import GateWatch, SlicePublisher
 from nodeagent.dra.taints import DeviceFault, device_faults, device_names, with_taints
 from nodeagent.kube.api import KubeSettings, make_api_client
@@ -76,6 +77,10 @@ class DraPlugin:
         self.board = HealthBoard()
         self.server = DraPluginServer(self.node, self.api, d.driver, sockets(settings), self.board)
         self.binder = Binder(self.api, self.node, self.server.v1.reports)
+        enforce = d.mps_share_enforce
+        self.shares = ShareWatch(
+            self.node, self.server.v1.reports, self.api, stats, enforce=lambda: enforce
+        )
         self.publisher = SlicePublisher(self.api, d.driver)
         self.gate = GateWatch(self.api, d.driver, self.publisher)
         self.binding = d.binding_conditions
@@ -108,6 +113,7 @@ class DraPlugin:
         same; True when something was written. Where the API server drops the counters
         (nodeagent.dra.slices.GateWatch), only devices that cannot overlap
         (nodeagent.dra.nocounters). Raises KubeError."""
+        self.shares.tick(inventory)  # the share servers kept up and watched (never raises)
         slices = self._slices(inventory, self.gate.counters_dropped())
         faulty = device_faults(slices, faults or {}, fatal_kinds)
         self._say(faulty)

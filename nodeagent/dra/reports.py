@@ -26,7 +26,10 @@ from nodeagent.dra.status import (
     merged,
     now_rfc3339,
     ready_entries,
+    share_condition,
+    with_condition,
 )
+from nodeagent.dra.watch import CONDITION as SHARE_CONDITION
 
 log = get_logger("nodeagent.dra")
 # A status write's budget, retries included: a report, so it takes little of the kubelet's 45 s
@@ -111,6 +114,20 @@ class StatusReports:
             return merged(current, self.driver, [])
 
         self._write(ref, devices, deadline, CLEAR_SECONDS, None)
+
+    def share(
+        self, ref: ClaimRef, device: str, ok: bool, reason: str, message: str, deadline: float
+    ) -> bool:
+        """The share watch's condition on the claim's entry of `device` (nodeagent.dra.watch);
+        True when the claim holds it now."""
+        now = now_rfc3339()
+
+        def devices(current: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+            generation = (current.get("metadata") or {}).get("generation")
+            condition = share_condition(ok, reason, message, generation, now, SHARE_CONDITION)
+            return with_condition(current, self.driver, device, condition)
+
+        return self._write(ref, devices, deadline, STATUS_SECONDS, None)
 
     def _write(
         self,

@@ -270,3 +270,35 @@ def binding_entries(
         ]
         out.append(entry)
     return out
+
+
+def with_condition(
+    claim: Mapping[str, Any], driver: str, device: str, condition: Mapping[str, Any]
+) -> list[dict[str, Any]] | None:
+    """The claim's whole status.devices with `condition` (by its type) on this driver's entries
+    of `device`, keeping its lastTransitionTime where its status is the same; None when
+    nothing changes or the claim has no entry of that device (not prepared here)."""
+    out, changed, found = [], False, False
+    for e in (claim.get("status") or {}).get("devices") or []:
+        if not isinstance(e, Mapping):
+            continue
+        entry = dict(e)
+        if entry.get("driver") == driver and entry.get("device") == device:
+            found = True
+            kept = [c for c in entry.get("conditions") or [] if isinstance(c, Mapping)]
+            old = next((c for c in kept if c.get("type") == condition["type"]), None)
+            new = dict(condition)
+            if old is not None and old.get("status") == new.get("status"):
+                new["lastTransitionTime"] = old.get("lastTransitionTime", new["lastTransitionTime"])
+            if old != new:
+                changed = True
+                entry["conditions"] = [c for c in kept if c.get("type") != new["type"]] + [new]
+        out.append(entry)
+    return out if found and changed else None
+
+
+def share_condition(
+    ok: bool, reason: str, message: str, generation: Any, now: str, kind: str
+) -> dict[str, Any]:
+    """The share watch's condition (nodeagent.dra.watch): type `kind`, True while within."""
+    return {**_condition(ok, reason, message, generation, now), "type": kind}

@@ -68,6 +68,16 @@ class DraStats:
         self.refusals: Counter[str] = Counter()
         self.prepared: dict[str, int] = {}
         self.status_writes: Counter[str] = Counter()
+        self.share_findings: Counter[str] = Counter()
+        self.shares_over = 0
+
+    def share_finding(self, reason: str) -> None:
+        with self.lock:
+            self.share_findings[reason] += 1
+
+    def set_shares_over(self, count: int) -> None:
+        with self.lock:
+            self.shares_over = count
 
     def observe_prepare(self, kind: str, seconds: float, ok: bool) -> None:
         with self.lock:
@@ -174,6 +184,23 @@ class DraCollector:
             for result in ("success", "failure"):
                 writes.add_metric([result], s.status_writes.get(result, 0))
             families.append(writes)
+            findings = CounterMetricFamily(
+                "nodeagent_dra_share_findings",
+                "Times an MPS share claim went over its share or lost its server, by reason"
+                " (OverThreadShare, OverMemoryShare, ServerRestarted, WaitingForOtherUser).",
+                labels=["reason"],
+            )
+            for reason, n in sorted(s.share_findings.items()):
+                findings.add_metric([reason], n)
+            families.append(findings)
+            families.append(
+                GaugeMetricFamily(
+                    "nodeagent_dra_shares_over_limit",
+                    "MPS share claims whose clients are over their share (or whose server"
+                    " restarted, or that block another user's client) now.",
+                    value=s.shares_over,
+                )
+            )
         yield from families
         yield CounterMetricFamily(
             "nodeagent_dra_slice_writes",

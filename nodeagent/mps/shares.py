@@ -37,12 +37,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodeagent.base.errors import AgentError, MpsError
+from nodeagent.base.files import read_regular
 from nodeagent.base.logs import get_logger
 from nodeagent.mps.control import MpsControl, process_alive
 from nodeagent.mps.daemon import MpsDaemon, _ints, _same_limit
 from nodeagent.mps.settings import Limits, MpsSettings, mps_size, parse_size
 
 log = get_logger("nodeagent.mps")
+CONTROL_LOG_BYTES = 16 << 20  # the daemon's log of one device's clients
 _NEW_CLIENT = re.compile(r"NEW CLIENT (\d+) from user (\d+)")
 
 
@@ -226,9 +228,10 @@ class ShareServers:
         daemon holds them, silently, until the key's own clients are gone."""
         path = self.where(key) / "log" / "control.log"
         try:
-            text = path.read_bytes()[-(1 << 20) :].decode(errors="replace")
-        except OSError:
+            raw = read_regular(path, "the MPS control log", CONTROL_LOG_BYTES)
+        except (AgentError, OSError):  # too long, or not a file: nothing to read of it
             return []
+        text = (raw or b"").decode(errors="replace")
         waiting: dict[int, int] = {}
         for m in _NEW_CLIENT.finditer(text):
             pid, user = int(m.group(1)), int(m.group(2))

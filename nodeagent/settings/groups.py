@@ -169,6 +169,8 @@ class Dra:
     # MIG placements not made yet carry binding conditions (KEP-5007): the slice is made before
     # the pod binds, and a failure reschedules the pod
     binding_conditions: bool = True
+    # a share claim's client over its share: report (condition, Event, metric) or end-client too
+    mps_share_enforce: str = "report"
 
     @property
     def plugin_path(self) -> Path:

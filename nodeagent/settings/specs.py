@@ -265,6 +265,11 @@ SPECS: tuple[Spec, ...] = (
           "MIG slices not made yet carry binding conditions: made before the pod binds, a"
           " failure reschedules the pod (needs DRADeviceBindingConditions; dropped: off)",
           hot=True),
+    _spec("dra", "mps-share-enforce", "NODEAGENT_DRA_MPS_SHARE_ENFORCE",
+          "--dra-mps-share-enforce", choice("report", "end-client"),
+          "an MPS share claim's client over its share (it asks for more SMs or memory than its"
+          " claim has, or uses more memory): report (a ShareLimits condition on the claim, an"
+          " Event, a metric) or end-client (also SIGKILL that client)"),
 )  # fmt: skip
 BY_KEY = {s.dotted: s for s in SPECS}
 SETTINGS_FILE_ENV = "NODEAGENT_CONFIG"

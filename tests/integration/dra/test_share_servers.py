@@ -193,3 +193,94 @@ def _wait_gone(pid: int) -> None:
     deadline = time.monotonic() + 10
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+def _client(env: dict[str, str]) -> Any:
+    """A process started with `env` (as a container from its claim's CDI spec would be)."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env={**os.environ, **env},
+    )
+
+
+@pytest.mark.parametrize("enforce", ["report", "end-client"])
+def test_a_client_asking_for_more_than_its_share_is_reported_on_its_claim_within_5_s(
+    dra_node: DraNode, enforce: str
+) -> None:
+    from nodeagent.dra.api import DraApi
+    from nodeagent.dra.sharewatch import ShareWatch
+    from nodeagent.kube.api import KubeSettings, make_api_client
+    from nodeagent.metrics.dra import DraStats
+
+    claims = [
+        dra_node.add_claim(share("asr", "uid-ok", "gpu-0-mps", 30, "8Gi")),
+        dra_node.add_claim(share("tts", "uid-greedy", "gpu-0-mps", 30, "8Gi")),
+    ]
+    assert all(not r.error for r in dra_node.kubelet.prepare(claims).values())
+    honest = _client(env_of(dra_node, "uid-ok"))
+    # A client that rewrote its environment to ask for the whole GPU: MPS caps it at the
+    # daemon's ceiling, not at its claim's share; the watch sees it.
+    greedy = _client({**env_of(dra_node, "uid-greedy"), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"})
+    big = _client(env_of(dra_node, "uid-ok"))
+    try:
+        dra_node.lib.attach("0", big.pid, 12 << 30)  # uses 12 GiB, its share is 8
+        node = dra_node.node
+        node.shares.clients = lambda key: [honest.pid, greedy.pid, big.pid]  # type: ignore[method-assign]
+        kube = KubeSettings(node_name="node-1", host=dra_node.cluster.url, retry_seconds=1.0)
+        api = DraApi(make_api_client(kube), kube)
+        from nodeagent.dra.reports import StatusReports
+
+        stats = DraStats()
+        ended: list[int] = []
+        watch = ShareWatch(
+            node, StatusReports(api, DRIVER, "node-1"), api, stats,
+            enforce=lambda: enforce, kill=ended.append,
+        )  # fmt: skip
+        import time
+
+        began = time.monotonic()
+        found = {(f.claim, f.reason) for f in watch.tick(dra_node.inventory())}
+        assert time.monotonic() - began < 5
+        assert found == {("uid-ok", "OverMemoryShare"), ("uid-greedy", "OverThreadShare")}
+        conditions = {
+            c.uid: [
+                cond
+                for e in dra_node.claim("speech", c.name)["status"].get("devices", [])
+                for cond in e.get("conditions", [])
+                if cond["type"] == "ShareLimits"
+            ]
+            for c in claims
+        }
+        (greedy_condition,) = conditions["uid-greedy"]
+        assert greedy_condition["status"] == "False"
+        assert greedy_condition["reason"] == "OverThreadShare"
+        assert (
+            f"client {greedy.pid} asks for 100 % of the SMs, its share is 30 %"
+            in (greedy_condition["message"])
+        )
+        (ok_condition,) = conditions["uid-ok"]
+        assert ok_condition["reason"] == "OverMemoryShare"
+        assert "uses 12288 MiB, its share is 8192 MiB" in ok_condition["message"]
+        events = [
+            dict(o)
+            for (r, _, _), o in list(dra_node.cluster.km.objects.items())
+            if "events" in str(r) and not o.deleted
+        ]
+        assert {(e["involvedObject"]["name"], e["reason"], e["type"]) for e in events} == {
+            ("asr", "OverMemoryShare", "Warning"), ("tts", "OverThreadShare", "Warning")
+        }  # fmt: skip
+        assert stats.shares_over == 2
+        assert dict(stats.share_findings) == {"OverMemoryShare": 1, "OverThreadShare": 1}
+        assert sorted(ended) == (sorted([greedy.pid, big.pid]) if enforce == "end-client" else [])
+
+        # Said once: a second look at the same state writes nothing more.
+        watch._next = 0.0
+        watch.tick(dra_node.inventory())
+        assert dict(stats.share_findings) == {"OverMemoryShare": 1, "OverThreadShare": 1}
+    finally:
+        for p in (honest, greedy, big):
+            p.kill()
+            p.wait()

@@ -1,0 +1,163 @@
+"""The share servers kept and watched, every few seconds (nodeagent.dra.watch says what is
+looked at): a server that died is started again (nodeagent.dra.node.NodeDriver.check_shares),
+and each share claim's state goes, when it changes, into
+
+    its status.devices entry   condition ShareLimits: True WithinShare, or False with the reason
+                               (OverThreadShare, OverMemoryShare, ServerRestarted,
+                               WaitingForOtherUser) and one sentence naming the client
+    an Event on the claim      Warning when it goes over (or its server restarted), Normal back
+    the metrics                nodeagent_dra_share_findings_total{reason},
+                               nodeagent_dra_shares_over_limit (claims now over)
+
+With `dra.mps-share-enforce: end-client` a client over its claim's share is also ended
+(SIGKILL: an MPS client cannot be asked to give back SMs or memory); `report` (the default)
+only says so. The claims on other servers are never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from nodeagent.base.errors import AgentError
+from nodeagent.base.logs import get_logger
+from nodeagent.dra.claims import ClaimRef
+from nodeagent.dra.node import NodeDriver
+from nodeagent.dra.watch import (
+    OVER_MEMORY,
+    OVER_THREADS,
+    RESTARTED,
+    WITHIN,
+    Finding,
+    environ_of,
+    findings,
+)
+from nodeagent.nvml import Inventory
+
+log = get_logger("nodeagent.dra")
+WATCH_SECONDS = 2.0  # a claim over its share is said within this (and the write's time)
+RESTART_HOLD_SECONDS = 60.0  # how long ServerRestarted stays on a claim
+ENFORCE = ("report", "end-client")
+
+
+class Reports(Protocol):
+    def share(
+        self, ref: ClaimRef, device: str, ok: bool, reason: str, message: str, deadline: float
+    ) -> bool: ...
+
+
+class Events(Protocol):
+    def claim_event(
+        self, namespace: str, name: str, uid: str, reason: str, message: str, kind: str
+    ) -> None: ...
+
+
+class Counts(Protocol):
+    def share_finding(self, reason: str) -> None: ...
+    def set_shares_over(self, count: int) -> None: ...
+
+
+@dataclass
+class ShareWatch:
+    node: NodeDriver
+    reports: Reports | None = None
+    events: Events | None = None
+    stats: Counts | None = None
+    enforce: Callable[[], str] = lambda: "report"
+    clock: Callable[[], float] = time.monotonic
+    kill: Callable[[int], None] = lambda pid: os.kill(pid, signal.SIGKILL)
+    said: dict[tuple[str, str], str] = field(default_factory=dict)  # reason last written
+    restarted: dict[tuple[str, str], float] = field(default_factory=dict)
+    _next: float = 0.0
+
+    def tick(self, inventory: Inventory) -> list[Finding]:
+        """At most every WATCH_SECONDS: keep the servers up, look at their clients, say what
+        changed. Never raises (a failure is logged and tried at the next tick)."""
+        now = self.clock()
+        if now < self._next:
+            return []
+        self._next = now + WATCH_SECONDS
+        try:
+            return self._tick(inventory, now)
+        except AgentError as err:
+            log.warning("dra.share_watch_failed", error=str(err))
+            return []
+
+    def _tick(self, inventory: Inventory, now: float) -> list[Finding]:
+        for uid, device in self.node.check_shares():
+            self.restarted[(uid, device)] = now
+        used = _memory(inventory)
+        claims = self.node.prepared_claims()
+        out: list[Finding] = []
+        for key, on in self.node.share_clients().items():
+            pids = self.node.shares.clients(key)
+            stalls = self.node.shares.stalls(key)
+            for f in findings(on, pids, used, environ_of, stalls):
+                since = self.restarted.get((f.claim, f.device))
+                if since is not None and now - since > RESTART_HOLD_SECONDS:
+                    del self.restarted[(f.claim, f.device)]
+                elif since is not None and f.ok:
+                    f = Finding(f.claim, f.device, RESTARTED, "its MPS server died and was"
+                                " started again: its clients lost their server")  # fmt: skip
+                out.append(f)
+        for f in out:
+            self._say(f, claims.get(f.claim))
+        if self.stats is not None:
+            self.stats.set_shares_over(sum(1 for f in out if not f.ok))
+        live = {(f.claim, f.device) for f in out}
+        for gone in set(self.said) - live:
+            del self.said[gone]
+        return out
+
+    def _say(self, f: Finding, claim: tuple[str, str] | None) -> None:
+        if f.reason in (OVER_THREADS, OVER_MEMORY) and self.enforce() == "end-client":
+            for pid in f.pids:
+                try:
+                    self.kill(pid)
+                    log.warning("dra.share_client_ended", claim=f.claim, pid=pid, why=f.message)
+                except OSError:
+                    pass
+        if self.said.get((f.claim, f.device)) == f.reason:
+            return
+        first = (f.claim, f.device) not in self.said
+        if first and f.ok:  # nothing to say of a claim that was always within its share
+            self.said[(f.claim, f.device)] = f.reason
+            return
+        self.said[(f.claim, f.device)] = f.reason
+        if self.stats is not None and not f.ok:
+            self.stats.share_finding(f.reason)
+        level = log.info if f.ok else log.warning
+        level("dra.share", claim=f.claim, device=f.device, reason=f.reason, message=f.message)
+        if claim is None:
+            return
+        namespace, name = claim
+        ref = ClaimRef(namespace, name, f.claim)
+        if self.reports is not None:
+            self.reports.share(ref, f.device, f.ok, f.reason, f.message, self.clock() + 5)
+        if self.events is not None:
+            try:
+                self.events.claim_event(
+                    namespace, name, f.claim, f.reason, f"{f.device}: {f.message}",
+                    "Normal" if f.ok else "Warning",
+                )  # fmt: skip
+            except AgentError as err:
+                log.debug("dra.share_event_failed", claim=f.claim, error=str(err))
+
+
+def _memory(inventory: Inventory) -> Mapping[int, int | None]:
+    """Every compute process's used memory by pid, on GPUs and on MIG devices."""
+    out: dict[int, int | None] = {}
+    for g in inventory.gpus:
+        for p in g.processes:
+            out[p.pid] = p.memory_bytes
+        for s in g.slices:
+            for p in s.processes:
+                out[p.pid] = p.memory_bytes
+    return out
+
+
+__all__ = ["ENFORCE", "WITHIN", "ShareWatch"]

@@ -1,0 +1,152 @@
+"""The share claims watched: what each client of a share server does, attributed to its claim.
+
+A share server's limits are its ceiling (the largest share on the device: nodeagent.mps.shares);
+a claim's own limits are client environment, which a client can rewrite. So the driver looks
+at every client the daemon lists, with NVML's per-process memory, and attributes each to its
+claim by the NODEAGENT_MPS_CLAIM its CDI spec gave it (read from /proc/<pid>/environ, the
+environment the process was started with). A claim is over its share when one of its clients
+
+    asks for more threads      CUDA_MPS_ACTIVE_THREAD_PERCENTAGE above the claim's share, or unset
+    asks for more memory       CUDA_MPS_PINNED_DEVICE_MEM_LIMIT above the claim's, or unset
+    uses more memory           NVML's used memory of the process above the claim's memory share
+
+A client that names no claim of its server (its environment was replaced) is counted on every
+claim of the server, since any of them may have started it. A client of another user waiting
+behind the server (nodeagent.mps.shares.Stall) is reported on the claims of the server it
+waits behind. Pure: the readers come in as arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from nodeagent.base.errors import AgentError
+from nodeagent.dra.cdi import CLAIM_ENV
+from nodeagent.dra.checkpoint import PreparedDevice
+from nodeagent.mps.control import proc_file
+from nodeagent.mps.settings import parse_size
+from nodeagent.mps.shares import Stall
+
+WITHIN = "WithinShare"
+OVER_THREADS = "OverThreadShare"
+OVER_MEMORY = "OverMemoryShare"
+RESTARTED = "ServerRestarted"
+WAITING = "WaitingForOtherUser"
+CONDITION = "ShareLimits"  # the condition type in the claim's status.devices entry
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One claim's device as the watch found it; `pids`: the clients it is about."""
+
+    claim: str
+    device: str
+    reason: str
+    message: str
+    pids: tuple[int, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.reason == WITHIN
+
+
+def _pinned(text: str | None) -> int | None:
+    """'0=8192M' (device 0's limit) -> bytes; None when unset or unreadable."""
+    if not text:
+        return None
+    for part in text.split(","):
+        device, _, size = part.partition("=")
+        if device.strip() == "0" and size:
+            try:
+                return parse_size(size.strip())
+            except Exception:  # an unreadable value limits nothing
+                return None
+    return None
+
+
+def _percent(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
+def _over(d: PreparedDevice, env: Mapping[str, str], used: int | None) -> tuple[str, str] | None:
+    """Why one client of `d`'s claim is over the claim's share (None: it is not)."""
+    assert d.mps is not None
+    share = int(d.mps["thread_percentage"])
+    pct = _percent(env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))
+    if pct is None or pct > share:
+        asked = "no limit" if pct is None else f"{pct:g} %"
+        return OVER_THREADS, f"asks for {asked} of the SMs, its share is {share} %"
+    memory = d.mps.get("pinned_memory_bytes")
+    if memory:
+        pinned = _pinned(env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"))
+        if pinned is None or pinned > int(memory):
+            asked = "no memory limit" if pinned is None else f"{pinned >> 20} MiB"
+            return OVER_MEMORY, f"asks for {asked}, its share is {int(memory) >> 20} MiB"
+        if used is not None and used > int(memory):
+            return OVER_MEMORY, f"uses {used >> 20} MiB, its share is {int(memory) >> 20} MiB"
+    return None
+
+
+def findings(
+    on: Sequence[tuple[str, PreparedDevice]],
+    clients: Iterable[int],
+    used: Mapping[int, int | None],
+    environ: Callable[[int], Mapping[str, str] | None],
+    stalls: Iterable[Stall] = (),
+) -> list[Finding]:
+    """One Finding per claim of one server (`on`: its claims and their share devices)."""
+    devices = dict(on)
+    bad: dict[str, list[tuple[int, str, str]]] = {}
+    for pid in clients:
+        env = environ(pid)
+        if env is None:  # gone meanwhile
+            continue
+        claim = env.get(CLAIM_ENV)
+        mine = [claim] if claim in devices else list(devices)
+        for uid in mine:
+            why = _over(devices[uid], env, used.get(pid))
+            if why is not None:
+                if claim not in devices:
+                    why = (why[0], f"{why[1]} (it names no claim of this server)")
+                bad.setdefault(uid, []).append((pid, *why))
+    waiting = list(stalls)
+    out = []
+    for uid, d in on:
+        if uid in bad:
+            pids = tuple(p for p, _, _ in bad[uid])
+            _, reason, text = bad[uid][0]
+            message = f"client {pids[0]} {text}" + (
+                f" ({len(pids) - 1} more)" if len(pids) > 1 else ""
+            )
+            out.append(Finding(uid, d.device, reason, message, pids))
+        elif waiting:
+            users = sorted({s.user for s in waiting})
+            message = (
+                f"client {waiting[0].pid} of user {users[0]} waits behind this MPS server (it"
+                f" runs as user {waiting[0].key.group}); an MpsShare config with its user gives"
+                " it a server of its own"
+            )
+            out.append(Finding(uid, d.device, WAITING, message, tuple(s.pid for s in waiting)))
+        else:
+            out.append(Finding(uid, d.device, WITHIN, "every client keeps within the share"))
+    return out
+
+
+def environ_of(pid: int) -> dict[str, str] | None:
+    """A process's environment as it was started (None: gone, or not ours to read)."""
+    try:
+        raw = proc_file(pid, "environ")
+    except AgentError:  # not ours to read: nothing to attribute
+        return None
+    if raw is None:
+        return None
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
