@@ -2,9 +2,10 @@
 the real kube-scheduler v1.36.2: the templates of examples/dra/mps-shares.yaml, pods from them
 put on one share device while their capacity requests fit (each claim with a shareID and a
 consumedCapacity of its own), the next one left pending, the share device's exclusive twin
-kept from anybody while a share is allocated; then nodeagent's driver prepares each claim on
-the emulated node with an MPS daemon of its own whose limits are the claim's consumed capacity,
-read back from the (fake) daemon, and unprepare stops it."""
+kept from anybody while a share is allocated; then nodeagent's driver prepares the claims on
+the emulated node as the clients of ONE MPS daemon per device (nodeagent.mps.shares), each
+claim's consumed capacity its own client limits in its CDI spec, the daemon's limits the
+ceiling (read back from the (fake) daemon), which stops after the last claim's unprepare."""
 
 from __future__ import annotations
 
@@ -111,8 +112,20 @@ def _visible(control: str, root: Path) -> str:
 def _quit_all(control: str, plugin_dir: Path) -> None:
     from tests.support.dra import _quit_mps
 
-    for d in (plugin_dir / "mps").glob("*/*"):
+    for d in [*(plugin_dir / "mps").glob("*/*"), *_share_roots(plugin_dir)]:
         _quit_mps(control, d)
+
+
+def _share_roots(plugin_dir: Path) -> list[Path]:
+    """The share servers (nodeagent.mps.shares): <plugin dir>/mps-shared/<device>-u<uid>."""
+    return sorted(p for p in (plugin_dir / "mps-shared").glob("*") if p.is_dir())
+
+
+def _spec_env(cdi_dir: Path, uid: str) -> dict[str, str]:
+    """The environment the claim's CDI spec gives its one device's containers."""
+    (spec,) = cdi_dir.glob(f"*claim_{uid}.json")
+    (device,) = json.loads(spec.read_text())["devices"]
+    return dict(e.split("=", 1) for e in device["containerEdits"]["env"])
 
 
 def test_three_30_percent_shares_fit_one_gpu_a_fourth_waits(
@@ -167,16 +180,22 @@ def test_three_30_percent_shares_fit_one_gpu_a_fourth_waits(
     try:
         for c in claims:
             _prepare(driver, c)
-        roots = [driver.mps_root(c["metadata"]["uid"], "gpu-0-mps") for c in claims]
+        # One MPS server for the three claims (nodeagent.mps.shares), three limit sets in
+        # three CDI specs; the daemon's limits are the ceiling (the largest share: 30 %).
+        (root,) = _share_roots(short_tmp / "p")
         gpu = read_inventory(session).gpus[0]
-        for root in roots:  # each claim its own daemon, its own limits
-            assert _limits(fake_mps_control, root) == (30.0, 16 << 30)
-            assert _visible(fake_mps_control, root) == gpu.uuid
-        assert len({r.resolve() for r in roots}) == 3
+        assert _limits(fake_mps_control, root) == (30.0, 16 << 30)
+        assert _visible(fake_mps_control, root) == gpu.uuid
+        envs = [_spec_env(short_tmp / "cdi", c["metadata"]["uid"]) for c in claims]
+        assert {e["CUDA_MPS_PIPE_DIRECTORY"] for e in envs} == {str(root / "pipe")}
+        assert [(e["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], e["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"])
+                for e in envs] == [("30", "0=16384M")] * 3  # fmt: skip
+        assert [e["NODEAGENT_MPS_CLAIM"] for e in envs] == [c["metadata"]["uid"] for c in claims]
+        pid = MpsControl(fake_mps_control, root / "pipe", root / "log").daemon_pid()
 
-        driver.unprepare(claims[0]["metadata"]["uid"])
-        assert not roots[0].exists()
-        assert _limits(fake_mps_control, roots[1]) == (30.0, 16 << 30)  # the others keep theirs
+        driver.unprepare(claims[0]["metadata"]["uid"])  # the others keep the daemon
+        assert MpsControl(fake_mps_control, root / "pipe", root / "log").daemon_pid() == pid
+        assert _limits(fake_mps_control, root) == (30.0, 16 << 30)
     finally:
         _quit_all(fake_mps_control, short_tmp / "p")
         session.close()
@@ -189,7 +208,7 @@ def test_three_30_percent_shares_fit_one_gpu_a_fourth_waits(
     assert _unschedulable(api_client, namespace, "asr-small")
 
 
-def test_two_claims_share_one_mig_slice_each_with_its_own_daemon(
+def test_two_claims_share_one_mig_slice_and_its_one_daemon(
     api_client: Any, namespace: str, short_tmp: Path, fake_mps_control: str
 ) -> None:
     from kubernetes import client
@@ -226,16 +245,18 @@ def test_two_claims_share_one_mig_slice_each_with_its_own_daemon(
             _prepare(driver, c)
         (made,) = read_inventory(session).gpus[0].slices  # one slice, made by the first
         assert made.placement.start == start and made.mig_uuid
-        roots = [driver.mps_root(c["metadata"]["uid"], device) for c in claims]
-        for root in roots:
-            assert _limits(fake_mps_control, root) == (50.0, 8 << 30)
-            assert _visible(fake_mps_control, root) == made.mig_uuid
+        (root,) = _share_roots(short_tmp / "p")  # one MPS server on the slice, for both
+        assert _limits(fake_mps_control, root) == (50.0, 8 << 30)
+        assert _visible(fake_mps_control, root) == made.mig_uuid
+        envs = [_spec_env(short_tmp / "cdi", c["metadata"]["uid"]) for c in claims]
+        assert {e["CUDA_MPS_PIPE_DIRECTORY"] for e in envs} == {str(root / "pipe")}
+        assert {e["NVIDIA_VISIBLE_DEVICES"] for e in envs} == {made.mig_uuid}
 
         driver.unprepare(claims[0]["metadata"]["uid"])  # the other still shares the slice
         assert [s.mig_uuid for s in read_inventory(session).gpus[0].slices] == [made.mig_uuid]
         driver.unprepare(claims[1]["metadata"]["uid"])  # the last one: the slice goes
         assert read_inventory(session).gpus[0].slices == ()
-        assert not (short_tmp / "p" / "mps" / claims[1]["metadata"]["uid"]).exists()
+        assert _share_roots(short_tmp / "p") == []  # the last claim gone: the daemon too
     finally:
         _quit_all(fake_mps_control, short_tmp / "p")
         session.close()
