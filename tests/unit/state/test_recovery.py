@@ -274,3 +274,17 @@ def test_the_boot_id_is_the_kernels(tmp_path: Path) -> None:
     assert read_boot_id(boot) == "0f6b4e1c-4d39-4c34-9a55-0b9f1d0c2e77"
     assert read_boot_id(tmp_path / "absent") is None
     assert read_boot_id(tmp_path) is None  # a folder
+
+
+def test_the_docs_list_the_xids_the_table_holds() -> None:
+    root = Path(__file__).parents[3]
+    for page in ("docs/dra.md", "docs/metrics.md"):
+        text = " ".join((root / page).read_text().split())
+        for what, codes in ((RESET, xids_waiting_for(RESET)), (REBOOT, xids_waiting_for(REBOOT))):
+            listed = ", ".join(str(c) for c in codes if not 145 <= c <= 150).replace(
+                "144", "144-150"
+            )
+            if page.endswith("metrics.md"):
+                head, _, last = listed.rpartition(", ")
+                listed = f"{head} and {last}"
+            assert listed in text, f"{page} does not list the XIDs that wait for a {what}: {listed}"
