@@ -55,6 +55,7 @@ from nodeagent.nvml.gpm import GpmReader
 from nodeagent.nvml.write import ComputeModeWriter
 from nodeagent.reconcile import Pipeline
 from nodeagent.settings import Settings, merge_reload
+from nodeagent.state.faultrecord import FaultRecord, record_path
 from nodeagent.state.faults import FaultPolicy
 from nodeagent.state.owners import inventory_reader, with_owners
 from nodeagent.state.sampling import FieldSampler, GpmSampler, HealthSampler, UtilizationSampler
@@ -105,7 +106,10 @@ class Agent:
         self.stats = AgentStats()
         self.dra_stats = DraStats()  # the DRA driver's, with --dra
         self.gpm = GpmSampler(GpmReader(session), self.store, monotonic)
-        self.health = HealthSampler(session, self.store, monotonic, clock)
+        # The faults that wait for a GPU reset or a node reboot are recorded beside the lock.
+        path = record_path(lock_path)
+        record = None if path is None else FaultRecord(path)
+        self.health = HealthSampler(session, self.store, monotonic, clock, record)
         self.fields = FieldSampler(session, self.store, monotonic)
         self.utilization = UtilizationSampler(session, self.store, clock)
         self.mps = MpsManager(ComputeModeWriter(session))

@@ -108,6 +108,12 @@ def add_sim_health_parsers(simsub: Any) -> None:
     p.add_argument("--pcie-replays", type=int, help="PCIe replays to add")
     p.add_argument("--row-remap-pending", type=int, choices=(0, 1))
     p.add_argument("--row-remap-failure", type=int, choices=(0, 1))
+    p.add_argument(
+        "--recovery-action",
+        help="the driver's GPU recovery action: none, gpu-reset, node-reboot, drain-p2p,"
+        " drain-and-reset, ...; unsupported: a driver without it (a GPU reset or reboot"
+        " brings it back to none)",
+    )
     p.add_argument("--clear", action="store_true", help="drop the values set before first")
     p.set_defaults(func=cmd_sim_health)
     p = simsub.add_parser("xid", help="make an emulated GPU report an XID error")
@@ -115,6 +121,10 @@ def add_sim_health_parsers(simsub: Any) -> None:
     p.add_argument("--xid", required=True, type=int, help="the XID code, e.g. 79")
     p.add_argument("--count", type=int, default=1, help="how many times (1 to 1000)")
     p.add_argument("--gi", type=int, help="of this GPU instance (a MIG slice; default: the GPU)")
+    p.add_argument(
+        "--recovery-action",
+        help="the recovery action the driver sets with it (gpu-reset, node-reboot, ...)",
+    )
     p.set_defaults(func=cmd_sim_xid)
 
 
@@ -147,6 +157,7 @@ def cmd_sim_health(ctx: Context) -> int:
         "pcie_replays": a.pcie_replays,
         "row_remap_pending": a.row_remap_pending,
         "row_remap_failure": a.row_remap_failure,
+        "recovery_action": a.recovery_action,
         "clear": a.clear,
     }
     if not a.clear and all(v is None for k, v in values.items() if k != "clear"):
@@ -162,11 +173,14 @@ def cmd_sim_health(ctx: Context) -> int:
 
 def cmd_sim_xid(ctx: Context) -> int:
     """Exit 2 for a bad XID, count or GPU (nothing changes)."""
-    from nodeagent.sim.healthcalls import check_xid
+    from nodeagent.sim.healthcalls import check_recovery_action, check_xid
 
     check_xid(ctx.args.xid, ctx.args.count)
+    check_recovery_action(ctx.args.recovery_action)
     _check_gpu(ctx, ctx.args.gpu)
-    ctx.emulator("xid").inject_xid(ctx.args.gpu, ctx.args.xid, ctx.args.count, ctx.args.gi)
+    ctx.emulator("xid").inject_xid(
+        ctx.args.gpu, ctx.args.xid, ctx.args.count, ctx.args.gi, ctx.args.recovery_action
+    )
     of = f" (GPU instance {ctx.args.gi})" if ctx.args.gi is not None else ""
     print(
         f"GPU {ctx.args.gpu}{of} reported XID {ctx.args.xid}"

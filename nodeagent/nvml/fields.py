@@ -19,6 +19,10 @@ _ABSENT = (NOT_SUPPORTED, INVALID_ARGUMENT, FUNCTION_NOT_FOUND)
 ALL_LINKS = 0xFFFFFFFF  # scopeId: the sum over every NVLink of the GPU
 KIB = 1024
 MEMORY_V2 = 0x02000028  # pynvml.nvmlMemory_v2: sizeof(nvmlMemory_v2_t) | 2 << 24
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: what the driver asks to be done to the GPU (an
+# nvmlDeviceGpuRecoveryAction_t), from the R565 driver on. The number, not pynvml's name, so
+# an older nvidia-ml-py reads it too.
+RECOVERY_ACTION = 230
 
 # NVML_FI_* ids, by the attribute of DeviceFields they fill.
 FIELDS: tuple[tuple[str, int, int], ...] = (  # (name, field id, scope id)
@@ -49,6 +53,31 @@ class DeviceFields:
     encoder_utilization: float | None = None  # 0-1
     decoder_utilization: float | None = None  # 0-1
     memory_reserved_bytes: int | None = None
+
+
+def read_recovery_action(
+    session: NvmlSession, handle: Any, unsupported: set[tuple[Any, ...]] | None = None
+) -> int | None:
+    """The GPU's recovery action (0 NONE, 1 GPU_RESET, 2 NODE_REBOOT, 3 DRAIN_P2P,
+    4 DRAIN_AND_RESET, ...: nodeagent.state.recovery), None where the driver or the device does
+    not report it (remembered in `unsupported`: not asked again) or the read failed this time.
+    nvidia-smi equivalent: `nvidia-smi -q` "Recovery Action". Raises NvmlError only for a
+    failure of the call other than "not supported" (the GPU or NVML gone among them)."""
+    key = ("nvmlDeviceGetFieldValues", RECOVERY_ACTION)
+    if unsupported is not None and key in unsupported:
+        return None
+    request = [(RECOVERY_ACTION, 0)]
+    answer = session.call("nvmlDeviceGetFieldValues", handle, request, absent=_ABSENT)
+    code = None if answer is None else int(answer[0].nvmlReturn)
+    if code is None or code in _ABSENT:
+        if unsupported is not None:
+            unsupported.add(key)
+        return None
+    if code != 0:
+        return None  # this time only (the value is the driver's to give next time)
+    slot = answer[0]
+    kind = int(slot.valueType)
+    return int(getattr(slot.value, _MEMBERS[kind])) if 0 <= kind < len(_MEMBERS) else None
 
 
 class FieldReader:

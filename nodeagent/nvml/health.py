@@ -21,6 +21,7 @@ from nodeagent.nvml.codes import (
     NOT_SUPPORTED,
     TIMEOUT,
 )
+from nodeagent.nvml.fields import read_recovery_action
 from nodeagent.nvml.session import NvmlSession, gpu_handle
 
 log = get_logger("nodeagent.nvml")
@@ -76,6 +77,9 @@ class Health:
     row_remap_pending: bool | None = None
     row_remap_failure: bool | None = None
     pcie_replays: int | None = None
+    # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (read by read_fault_counters only): None where the
+    # driver does not report it, or it was not read
+    recovery_action: int | None = None
 
 
 def read_health(
@@ -148,10 +152,11 @@ def _reader(
 def read_fault_counters(
     session: NvmlSession, handle: Any, unsupported: set[tuple[Any, ...]] | None = None
 ) -> Health:
-    """Only the counters that say a GPU or MIG device is faulty: the uncorrected ECC counts and
-    the row-remap flags (3 NVML calls where read_health makes 15), for a poll much more frequent
-    than the metrics'. nvidia-smi equivalent: `nvidia-smi -q -d ECC,ROW_REMAPPER`. Raises
-    NvmlError only where NVML or the GPU is gone."""
+    """Only the counters that say a GPU or MIG device is faulty: the uncorrected ECC counts, the
+    row-remap flags and the driver's recovery action (4 NVML calls where read_health makes 15;
+    a MIG device answers the recovery action "not supported" once), for a poll much more
+    frequent than the metrics'. nvidia-smi equivalent: `nvidia-smi -q -d ECC,ROW_REMAPPER` and
+    its "Recovery Action". Raises NvmlError only where NVML or the GPU is gone."""
     read = _reader(session, handle, unsupported)
     ecc = {
         (severity, scope): int(count)
@@ -160,10 +165,17 @@ def read_fault_counters(
         if (count := read("nvmlDeviceGetTotalEccErrors", error_type, counter)) is not None
     }
     remap = read("nvmlDeviceGetRemappedRows")
+    try:
+        action = read_recovery_action(session, handle, unsupported)
+    except NvmlError as err:
+        if err.code in GONE:
+            raise
+        action = None  # this time only
     return Health(
         ecc_errors=ecc,
         row_remap_pending=None if remap is None else bool(remap[2]),
         row_remap_failure=None if remap is None else bool(remap[3]),
+        recovery_action=action,
     )
 
 

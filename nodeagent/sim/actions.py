@@ -12,7 +12,7 @@ from nodeagent.sim.base import (
     SimBase,
     _handle,
 )
-from nodeagent.sim.health import checkpoint_energy
+from nodeagent.sim.health import checkpoint_energy, reboot_health, reset_health
 from nodeagent.sim.models import MIB, load_model
 from nodeagent.sim.rules import MAX_PID
 from nodeagent.sim.state import CiState, GiState, GpuState, ProcessState
@@ -80,7 +80,8 @@ class UserActions(SimBase):
                 raise NothingMatched(f"no emulated process with pid {pid} is attached")
 
     def reset(self, index: int) -> None:
-        """`nvidia-smi -r -i INDEX`: apply a pending MIG mode; instances do not survive.
+        """`nvidia-smi -r -i INDEX`: apply a pending MIG mode; instances do not survive; the
+        health a reset restores is restored (nodeagent.sim.health.reset_health).
 
         Raises SimError for an unknown GPU, NvmlError IN_USE (what the driver answers) for one
         with processes on it, NOT_SUPPORTED for one whose reset the platform does not expose
@@ -107,6 +108,7 @@ class UserActions(SimBase):
                 )
             gpu.gis.clear()
             gpu.mig_current = gpu.mig_pending
+            reset_health(gpu)
 
     def reboot(self) -> None:
         """The node reboots: every process ends and no MIG instance survives; a pending MIG
@@ -120,6 +122,7 @@ class UserActions(SimBase):
                 if load_model(gpu.model).architecture >= pynvml.NVML_DEVICE_ARCH_HOPPER:
                     gpu.mig_pending = 0
                 gpu.mig_current = gpu.mig_pending
+                reboot_health(gpu)
 
     def _find_device(self, device: str) -> tuple[GpuState, GiState | None, CiState | None]:
         gpus = self.state.gpus

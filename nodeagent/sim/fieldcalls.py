@@ -1,5 +1,6 @@
 """Emulated NVML field values and engine utilizations: memory temperature, remapped rows,
-NVLink and PCIe traffic counters, encoder and decoder utilization.
+NVLink and PCIe traffic counters, the driver's GPU recovery action, encoder and decoder
+utilization.
 
 What each model supports follows the hardware: an HBM sensor on every HBM board (the GDDR7 RTX
 PRO 6000 has none), NVLink on the SXM/NVL boards (not on the PCIe cards and the A30); field
@@ -26,6 +27,7 @@ NO_HBM = frozenset({"rtx-pro-6000"})
 NO_NVLINK = frozenset({"a30", "rtx-pro-6000"})  # and every "-pcie" model
 PCIE_TX_BYTES_PER_MJ, PCIE_RX_BYTES_PER_MJ = 0.25, 0.5
 SAMPLING_PERIOD_US = 167_000  # what the driver reports for encoder/decoder utilization
+RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: nodeagent.sim.health's actions
 
 
 class FieldCalls(SimBase):
@@ -37,6 +39,9 @@ class FieldCalls(SimBase):
                 return None
             celsius = temperature_celsius(gpu, self._load(gpu)) + MEMORY_ABOVE_GPU_CELSIUS
             return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, celsius
+        if field_id == RECOVERY_ACTION:  # None: a driver before R565
+            action = gpu.health.recovery_action
+            return None if action is None else (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, action)
         if field_id == pynvml.NVML_FI_DEV_REMAPPED_COR:
             return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, 0
         if field_id == pynvml.NVML_FI_DEV_REMAPPED_UNC:  # as nvmlDeviceGetRemappedRows says

@@ -16,6 +16,20 @@ from nodeagent.sim.models import load_model
 from nodeagent.sim.state import XID_LOG, GpuState, SimState
 
 MAX_TEMPERATURE = 200  # degrees C; a state file or flag above it is refused
+# nvmlDeviceGpuRecoveryAction_t by the name `sim health --recovery-action` takes (nvml.h's
+# NVML_GPU_RECOVERY_ACTION_*: NONE ... SYSTEM_REBOOT); "unsupported": a driver before R565.
+RECOVERY_ACTIONS = {
+    "none": 0,
+    "gpu-reset": 1,
+    "node-reboot": 2,
+    "drain-p2p": 3,
+    "drain-and-reset": 4,
+    "recover-imex-domain": 5,
+    "bus-reset": 6,
+    "system-reboot": 7,
+}
+MAX_RECOVERY_ACTION = max(RECOVERY_ACTIONS.values())
+REBOOT_ACTIONS = frozenset({2, 7})  # a GPU reset does not do what these ask
 MAX_WATTS = 5000.0
 SLOWDOWN_CELSIUS = 87  # software thermal slowdown starts (nvidia-smi "GPU Slowdown Temp" ~ 87-90)
 # nvmlClocksEventReason* bits by name (nodeagent.nvml.health decodes the same table).
@@ -146,6 +160,32 @@ def checkpoint_energy(state: SimState, now: float) -> None:
     for gpu in state.gpus:
         gpu.health.energy_mj = energy_mj(gpu, loads[gpu.index], now)
         gpu.health.energy_at = max(now, gpu.health.energy_at)
+
+
+def volatile_ecc(gpu: GpuState, uncorrected: bool) -> int:
+    """The errors since the GPU's last reset (the driver's volatile counter)."""
+    h = gpu.health
+    if uncorrected:
+        return h.ecc_uncorrected - h.ecc_uncorrected_at_reset
+    return h.ecc_corrected - h.ecc_corrected_at_reset
+
+
+def reset_health(gpu: GpuState) -> None:
+    """What a GPU reset does to its health: the volatile ECC counters start again, a pending
+    row remap is done (NVIDIA: "reset the GPU to activate"), and a recovery action the reset
+    answers (every one but a reboot) goes back to NONE."""
+    h = gpu.health
+    h.ecc_corrected_at_reset, h.ecc_uncorrected_at_reset = h.ecc_corrected, h.ecc_uncorrected
+    h.row_remap_pending = 0
+    if h.recovery_action is not None and h.recovery_action not in REBOOT_ACTIONS:
+        h.recovery_action = 0
+
+
+def reboot_health(gpu: GpuState) -> None:
+    """What a reboot does: a reset, and no recovery action is left to do."""
+    reset_health(gpu)
+    if gpu.health.recovery_action is not None:
+        gpu.health.recovery_action = 0
 
 
 def record_xid(gpu: GpuState, xid: int, gi: int | None = None) -> None:

@@ -29,6 +29,7 @@ from nodeagent.sim.health import (
     MAX_TEMPERATURE,
     MAX_WATTS,
     REASON_NAMES,
+    RECOVERY_ACTIONS,
     U32_MAX,
     U64_MAX,
     add_errors,
@@ -41,6 +42,7 @@ from nodeagent.sim.health import (
     sm_clock_mhz,
     temperature_celsius,
     throttle_mask,
+    volatile_ecc,
     xid_after,
 )
 from nodeagent.sim.state import GpuState
@@ -116,6 +118,8 @@ class HealthCalls(SimBase):
         gpu = self._gpu(handle)[0]
         if volatile and gpu.mig_current:
             _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if volatile:
+            return volatile_ecc(gpu, uncorrected)
         return gpu.health.ecc_uncorrected if uncorrected else gpu.health.ecc_corrected
 
     @nvml_call()
@@ -209,8 +213,10 @@ class HealthCalls(SimBase):
         """Set health values of GPU `index`: overrides (temperature_celsius, power_watts,
         sm_clock_mhz, memory_clock_mhz, throttle: reason names; each None: unchanged), counters
         that grow (ecc_corrected, ecc_uncorrected, pcie_replays: errors to add), flags
-        (row_remap_pending, row_remap_failure: 0 or 1), and clear=True first drops every
-        override. Raises SimError for bad values; then nothing changes."""
+        (row_remap_pending, row_remap_failure: 0 or 1), the driver's recovery action
+        (recovery_action: a name of RECOVERY_ACTIONS, or "unsupported": a driver without the
+        field), and clear=True first drops every override. Raises SimError for bad values;
+        then nothing changes."""
         check_health(values)
         with self.edit() as state:
             gpu = self._gpu_at(index)
@@ -229,11 +235,20 @@ class HealthCalls(SimBase):
             for key in ("row_remap_pending", "row_remap_failure"):
                 if values.get(key) is not None:
                     setattr(h, key, int(values[key]))
+            if values.get("recovery_action") is not None:
+                h.recovery_action = RECOVERY_ACTIONS.get(values["recovery_action"])
 
-    def inject_xid(self, index: int, xid: int, count: int = 1, gi: int | None = None) -> None:
+    def inject_xid(
+        self, index: int, xid: int, count: int = 1, gi: int | None = None,
+        recovery_action: str | None = None,
+    ) -> None:  # fmt: skip
         """The driver reports XID `xid` on GPU `index`, `count` times; of its GPU instance `gi`
-        (None: of the whole GPU). Raises SimError (a GI that GPU does not have)."""
+        (None: of the whole GPU); with `recovery_action` (a name of RECOVERY_ACTIONS) the
+        driver also sets the GPU's recovery action, as it does with the XIDs NVIDIA's catalog
+        links to Xid 154 (a driver without the field ignores it). Raises SimError (a GI that
+        GPU does not have, an unknown action)."""
         check_xid(xid, count)
+        check_recovery_action(recovery_action)
         with self.edit():
             gpu = self._gpu_at(index)
             if gi is not None and gi not in gpu.gis:
@@ -241,6 +256,8 @@ class HealthCalls(SimBase):
                 raise SimError(f"GPU {index} has no GPU instance {gi} (its GPU instances: {have})")
             for _ in range(count):
                 record_xid(gpu, xid, gi)
+            if recovery_action is not None and gpu.health.recovery_action is not None:
+                gpu.health.recovery_action = RECOVERY_ACTIONS[recovery_action]
 
     def _gpu_at(self, index: int) -> GpuState:
         gpus = self.state.gpus
@@ -257,6 +274,15 @@ def check_xid(xid: int, count: int) -> None:
         raise SimError(f"count must be 1 to 1000, not {count}")
 
 
+def check_recovery_action(name: str | None, unsupported: bool = False) -> None:
+    """Raises SimError for a name that is no recovery action (nor "unsupported", where
+    allowed)."""
+    if name is None or name in RECOVERY_ACTIONS or (unsupported and name == "unsupported"):
+        return
+    known = ", ".join([*RECOVERY_ACTIONS, *(["unsupported"] if unsupported else [])])
+    raise SimError(f"{name!r} is no GPU recovery action; known: {known}")
+
+
 def check_health(values: dict[str, Any]) -> None:
     """Raises SimError for the first value out of range or unknown reason name."""
     allowed = {
@@ -270,8 +296,9 @@ def check_health(values: dict[str, Any]) -> None:
         "row_remap_pending": (0, 1),
         "row_remap_failure": (0, 1),
     }
+    check_recovery_action(values.get("recovery_action"), unsupported=True)
     for key, value in values.items():
-        if key in ("clear", "throttle") or value is None:
+        if key in ("clear", "throttle", "recovery_action") or value is None:
             continue
         if key not in allowed:
             raise SimError(f"unknown health value {key!r}")

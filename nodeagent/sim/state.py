@@ -58,8 +58,14 @@ class HealthState:
     sm_clock_mhz: int | None = None
     memory_clock_mhz: int | None = None
     throttle: list[str] | None = None  # reason names; None: from load, temperature and power
-    ecc_corrected: int = 0  # since the emulated driver loaded (volatile = aggregate)
+    ecc_corrected: int = 0  # since the emulated driver loaded (aggregate)
     ecc_uncorrected: int = 0
+    # The counts at the GPU's last reset: the volatile counts are those since then.
+    ecc_corrected_at_reset: int = 0
+    ecc_uncorrected_at_reset: int = 0
+    # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (an nvmlDeviceGpuRecoveryAction_t); None: the emulated
+    # driver does not report it (before R565).
+    recovery_action: int | None = 0
     row_remap_pending: int = 0
     row_remap_failure: int = 0
     pcie_replays: int = 0

@@ -20,7 +20,14 @@ from typing import Any, NoReturn
 from nodeagent.base.errors import ConfigError, SimError
 from nodeagent.base.files import atomic_write_text, read_regular
 from nodeagent.sim.check import state_problems
-from nodeagent.sim.health import MAX_TEMPERATURE, MAX_WATTS, REASON_NAMES, U32_MAX, U64_MAX
+from nodeagent.sim.health import (
+    MAX_RECOVERY_ACTION,
+    MAX_TEMPERATURE,
+    MAX_WATTS,
+    REASON_NAMES,
+    U32_MAX,
+    U64_MAX,
+)
 from nodeagent.sim.models import MODEL_NAMES
 from nodeagent.sim.rules import CI_IDS, COMPUTE_MODES, GI_IDS, MAX_PID
 from nodeagent.sim.state import (
@@ -155,12 +162,19 @@ def _optional(value: Any, where: str, allowed: range) -> int | None:
 
 
 def _health(raw: Any, where: str) -> HealthState:
-    counters = ("ecc_corrected", "ecc_uncorrected", "pcie_replays", "energy_mj", "xid_serial")
+    counters = (
+        "ecc_corrected", "ecc_uncorrected", "ecc_corrected_at_reset", "ecc_uncorrected_at_reset",
+        "pcie_replays", "energy_mj", "xid_serial",
+    )  # fmt: skip
     overrides = ("temperature_celsius", "power_watts", "sm_clock_mhz", "memory_clock_mhz")
     flags = ("row_remap_pending", "row_remap_failure")
     _object(
-        raw, where, (), (*counters, *overrides, *flags, "throttle", "energy_at", "xids", "xid_gis")
-    )
+        raw,
+        where,
+        (),
+        (*counters, *overrides, *flags, "throttle", "energy_at", "xids", "xid_gis",
+         "recovery_action"),
+    )  # fmt: skip
     health = HealthState()  # a file of an older nodeagent: the emulated driver loads now
     if "energy_at" in raw:
         health.energy_at = _number(raw["energy_at"], f"{where}.energy_at", 0, 1e12)
@@ -169,6 +183,12 @@ def _health(raw: Any, where: str) -> HealthState:
         setattr(health, key, _int(raw.get(key, 0), f"{where}.{key}", range(0, top + 1)))
     for key in flags:
         setattr(health, key, _int(raw.get(key, 0), f"{where}.{key}", (0, 1)))
+    for key in ("corrected", "uncorrected"):
+        if getattr(health, f"ecc_{key}_at_reset") > getattr(health, f"ecc_{key}"):
+            _fail(f"{where}.ecc_{key}_at_reset is above its ecc_{key}")
+    health.recovery_action = _optional(
+        raw.get("recovery_action", 0), f"{where}.recovery_action", range(0, MAX_RECOVERY_ACTION + 1)
+    )
     health.temperature_celsius = _optional(
         raw.get("temperature_celsius"), f"{where}.temperature_celsius", range(0, MAX_TEMPERATURE)
     )

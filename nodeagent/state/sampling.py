@@ -30,6 +30,7 @@ from nodeagent.nvml.utilization import (
     ProcessUtilizationReader,
     idle_sample,
 )
+from nodeagent.state.faultrecord import FaultRecord
 from nodeagent.state.faults import FaultKey, FaultTracker
 from nodeagent.state.snapshot import FieldValues, GpmValues, HealthValues, ProcessUtilization, Store
 
@@ -130,12 +131,12 @@ class HealthSampler:
 
     def __init__(
         self, session: NvmlSession, store: Store, clock: Clock = time.monotonic,
-        wall: Clock = time.time,
+        wall: Clock = time.time, record: FaultRecord | None = None,
     ) -> None:  # fmt: skip
         self.session = session
         self.store = store
         self.xids = XidWatcher(session)
-        self.faults = FaultTracker(clock, wall)
+        self.faults = FaultTracker(clock, wall, record)
         self._counts: dict[int, Counter[int]] = {}
         self._last: dict[int, int] = {}
         self._tried: set[int] = set()
@@ -181,9 +182,11 @@ class HealthSampler:
         )
 
     def poll_faults(self) -> None:
-        """XIDs, uncorrected ECC counts and row-remap flags of every GPU and MIG device into
-        `faults` (3 NVML calls a device and one a queued XID). Raises NvmlError on a GPU
-        fault."""
+        """XIDs, uncorrected ECC counts, row-remap flags and the driver's recovery action of
+        every GPU and MIG device into `faults` (4 NVML calls a device, 3 a MIG device once it
+        answered the recovery action "not supported", and one a queued XID). The XIDs are
+        drained before the reads, so a read speaks for the XIDs before it. Raises NvmlError
+        on a GPU fault."""
         snap = self.store.snapshot
         if snap is None:
             return

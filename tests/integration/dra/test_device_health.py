@@ -1,8 +1,9 @@
 """Health and taints through the whole agent (`nodeagent run --kube --dra` on the emulator, a
 kmock API server, the fake kubelet): an XID injected on a GPU or on one MIG slice taints exactly
 those devices in the next ResourceSlice write, reaches the kubelet's health stream as
-Unhealthy, and both clear by themselves once dra.health-hold passes without a new one; the
-other devices' entries are never touched."""
+Unhealthy, and both clear by themselves once dra.health-hold passes without a new one, unless
+the XID asks for a GPU reset or a node reboot: then they wait for it; the other devices'
+entries are never touched."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def agent(short_root: Path) -> Iterator[tuple[Agent, Cluster, SimulatedNvml]]:
             "cdi_dir": short_root / "cdi",
             "health_interval_seconds": 0.1,
             "health_hold_seconds": HOLD_SECONDS,
-            "fatal_faults": ("xid-48",),
+            "fatal_faults": ("xid-48", "xid-94"),
         },
     )
     agent.start()
@@ -122,17 +123,17 @@ def test_an_xid_on_a_gpu_taints_it_and_its_slices_and_clears_by_itself(
     assert {h.pool for h in first.values()} == {NODE}
 
     started = time.monotonic()
-    lib.inject_xid(0, 79)
+    lib.inject_xid(0, 32)  # a PBDMA error: restart the application
     cluster.wait(lambda: "gpu-0" in tainted(cluster), what="gpu-0 tainted", timeout=10)
     elapsed = time.monotonic() - started
     found = tainted(cluster)
     assert sorted(found) == sorted(devices(cluster, 0)) and len(found) == 26
-    assert set(map(str, found.values())) == {str({"value": "xid-79", "effect": "NoSchedule"})}
+    assert set(map(str, found.values())) == {str({"value": "xid-32", "effect": "NoSchedule"})}
     assert devices(cluster, 1) == untouched  # the other GPU's entries, exactly as they were
     print(f"XID to taint in the ResourceSlice: {elapsed:.2f} s")  # measured, not asserted
 
     sick = stream.wait(lambda m: m["gpu-0"].health == "UNHEALTHY")
-    assert sick["gpu-0"].message == "xid-79"
+    assert sick["gpu-0"].message == "xid-32"
     assert {n for n, h in sick.items() if h.health == "UNHEALTHY"} == set(found)
 
     # No new XID for dra.health-hold: healthy again, in the slices and in the stream.
@@ -163,15 +164,65 @@ def test_an_xid_of_one_mig_slice_taints_that_slice_only_and_fatal_is_no_execute(
     )
     before = {**devices(cluster, 0), **devices(cluster, 1)}
 
-    lib.inject_xid(1, 48, gi=made.gi_id)  # a double-bit ECC error: fatal by the settings
+    lib.inject_xid(1, 94, gi=made.gi_id)  # a contained ECC error: fatal by the settings
     cluster.wait(lambda: tainted(cluster), what="a taint", timeout=10)
-    assert tainted(cluster) == {"gpu-1-mig-1g18gb-19-6": {"value": "xid-48", "effect": "NoExecute"}}
+    assert tainted(cluster) == {"gpu-1-mig-1g18gb-19-6": {"value": "xid-94", "effect": "NoExecute"}}
     after = {**devices(cluster, 0), **devices(cluster, 1)}
     assert {n for n in before if after[n] != before[n]} == {"gpu-1-mig-1g18gb-19-6"}
     with pytest.raises(Exception, match="no GPU instance 9"):
         lib.inject_xid(1, 48, gi=9)
     cluster.wait(lambda: not tainted(cluster), what="the taint gone", timeout=10)
     assert {**devices(cluster, 0), **devices(cluster, 1)} == before
+
+
+def stays(check: Any, seconds: float) -> bool:
+    """Whether `check` holds throughout `seconds` (read every poll of the agent's)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not check():
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_reset_class_xid_waits_for_the_gpu_reset_where_the_driver_reports_no_action(
+    agent: tuple[Agent, Cluster, SimulatedNvml],
+) -> None:
+    """A driver without the recovery-action field: NVIDIA's Xid catalog says 48 needs a reset;
+    the reset is seen as the pending row remap done."""
+    _, cluster, lib = agent
+    lib.set_health(1, recovery_action="unsupported", row_remap_pending=1)
+    cluster.wait(lambda: "gpu-1" in tainted(cluster), what="the pending remap", timeout=10)
+    lib.inject_xid(1, 48)
+    want = {"value": "row-remap-pending.xid-48", "effect": "NoExecute"}
+    cluster.wait(lambda: tainted(cluster).get("gpu-1") == want, what="xid-48", timeout=10)
+    assert stays(lambda: tainted(cluster).get("gpu-1") == want, 2 * HOLD_SECONDS)
+    lib.reset(1)
+    cluster.wait(lambda: not tainted(cluster), what="the taints gone", timeout=10)
+
+
+def test_the_drivers_recovery_action_keeps_the_taint_until_it_is_done(
+    agent: tuple[Agent, Cluster, SimulatedNvml],
+) -> None:
+    _, cluster, lib = agent
+    lib.inject_xid(0, 119, recovery_action="gpu-reset")  # a GSP RPC timeout
+    lib.inject_xid(1, 79, recovery_action="node-reboot")  # fallen off the bus
+    want = {
+        "gpu-0": {"value": "recovery-gpu-reset.xid-119", "effect": "NoSchedule"},
+        "gpu-1": {"value": "recovery-node-reboot.xid-79", "effect": "NoSchedule"},
+    }
+
+    def gpus() -> dict[str, dict[str, str]]:
+        return {n: v for n, v in tainted(cluster).items() if n in want}
+
+    cluster.wait(lambda: gpus() == want, what="both GPUs tainted", timeout=10)
+    assert stays(lambda: gpus() == want, 2 * HOLD_SECONDS)
+    lib.reset(0)
+    lib.reset(1)  # a GPU reset does not do what a reboot does
+    cluster.wait(lambda: gpus() == {"gpu-1": want["gpu-1"]}, what="gpu-0 healthy", timeout=10)
+    assert stays(lambda: "gpu-1" in gpus(), HOLD_SECONDS)
+    lib.reboot()
+    cluster.wait(lambda: not tainted(cluster), what="the taints gone", timeout=10)
 
 
 def test_application_xids_taint_nothing(

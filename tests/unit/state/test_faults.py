@@ -35,11 +35,11 @@ def ecc(count: int) -> Health:
 
 def test_an_xid_holds_its_fault_until_hold_seconds_without_a_new_one() -> None:
     t, clock = tracker()
-    t.xid(SLICE, 79)
-    assert t.active(POLICY) == {SLICE: Fault(("xid-79",), 1_000_000.0 + clock())}
+    t.xid(SLICE, 94)  # a contained ECC error: restart the application (NVIDIA's Xid catalog)
+    assert t.active(POLICY) == {SLICE: Fault(("xid-94",), 1_000_000.0 + clock())}
     since = t.active(POLICY)[SLICE].since
     clock.advance(20)
-    t.xid(SLICE, 79)  # again: the hold starts over, the fault keeps its first time
+    t.xid(SLICE, 94)  # again: the hold starts over, the fault keeps its first time
     clock.advance(20)
     assert t.active(POLICY)[SLICE].since == since
     clock.advance(10)
@@ -101,8 +101,8 @@ def test_several_kinds_on_one_device_date_from_the_oldest() -> None:
 
 def test_a_destroyed_slice_is_forgotten() -> None:
     t, _ = tracker()
-    t.xid(SLICE, 79)
-    t.xid(GPU1, 79)
+    t.xid(SLICE, 94)
+    t.xid(GPU1, 94)
     t.forget({GPU0, GPU1})
     assert set(t.active(POLICY)) == {GPU1}
 
