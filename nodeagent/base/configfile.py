@@ -290,7 +290,8 @@ def _bounded(root: yaml.Node, source: str) -> None:
             stack.append((child, False))
 
 
-def _compose(text: str, source: str) -> yaml.Node | None:
+def compose_document(text: str, source: str) -> yaml.Node | None:
+    """`compose` of a file that may be empty (or comments only): None then."""
     try:
         # libyaml when present: ~20x faster than the pure-Python reader, marks kept.
         root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
@@ -312,7 +313,7 @@ def compose(text: str, source: str, expected: str) -> yaml.Node:
     sentence with the position) for text that is not YAML, for aliases that make it too large
     or hold themselves, and for an empty file (`expected` says what a file holds: "'version:
     v1' and 'mig-configs'")."""
-    root = _compose(text, source)
+    root = compose_document(text, source)
     if root is None:
         raise ConfigError(f"{source}: the file is empty; expected {expected}")
     return root
@@ -326,15 +327,10 @@ PLAIN_TAGS = frozenset(
 )
 
 
-def load_plain(text: str, source: str, what: str) -> Any:
-    """The plain data (dicts, lists, str, int, float, bool, None) of a YAML document read by
-    `compose` (bounded), None for an empty one. Raises ConfigError with the position for text
-    that is not YAML, a tag other than PLAIN_TAGS, a value its tag cannot build (`!!int abc`),
-    or aliases that make it too large."""
-    root = _compose(text, source)
-    if root is None:
-        return None
-    errors = Errors(source)
+def check_plain(root: yaml.Node, errors: Errors, what: str) -> None:
+    """Every node once: a tag other than PLAIN_TAGS (and timestamps) is an error at its
+    position, and so is a value its tag cannot build (check_tags)."""
+    found = len(errors.located)
     seen: set[int] = set()
     stack = [root]
     while stack:
@@ -349,8 +345,20 @@ def load_plain(text: str, source: str, what: str) -> Any:
             stack += [part for pair in node.value for part in pair]
         elif isinstance(node, yaml.SequenceNode):
             stack += node.value
-    errors.raise_if_any()
-    check_tags(root, errors, what)
+    if len(errors.located) == found:
+        check_tags(root, errors, what)
+
+
+def load_plain(text: str, source: str, what: str) -> Any:
+    """The plain data (dicts, lists, str, int, float, bool, None) of a YAML document read by
+    `compose` (bounded), None for an empty one. Raises ConfigError with the position for text
+    that is not YAML, a tag other than PLAIN_TAGS, a value its tag cannot build (`!!int abc`),
+    or aliases that make it too large."""
+    root = compose_document(text, source)
+    if root is None:
+        return None
+    errors = Errors(source)
+    check_plain(root, errors, what)
     errors.raise_if_any()
     constructor = yaml.constructor.SafeConstructor()
     try:
