@@ -81,8 +81,9 @@ class ConfigCache(Generic[T]):
         else:
             try:
                 st = os.stat(path)
-            except OSError as err:
-                raise ConfigError(f"cannot read {self.what} {path}: {err.strerror}") from err
+            except OSError:  # the loader's read (the one opener) says why, in its words
+                self._config, self._key = None, None
+                return self.loader(path)
             key = (path, st.st_size, st.st_mtime_ns)
         if key != self._key or self._config is None:
             self._config, self._key = None, None
