@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from prometheus_client.registry import CollectorRegistry
@@ -497,8 +496,7 @@ def check_inputs(settings: Settings) -> Inputs:
     config (its TLS files), the kubeconfig (its fields and files). The one validation of
     `config check` and `run`: what one passes, the other takes. Raises ConfigError naming
     every problem (one per line)."""
-    from nodeagent.kube.kubeconfig import read_kubeconfig
-    from nodeagent.kube.kubeconfig_fields import typed_kubeconfig
+    from nodeagent.kube.kubeconfig import check_kubeconfig
 
     problems: list[str] = []
     web = None
@@ -509,8 +507,7 @@ def check_inputs(settings: Settings) -> Inputs:
         problems.append(str(err))
     if k.enabled and k.kubeconfig and not k.host:
         try:
-            base = str(Path(k.kubeconfig).resolve().parent)
-            typed_kubeconfig(read_kubeconfig(k.kubeconfig), k.kubeconfig, base)
+            check_kubeconfig(k.kubeconfig)
         except ConfigError as err:
             problems.append(str(err))
     if problems:

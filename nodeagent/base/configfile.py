@@ -24,6 +24,8 @@ from nodeagent.base.files import FileTooLarge, read_input
 
 MAX_FILE_BYTES = 4 * 1024 * 1024  # the largest upstream config seen is ~30 KiB
 MAX_ERRORS = 20  # a file of 200,000 configs aliasing one bad entry must not print 19 MB
+MAX_ALIASES = 100_000  # upstream configs use a few dozen (`<<: *defaults`, shared lists)
+MAX_EXPANDED_NODES = 1_000_000  # values of a file once its aliases are expanded
 STANDARD_TAG = "tag:yaml.org,2002:"
 T = TypeVar("T")
 
@@ -79,8 +81,9 @@ class ConfigCache(Generic[T]):
         else:
             try:
                 st = os.stat(path)
-            except OSError as err:
-                raise ConfigError(f"cannot read {self.what} {path}: {err.strerror}") from err
+            except OSError:  # the loader's read (the one opener) says why, in its words
+                self._config, self._key = None, None
+                return self.loader(path)
             key = (path, st.st_size, st.st_mtime_ns)
         if key != self._key or self._config is None:
             self._config, self._key = None, None
@@ -227,10 +230,12 @@ def check_tags(root: yaml.Node, errors: Errors, what: str = "a MIG config") -> N
             try:
                 yaml.constructor.SafeConstructor().construct_object(node)
             except (yaml.YAMLError, ValueError, TypeError, OverflowError) as err:
-                problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+                # PyYAML's own problem is in words; int()'s and datetime's are Python's.
+                problem = getattr(err, "problem", None)
                 errors.add(
                     node,
-                    f"{node.value!r} is not a valid {node.tag[len(STANDARD_TAG) :]}: {problem}",
+                    f"{node.value!r} is not a valid {node.tag[len(STANDARD_TAG) :]}"
+                    + (f": {problem}" if problem else ""),
                 )
         elif isinstance(node, yaml.MappingNode):
             for key, value in node.value:
@@ -239,10 +244,55 @@ def check_tags(root: yaml.Node, errors: Errors, what: str = "a MIG config") -> N
             stack += reversed(node.value)
 
 
-def compose(text: str, source: str, expected: str) -> yaml.Node:
-    """The YAML node tree of a config file, with marks. Raises ConfigError (one sentence with
-    the position) for text that is not YAML, and for an empty file (`expected` says what a
-    file holds: "'version: v1' and 'mig-configs'")."""
+def _bounded(root: yaml.Node, source: str) -> None:
+    """Raise ConfigError for a tree whose aliases make it larger than a config can be: more
+    than MAX_ALIASES aliases, more than MAX_EXPANDED_NODES nodes once every alias is expanded
+    (a 'billion laughs': 9 levels of 9 aliases are 10^9 nodes to whoever walks the tree), or
+    an alias inside the node it names (a cycle). Iterative: a deep tree is no RecursionError."""
+    size: dict[int, int] = {}
+    aliases = 0
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    open_: set[int] = set()
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        children = (
+            [part for pair in node.value for part in pair]
+            if isinstance(node, yaml.MappingNode)
+            else node.value
+            if isinstance(node, yaml.SequenceNode)
+            else []
+        )
+        if children_done:
+            open_.discard(key)
+            size[key] = min(1 + sum(size[id(c)] for c in children), MAX_EXPANDED_NODES + 1)
+            if size[key] > MAX_EXPANDED_NODES:
+                raise ConfigError(
+                    f"{source}: its aliases expand it to more than {MAX_EXPANDED_NODES:,} values"
+                    " (a 'billion laughs'); write the values out or use fewer aliases"
+                )
+            continue
+        if key in size:  # a node seen before: an alias
+            aliases += 1
+            if aliases > MAX_ALIASES:
+                raise ConfigError(
+                    f"{source}: more than {MAX_ALIASES:,} aliases (*name); write the values out"
+                )
+            continue
+        open_.add(key)
+        stack.append((node, True))
+        for child in children:
+            if id(child) in open_:
+                mark = child.start_mark
+                raise ConfigError(
+                    f"{source}:{mark.line + 1}:{mark.column + 1}: an alias (*name) inside the"
+                    " node it names: the value would hold itself"
+                )
+            stack.append((child, False))
+
+
+def compose_document(text: str, source: str) -> yaml.Node | None:
+    """`compose` of a file that may be empty (or comments only): None then."""
     try:
         # libyaml when present: ~20x faster than the pure-Python reader, marks kept.
         root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
@@ -253,6 +303,71 @@ def compose(text: str, source: str, expected: str) -> yaml.Node:
         raise ConfigError(f"{where}: not valid YAML: {problem}") from err
     except RecursionError as err:
         raise ConfigError(f"{source}: not valid YAML: nested too deeply") from err
+    if root is not None:
+        _bounded(root, source)
+    return root
+
+
+def compose(text: str, source: str, expected: str) -> yaml.Node:
+    """The YAML node tree of a config file, with marks: the one YAML reader of nodeagent
+    (libyaml where present), bounded in its aliases (`_bounded`). Raises ConfigError (one
+    sentence with the position) for text that is not YAML, for aliases that make it too large
+    or hold themselves, and for an empty file (`expected` says what a file holds: "'version:
+    v1' and 'mig-configs'")."""
+    root = compose_document(text, source)
     if root is None:
         raise ConfigError(f"{source}: the file is empty; expected {expected}")
     return root
+
+
+# The tags a plain document (a kubeconfig, a device plugin config) may carry: YAML's own
+# JSON-like types. `!!binary` (bytes), `!!set`, `!!omap`, `!!python/...` and `!custom` build
+# values no field of these files takes; they are refused at their position.
+PLAIN_TAGS = frozenset(
+    STANDARD_TAG + t for t in ("str", "int", "float", "bool", "null", "seq", "map", "merge")
+)
+
+
+def check_plain(root: yaml.Node, errors: Errors, what: str) -> None:
+    """Every node once: a tag other than PLAIN_TAGS (and timestamps) is an error at its
+    position, and so is a value its tag cannot build (check_tags)."""
+    found = len(errors.located)
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.tag not in PLAIN_TAGS and not node.tag.startswith(STANDARD_TAG + "timestamp"):
+            shown = node.tag.replace(STANDARD_TAG, "!!")
+            errors.add(node, f"tag {shown!r} is not allowed in {what}")
+        elif isinstance(node, yaml.MappingNode):
+            stack += [part for pair in node.value for part in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += node.value
+    if len(errors.located) == found:
+        check_tags(root, errors, what)
+
+
+def load_plain(text: str, source: str, what: str) -> Any:
+    """The plain data (dicts, lists, str, int, float, bool, None) of a YAML document read by
+    `compose` (bounded), None for an empty one. Raises ConfigError with the position for text
+    that is not YAML, a tag other than PLAIN_TAGS, a value its tag cannot build (`!!int abc`),
+    or aliases that make it too large."""
+    root = compose_document(text, source)
+    if root is None:
+        return None
+    errors = Errors(source)
+    check_plain(root, errors, what)
+    errors.raise_if_any()
+    constructor = yaml.constructor.SafeConstructor()
+    try:
+        return constructor.construct_document(root)
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError) as err:
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        mark = getattr(err, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        raise ConfigError(f"{where}: a value cannot be read: {problem}") from err
+    except RecursionError as err:
+        raise ConfigError(f"{source}: not valid YAML: nested too deeply") from err

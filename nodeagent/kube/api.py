@@ -35,7 +35,14 @@ from tenacity import (
 from nodeagent.base.errors import KubeError
 from nodeagent.base.logs import get_logger
 from nodeagent.kube.kubeconfig import configure, configure_in_cluster
-from nodeagent.kube.transport import ApiException, Configuration, Transport, json_lines
+from nodeagent.kube.transport import (
+    ApiException,
+    BadAnswer,
+    Configuration,
+    Transport,
+    describe_failure,
+    json_lines,
+)
 
 log = get_logger("nodeagent.kube")
 T = TypeVar("T")
@@ -49,28 +56,48 @@ class WatchExpired(Exception):
 
 def _retryable(err: BaseException) -> bool:
     if isinstance(err, ApiException):
-        return err.status in RETRY_STATUS or err.status == 0
+        return err.status in RETRY_STATUS or (err.status == 0 and not _untrusted(err))
+    if isinstance(err, urllib3.exceptions.SSLError) and _untrusted(err):
+        return False  # the CA will not change within the retries
     return isinstance(err, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError))
 
 
-def _describe(err: BaseException) -> str:
-    if isinstance(err, ApiException):
+def _untrusted(err: BaseException) -> bool:
+    """A server retries cannot change: its certificate is not the kubeconfig CA's (or is for
+    another host, or expired), or it does not speak TLS."""
+    said = describe_failure(err, "")
+    return "its certificate" in said or "does not speak TLS" in said
+
+
+def _describe(err: BaseException, host: str = "", timeout_seconds: float | None = None) -> str:
+    """`err` in our words: the API server's own answer ("HTTP 403 Forbidden: ..."), or why it
+    could not be reached (kube.transport.describe_failure)."""
+    if isinstance(err, ApiException) and err.status:
         try:
-            message = json.loads(err.body or "{}").get("message", "")
-        except ValueError:
-            message = ""
-        return f"HTTP {err.status} {err.reason}" + (f": {message}" if message else "")
-    return f"{type(err).__name__}: {err}"
+            body = json.loads(err.body or "{}")
+        except (ValueError, RecursionError):
+            body = None
+        message = body.get("message") if isinstance(body, dict) else None
+        reason = err.reason if isinstance(err.reason, str) and err.reason.isprintable() else ""
+        text = f"HTTP {err.status}" + (f" {reason}" if reason else "")
+        if isinstance(message, str) and message:
+            text += f": {message[:500]}"
+        return text
+    if isinstance(err, BadAnswer):
+        return str(err)
+    return describe_failure(err, host or "the server", timeout_seconds)
 
 
-def _log_retry(what: str, state: RetryCallState, quiet: bool = False) -> None:
+def _log_retry(
+    what: str, state: RetryCallState, quiet: bool = False, host: str = "", timeout: float = 0
+) -> None:
     """Every retry is logged: an unreachable API server is never silent."""
     err = state.outcome.exception() if state.outcome else None
     (log.debug if quiet else log.warning)(
         "kube.retry",
         call=what,
         attempt=state.attempt_number,
-        error=_describe(err) if err is not None else "",
+        error=_describe(err, host, timeout or None) if err is not None else "",
     )
 
 
@@ -177,13 +204,23 @@ class NodeApi:
             )
             | stop_when_event_set(self.stop_event),
             sleep=self._sleep,
-            before_sleep=lambda state: _log_retry(what, state, quiet),
+            before_sleep=lambda state: _log_retry(
+                what, state, quiet, self._host, self.settings.request_timeout_seconds
+            ),
             reraise=True,
         )
         try:
             return retrying(fn)
-        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as err:
-            raise KubeError(f"Kubernetes API: {what} failed: {_describe(err)}") from err
+        except (
+            ApiException, BadAnswer, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError
+        ) as err:  # fmt: skip
+            described = _describe(err, self._host, self.settings.request_timeout_seconds)
+            raise KubeError(f"Kubernetes API: {what} failed: {described}") from err
+
+    @property
+    def _host(self) -> str:
+        """The API server's URL, for what is said about it."""
+        return str(getattr(getattr(self.transport, "configuration", None), "host", "") or "")
 
     def _request(self, method: str, path: str, **options: Any) -> Any:
         """`Transport.request` with this API's request timeout unless `timeout` is given."""
@@ -257,7 +294,9 @@ class NodeApi:
         except ApiException as err:
             if getattr(err, "status", None) == 410:
                 raise WatchExpired(str(err)) from err
-            raise KubeError(f"Kubernetes API: watch {what} failed: {_describe(err)}") from err
+            raise KubeError(
+                f"Kubernetes API: watch {what} failed: {_describe(err, self._host)}"
+            ) from err
         except ValueError as err:
             raise KubeError(f"Kubernetes API: watch {what}: not JSON: {err}") from err
         except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError) as err:

@@ -25,9 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from nodeagent.base.configfile import read_bytes
+from nodeagent.base.configfile import load_plain, read_bytes, read_text
 from nodeagent.base.errors import ConfigError, KubeError
 from nodeagent.base.logs import get_logger
 from nodeagent.kube.kubeconfig_fields import typed_kubeconfig
@@ -38,17 +36,83 @@ POLL_SECONDS = 0.1
 
 
 def read_kubeconfig(path: str) -> dict[str, Any]:
-    """The kubeconfig as a mapping. Raises ConfigError naming the path."""
-    data = read_bytes(path, "kubeconfig")
-    try:
-        document = yaml.safe_load(data.decode("utf-8"))
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"kubeconfig {path} is not UTF-8 text") from err
-    except (yaml.YAMLError, RecursionError, ValueError, TypeError) as err:
-        raise ConfigError(f"kubeconfig {path} is not valid YAML") from err
+    """The kubeconfig as a mapping, read through the one opener and the one YAML reader
+    (bounded in size and aliases; plain values only). Raises ConfigError naming the path."""
+    text = read_text(path, "kubeconfig")
+    document = load_plain(text, f"kubeconfig {path}", "a kubeconfig")
     if not isinstance(document, dict):
         raise ConfigError(f"kubeconfig {path} must be a mapping (apiVersion: v1, kind: Config)")
     return document
+
+
+def _base(path: str) -> str:
+    """The folder relative paths in the kubeconfig start from (the file's own, links
+    resolved: a ConfigMap mounts the file as a link into its data folder)."""
+    try:
+        return str(Path(path).resolve().parent)
+    except (OSError, RuntimeError):  # a loop made after the read: the folder as named
+        return os.path.dirname(os.path.abspath(path))
+
+
+def _by_name(document: dict[str, Any], key: str, out: list[str]) -> dict[str, dict[str, Any]]:
+    """The entries of `key` (clusters, contexts, users) by name; a name given twice is a
+    problem (the client refuses it: it cannot tell which is meant)."""
+    found: dict[str, dict[str, Any]] = {}
+    for entry in document.get(key) or []:
+        name = entry.get("name")
+        if name in found:
+            out.append(f"two {key} are named {name!r}; each name must be given once")
+        found[name] = entry
+    return found
+
+
+def _usable(document: dict[str, Any]) -> list[str]:
+    """What keeps the client from using a typed kubeconfig (kubectl's `ConfirmUsable`): no
+    current-context, a context, cluster or user it names that is not there (or is there
+    twice), a kind that is no Config, a current user's exec plugin without a command."""
+    out: list[str] = []
+    kind, version = document.get("kind"), document.get("apiVersion")
+    if kind not in (None, "", "Config"):
+        out.append(f"kind is {kind!r}, not Config: this is no kubeconfig")
+    if version not in (None, "", "v1"):
+        out.append(f"apiVersion is {version!r}; a kubeconfig is v1")
+    clusters = _by_name(document, "clusters", out)
+    contexts = _by_name(document, "contexts", out)
+    users = _by_name(document, "users", out)
+    current = document.get("current-context")
+    if not current:
+        out.append("no current-context: name the context to use (kubectl config use-context)")
+        return out
+    if current not in contexts:
+        out.append(f"current-context {current!r} names no context in the file")
+        return out
+    context = contexts[current].get("context") or {}
+    cluster, user = context.get("cluster"), context.get("user")
+    if not cluster:
+        out.append(f"context {current!r} names no cluster")
+    elif cluster not in clusters:
+        out.append(f"context {current!r} names cluster {cluster!r}, which the file does not hold")
+    elif not (clusters[cluster].get("cluster") or {}).get("server"):
+        out.append(f"cluster {cluster!r} has no server")
+    if user and user not in users:
+        out.append(f"context {current!r} names user {user!r}, which the file does not hold")
+    spec = ((users.get(user) or {}).get("user") or {}).get("exec") if user else None
+    if isinstance(spec, dict) and not spec.get("command"):
+        out.append(f"user {user!r}: its exec plugin has no command")
+    return out
+
+
+def check_kubeconfig(path: str) -> dict[str, Any]:
+    """The kubeconfig at `path` as the client will load it (every field typed, the files it
+    names read and put inline), checked the way `run` uses it: the one validation of `run`
+    and `config check --kubeconfig`. Raises ConfigError naming the file and every problem."""
+    document = read_kubeconfig(path)
+    typed = typed_kubeconfig(document, path, _base(path))
+    problems = _usable(typed)
+    if problems:
+        shown = problems[0] if len(problems) == 1 else "\n  " + "\n  ".join(problems)
+        raise ConfigError(f"kubeconfig {path}: {shown}")
+    return typed
 
 
 def _named(document: dict[str, Any], key: str, name: Any) -> dict[str, Any]:
@@ -69,7 +133,7 @@ def split_exec(document: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     spec = user.pop("exec", None)
     if spec is None or any(k in user for k in ("auth-provider", "token", "tokenFile")):
         return doc, None, None
-    if not isinstance(spec, dict) or not isinstance(spec.get("command"), str):
+    if not isinstance(spec, dict) or not isinstance(spec.get("command"), str):  # checked before
         raise ConfigError("kubeconfig: the user's exec plugin needs a command (a string)")
     return doc, spec, _named(doc, "clusters", context.get("cluster"))
 
@@ -215,8 +279,8 @@ def configure(cfg: Any, path: str, exec_timeout_seconds: float, stop: threading.
     from kubernetes.config.config_exception import ConfigException
     from kubernetes.config.kube_config import KubeConfigLoader
 
-    base = str(Path(path).resolve().parent)  # relative paths in it: from its folder
-    document = typed_kubeconfig(read_kubeconfig(path), path, base)
+    document = check_kubeconfig(path)
+    base = _base(path)  # relative paths in it (an exec plugin's): from its folder
     doc, spec, cluster = split_exec(document)
     try:
         KubeConfigLoader(config_dict=doc, config_base_path=base).load_and_set(cfg)

@@ -45,9 +45,36 @@ FILES = (
 )
 
 
+def server_problem(server: Any) -> str | None:
+    """What makes `server` no URL the client can connect to ('must be ...', 'has port ...'),
+    None for a good one: http(s), a host, a port in 1..65535, brackets closed."""
+    wanted = "must be an http(s) URL such as https://10.0.0.1:6443"
+    if not isinstance(server, str):
+        return f"{wanted}, not {_shown(server)}"
+    if not server.isprintable() or any(c.isspace() for c in server):
+        return f"{wanted}, not {_shown(server)} (it holds spaces or control characters)"
+    try:
+        parts = urlsplit(server)
+        port = parts.port
+        host = parts.hostname
+    except ValueError as err:  # 'Invalid IPv6 URL', 'Port out of range 0-65535'
+        if "port" in str(err).lower():
+            return f"has a port outside 1..65535: {server!r}"
+        return f"{wanted}, not {server!r} (an IPv6 address goes in closed brackets: [::1])"
+    if parts.scheme not in ("http", "https") or not host:
+        return f"{wanted}, not {server!r}"
+    if port == 0:
+        return f"has a port outside 1..65535: {server!r}"
+    if parts.query or parts.fragment:
+        return f"{wanted}, not {server!r} (no ?query or #fragment)"
+    return None
+
+
 def _shown(value: Any) -> str:
     if value is None:
         return "empty"
+    if isinstance(value, (dict, list)):
+        return "a mapping" if isinstance(value, dict) else "a list"
     text = repr(value)
     return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
@@ -213,10 +240,10 @@ def typed_kubeconfig(document: dict[str, Any], path: str, base: str) -> dict[str
         cluster = _selected(doc, "clusters", context.get("cluster"))
         user = _selected(doc, "users", context.get("user"))
         if cluster is not None:
-            server = cluster.get("server")
-            parts = urlsplit(server) if isinstance(server, str) else None
-            if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
-                out.append(f"the cluster's server must be an http(s) URL, not {_shown(server)}")
+            if cluster.get("server") is not None:
+                problem = server_problem(cluster["server"])
+                if problem:
+                    out.append(f"the cluster's server {problem}")
             _inline_files(cluster, "the cluster", base, out)
         if user is not None:
             _inline_files(user, "the user", base, out)

@@ -12,10 +12,15 @@ memory (72 MiB against 45 MiB for `ApiClient` alone, measured with kubernetes 37
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import socket
+import ssl
 from collections.abc import Iterator
 from typing import Any
 
+import urllib3
 from kubernetes import client
 
 from nodeagent.metrics.kube import KUBE_REQUESTS
@@ -23,6 +28,12 @@ from nodeagent.metrics.kube import KUBE_REQUESTS
 ApiException = client.ApiException
 Configuration = client.Configuration
 USER_AGENT = "nodeagent (kubernetes-client)"
+
+
+class BadAnswer(ValueError):
+    """A 2xx answer that is no Kubernetes object: a web page (a proxy's or a portal's login,
+    a server URL that names a web server), text that is not JSON, or JSON that is no object.
+    Not retried: the server named is not the Kubernetes API."""
 
 
 class Transport:
@@ -71,10 +82,116 @@ class Transport:
             raise ApiException.from_response(
                 http_resp=response, body=data.decode("utf-8", "replace"), data=None
             )
-        return json.loads(data) if data else None
+        if not data:
+            return None
+        return _object(data, response, self.configuration.host)
 
     def close(self) -> None:
         self.api.close()
+
+
+def _object(data: bytes, response: Any, host: str) -> dict[str, Any]:
+    """The JSON object of a 2xx answer. Raises BadAnswer for anything else."""
+    where = f"the server at {host}"
+    headers = getattr(response, "headers", None) or {}
+    content_type = str(headers.get("Content-Type") or headers.get("content-type") or "")
+    if "html" in content_type.lower() or data.lstrip()[:1] == b"<":
+        raise BadAnswer(f"{where} answered with a web page, not the Kubernetes API")
+    try:
+        value = json.loads(data)
+    except ValueError:  # UnicodeDecodeError included
+        raise BadAnswer(
+            f"{where} answered {len(data)} bytes that are not JSON"
+            + (f" ({content_type})" if content_type.isprintable() and content_type else "")
+            + ", not the Kubernetes API"
+        ) from None
+    except RecursionError:
+        raise BadAnswer(f"{where} answered JSON nested too deeply to read") from None
+    if not isinstance(value, dict):
+        raise BadAnswer(f"{where} answered JSON that is no Kubernetes object")
+    return value
+
+
+# What an OS error of a connection means, in the words of someone running a cluster.
+_ERRNO_WORDS = {
+    errno.ECONNREFUSED: "connection refused (nothing listens on that port)",
+    errno.ECONNRESET: "the connection was reset",
+    errno.EHOSTUNREACH: "no route to the host",
+    errno.ENETUNREACH: "the network is unreachable",
+    errno.ETIMEDOUT: "the connection timed out",
+    errno.EPIPE: "the connection was closed",
+    errno.EADDRNOTAVAIL: "the address is not available",
+}
+# OpenSSL's verify codes (X509_V_ERR_*) that a kubeconfig's CA or server name explain.
+_UNTRUSTED = {18, 19, 20, 21, 2, 27}  # self-signed, self-signed in chain, unknown issuer, ...
+
+
+def _chain(err: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _tls(err: BaseException) -> str | None:
+    """The TLS failure in `err`'s chain, in words; None when there is none."""
+    for cause in _chain(err):
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            code = getattr(cause, "verify_code", None)
+            if code in _UNTRUSTED:
+                return "its certificate is not signed by the kubeconfig's CA"
+            if code == 10:
+                return "its certificate has expired"
+            if code == 9:
+                return "its certificate is not valid yet (is this machine's clock right?)"
+            if code in (62, 64):  # host name, IP address mismatch
+                return "its certificate is not for that host name or address (tls-server-name?)"
+            message = getattr(cause, "verify_message", None) or "it failed"
+            return f"its certificate cannot be verified: {message}"
+        if isinstance(cause, ssl.SSLError):
+            reason = str(getattr(cause, "reason", "") or "")
+            if reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"):
+                return "it does not speak TLS there (an http:// server?)"
+            if "CERTIFICATE" in reason or "ALERT" in reason:
+                return f"the TLS handshake failed ({reason.replace('_', ' ').lower()})"
+            return "the TLS handshake failed" + (
+                f" ({reason.replace('_', ' ').lower()})" if reason.isidentifier() else ""
+            )
+    if isinstance(err, client.ApiException) and "SSLError" in str(err.reason or ""):
+        return "the TLS handshake failed"
+    return None
+
+
+def describe_failure(err: BaseException, host: str, timeout_seconds: float | None = None) -> str:
+    """What went wrong reaching the API server at `host`, in our words ("cannot reach the
+    Kubernetes API at https://10.0.0.1:6443: connection refused"): never urllib3's class
+    names, OpenSSL's source lines or an OSError's repr."""
+    where = f"cannot reach the Kubernetes API at {host}"
+    tls = _tls(err)
+    if tls is not None:
+        return f"{where}: {tls}"
+    within = f" within {timeout_seconds:g} s" if timeout_seconds else ""
+    for cause in _chain(err):
+        if isinstance(cause, (urllib3.exceptions.NameResolutionError, socket.gaierror)):
+            return f"{where}: its host name does not resolve"
+        if isinstance(cause, urllib3.exceptions.ReadTimeoutError):
+            return f"{where}: no answer{within}"
+        if isinstance(cause, urllib3.exceptions.ProxyError):
+            return f"{where}: the proxy (proxy-url) refused or cannot be reached"
+        if isinstance(cause, urllib3.exceptions.LocationParseError):
+            return f"{where}: the URL cannot be parsed"
+        if isinstance(cause, OSError) and cause.errno in _ERRNO_WORDS:
+            return f"{where}: {_ERRNO_WORDS[cause.errno]}"
+        if isinstance(cause, OSError) and cause.errno:
+            return f"{where}: {os.strerror(cause.errno).lower()}"
+    for cause in _chain(err):
+        if isinstance(cause, (urllib3.exceptions.ConnectTimeoutError, TimeoutError)):
+            return f"{where}: no connection{within}"
+        if isinstance(cause, urllib3.exceptions.ProtocolError):
+            return f"{where}: the connection was closed before the answer"
+    return f"{where}: the connection failed"
 
 
 def json_lines(response: Any) -> Iterator[dict[str, Any]]:

@@ -157,7 +157,16 @@ def _named_configs(folder: Path) -> list[str]:
         raise ConfigError(
             f"cannot read the device plugin config folder {folder}: {err.strerror}"
         ) from err
-    return [e.name for e in entries if not e.name.startswith("..") and not e.is_dir()]
+    return [e.name for e in entries if not e.name.startswith("..") and not _is_dir(e)]
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    """A folder (a link to one too); an entry that cannot be looked at (a loop of links) is
+    no folder: offered, and refused with its reason once chosen."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def choose(settings: Labels, label_value: str | None) -> str | None:

@@ -55,13 +55,24 @@ class MpsControl:
                 f"MPS control daemon did not answer {line!r} within {self.timeout_seconds:g} s"
             ) from err
         except OSError as err:
-            raise MpsError(f"cannot run {self.binary}: {err.strerror}") from err
+            raise self._cannot_run(err) from err
         answer = proc.stdout.strip()
         if proc.returncode != 0:
             raise MpsError(
                 f"MPS control {line!r} failed: {answer or proc.stderr.strip() or proc.returncode}"
             )
         return answer
+
+    def _cannot_run(self, err: OSError) -> MpsError:
+        """Why the control program did not run, in words (never an OSError's repr)."""
+        if isinstance(err, FileNotFoundError):
+            return MpsError(
+                f"nvidia-cuda-mps-control not found at {self.binary} (install the NVIDIA"
+                " driver's MPS tools or set mps.control)"
+            )
+        if isinstance(err, PermissionError):
+            return MpsError(f"nvidia-cuda-mps-control at {self.binary} may not be run here")
+        return MpsError(f"cannot run {self.binary}: {err.strerror or 'it failed to start'}")
 
     def start_daemon(self, visible_devices: str) -> None:
         """`nvidia-cuda-mps-control -d` with the pipe/log directories and CUDA_VISIBLE_DEVICES."""
@@ -78,9 +89,12 @@ class MpsControl:
                 env=self.env(visible_devices),
                 timeout=max(self.timeout_seconds, 10),
             )
-        except (OSError, subprocess.TimeoutExpired) as err:
+        except OSError as err:
+            raise self._cannot_run(err) from err
+        except subprocess.TimeoutExpired as err:
             raise MpsError(
-                f"cannot start the MPS control daemon ({self.binary} -d): {err}"
+                f"the MPS control daemon ({self.binary} -d) did not start within"
+                f" {max(self.timeout_seconds, 10):g} s"
             ) from err
         if proc.returncode != 0:
             text = (proc.stdout + proc.stderr).strip()

@@ -27,7 +27,7 @@ def _read_file(file: str, errors: list[str]) -> dict[str, FileValue]:
     """Every `group.key` of the file with its raw value and position."""
     import yaml  # only when there is a file: the import costs 10 ms of every command
 
-    from nodeagent.base.configfile import read_bytes
+    from nodeagent.base.configfile import Errors, check_plain, compose_document, read_bytes
 
     try:
         data = read_bytes(file, "settings file")
@@ -39,16 +39,10 @@ def _read_file(file: str, errors: list[str]) -> dict[str, FileValue]:
     except UnicodeDecodeError as err:
         errors.append(f"{file}: not UTF-8 text (byte {err.start})")
         return {}
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    try:
-        root = yaml.compose(source, Loader=loader)
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark
-        where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else file
-        errors.append(f"{where}: not valid YAML: {err.problem}")
-        return {}
-    except (yaml.YAMLError, RecursionError) as err:
-        errors.append(f"{file}: not valid YAML: {type(err).__name__}")
+    try:  # the one YAML reader: bounded in size and aliases
+        root = compose_document(source, file)
+    except ConfigError as err:
+        errors.append(str(err))
         return {}
 
     def at(node: yaml.Node) -> str:
@@ -61,7 +55,10 @@ def _read_file(file: str, errors: list[str]) -> dict[str, FileValue]:
     version = None
     seen: set[str] = set()
     for key, value in root.value:
-        name = key.value if isinstance(key, yaml.ScalarNode) else None
+        if not isinstance(key, yaml.ScalarNode):
+            errors.append(f"{at(key)}: a key must be a name, not {_node_kind(key)}")
+            continue
+        name = key.value
         if name in seen:
             errors.append(f"{at(key)}: {name} given twice")
             continue
@@ -82,7 +79,10 @@ def _read_file(file: str, errors: list[str]) -> dict[str, FileValue]:
             errors.append(f"{at(value)}: {name} must be a mapping")
             continue
         for sub, node in value.value:
-            dotted = f"{name}.{sub.value}" if isinstance(sub, yaml.ScalarNode) else name
+            if not isinstance(sub, yaml.ScalarNode):
+                errors.append(f"{at(sub)}: a key in {name} must be a name, not {_node_kind(sub)}")
+                continue
+            dotted = f"{name}.{sub.value}"
             if dotted not in BY_KEY:
                 known = ", ".join(s.key for s in SPECS if s.group == name)
                 errors.append(f"{at(sub)}: unknown key {dotted!r} (known in {name}: {known})")
@@ -90,15 +90,27 @@ def _read_file(file: str, errors: list[str]) -> dict[str, FileValue]:
             if dotted in out:
                 errors.append(f"{at(sub)}: {dotted} given twice")
                 continue
+            problems = Errors(file)
+            check_plain(node, problems, "the settings file")
+            if problems.items:  # !!binary, !!set, !custom, `!!int abc`: at their position
+                errors += [f"{item} ({dotted})" for item in problems.items]
+                continue
             try:
                 raw = yaml.constructor.SafeConstructor().construct_object(node, deep=True)
             except (yaml.YAMLError, ValueError, TypeError, RecursionError) as err:
-                errors.append(f"{at(node)}: {dotted}: cannot read the value: {err}")
+                problem = getattr(err, "problem", None) or "it cannot be built"
+                errors.append(f"{at(node)}: {dotted}: cannot read the value: {problem}")
                 continue
             out[dotted] = FileValue(raw, at(node))
     if version is None and root.value:
         errors.append(f"{file}: the first key must be version: {VERSION}")
     return out
+
+
+def _node_kind(node: Any) -> str:
+    import yaml
+
+    return "a mapping" if isinstance(node, yaml.MappingNode) else "a list"
 
 
 # -- the loader --------------------------------------------------------------------------

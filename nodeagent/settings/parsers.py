@@ -27,9 +27,21 @@ Parser = Callable[[Any], Any]
 def _text(raw: Any) -> str:
     if isinstance(raw, (dict, list)) or raw is None or isinstance(raw, bool):
         raise Invalid(f"must be a string, not {_show(raw)}")
-    if "\x00" in str(raw):  # no path, name or command may hold a NUL byte
+    if isinstance(raw, (bytes, bytearray)):
+        raise Invalid("must be text, not binary data")
+    text = str(raw)
+    if "\x00" in text:  # no path, name or command may hold a NUL byte
         raise Invalid("must not contain a NUL byte")
-    return str(raw)
+    control = next((c for c in text if _control(c)), None)
+    if control is not None:  # a terminal escape, a bell, a line break in a name or a path
+        raise Invalid(f"must not contain control characters (U+{ord(control):04X})")
+    return text
+
+
+def _control(char: str) -> bool:
+    """A C0 or C1 control character, or DEL; a tab is text."""
+    code = ord(char)
+    return char != "\t" and (code < 0x20 or 0x7F <= code < 0xA0)
 
 
 def _show(raw: Any) -> str:

@@ -470,7 +470,7 @@ CASES: dict[str, Case] = {
             "{tmp}/ready",
         ),
         3,
-        ("cannot start the MPS control daemon",),
+        ("nvidia-cuda-mps-control not found at /nonexistent/mps-control",),
     ),
     "mps-pipe-under-file": Case(
         (

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import Result, assert_one_error
+from tests.support.words import assert_our_words
 
 
 @pytest.fixture
@@ -67,7 +68,7 @@ def test_bad_strategy_is_one_sentence(node: Callable[..., Result]) -> None:
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "folder", "link-to-file", "huge"])
-def test_a_machine_type_file_that_is_no_file_reads_unknown_at_once(
+def test_a_machine_type_file_that_is_no_file_is_refused_at_once(
     node: Callable[..., Result], tmp_path: Path, kind: str
 ) -> None:
     """GFD's --machine-type-file: a FIFO blocked the publish, /dev/zero filled memory; now
@@ -85,11 +86,22 @@ def test_a_machine_type_file_that_is_no_file_reads_unknown_at_once(
     else:
         path.write_text("A" * 10_000_000)
     res = node("--machine-type-file", str(path))
-    got = _labels(res)
-    want = {"link-to-file": "PowerEdge-R760xa"}.get(kind, "unknown")  # huge: over 4 MiB, refused
-    assert got["nvidia.com/gpu.machine"] == want
-    if want == "unknown":
-        assert "labels.machine_type.refused" in res.stderr
+    if kind == "link-to-file":
+        assert _labels(res)["nvidia.com/gpu.machine"] == "PowerEdge-R760xa"
+        return
+    # A path that is there but no file to read is named wrong: one sentence, exit 2 (it was
+    # taken, with a warning, and the label read `unknown`). Huge: over 4 MiB, refused.
+    words = {"fifo": "a FIFO", "dev-zero": "a character device", "folder": "a directory",
+             "huge": "larger than 4 MiB"}[kind]  # fmt: skip
+    assert_our_words(res, 2, "machine-type file", words)
+
+
+def test_an_absent_machine_type_file_reads_unknown(
+    node: Callable[..., Result], tmp_path: Path
+) -> None:
+    """No DMI (a VM, a container): `unknown`, as GFD says."""
+    got = _labels(node("--machine-type-file", str(tmp_path / "absent")))
+    assert got["nvidia.com/gpu.machine"] == "unknown"
 
 
 PLUGIN = "version: v1\nflags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n    resources:\n"
@@ -137,3 +149,18 @@ def test_a_bad_device_plugin_config_is_one_sentence(
     assert_one_error(res, 2, f"{tmp_path / 'plugin.yaml'}:6:", "replicas must be a number >= 2")
     both = node("--device-plugin-config-file", "a", "--device-plugin-config-dir", "b")
     assert_one_error(both, 2, "not both")
+
+
+@pytest.mark.parametrize("how", [("--device-plugin-default-config", "x"),
+                                 ("--device-plugin-fallback-strategies", "named")])  # fmt: skip
+def test_a_device_plugin_config_that_is_a_loop_of_links_is_one_sentence(
+    node: Callable[..., Result], tmp_path: Path, how: tuple[str, str]
+) -> None:
+    """The folder's chosen entry is a loop of links: it was "internal error: OSError" (exit 4)."""
+    folder = tmp_path / "dp"
+    folder.mkdir()
+    (folder / "x").symlink_to(folder / "y")
+    (folder / "y").symlink_to(folder / "x")
+    (folder / "default").symlink_to(folder / "x")  # the `named` fallback's name
+    res = node("--device-plugin-config-dir", str(folder), *how)
+    assert_our_words(res, 2, "device plugin config", "loop of symbolic links")

@@ -38,7 +38,7 @@ CORPUS = {
     "token-newline": (_doc(user={"token": "a\nb"}), "token must be printable ASCII"),
     "token-non-ascii": (_doc(user={"token": "t\u00e9"}), "token must be printable ASCII"),
     "clusters-string": (_doc(clusters="x"), "clusters must be a list, not str 'x'"),
-    "user-list": (_doc(user=["a"]), "users[0].user must be a mapping, not list"),
+    "user-list": (_doc(user=["a"]), "users[0].user must be a mapping, not a list"),
     "ca-not-base64": (
         _doc(cluster={**GOOD_CLUSTER, "certificate-authority-data": "!!notbase64"}),
         "certificate-authority-data is not base64",
