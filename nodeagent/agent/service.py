@@ -16,50 +16,37 @@ Workers, each a `Worker` (catches every exception, backs off, keeps a heartbeat)
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING
 
 from prometheus_client.registry import CollectorRegistry
 
-from nodeagent.agent.factory import agent_pipeline
-from nodeagent.base.errors import AgentError, ConfigError, KubeError
+from nodeagent.base.errors import AgentError, ConfigError
 from nodeagent.base.logs import get_logger
-from nodeagent.dra.traces import owner_store, with_api
-from nodeagent.labels.nfd import write_features
-from nodeagent.metrics.agent import AgentCollector, AgentStats
-from nodeagent.metrics.collectorset import CollectorSet
-from nodeagent.metrics.dcgm import DcgmExposition
-from nodeagent.metrics.dra import DraCollector, DraStats
+from nodeagent.metrics.agent import AgentStats
+from nodeagent.metrics.dra import DraStats
 from nodeagent.metrics.exposition import ExpositionCache
-from nodeagent.metrics.fields import FieldCollector
-from nodeagent.metrics.gpus import GpuCollector
-from nodeagent.metrics.health import HealthCollector
-from nodeagent.metrics.kube import KUBE_REQUESTS, KubeCollector
-from nodeagent.metrics.mps import MpsCollector
-from nodeagent.metrics.pods import PodCollector
 from nodeagent.metrics.server import MetricsServer
-from nodeagent.metrics.sharing import SharingCollector
-from nodeagent.metrics.slices import SliceCollector
-from nodeagent.metrics.utilization import UtilizationCollector
 from nodeagent.metrics.webconfig import WebConfig, load_web_config
-from nodeagent.mig.apply import Reset
 from nodeagent.mps.manager import MpsManager
 from nodeagent.mps.supervisor import MpsSupervisor
 from nodeagent.nvml import NvmlSession
-from nodeagent.nvml.gpm import GpmReader
-from nodeagent.nvml.write import ComputeModeWriter
 from nodeagent.reconcile import Pipeline
 from nodeagent.settings import Settings, merge_reload
-from nodeagent.state.faultrecord import FaultRecord, record_path
 from nodeagent.state.faults import FaultPolicy
-from nodeagent.state.owners import inventory_reader, with_owners
+from nodeagent.state.owners import OwnerStore
 from nodeagent.state.sampling import FieldSampler, GpmSampler, HealthSampler, UtilizationSampler
-from nodeagent.state.snapshot import Allocations, Snapshot, Store
+from nodeagent.state.snapshot import Store
 from nodeagent.state.workers import Worker
+
+if TYPE_CHECKING:  # Kubernetes is imported only when asked for
+    from nodeagent.agent.factory import KubeParts, NodeEdges
+    from nodeagent.dra.plugin import DraPlugin
+    from nodeagent.kube.controller import NodeWatcher
 
 log = get_logger("nodeagent.agent.service")
 STOP_SECONDS = 4.0  # how long stop() waits for idle workers (SIGTERM exits within 5 s)
@@ -67,116 +54,88 @@ STOP_SECONDS = 4.0  # how long stop() waits for idle workers (SIGTERM exits with
 NVML_READERS = ("refresh", "gpm", "mps-probe", "dra-publish", "dra-bind")
 
 
-class NfdSink:
-    """Node Feature Discovery's local source: a features.d file, written when it changes."""
+class Current:
+    """The agent's settings now: every part reads them at each use, a reload replaces them."""
 
-    name = "nfd"
+    def __init__(self, settings: Settings) -> None:
+        self.value = settings
 
-    def __init__(self, settings: Callable[[], Settings]) -> None:
-        self.settings = settings
+    def __call__(self) -> Settings:
+        return self.value
 
-    def publish(self, labels: Mapping[str, str], snapshot: Snapshot) -> None:
-        path = self.settings().labels.nfd_features_file
-        if path is not None and write_features(path, dict(labels)):
-            log.info("labels.written", path=str(path))
+
+@dataclass(frozen=True)
+class AgentParts:
+    """Everything an agent runs, wired by nodeagent.agent.factory.build_agent: `clock` dates
+    the snapshots, `monotonic` measures every interval; `node` (with Kubernetes) is the
+    pipeline's Node ports, connected at start; `stop_nvml_errors` ends the session's reports
+    into the store."""
+
+    session: NvmlSession
+    settings: Current
+    clock: Callable[[], float]
+    monotonic: Callable[[], float]
+    stop_event: threading.Event
+    store: Store
+    stats: AgentStats
+    dra_stats: DraStats
+    gpm: GpmSampler
+    health: HealthSampler
+    fields: FieldSampler
+    utilization: UtilizationSampler
+    mps: MpsManager
+    supervisor: MpsSupervisor
+    owners: OwnerStore
+    pipeline: Pipeline
+    registry: CollectorRegistry
+    exposition: ExpositionCache
+    node: NodeEdges | None
+    stop_nvml_errors: Callable[[], None]
 
 
 class Agent:
-    """One node's agent. Build it, then `start()` (workers + HTTP), `reload()`, `stop()`."""
+    """One node's agent, given its parts (nodeagent.agent.factory.build_agent). `start()`
+    (workers + HTTP), `reload()`, `stop()`."""
 
-    def __init__(
-        self,
-        session: NvmlSession,
-        settings: Settings,
-        reset: Callable[[Settings], Reset],
-        lock_path: Any = None,
-        clock: Callable[[], float] = time.time,
-        allocations: Allocations | None = None,
-        monotonic: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.session = session
-        self.settings = settings
-        # Wall time dates the snapshots; `monotonic` is the one clock every worker, the GPM
-        # sampler and the pipeline measure intervals with (a test may pass a virtual one).
-        self.clock = clock
-        self.monotonic = monotonic
-        self.stop_event = threading.Event()
-        self.store = Store(session, clock)
-        self.stats = AgentStats()
-        self.dra_stats = DraStats()  # the DRA driver's, with --dra
-        self.gpm = GpmSampler(GpmReader(session), self.store, monotonic)
-        # The faults that wait for a GPU reset or a node reboot are recorded beside the lock.
-        path = record_path(lock_path)
-        record = None if path is None else FaultRecord(path)
-        self.health = HealthSampler(session, self.store, monotonic, clock, record)
-        self.fields = FieldSampler(session, self.store, monotonic)
-        self.utilization = UtilizationSampler(session, self.store, clock)
-        self.mps = MpsManager(ComputeModeWriter(session))
-        self.supervisor = MpsSupervisor()
+    def __init__(self, parts: AgentParts) -> None:
+        self.parts = parts
+        self.session = parts.session
+        self.clock, self.monotonic = parts.clock, parts.monotonic
+        self.stop_event = parts.stop_event
+        self.store = parts.store
+        self.stats, self.dra_stats = parts.stats, parts.dra_stats
+        self.gpm, self.health = parts.gpm, parts.health
+        self.fields, self.utilization = parts.fields, parts.utilization
+        self.mps, self.supervisor = parts.mps, parts.supervisor
+        self.owners = parts.owners
+        self.pipeline = parts.pipeline
+        self.registry, self.exposition = parts.registry, parts.exposition
         self.workers: dict[str, Worker] = {}
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(
-            CollectorSet(
-                [
-                    GpuCollector(self.store),
-                    SliceCollector(self.store),
-                    PodCollector(self.store),
-                    HealthCollector(lambda: self.store.health),
-                    FieldCollector(self.store),
-                    UtilizationCollector(self.store),
-                    AgentCollector(
-                        self.stats,
-                        self.store,
-                        session.error_counts,
-                        lambda: {n: w.errors for n, w in self.workers.items()},
-                    ),
-                    MpsCollector(lambda: self.mps.status),
-                    SharingCollector(lambda: self.pipeline.per_gpu),
-                    # with --kube / --dra only: the golden expositions of an agent without
-                    # them stay
-                    *([KubeCollector(KUBE_REQUESTS)] if settings.kube.enabled else []),
-                    *(
-                        [DraCollector(self.dra_stats, lambda: self.dra and self.dra.publisher)]
-                        if settings.dra.enabled
-                        else []
-                    ),
-                ]
-            )
-        )
-        self.dcgm = DcgmExposition(
-            self.store,
-            settings.kube.node_name or socket.gethostname(),
-            lambda: self.settings.metrics.dcgm_compat,
-        )
-        self.exposition = ExpositionCache(self.registry, self.dcgm.render)
         self.server: MetricsServer | None = None
-        self.watcher: Any = None  # kube.controller.NodeWatcher with Kubernetes
-        self.dra: Any = None  # kube.dra_plugin.DraPlugin with --dra
-        self.held_failure: Callable[[], str | None] = lambda: None
+        self.kube: KubeParts | None = None  # the Node's ports, once connected (start)
         self.reload_pending: str | None = None  # why a SIGHUP's reload waits for a retry
 
-        self._reset, self._lock_path, self._allocations = reset, lock_path, allocations
-        # Who owns each slice, read by every path that changes MIG (nodeagent.state.owners).
-        self.owners = owner_store(self.session, self.settings.dra, lock_path)
-        self.pipeline = self._pipeline()
+    @property
+    def settings(self) -> Settings:
+        return self.parts.settings()
 
-    def _pipeline(self, **kube: Any) -> Pipeline:
-        """The reconcile pipeline, with the Kubernetes ports when given (`_setup_kube`)."""
-        sinks = [NfdSink(lambda: self.settings), *kube.pop("sinks", ())]
-        pods = kube.pop("allocations", self._allocations)
-        return agent_pipeline(
-            self.store,
-            lambda: self.settings,
-            self._reset,
-            self._lock_path,
-            self.mps,
-            self.stats,
-            sinks,
-            allocations=with_owners(pods, self.owners, inventory_reader(self.session)),
-            clock=self.monotonic,
-            owners=self.owners,
-            **kube,
-        )
+    @settings.setter
+    def settings(self, value: Settings) -> None:
+        self.parts.settings.value = value
+
+    @property
+    def watcher(self) -> NodeWatcher | None:
+        """The Node's watcher, with Kubernetes once started."""
+        return self.kube.watcher if self.kube is not None else None
+
+    @property
+    def dra(self) -> DraPlugin | None:
+        """The DRA kubelet plugin, with --dra once started."""
+        return self.kube.dra if self.kube is not None else None
+
+    def held_failure(self) -> str | None:
+        """Why a node-label config stays failed, with Kubernetes (nodeagent.kube.controller)."""
+        return self.parts.node.failure() if self.parts.node is not None else None
 
     # -- work ---------------------------------------------------------------------------------
 
@@ -200,99 +159,31 @@ class Agent:
     def probe_mps(self) -> None:
         if self.mps.daemon is None:
             return
-        self.mps.probe(self.supervisor.check_once)
+        try:
+            self.mps.probe(self.supervisor.check_once)
+        finally:
+            self.store.publish_mps(self.mps.status)  # the metrics' MPS status
         self.exposition.changed()
 
     # -- Kubernetes (imported only when asked for) ---------------------------------------------
 
-    def _setup_kube(self) -> None:
-        from nodeagent.kube.api import KubeSettings, NodeApi, make_api_client
-        from nodeagent.kube.clients import ClientSettings, GpuClients
-        from nodeagent.kube.controller import (
-            KubeReporter,
-            NodeLabelDesire,
-            NodeLabelSink,
-            NodeView,
-            NodeWatcher,
-            ensure_node,
-        )
-        from nodeagent.kube.nodefeature import NodeFeatureSink, PodRef
-        from nodeagent.kubelet.podresources import pod_devices
+    def _connect(self, node: NodeEdges) -> None:
+        """The Node's ports on the API server, then (with --dra) the DRA plugin serving the
+        kubelet from now, before the first reconcile."""
+        self.kube = node.connect(self.pipeline, self._wake_reconcile)
+        if self.kube.dra is not None:
+            self.kube.dra.start()
+            self._dra_published(self.kube.dra)
 
-        k = self.settings.kube
-        assert k.node_name is not None
-        kube_settings = KubeSettings(
-            node_name=k.node_name,
-            host=k.host,
-            kubeconfig=k.kubeconfig,
-            watch_timeout_seconds=k.watch_timeout_seconds,
-        )
-        api_client = make_api_client(kube_settings, self.stop_event)
-        api = NodeApi(api_client, kube_settings, self.stop_event)
-        view = NodeView()
-        view.update(ensure_node(api))
-        desire = NodeLabelDesire(view, k.mig_config_label)
-
-        def interruptible_sleep(seconds: float) -> None:
-            if self.stop_event.wait(seconds):
-                raise KubeError("the agent is stopping")
-
-        def clients(s: Settings) -> GpuClients:
-            cs = ClientSettings(
-                pause={n: dict(sel) for n, sel in s.kube.pause_components.items()},
-                restart=tuple(dict(sel) for sel in s.kube.restart_pods),
-                wait_seconds=s.kube.clients_wait_seconds,
-                poll_seconds=min(1.0, s.kube.clients_wait_seconds / 10),
-            )
-            return GpuClients(api, cs, sleep=interruptible_sleep)
-
-        socket = k.pod_resources_socket
-        sinks: list[Any] = [NodeLabelSink(api, view)]
-        if k.node_feature_api:
-            assert k.pod_namespace is not None  # the settings checked it
-            pod = PodRef(k.pod_name, k.pod_uid) if k.pod_name else None
-            sinks.append(NodeFeatureSink(api, k.pod_namespace, pod))
-        # a test's own allocations win over the kubelet's socket
-        socket_allocations = (lambda: pod_devices(socket)) if socket is not None else None
-        allocations = self._allocations or socket_allocations
-        # The pipeline with the Node's ports, built before its first run.
-        self.pipeline = self._pipeline(
-            desire=desire,
-            reporter=KubeReporter(api, view, desire),
-            sinks=sinks,
-            clients=clients,
-            allocations=allocations,
-        )
-        if self.settings.dra.enabled:  # an edge of the pipeline: its MIG changes go through it
-            self._setup_dra(kube_settings)
-        self.held_failure = desire.failure
-        self.watcher = NodeWatcher(api, view, self._wake_reconcile, self.stop_event)
-
-    def _setup_dra(self, kube_settings: Any) -> None:
-        """The DRA kubelet plugin beside the device-plugin path, serving the kubelet from now;
-        its MIG changes run through the agent's pipeline, its claims go into the ownership
-        record that the pipeline reads (both count as busy)."""
-        from nodeagent.dra.allocated import allocated_here
-        from nodeagent.dra.plugin import DraPlugin
-
-        self.dra = DraPlugin(
-            self.session,
-            self.settings,
-            kube_settings,
-            self.pipeline,
-            self.owners,
-            self.stop_event,
-            self.dra_stats,
-        )
-        # A lost ownership record is rebuilt from the claims allocated here too.
-        with_api(self.owners, allocated_here(self.dra.api, self.settings.dra.driver))
-        self.dra.start()
+    def _dra_published(self, dra: DraPlugin) -> None:
+        """What the ResourceSlice publisher did so far, for the metrics."""
+        self.dra_stats.slices_published(dra.publisher.writes, dra.publisher.counters_dropped)
 
     def publish_dra(self) -> None:
         """Every dra.health-interval: poll the devices' faults, then publish the ResourceSlices
         (written only when the devices or their taints changed) and the health board."""
-        snap = self.store.snapshot
-        if self.dra is None or snap is None:
+        snap, dra = self.store.snapshot, self.dra
+        if dra is None or snap is None:
             return
         d = self.settings.dra
         try:
@@ -300,7 +191,10 @@ class Agent:
         except AgentError as err:  # the faults known stay; the inventory is published anyway
             log.warning("dra.fault_poll_failed", error=str(err))
         policy = FaultPolicy(d.health_hold_seconds, frozenset(d.ignored_xids))
-        self.dra.publish(snap.inventory, self.health.faults.active(policy), d.fatal_faults)
+        try:
+            dra.publish(snap.inventory, self.health.faults.active(policy), d.fatal_faults)
+        finally:
+            self._dra_published(dra)
 
     def _wake_reconcile(self) -> None:
         worker = self.workers.get("reconcile")
@@ -340,9 +234,10 @@ class Agent:
         held = self.held_failure()
         if held is not None:  # a node-label config that failed stays failed until changed
             return False, held
-        dra = self.dra.node.problem() if self.dra is not None else None
-        if dra is not None:
-            return False, dra
+        dra = self.dra
+        problem = dra.node.problem() if dra is not None else None
+        if problem is not None:
+            return False, problem
         return True, "ok"
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -360,8 +255,8 @@ class Agent:
                 )  # fmt: skip
                 # Served from now on, with what is known: a first reconcile can take minutes.
                 self.server.start()
-            if self.settings.kube.enabled:
-                self._setup_kube()
+            if self.parts.node is not None:
+                self._connect(self.parts.node)
             self.reconcile()
             self._first_health()
             self._start_workers()
@@ -381,45 +276,46 @@ class Agent:
     def _start_workers(self) -> None:
         # Intervals are read at every wait: a reload takes effect without a restart.
         kube = self.settings.kube
+        # Each worker publishes its error count into the store (the metrics read it there).
+        worker = partial(Worker, clock=self.monotonic, on_errors=self.store.publish_worker_errors)
         workers = [
             # start() just refreshed and reconciled: those wait one period first.
-            Worker("refresh", self.refresh, lambda: self.settings.metrics.refresh_interval_seconds,
-                   self.stop_event, wait_first=True, clock=self.monotonic),
-            Worker("gpm", self.sample_gpm, lambda: self.settings.metrics.gpm_interval_seconds,
-                   self.stop_event, clock=self.monotonic),
-            Worker("reconcile", self.reconcile, lambda: self.settings.reconcile.interval_seconds,
+            worker("refresh", self.refresh, lambda: self.settings.metrics.refresh_interval_seconds,
+                   self.stop_event, wait_first=True),
+            worker("gpm", self.sample_gpm, lambda: self.settings.metrics.gpm_interval_seconds,
+                   self.stop_event),
+            worker("reconcile", self.reconcile, lambda: self.settings.reconcile.interval_seconds,
                    self.stop_event, wait_first=True,
-                   busy_allowance_seconds=self._reconcile_allowance, clock=self.monotonic),
-            Worker("mps-probe", self.probe_mps, lambda: self.settings.mps.probe_interval_seconds,
-                   self.stop_event, wait_first=True, clock=self.monotonic),
+                   busy_allowance_seconds=self._reconcile_allowance),
+            worker("mps-probe", self.probe_mps, lambda: self.settings.mps.probe_interval_seconds,
+                   self.stop_event, wait_first=True),
         ]  # fmt: skip
-        if self.dra is not None:
+        dra, watcher = self.dra, self.watcher
+        if dra is not None:
             workers.append(
-                Worker("dra-publish", self.publish_dra,
-                       lambda: self.settings.dra.health_interval_seconds, self.stop_event,
-                       clock=self.monotonic)
+                worker("dra-publish", self.publish_dra,
+                       lambda: self.settings.dra.health_interval_seconds, self.stop_event)
             )  # fmt: skip
             from nodeagent.dra.binding import INTERVAL_SECONDS
 
             workers.append(
-                Worker("dra-bind", self.dra.bind, lambda: INTERVAL_SECONDS, self.stop_event,
-                       max_backoff_seconds=30, clock=self.monotonic)
+                worker("dra-bind", dra.bind, lambda: INTERVAL_SECONDS, self.stop_event,
+                       max_backoff_seconds=30)
             )  # fmt: skip
-        if self.watcher is not None:
+        if watcher is not None:
             workers.append(
-                Worker(
+                worker(
                     "kube-watch",
-                    self.watcher.cycle,
+                    watcher.cycle,
                     lambda: 0.0,
                     self.stop_event,
                     busy_allowance_seconds=kube.watch_timeout_seconds * 1.5 + 120,
                     max_backoff_seconds=30,
-                    clock=self.monotonic,
                 )
             )
-        for worker in workers:
-            self.workers[worker.name] = worker
-            worker.start()
+        for each in workers:
+            self.workers[each.name] = each
+            each.start()
 
     def _reconcile_allowance(self) -> float:
         """How long one reconcile may take before /healthz calls it stuck: waiting for the GPU
@@ -463,10 +359,11 @@ class Agent:
         self.stop_event.set()
         for worker in self.workers.values():
             worker.wake()  # out of its wait at once
-        if self.watcher is not None:
-            self.watcher.api.interrupt()  # out of its blocking read
-        if self.dra is not None:
-            self.dra.api.interrupt()  # the binding watch too
+        dra, watcher = self.dra, self.watcher
+        if watcher is not None:
+            watcher.api.interrupt()  # out of its blocking read
+        if dra is not None:
+            dra.api.interrupt()  # the binding watch too
         deadline = time.monotonic() + wait_seconds
         for worker in self.workers.values():
             if worker.is_alive():
@@ -476,9 +373,10 @@ class Agent:
                 worker.join(20 if busy_apply else max(deadline - time.monotonic(), 0.05))
         if self.server is not None:
             self.server.stop()
-        if self.dra is not None:
-            self.dra.stop()
+        if dra is not None:
+            dra.stop()
         self.mps.shutdown(stop_daemon=stop_mps)
+        self.parts.stop_nvml_errors()
         with self.session.lock:
             self.gpm.close()
             self.health.close()

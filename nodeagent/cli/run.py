@@ -69,11 +69,11 @@ def cmd_labels(ctx: Context) -> int:
 
 
 def _agent(ctx: Context) -> Any:
-    from nodeagent.agent.service import Agent
+    from nodeagent.agent.factory import build_agent
     from nodeagent.base.lock import lock_path
 
     node = ctx.settings.node
-    return Agent(
+    return build_agent(
         ctx.session,
         ctx.settings,
         lambda s: reset_for(s, ctx.lib),

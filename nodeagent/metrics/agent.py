@@ -6,7 +6,7 @@ import bisect
 import platform
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client.core import (
@@ -58,19 +58,14 @@ class AgentStats:
 
 
 class AgentCollector:
+    """The reconciles from `stats`; the workers' and NVML's errors and the inventory's age from
+    the store (their owners publish them there)."""
+
     name = "agent"
 
-    def __init__(
-        self,
-        stats: AgentStats,
-        store: Store,
-        nvml_errors: Callable[[], Counter[str]],
-        worker_errors: Callable[[], dict[str, int]] = dict,
-    ) -> None:
+    def __init__(self, stats: AgentStats, store: Store) -> None:
         self.stats = stats
         self.store = store
-        self.nvml_errors = nvml_errors
-        self.worker_errors = worker_errors
 
     def collect(self) -> Iterator[Metric]:
         build = GaugeMetricFamily(
@@ -126,7 +121,7 @@ class AgentCollector:
             "Exceptions a worker caught and recovered from, by worker.",
             labels=["worker"],
         )
-        for worker, n in sorted(self.worker_errors().items()):
+        for worker, n in sorted(self.store.worker_errors.items()):
             workers.add_metric([worker], n)
         yield workers
         if last is not None:
@@ -138,7 +133,7 @@ class AgentCollector:
         errors = CounterMetricFamily(
             "nodeagent_nvml_errors", "NVML calls that failed, by function.", labels=["function"]
         )
-        for function, n in sorted(self.nvml_errors().items()):
+        for function, n in sorted(self.store.nvml_errors.items()):
             errors.add_metric([function], n)
         yield errors
         snap = self.store.snapshot

@@ -1,7 +1,8 @@
 """The DRA driver's metrics: how long prepares and unprepares take (and the NVML operations
 inside them, apart), the claims prepared now by kind, the refusals by reason, and what the
-ResourceSlice publisher wrote and found. Written by the driver (nodeagent.dra.node) through
-DraStats; read per scrape by DraCollector, which yields nothing while DRA is off.
+ResourceSlice publisher wrote and found. Written by the driver (nodeagent.dra.node) and, after
+each publish, the agent's dra-publish worker through DraStats; read per scrape by DraCollector,
+which yields nothing until the driver is serving (DRA off: never).
 
     nodeagent_dra_prepare_duration_seconds{kind,result}     histogram
     nodeagent_dra_unprepare_duration_seconds{kind,result}   histogram
@@ -18,9 +19,9 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -68,6 +69,9 @@ class DraStats:
         self.refusals: Counter[str] = Counter()
         self.prepared: dict[str, int] = {}
         self.status_writes: Counter[str] = Counter()
+        # The ResourceSlice publisher's (writes made, counters dropped: None until known);
+        # None until the driver serves.
+        self.slices: tuple[int, bool | None] | None = None
         self.share_findings: Counter[str] = Counter()
         self.shares_over = 0
 
@@ -105,14 +109,11 @@ class DraStats:
         with self.lock:
             self.status_writes["success" if ok else "failure"] += 1
 
-
-class Publisher(Protocol):
-    """What the ResourceSlice publisher tells (nodeagent.dra.slices.SlicePublisher)."""
-
-    writes: int
-
-    @property
-    def counters_dropped(self) -> bool | None: ...
+    def slices_published(self, writes: int, counters_dropped: bool | None) -> None:
+        """What the ResourceSlice publisher (nodeagent.dra.slices.SlicePublisher) did so far:
+        its creates, patches and deletes, and whether the API server drops the counters."""
+        with self.lock:
+            self.slices = (writes, counters_dropped)
 
 
 def _histogram(
@@ -127,18 +128,15 @@ def _histogram(
 class DraCollector:
     name = "dra"
 
-    def __init__(
-        self, stats: DraStats, publisher: Callable[[], Publisher | None] = lambda: None
-    ) -> None:
+    def __init__(self, stats: DraStats) -> None:
         self.stats = stats
-        self.publisher = publisher
 
     def collect(self) -> Iterator[Metric]:
-        publisher = self.publisher()
-        if publisher is None:  # DRA off: no families at all
-            return
         s = self.stats
         with s.lock:
+            if s.slices is None:  # the driver is not serving (DRA off): no families at all
+                return
+            slice_writes, dropped = s.slices
             families: list[Metric] = [
                 _histogram(
                     "nodeagent_dra_prepare_duration_seconds",
@@ -205,9 +203,8 @@ class DraCollector:
         yield CounterMetricFamily(
             "nodeagent_dra_slice_writes",
             "ResourceSlice creates, patches and deletes the driver made.",
-            value=publisher.writes,
+            value=slice_writes,
         )
-        dropped = publisher.counters_dropped
         if dropped is not None:
             yield GaugeMetricFamily(
                 "nodeagent_dra_partitionable_devices",

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from nodeagent.mps.daemon import MpsStatus
+from nodeagent.state.snapshot import Store
 
 
 class MpsCollector:
+    """The MPS daemon's status as the pipeline and the probe last published it."""
+
     name = "mps"
 
-    def __init__(self, status: Callable[[], MpsStatus | None]) -> None:
-        self.status = status
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     def collect(self) -> Iterator[Metric]:
-        status = self.status()
+        status = self.store.mps
         if status is None:  # MPS not managed by this agent
             return
         yield GaugeMetricFamily(

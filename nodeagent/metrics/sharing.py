@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from nodeagent.state.snapshot import Store
+
 
 class SharingCollector:
+    """The offers as the pipeline last published them."""
+
     name = "sharing"
 
-    def __init__(self, offers: Callable[[], Mapping[int, tuple[str, int]]]) -> None:
-        self.offers = offers
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     def collect(self) -> Iterator[Metric]:
         info = GaugeMetricFamily(
@@ -19,6 +23,6 @@ class SharingCollector:
             "How each GPU is shared (mig, mps, time-slicing, whole) and its replicas; value 1.",
             labels=["gpu", "strategy", "replicas"],
         )
-        for index, (strategy, replicas) in sorted(self.offers().items()):
+        for index, (strategy, replicas) in sorted(self.store.offers.items()):
             info.add_metric([str(index), strategy, str(replicas)], 1)
         yield info

@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import threading
 from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from nodeagent.base.errors import NvmlError
@@ -37,6 +38,9 @@ class NvmlSession:
         # key; read and written under `lock`.
         self.static: dict[Any, Any] = {}
         self._errors_lock = threading.Lock()
+        # Told the counts after each failed call (the agent's snapshot store, which the metrics
+        # read): called under the error counter's lock, so the last told is the latest.
+        self._error_listeners: list[Callable[[Mapping[str, int]], None]] = []
         self._closed = False
         self.call("nvmlInit")
         atexit.register(self.close)
@@ -61,12 +65,28 @@ class NvmlSession:
                 return None
             with self._errors_lock:
                 self.errors_by_function[function] += 1
+                for listener in self._error_listeners:
+                    listener(Counter(self.errors_by_function))
             raise NvmlError(code, function, message_for(code), context) from err
 
     def error_counts(self) -> Counter[str]:
         """A copy of the failed calls by function (safe to read from any thread)."""
         with self._errors_lock:
             return Counter(self.errors_by_function)
+
+    def report_errors(self, listener: Callable[[Mapping[str, int]], None]) -> Callable[[], None]:
+        """Tell `listener` the failed calls by function now and after each failure; returns
+        the call that stops telling it."""
+        with self._errors_lock:
+            self._error_listeners.append(listener)
+            listener(Counter(self.errors_by_function))
+
+        def stop() -> None:
+            with self._errors_lock:
+                if listener in self._error_listeners:
+                    self._error_listeners.remove(listener)
+
+        return stop
 
     def read(self, function: str, *args: Any, context: str = "") -> Any:
         """Like call(), but a NOT_SUPPORTED answer becomes None (reads only, never writes)."""

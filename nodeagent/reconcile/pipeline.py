@@ -118,6 +118,7 @@ class Pipeline:
                 return self._run_once(run, dry_run or compare, compare)
             finally:
                 run.held.close()
+                self.store.publish_mps(self.mps.status)  # the metrics' MPS status
 
     def _run_once(self, run: Run, dry_run: bool, compare: bool) -> Report:
         start = self.clock()

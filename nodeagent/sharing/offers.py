@@ -3,7 +3,7 @@ time-slicing (only the sharing config says so: nothing on a GPU does), or whole.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
+from collections.abc import Callable, Mapping, Set
 from typing import Protocol
 
 from nodeagent.nvml.inventory import Inventory
@@ -46,9 +46,13 @@ def planned_offers(
 
 class Offers:
     """The offers last published, kept between runs: time-slicing is remembered from the last
-    sharing config resolved until a run wants no sharing config at all."""
+    sharing config resolved until a run wants no sharing config at all. Each update is handed
+    to `publish` too (the agent's: its snapshot store, which the metrics read)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, publish: Callable[[Mapping[int, Offer]], None] = lambda _offers: None
+    ) -> None:
+        self.publish = publish
         self.per_gpu: dict[int, Offer] = {}
         self._time_sliced: dict[int, int] = {}
 
@@ -81,4 +85,5 @@ class Offers:
             else:
                 offers[i] = ("whole", 1)
         self.per_gpu = offers
+        self.publish(offers)
         return offers

@@ -4,6 +4,11 @@ Every reader (collectors, labels, the pipeline) takes `store.snapshot` once and 
 object, so it never mixes two reads. A snapshot is replaced in one assignment, and only by a
 newer read: each read takes its generation number under the NVML lock before it starts, so a
 read that began before a MIG change can never publish the old geometry after it.
+
+The store is also the collectors' one read model: beside the snapshot and the samplers' values,
+each owner publishes what the scrape shows of it (the offers of the last published sharing,
+the managed MPS daemon's status, the workers' error counts, the failed NVML calls); a scrape
+reads these values and never the pipeline, the MPS manager, the workers or the NVML session.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass, field
 
 from nodeagent.base.errors import AgentError
 from nodeagent.base.logs import get_logger
+from nodeagent.mps.daemon import MpsStatus
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.nvml.fields import DeviceFields
 from nodeagent.nvml.health import THROTTLE_REASONS, Health
@@ -27,11 +33,13 @@ __all__ = [
     "DeviceFields",
     "FieldValues",
     "GpmValues",
+    "GpuOffers",
     "Health",
     "HealthValues",
     "Holder",
     "Holders",
     "Inventory",
+    "MpsStatus",
     "ProcessSample",
     "ProcessUtilization",
     "Snapshot",
@@ -80,6 +88,11 @@ def in_use_view(holders: Holders) -> dict[str, str]:
     for device_id, holder in holders.items():
         held.setdefault(device_uuid(device_id), str(holder))
     return held
+
+
+# GPU index -> (strategy, replicas): what each GPU offers, as last published (mig, mps,
+# time-slicing or whole; nodeagent.sharing.offers).
+GpuOffers = Mapping[int, tuple[str, int]]
 
 
 @dataclass(frozen=True)
@@ -143,8 +156,10 @@ class Snapshot:
 class Store:
     """Holds the latest Snapshot, GPM, health and field values: `observe()` is the only way to
     make a snapshot; the samplers hand theirs over with `publish_gpm` / `publish_health` /
-    `publish_fields`. Each
-    is replaced in one assignment: a reader takes the attribute once."""
+    `publish_fields`, the other owners theirs with `publish_offers` (the pipeline's offers),
+    `publish_mps` (the MPS manager's status), `publish_worker_errors` (each worker) and
+    `publish_nvml_errors` (the NVML session). Each is replaced in one assignment: a reader
+    takes the attribute once."""
 
     def __init__(self, session: NvmlSession, clock: Clock) -> None:
         self.session = session
@@ -154,6 +169,10 @@ class Store:
         self.health = HealthValues()
         self.fields = FieldValues()
         self.utilization = ProcessUtilization()
+        self.offers: GpuOffers = {}
+        self.mps: MpsStatus | None = None  # None: MPS not managed by this agent
+        self.worker_errors: Mapping[str, int] = {}  # worker name -> failures since start
+        self.nvml_errors: Mapping[str, int] = {}  # NVML function -> failed calls
         self.dropped = 0  # reads that finished after a newer one and were not published
         self._generations = itertools.count(1)
         self._publish_lock = threading.Lock()
@@ -209,6 +228,23 @@ class Store:
     def publish_utilization(self, values: ProcessUtilization) -> None:
         """The utilization sampler's latest per-process samples."""
         self.utilization = values
+
+    def publish_offers(self, offers: GpuOffers) -> None:
+        """What each GPU offers, as the pipeline last published it."""
+        self.offers = dict(offers)
+
+    def publish_mps(self, status: MpsStatus | None) -> None:
+        """The managed MPS daemon's status as last read (None: no daemon managed)."""
+        self.mps = status
+
+    def publish_worker_errors(self, worker: str, errors: int) -> None:
+        """`worker`'s failures since it was made (0 when it is made)."""
+        with self._publish_lock:
+            self.worker_errors = {**self.worker_errors, worker: errors}
+
+    def publish_nvml_errors(self, counts: Mapping[str, int]) -> None:
+        """The failed NVML calls by function, as the session counts them."""
+        self.nvml_errors = dict(counts)
 
     def offer(self, snap: Snapshot) -> Snapshot:
         """Publish `snap` if it is newer than the published one; return the published one."""

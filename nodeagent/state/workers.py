@@ -31,6 +31,7 @@ class Worker(threading.Thread):
 
     `busy_allowance_seconds` is how long one `work()` may take before the worker counts as
     stale (a reconcile waiting for paused clients may legitimately take minutes).
+    `on_errors(name, count)` is told the failures since start: 0 when made, then after each.
     """
 
     def __init__(
@@ -43,8 +44,10 @@ class Worker(threading.Thread):
         max_backoff_seconds: float = 60.0,
         wait_first: bool = False,
         clock: Clock = time.monotonic,
+        on_errors: Callable[[str, int], None] = lambda _name, _count: None,
     ) -> None:
         super().__init__(name=name, daemon=True)
+        self.on_errors = on_errors
         self.work = work
         self.interval = interval
         self.stop_event = stop
@@ -55,6 +58,7 @@ class Worker(threading.Thread):
         self.wake_event = threading.Event()
         self.errors = 0  # every failure since start
         self.failures = 0  # consecutive failures
+        on_errors(name, 0)
         self.heartbeat = clock()
         self.busy = False
         self.wait_deadline: float | None = None  # while waiting: when the wait ends
@@ -104,6 +108,7 @@ class Worker(threading.Thread):
             except Exception as err:  # a worker never dies: log, count, back off, go on
                 self.errors += 1
                 self.failures += 1
+                self.on_errors(self.name, self.errors)
                 log.error(
                     "worker.failed",
                     worker=self.name,

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from nodeagent.agent.factory import build_agent
 from nodeagent.agent.service import Agent
 from nodeagent.mig.config import dump_config
 from nodeagent.mig.generate import generate_configs
@@ -50,7 +51,7 @@ def make_agent(
     test passes virtual ones)."""
     metrics = {"address": "127.0.0.1:0", **groups.pop("metrics", {})}
     settings = make_settings(metrics=metrics, **groups)
-    return Agent(
+    return build_agent(
         session, settings, lambda _s: reset, lock_path, clock, allocations, monotonic=monotonic
     )
 

@@ -157,6 +157,16 @@ def test_errors_count_every_failure_and_failures_only_the_last_streak(
     assert (worker.errors, worker.failures) == (3, 0)
 
 
+def test_the_error_count_is_published_when_made_and_after_each_failure(
+    start_worker: StartWorker,
+) -> None:
+    published: list[tuple[str, int]] = []
+    script = Script(_runtime_error, times=2)
+    start_worker(script, max_backoff_seconds=0.0, on_errors=lambda *told: published.append(told))
+    assert script.ran[3].wait(TIMEOUT)  # two failures, then a success
+    assert published == [("sampler", 0), ("sampler", 1), ("sampler", 2)]
+
+
 def test_worker_survives_a_long_streak_of_failures(start_worker: StartWorker) -> None:
     streak = 1100
     reached = threading.Event()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -31,9 +30,9 @@ def test_prepares_unprepares_and_refusals_are_counted(short_root: Path) -> None:
         session, Settings(), node_config(short_root), no_reset,
         state.with_name(".sim.json.lock"), stats=stats,
     )  # fmt: skip
-    publisher = SimpleNamespace(writes=3, counters_dropped=False)
+    stats.slices_published(3, False)  # as the agent's dra-publish worker tells it
     registry = CollectorRegistry()
-    registry.register(DraCollector(stats, lambda: publisher))  # type: ignore[arg-type]
+    registry.register(DraCollector(stats))
 
     def value(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, labels)
@@ -83,5 +82,5 @@ def test_prepares_unprepares_and_refusals_are_counted(short_root: Path) -> None:
 
 def test_nothing_is_exposed_while_dra_is_off() -> None:
     registry = CollectorRegistry()
-    registry.register(DraCollector(DraStats(), lambda: None))
+    registry.register(DraCollector(DraStats()))
     assert "nodeagent_dra" not in generate_latest(registry).decode()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from nodeagent.agent.factory import build_agent
 from nodeagent.agent.service import Agent
 from nodeagent.nvml import read_inventory
 from nodeagent.sim import SimulatedNvml
@@ -292,7 +293,7 @@ def test_restart_with_the_config_already_applied_writes_nothing(
     cluster.wait(lambda: "nvidia.com/mig-3g.71gb.count" in cluster.labels(NODE), what="labels")
     agent.stop()
     before = cluster.writes()
-    again = Agent(agent.session, agent.settings, lambda _s: lib.reset)
+    again = build_agent(agent.session, agent.settings, lambda _s: lib.reset)
     again.start()  # the first reconcile and publish are done when start() returns
     try:
         # Two watch cycles (1 s each) and inventory refreshes (0.5 s) later: still no write.
