@@ -155,6 +155,34 @@ def wait_for_nvml(
                 return None
 
 
+def check_gpu_settings(settings: Any, session: Any) -> None:
+    """The settings that name GPUs (dra.devices, mps.devices), checked against the node's GPUs
+    before the first call to the Kubernetes API: a GPU the node lacks is a mistake to say at
+    once, not after the API server's retries. Raises ConfigError naming every one."""
+    from nodeagent.base.errors import ConfigError
+    from nodeagent.nvml import read_inventory
+
+    named = {
+        "dra.devices (--dra-devices, NODEAGENT_DRA_DEVICES)": (
+            settings.dra.devices if settings.kube.enabled and settings.dra.enabled else None
+        ),
+        "mps.devices (--mps-devices, NODEAGENT_MPS_DEVICES)": (
+            settings.mps.devices if settings.mps.enabled else None
+        ),
+    }
+    if not any(named.values()):
+        return
+    with session.lock:
+        have = sorted(g.index for g in read_inventory(session).gpus)
+    problems = [
+        f"{what} names GPU {', '.join(map(str, missing))}; this node has GPUs {have}"
+        for what, devices in named.items()
+        if devices and (missing := sorted(set(devices) - set(have)))
+    ]
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
 def status_line(agent: Any) -> str:
     """systemd's STATUS= (one line, `systemctl status`): GPUs, the last reconcile, health."""
     snap = agent.store.snapshot
@@ -205,6 +233,7 @@ def _serve(ctx: Context, notify: Notifier, signals: Signals) -> int:
     if session is None:
         notify.send("STOPPING=1")
         return 0
+    check_gpu_settings(ctx.settings, session)  # before the agent asks the API anything
     agent = _agent(ctx)
     signals.on_stop = agent.stop_event.set
     if signals.stop:  # asked to stop while NVML was answering: no reconcile, nothing changed

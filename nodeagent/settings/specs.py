@@ -102,7 +102,7 @@ SPECS: tuple[Spec, ...] = (
     _spec("mig", "config", "NODEAGENT_MIG_CONFIG", "--mig-config", optional(text),
           "name of the MIG config to keep applied", short="-c", hot=True),
     _spec("mig", "reset-command", "NODEAGENT_MIG_RESET_COMMAND", "--reset-command",
-          optional(text), "command for a GPU whose MIG mode stays pending; {index} is the GPU",
+          optional(command), "command for a GPU whose MIG mode stays pending; {index} is the GPU",
           hot=True),
     _spec("mig", "lock-timeout", "NODEAGENT_MIG_LOCK_TIMEOUT", "--lock-timeout",
           seconds(0, inclusive=True), "seconds to wait for another MIG writer on this node",

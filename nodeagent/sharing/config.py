@@ -41,6 +41,7 @@ from nodeagent.mig.config import (
     _devices,
     _entry_list,
     _mig_devices,
+    go_int,
     parse_config,
 )
 from nodeagent.mps.settings import parse_size
@@ -192,6 +193,8 @@ def _entry(node: yaml.Node, errors: _Errors, what: str) -> SharingEntry | None:
         return None
     fields = _fields(node, errors, what, ENTRY_KEYS)
     devices = _devices(fields, node, errors, what)
+    if devices is not None and devices != "all":
+        _no_repeats(fields["devices"][1], errors, what)
     device_filter = _device_filter(fields, errors, what)
     given = [key for key in fields if key in STRATEGIES]
     share: Share | None = None
@@ -210,6 +213,18 @@ def _entry(node: yaml.Node, errors: _Errors, what: str) -> SharingEntry | None:
     return SharingEntry(
         devices, device_filter, share, errors.mark(node), errors.mark(fields["devices"][1])
     )
+
+
+def _no_repeats(dnode: yaml.Node, errors: _Errors, what: str) -> None:
+    """A GPU listed twice in one entry is a slip in this format (mig-parted's v1 takes it as
+    one GPU, and a v1 file read as a sharing config still does)."""
+    seen: set[int] = set()
+    for item in dnode.value:
+        index = go_int(item)
+        if index is not None and index in seen:
+            errors.add(item, f"{what}: devices lists GPU {index} twice")
+        elif index is not None:
+            seen.add(index)
 
 
 def _share(key: str, node: yaml.Node, errors: _Errors, what: str) -> Share | None:

@@ -28,6 +28,9 @@ ACCEPTED = {
                        ("all", True, {"1g.18gb": 10})),
     "count-hex": ("  - devices: all\n    mig-enabled: true\n    mig-devices: {1g.18gb: 0x7}\n",
                   ("all", True, {"1g.18gb": 7})),
+    # mig-parted accepts `devices: [1.0]` as GPU 1: sigs.k8s.io/yaml turns the YAML into JSON
+    # (go-yaml reads 1.0 as float64 1, encoding/json writes it `1`), and api/spec/v1/spec.go's
+    # MigConfigSpec.UnmarshalJSON then takes `[1]` into its []int. 0.5 stays an error (below).
     "index-float": ("  - devices: [0, 1.0]\n    mig-enabled: false\n    mig-devices: {}\n",
                     ((0, 1), False, {})),
     "devices-empty": ("  - devices: []\n    mig-enabled: false\n    mig-devices: {}\n", ((), False, {})),
