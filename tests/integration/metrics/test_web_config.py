@@ -21,7 +21,7 @@ import pytest
 from nodeagent.base.errors import ConfigError
 from nodeagent.metrics.server import MetricsServer
 from nodeagent.metrics.webconfig import load_web_config
-from tests.integration.metrics.test_endpoint_hostile import connection_threads
+from tests.integration.metrics.test_endpoint_hostile import connection_threads, exposing
 from tests.support.cli import Result, assert_one_error
 from tests.support.metrics import free_port, http_get, prometheus_tool, wait_for
 
@@ -73,7 +73,7 @@ def serve(tmp_path: Path, request: pytest.FixtureRequest) -> Callable[[str], Met
         path.write_text(config)
         server = MetricsServer(
             "127.0.0.1:0",
-            lambda: EXPOSITION,
+            exposing(EXPOSITION),
             lambda: (True, "ok"),
             lambda: (False, "mps: daemon pid 4242 left /run/nvidia/mps/nvidia.com/gpu/pipe"),
             web=load_web_config(path),
@@ -164,7 +164,7 @@ def test_health_texts_show_no_paths_or_pids_unless_asked() -> None:
     answers = []
     for details in (False, True):
         server = MetricsServer(
-            "127.0.0.1:0", lambda: EXPOSITION, lambda: (True, "ok"), lambda: (False, reason),
+            "127.0.0.1:0", exposing(EXPOSITION), lambda: (True, "ok"), lambda: (False, reason),
             details=details,
         )  # fmt: skip
         server.start()
