@@ -125,9 +125,10 @@ class ExpositionCache:
         else:
             families, extra = self._collect(version)
             if fmt.openmetrics:
-                body = openmetrics.generate_latest(_Collected(families + self._families(extra)))
+                om = _Collected(families + self._families(extra))
+                body = openmetrics.generate_latest(om)  # type: ignore[no-untyped-call]
             else:
-                body = generate_latest(_Collected(families)) + extra  # type: ignore[arg-type]
+                body = generate_latest(_Collected(families)) + extra  # type: ignore[arg-type,unused-ignore]
         self._shown[fmt] = (version, body)
         return body
 

@@ -69,7 +69,9 @@ def series(text: str) -> list[str]:
                   if x and not x.startswith("#"))  # fmt: skip
 
 
-@pytest.mark.parametrize("accept", [PROMETHEUS_2, PROMETHEUS_3], ids=["prometheus-2", "prometheus-3"])
+@pytest.mark.parametrize(
+    "accept", [PROMETHEUS_2, PROMETHEUS_3], ids=["prometheus-2", "prometheus-3"]
+)
 def test_prometheus_gets_openmetrics_gzipped_with_the_same_series(
     server: MetricsServer, accept: str
 ) -> None:

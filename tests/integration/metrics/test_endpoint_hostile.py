@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import re
 import selectors
 import socket
 import threading
-import re
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
-
 from prometheus_client.registry import CollectorRegistry
 
 from nodeagent.base.errors import ConfigError
@@ -45,7 +44,7 @@ def _has_ipv6_loopback() -> bool:
 IPV6 = pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback on this host")
 
 
-def exposing(body: bytes) -> Callable[[Format], bytes]:  # noqa: UP037
+def exposing(body: bytes) -> Callable[[Format], bytes]:
     """An exposition of `body` (text-format families) in every format, as the agent's."""
     return ExpositionCache(CollectorRegistry(), lambda: body).latest
 

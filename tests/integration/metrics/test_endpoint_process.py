@@ -141,7 +141,7 @@ def test_clients_whose_body_never_comes_leave_no_descriptor_behind(
     clients = [socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT)
                for _ in range(300)]  # fmt: skip
     try:
-        for sock, head in zip(clients, list(STALLED.values()) * 60):
+        for sock, head in zip(clients, list(STALLED.values()) * 60, strict=True):
             sock.sendall(head)
     finally:
         for sock in clients:
