@@ -745,6 +745,12 @@ def run_study(args: argparse.Namespace) -> int:
         f" + {len(together)} together modes x {loads} loads at {args.point_seconds:g} s"
         f" + {isolation_modes} isolation points at {args.isolation_seconds:g} s; SLO ="
         f" {args.slo_multiple:g} x solo p99"
+        + (
+            f"; each point lasts until every model has had {args.min_requests} arrivals"
+            " (lengths printed after calibration)"
+            if args.min_requests
+            else ""
+        )
     )
     print(
         "plan (s, ~1 s drain a point, ~25 s a worker start): "
@@ -814,6 +820,9 @@ def run_study(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
+    from nodeagent.base.logs import configure_logging
+
+    configure_logging("warning")  # the driver's and the daemons' info lines would bury the points
     try:
         sys.exit(main())
     except KeyboardInterrupt:
