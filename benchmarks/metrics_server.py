@@ -124,8 +124,8 @@ def serve(name: str, body: bytes) -> None:
     else:
         from nodeagent.metrics.server import MetricsServer
 
-        ns = MetricsServer("127.0.0.1:0", lambda: body, lambda: (True, "ok"),
-                           lambda: (True, "ok"), cached=lambda: body)  # fmt: skip
+        ns = MetricsServer("127.0.0.1:0", lambda _fmt: body, lambda: (True, "ok"),
+                           lambda: (True, "ok"), cached=lambda _fmt: body)  # fmt: skip
         ns.start()
         port = ns.port
     time.sleep(0.5)

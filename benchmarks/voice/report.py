@@ -16,6 +16,8 @@ MODE_LABELS = {
     "time-slicing": "together, time-slicing",
     "mps-equal": "together, MPS 100//n each",
     "mps-weighted": "together, MPS weighted",
+    "dra-shares": "together, DRA share claims",
+    "dra-per-claim": "together, DRA shares, a daemon per claim",
 }
 
 
@@ -147,6 +149,7 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {MODE_LABELS.get(mode, mode)} | {threads} | {_load(d['passing_load'])} |"
             f" {_pct(d['worst_within_at_solo_load'])} | {_gpus(d['gpus'])} |"
         )
+    lines += _dra_lines(results)
     lines += ["", _points_table(results["points"], list(cal)), ""]
     if results["isolation"]:
         lines += [
@@ -163,6 +166,31 @@ def markdown(results: dict[str, Any]) -> str:
                 f" {p.get('hog_iterations_per_second', math.nan):.1f} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _dra_lines(results: dict[str, Any]) -> list[str]:
+    """What the DRA modes ran on: the claims' MPS daemons and the servers their clients got."""
+    lines = []
+    for mode in ("dra-shares", "dra-per-claim"):
+        d = results["mps"].get(mode)
+        if not d or "daemons" not in d:
+            continue
+        clients = d.get("clients") or {}
+        servers = {c.get("server") for c in clients.values() if c.get("server") is not None}
+        how = (
+            "prepared by nodeagent's DRA driver through the fake kubelet"
+            if d.get("service")
+            else "a control daemon per claim, as the driver ran them before issue 38"
+        )
+        skipped = sum(len(c.get("skipped_mounts", [])) for c in d.get("claims", []))
+        lines.append(
+            f"{MODE_LABELS[mode]}: {len(d.get('claims', []))} claims {how}"
+            f" ({d.get('prepare_seconds', 0):.1f} s), {d['daemons']} MPS control daemon(s),"
+            f" {len(servers) if clients else '?'} MPS server(s) for the models' processes"
+            + (f"; {skipped} mount(s) not bound: host path = container path" if skipped else "")
+            + "."
+        )
+    return ["", *lines] if lines else []
 
 
 def _cell_pct(p: dict[str, Any]) -> str:

@@ -9,8 +9,16 @@ each model's solo GPU time (its SM activity alone). Per mode: the highest load a
 and the GPUs that mode needs for the same traffic. Then isolation: a batch job in an unbounded
 loop beside the light models, time-sliced and under MPS with limits.
 
-Run: python benchmarks/voice/run.py [--quick] (see --help); writes results/voice.{json,md,png}
-(--name for another stem); `python benchmarks/voice/report.py A.json B.json` pools runs.
+Through the product (issue 38): `dra-shares`, the models as the clients of one MPS share claim
+each, prepared by nodeagent's own DRA driver through the fake kubelet (dra_shares.py), each
+model process started with exactly its claim's CDI environment; `dra-per-claim`, the design
+before it (a control daemon per claim), or the driver with the settings of --per-claim-settings.
+`--study` is issue 38's study in one GPU command of under 9 minutes; `--simulate h200 --device
+cpu` runs the DRA part on the emulator with the tests' fake MPS daemon (no GPU).
+
+Run: python benchmarks/voice/run.py [--quick | --study] (see --help); writes
+results/voice.{json,md,png} (--name for another stem); `python benchmarks/voice/report.py A.json
+B.json` pools runs.
 """
 
 from __future__ import annotations
@@ -33,12 +41,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import dra_shares
 import report
 import slo
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_MODELS = ("asr", "tts", "embed")
-MODES = ("solo", "time-slicing", "mps-equal", "mps-weighted")
+DEFAULT_MODES = ("solo", "time-slicing", "mps-equal", "mps-weighted")
+DRA_MODES = ("dra-shares", "dra-per-claim")
+MODES = (*DEFAULT_MODES, *DRA_MODES)
+# Issue 38's study: the DRA modes first, so a tight budget skips the device-plugin path's
+STUDY_MODES = ("solo", "time-slicing", "dra-shares", "dra-per-claim", "mps-equal")
+STUDY_LOADS = (0.3, 0.6, 0.8)
+STUDY_MIN_REQUESTS = 120
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,45 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a ~3-minute check (2 loads, short points)")
     p.add_argument(
+        "--study",
+        action="store_true",
+        help="issue 38's study in one GPU command under 9 minutes: loads 0.3,0.6,0.8, >= 120"
+        f" requests per model per point, modes {','.join(STUDY_MODES)}, no isolation",
+    )
+    p.add_argument(
+        "--min-requests",
+        type=int,
+        help="each point lasts until every model has had this many arrivals (its seeded"
+        " Poisson stream decides: exact), at least --point-seconds / --solo-seconds (0: off)",
+    )
+    p.add_argument(
+        "--simulate",
+        metavar="SPEC",
+        help="the DRA modes on the emulator (an emulated node, h200) with the tests' fake MPS"
+        " daemon: a dry run of the DRA path, with --device cpu",
+    )
+    p.add_argument(
+        "--share-percent",
+        type=int,
+        default=30,
+        help="each model's share claim: percent of the GPU's SMs (a multiple of 5; 30)",
+    )
+    p.add_argument(
+        "--share-memory", default="16Gi", help="each model's share claim: its memory (16Gi)"
+    )
+    p.add_argument(
+        "--settings",
+        metavar="FILE",
+        help="nodeagent settings file for the DRA driver of dra-shares (default: its defaults)",
+    )
+    p.add_argument(
+        "--per-claim-settings",
+        metavar="FILE",
+        help="nodeagent settings under which the driver runs a daemon per claim: dra-per-claim"
+        " then goes through the driver; without it, a daemon per claim as the driver started"
+        " them before issue 38 (nodeagent's MpsDaemon each)",
+    )
+    p.add_argument(
         "--model",
         action="append",
         type=parse_model,
@@ -111,7 +165,11 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--slo-multiple", type=float, default=5.0, help="SLO = this x solo p99 with no queueing (5)"
     )
-    p.add_argument("--modes", default=",".join(MODES), help=f"subset of {','.join(MODES)}")
+    p.add_argument(
+        "--modes",
+        help=f"subset of {','.join(MODES)} (default {','.join(DEFAULT_MODES)};"
+        f" --study: {','.join(STUDY_MODES)})",
+    )
     p.add_argument("--no-isolation", action="store_true")
     p.add_argument(
         "--idle",
@@ -122,8 +180,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--budget-seconds",
         type=float,
-        default=560.0,
-        help="skip a later mode that would not finish within this (560)",
+        help="skip a later mode that would not finish within this (560; --study: 480)",
     )
     p.add_argument("--seed", type=int, default=17)
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
@@ -142,25 +199,49 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     quick = args.quick
-    defaults = {
+    if quick and args.study:
+        p.error("--quick and --study are two different plans: choose one")
+    defaults: dict[str, Any] = {
         "loads": (0.2, 0.4) if quick else (0.15, 0.3, 0.45, 0.6),
         "solo_seconds": 4.0 if quick else 10.0,
         "point_seconds": 8.0 if quick else 22.0,
         "isolation_seconds": 6.0 if quick else 15.0,
         "calibrate_seconds": 2.0 if quick else 3.0,
         "models": [ModelSpec(m, m) for m in DEFAULT_MODELS],
+        "modes": ",".join(DEFAULT_MODES),
+        "min_requests": 0,
+        "budget_seconds": 560.0,
     }
+    if args.study:  # the points last as long as 120 requests take (--min-requests), no longer
+        defaults.update(
+            loads=STUDY_LOADS, solo_seconds=2.0, point_seconds=2.0, calibrate_seconds=3.0,
+            modes=",".join(STUDY_MODES), min_requests=STUDY_MIN_REQUESTS, budget_seconds=480.0,
+        )  # fmt: skip
+        args.no_isolation = True
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.min_requests < 0:
+        p.error("--min-requests is a number of requests, 0 or more")
+    if not 5 <= args.share_percent <= 100 or args.share_percent % 5:
+        p.error("--share-percent is a multiple of 5 in 5-100 (the share device's request policy)")
+    if args.share_percent * len(args.models) > 100:
+        p.error(
+            f"{len(args.models)} shares of {args.share_percent} % do not fit one GPU (100 %):"
+            " the scheduler would not put them on one device"
+        )
     modes = tuple(m for m in args.modes.split(",") if m)
     unknown = set(modes) - set(MODES)
     if unknown:
         p.error(f"unknown modes {sorted(unknown)}; choose from {','.join(MODES)}")
     if "solo" not in modes:
         p.error("the solo mode is the baseline every other mode is compared with: keep it")
+    if args.simulate and args.device.startswith("cuda"):
+        p.error("--simulate runs the DRA path on the emulator: with --device cpu (fake models)")
     if not args.device.startswith("cuda"):
         modes = tuple(m for m in modes if not m.startswith("mps"))  # MPS needs a GPU
+        if not args.simulate:  # ... or the emulator and the fake MPS daemon
+            modes = tuple(m for m in modes if m not in DRA_MODES)
     args.modes = modes
     names = [m.name for m in args.models]
     if len(set(names)) != len(names):
@@ -492,8 +573,30 @@ class Study:
     def sweep(self, mode: str, pool: dict[str, Worker], names: list[str], seconds: float) -> None:
         for i, load in enumerate(self.args.loads):
             rates = {n: load * self.capacity[n] for n in names}
-            out = run_point(pool, rates, seconds, self.seeds(i), self.drain())
-            self.record(mode, load, out, seconds)
+            length = self.point_seconds(seconds, rates, i)
+            out = run_point(pool, rates, length, self.seeds(i), self.drain())
+            self.record(mode, load, out, length)
+
+    def point_seconds(self, floor: float, rates: dict[str, float], load_index: int) -> float:
+        """A point's length: `floor`, or with --min-requests until each model's seeded Poisson
+        stream has had that many arrivals (the same stream its worker draws)."""
+        n = self.args.min_requests
+        if not n:
+            return floor
+        seeds = self.seeds(load_index)
+        longest = floor
+        for name, rate in rates.items():
+            horizon = 3 * n / rate + 10
+            arrivals = slo.poisson_arrivals(rate, horizon, seeds[name])
+            longest = max(longest, arrivals[n - 1] + 1e-3 if len(arrivals) >= n else horizon)
+        return longest
+
+    def sweep_seconds(self, names: list[str], floor: float) -> float:
+        """What one sweep of `names` together will take (points and ~1 s drain each)."""
+        return sum(
+            self.point_seconds(floor, {n: load * self.capacity[n] for n in names}, i) + 1
+            for i, load in enumerate(self.args.loads)
+        )
 
     def isolation(self, mode: str, pool: dict[str, Worker], hog: Worker) -> None:
         load = self.args.isolation_load
@@ -515,6 +618,13 @@ class Study:
                 + ", ".join(f"{n} {r['build_seconds']:.1f} s" for n, r in ready.items())
             )
             self.calibrate(pool)
+            if self.args.min_requests:
+                solo = sum(self.sweep_seconds([n], self.args.solo_seconds) for n in self.names)
+                together = self.sweep_seconds(self.names, self.args.point_seconds)
+                self.log(
+                    f"points of >= {self.args.min_requests} requests: solo {solo:.0f} s in all,"
+                    f" {together:.0f} s a together mode"
+                )
             for name in self.names:
                 self.sweep("solo", pool, [name], args.solo_seconds)
             if "time-slicing" in args.modes:
@@ -550,6 +660,39 @@ class Study:
                 self.sweep(mode, pool, self.names, args.point_seconds)
                 if isolate:
                     self.isolation(mode, pool, pool["_hog"])
+
+    def dra_phase(self, mode: str) -> None:
+        """The models as the clients of share claims (dra_shares.py): prepared by the driver
+        (dra-shares; dra-per-claim with --per-claim-settings) or a daemon per claim as the
+        driver ran them before issue 38 (dra-per-claim)."""
+        args = self.args
+        shares = dra_shares.shares_for(self.names, args.share_percent, args.share_memory)
+        root = Path(tempfile.mkdtemp(prefix="voice-dra-", dir="/tmp"))  # unix sockets: short
+        if mode == "dra-shares" or args.per_claim_settings:
+            settings = args.settings if mode == "dra-shares" else args.per_claim_settings
+            prepared = dra_shares.prepared_shares(shares, root, args.simulate, settings)
+        else:
+            prepared = dra_shares.per_claim_daemons(shares, root, args.simulate)
+        try:
+            with prepared as made:
+                summary = made.summary()
+                self.results["mps"][mode] = summary
+                self.log(
+                    f"{mode}: {len(made.clients)} share claims in {made.prepare_seconds:.1f} s,"
+                    f" {made.daemons()} MPS daemon(s), limits "
+                    + ", ".join(f"{c.model} {c.limits()}" for c in made.clients)
+                )
+                envs = dra_shares.environments(os.environ, made)
+                with workers(self.specs, {}, args, envs) as (pool, _):
+                    pids = {n: w.proc.pid for n, w in pool.items()}
+                    if args.simulate:  # fake models: a fake CUDA client stands in for each
+                        summary["clients"] = dra_shares.probe_clients(made, envs)
+                    else:
+                        summary["clients"] = dra_shares.servers_of(made, pids)
+                    self.log(f"{mode}: clients {summary['clients']}")
+                    self.sweep(mode, pool, self.names, args.point_seconds)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def solo_gpu_share(calibration: dict[str, Any]) -> float:
@@ -594,7 +737,7 @@ def run_study(args: argparse.Namespace) -> int:
         isolation_seconds=args.isolation_seconds,
         drain_seconds=1.0,
         calibrate_seconds=args.calibrate_seconds,
-        startups=1 + sum(m.startswith("mps") for m in together),
+        startups=1 + sum(m != "time-slicing" for m in together),
         startup_seconds=25.0,
     )
     print(
@@ -602,6 +745,12 @@ def run_study(args: argparse.Namespace) -> int:
         f" + {len(together)} together modes x {loads} loads at {args.point_seconds:g} s"
         f" + {isolation_modes} isolation points at {args.isolation_seconds:g} s; SLO ="
         f" {args.slo_multiple:g} x solo p99"
+        + (
+            f"; each point lasts until every model has had {args.min_requests} arrivals"
+            " (lengths printed after calibration)"
+            if args.min_requests
+            else ""
+        )
     )
     print(
         "plan (s, ~1 s drain a point, ~25 s a worker start): "
@@ -626,6 +775,10 @@ def run_study(args: argparse.Namespace) -> int:
         "calibrate_seconds": args.calibrate_seconds,
         "seed": args.seed,
         "quick": args.quick,
+        "study": args.study,
+        "min_requests": args.min_requests,
+        "simulate": args.simulate,
+        "share": {"sm_percent": args.share_percent, "memory": args.share_memory},
         "plan_seconds": plan,
     }
     meta = study.results["meta"]
@@ -633,10 +786,14 @@ def run_study(args: argparse.Namespace) -> int:
     try:
         study.plain_phase()
         for mode in together:
-            if not mode.startswith("mps"):
+            if mode == "time-slicing":
                 continue
             isolate = mode == "mps-equal" and not args.no_isolation
-            needs = 25 + loads * (args.point_seconds + 1) + isolate * (args.isolation_seconds + 1)
+            needs = (
+                25
+                + study.sweep_seconds(study.names, args.point_seconds)
+                + isolate * (args.isolation_seconds + 1)
+            )
             elapsed = time.perf_counter() - study.t0
             if elapsed + needs > args.budget_seconds:
                 study.log(
@@ -644,7 +801,10 @@ def run_study(args: argparse.Namespace) -> int:
                 )
                 meta["skipped"].append(mode)
                 continue
-            study.mps_phase(mode)
+            if mode in DRA_MODES:
+                study.dra_phase(mode)
+            else:
+                study.mps_phase(mode)
     except KeyboardInterrupt:
         if "calibration" not in study.results:
             raise
@@ -660,6 +820,9 @@ def run_study(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
+    from nodeagent.base.logs import configure_logging
+
+    configure_logging("warning")  # the driver's and the daemons' info lines would bury the points
     try:
         sys.exit(main())
     except KeyboardInterrupt:

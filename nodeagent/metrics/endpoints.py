@@ -1,7 +1,9 @@
 """What the endpoint answers: /metrics, /healthz, /readyz, as one ASGI application (server.py
 serves it). Health checks are answered on the event loop (cheap, and never behind a scrape);
 a scrape whose exposition is not already rendered, and a first bcrypt check of its password
-(~70 ms), run on a few threads, so the loop keeps answering the others meanwhile.
+(~70 ms), run on a few threads, so the loop keeps answering the others meanwhile. A scrape gets
+the format its Accept and Accept-Encoding headers ask for (exposition.negotiate): OpenMetrics
+or the text format, gzip or not.
 """
 
 from __future__ import annotations
@@ -15,9 +17,8 @@ from concurrent.futures import Executor
 from email.utils import formatdate
 from typing import Any, TypeVar
 
-from prometheus_client import CONTENT_TYPE_LATEST
-
 from nodeagent.base.logs import get_logger
+from nodeagent.metrics.exposition import Format, negotiate
 from nodeagent.metrics.webconfig import BasicAuth
 
 log = get_logger("nodeagent.metrics")
@@ -33,7 +34,6 @@ TEXT = b"text/plain"
 NOT_ALLOWED = b"method not allowed: use GET or HEAD\n"
 NOT_FOUND = b"not found: try /metrics, /healthz, /readyz\n"
 UNAUTHORIZED = b"unauthorized: /metrics needs basic auth\n"
-DRAIN_BYTES = 1 << 20  # of a refused request's body, read before answering (see _drain)
 # What /healthz and /readyz must not show a stranger: absolute paths and process ids.
 _PATH = re.compile(r"(?<![\w.~-])/[^\s'\",;()]+")
 _PID = re.compile(r"\b(pids?) [0-9]+(?:, ?[0-9]+)*")
@@ -50,19 +50,21 @@ def redacted(check: Check) -> Check:
 
 
 class Endpoints:
-    """The ASGI application. `cached`, where given, returns the exposition when it is already
-    rendered (else None) without waiting: such a scrape is answered on the loop, no thread
-    hand-off. At most `max_requests` requests are answered at once; beyond, 503 at once."""
+    """The ASGI application. `exposition(fmt)` renders the exposition in a format; `cached`,
+    where given, returns it when it is already rendered (else None) without waiting: such a
+    scrape is answered on the loop, no thread hand-off. At most `max_requests` requests are
+    answered at once; beyond, 503 at once. Methods other than GET and HEAD are answered 405
+    without reading a body (server.py refuses them before they get here)."""
 
     def __init__(
         self,
-        exposition: Callable[[], bytes],
+        exposition: Callable[[Format], bytes],
         healthy: Check,
         ready: Check,
         *,
         executor: Executor,
         max_requests: int,
-        cached: Callable[[], bytes | None] | None = None,
+        cached: Callable[[Format], bytes | None] | None = None,
         auth: BasicAuth | None = None,
     ) -> None:
         self.exposition, self.cached = exposition, cached
@@ -76,7 +78,6 @@ class Endpoints:
             return
         method = scope["method"]
         if method not in ("GET", "HEAD"):
-            await _drain(receive)
             extra = ((b"allow", b"GET, HEAD"), (b"connection", b"close"))
             await self._answer(scope, send, 405, NOT_ALLOWED, TEXT, extra)
         elif self.active >= self.max_requests:
@@ -95,10 +96,13 @@ class Endpoints:
             if self.auth is not None and not await self._authorized(scope):
                 extra = ((b"www-authenticate", b'Basic realm="nodeagent"'),)
                 return 401, UNAUTHORIZED, TEXT, extra
-            body = self.cached() if self.cached is not None else None
+            fmt = negotiate(_header(scope, b"accept"), _header(scope, b"accept-encoding"))
+            body = self.cached(fmt) if self.cached is not None else None
             if body is None:
-                body = await self._off_loop(self.exposition)
-            return 200, body, CONTENT_TYPE_LATEST.encode(), ()
+                body = await self._off_loop(functools.partial(self.exposition, fmt))
+            vary = ((b"vary", b"Accept, Accept-Encoding"),)
+            encoding = ((b"content-encoding", b"gzip"),) if fmt.gzip else ()
+            return 200, body, fmt.content_type.encode(), (*encoding, *vary)
         if path in ("/healthz", "/readyz"):
             ok, text = (self.healthy if path == "/healthz" else self.ready)()
             return 200 if ok else 503, (text + "\n").encode(), TEXT, ()
@@ -106,8 +110,7 @@ class Endpoints:
 
     async def _authorized(self, scope: Scope) -> bool:
         assert self.auth is not None
-        header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"),
-                      None)  # fmt: skip
+        header = _header(scope, b"authorization")
         if self.auth.known(header):  # passed before: no bcrypt
             return True
         return await self._off_loop(functools.partial(self.auth.check, header))
@@ -138,12 +141,6 @@ class Endpoints:
         return self._date[1]
 
 
-async def _drain(receive: Receive) -> None:
-    """Read a refused request's body (up to DRAIN_BYTES): closing a socket with unread data
-    sends a reset, which can destroy the answer before the client reads it."""
-    received = 0
-    while received < DRAIN_BYTES:
-        message = await receive()
-        received += len(message.get("body", b""))
-        if message["type"] != "http.request" or not message.get("more_body"):
-            return
+def _header(scope: Scope, name: bytes) -> str | None:
+    """The first value of a request header (names are lower case in the scope)."""
+    return next((v.decode("latin-1") for k, v in scope["headers"] if k == name), None)

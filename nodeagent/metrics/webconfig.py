@@ -193,6 +193,13 @@ def _tls(fields: dict[str, Any], errors: Errors, root: yaml.Node) -> ssl.SSLCont
             errors.add(fields[key], f"{key} {name!r} is none of {', '.join(TLS_VERSIONS)}")
             name = default
         versions[key] = TLS_VERSIONS[name]
+    if versions["min_version"] > versions["max_version"]:  # no version left: no handshake
+        names = {v: k for k, v in TLS_VERSIONS.items()}
+        errors.add(
+            fields.get("min_version", fields.get("max_version", root)),
+            f"tls_server_config.min_version {names[versions['min_version']]} is above "
+            f"max_version {names[versions['max_version']]}: no TLS version is left",
+        )
     if errors.located:
         return None
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

@@ -14,6 +14,7 @@ from tests.integration.metrics.test_endpoint_hostile import (
     TIMEOUT,
     connection_threads,
     exchange,
+    exposing,
     scrape,
 )
 
@@ -39,7 +40,7 @@ def read_answer(sock: socket.socket) -> tuple[list[bytes], bytes]:
 
 @pytest.fixture
 def server() -> MetricsServer:
-    srv = MetricsServer("127.0.0.1:0", lambda: BIG, lambda: (True, "ok"), lambda: (True, "ok"))
+    srv = MetricsServer("127.0.0.1:0", exposing(BIG), lambda: (True, "ok"), lambda: (True, "ok"))
     srv.start()
     yield srv  # type: ignore[misc]
     srv.stop()
@@ -97,7 +98,7 @@ def test_a_probe_is_answered_as_an_http_1_0_request_is(path: str, method: str) -
     """kubelet's probe (HTTP/1.1, Connection: close) gets the answer an HTTP/1.0 request gets
     and is closed; a 503 stays a 503. No thread is started for it."""
     srv = MetricsServer(
-        "127.0.0.1:0", lambda: BIG, lambda: (True, "ok"), lambda: (False, "first reconcile")
+        "127.0.0.1:0", exposing(BIG), lambda: (True, "ok"), lambda: (False, "first reconcile")
     )
     srv.start()
     try:

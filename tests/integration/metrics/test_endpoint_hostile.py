@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import re
 import selectors
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.registry import CollectorRegistry
 
 from nodeagent.base.errors import ConfigError
+from nodeagent.metrics.exposition import ExpositionCache
 from nodeagent.metrics.server import RENDER_THREADS, MetricsServer
 from tests.support.cli import Result, assert_one_error, captured_logs
 from tests.support.metrics import wait_for
@@ -24,6 +28,8 @@ EXPOSITION = b"# HELP up Whether up.\n# TYPE up gauge\nup 1.0\n"
 TIMEOUT = 5.0  # a bound on waits that normally end in milliseconds; never a timing assert
 IDLE = 0.5  # the idle timeout injected into servers that test it
 Cli = Callable[..., Result]
+if TYPE_CHECKING:
+    from nodeagent.metrics.exposition import Format
 
 
 def _has_ipv6_loopback() -> bool:
@@ -38,10 +44,15 @@ def _has_ipv6_loopback() -> bool:
 IPV6 = pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback on this host")
 
 
+def exposing(body: bytes) -> Callable[[Format], bytes]:
+    """An exposition of `body` (text-format families) in every format, as the agent's."""
+    return ExpositionCache(CollectorRegistry(), lambda: body).latest
+
+
 def make_server(address: str = "127.0.0.1:0", **options: float) -> MetricsServer:
     server = MetricsServer(
         address,
-        lambda: EXPOSITION,
+        exposing(EXPOSITION),
         lambda: (True, "ok"),
         lambda: (False, "first reconcile not done"),
         **options,  # type: ignore[arg-type]
@@ -164,7 +175,7 @@ def connection_threads(port: int) -> int:
 )
 def test_bad_address_is_one_config_error(address: str, words: list[str]) -> None:
     with pytest.raises(ConfigError) as caught:
-        MetricsServer(address, lambda: b"", lambda: (True, ""), lambda: (True, ""))
+        MetricsServer(address, exposing(b""), lambda: (True, ""), lambda: (True, ""))
     message = str(caught.value)
     assert "\n" not in message
     for word in words:
@@ -297,6 +308,106 @@ def test_pipelined_requests_are_all_answered(endpoint: tuple[str, int]) -> None:
     assert answer.count(b"HTTP/1.1 200 OK\r\n") == 4
     assert answer.count(EXPOSITION) == 3
     assert answer.endswith(b"ok\n")
+
+
+def statuses(response: bytes) -> list[int]:
+    """The status of every answer in a stream of pipelined answers, in order."""
+    return [int(m) for m in re.findall(rb"^HTTP/1\.1 (\d{3}) ", response, re.MULTILINE)]
+
+
+def test_1000_pipelined_requests_in_one_send_are_all_answered_in_order(
+    endpoint: tuple[str, int],
+) -> None:
+    """As Prometheus' own exporters (Go's net/http) answer them; each request has its own
+    head limits (one Host header each is not 1,000 headers)."""
+    paths = [("/metrics", 200), ("/healthz", 200), ("/readyz", 503), ("/nope", 404)] * 250
+    raw = b"".join(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % p.encode() for p, _ in paths)
+    got = statuses(exchange(*endpoint, raw))
+    assert len(got) == len(paths)  # a short failure message (a 1,000-item diff is not)
+    assert got == [status for _, status in paths]
+
+
+def test_pipelined_requests_near_the_header_limits_are_each_answered(
+    endpoint: tuple[str, int],
+) -> None:
+    one = (b"GET /healthz HTTP/1.1\r\n" + b"X: y\r\n" * 99 + b"X-Pad: " + b"p" * 60_000
+           + b"\r\n\r\n")  # fmt: skip
+    assert statuses(exchange(*endpoint, one * 20)) == [200] * 20
+
+
+@pytest.mark.parametrize(
+    ("bad", "status"),
+    [
+        (b"GET /metrics HTTP/1.1\r\nX-Junk: " + b"y" * 70_000 + b"\r\n\r\n", 431),
+        (b"GET /metrics HTTP/1.1\r\n" + b"X: y\r\n" * 200 + b"\r\n", 431),
+        (b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\n\r\n", 414),
+        (b"hello\r\n\r\n", 400),
+        (b"GET /metrics HTTP/2.0\r\n\r\n", 505),
+        (b"POST /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nup 0\n", 405),
+        (b"GET /metr", 400),  # then the client's EOF: incomplete
+    ],
+    ids=["70KB-header", "200-headers", "long-line", "garbage", "http2", "post", "incomplete"],
+)
+def test_a_refusal_comes_after_the_answers_pipelined_before_it(
+    endpoint: tuple[str, int], bad: bytes, status: int
+) -> None:
+    good = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    answer = exchange(*endpoint, good * 3 + bad + good)
+    assert statuses(answer) == [200, 200, 200, status]  # nothing after the refusal
+    assert answer.count(EXPOSITION) == 3
+
+
+def test_an_upgrade_request_is_answered_and_what_follows_it_too(
+    endpoint: tuple[str, int],
+) -> None:
+    upgrade = (b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+               b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+               b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")  # fmt: skip
+    answer = exchange(*endpoint, upgrade + b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert statuses(answer) == [200, 200]
+    assert answer.endswith(EXPOSITION)
+
+
+STALLED = {
+    "post": b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n",
+    "put": b"PUT /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n",
+    "chunked": b"POST /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+    "expect": b"PUT /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+    b"Expect: 100-continue\r\n\r\n",
+    "half-body": b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nup 0\n",
+}
+
+
+@pytest.mark.parametrize("head", STALLED.values(), ids=STALLED.keys())
+def test_a_body_that_never_comes_is_not_waited_for(
+    serve: Callable[..., tuple[str, int]], head: bytes
+) -> None:
+    """The client sends a head and waits, its body never coming: it is answered 405 at once
+    and closed within the head deadline, not held until it goes away."""
+    host, port = serve(idle_timeout_seconds=60.0)  # only the answer's close may close it
+    with socket.create_connection((host, port), timeout=TIMEOUT) as sock:
+        sock.sendall(head)
+        (received,) = wait_closed_by_server([sock])
+    assert statuses(received) == [405]
+    assert b"\r\nallow: GET, HEAD\r\n" in received
+    assert received.endswith(NOT_ALLOWED)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n",
+     b"GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"],
+    ids=["length", "chunked"],
+)  # fmt: skip
+def test_a_get_whose_body_never_comes_is_answered_then_cut_off_at_the_deadline(
+    serve: Callable[..., tuple[str, int]], head: bytes
+) -> None:
+    host, port = serve(idle_timeout_seconds=IDLE)
+    with socket.create_connection((host, port), timeout=TIMEOUT) as sock:
+        sock.sendall(head)
+        (received,) = wait_closed_by_server([sock])
+    assert statuses(received) == [200]
+    assert received.endswith(EXPOSITION)
 
 
 # -- garbage ------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import pytest
 from nodeagent.base.errors import ConfigError
 from nodeagent.metrics.server import MetricsServer
 from nodeagent.metrics.webconfig import load_web_config
-from tests.integration.metrics.test_endpoint_hostile import connection_threads
+from tests.integration.metrics.test_endpoint_hostile import connection_threads, exposing
 from tests.support.cli import Result, assert_one_error
 from tests.support.metrics import free_port, http_get, prometheus_tool, wait_for
 
@@ -73,7 +73,7 @@ def serve(tmp_path: Path, request: pytest.FixtureRequest) -> Callable[[str], Met
         path.write_text(config)
         server = MetricsServer(
             "127.0.0.1:0",
-            lambda: EXPOSITION,
+            exposing(EXPOSITION),
             lambda: (True, "ok"),
             lambda: (False, "mps: daemon pid 4242 left /run/nvidia/mps/nvidia.com/gpu/pipe"),
             web=load_web_config(path),
@@ -164,7 +164,7 @@ def test_health_texts_show_no_paths_or_pids_unless_asked() -> None:
     answers = []
     for details in (False, True):
         server = MetricsServer(
-            "127.0.0.1:0", lambda: EXPOSITION, lambda: (True, "ok"), lambda: (False, reason),
+            "127.0.0.1:0", exposing(EXPOSITION), lambda: (True, "ok"), lambda: (False, reason),
             details=details,
         )  # fmt: skip
         server.start()
@@ -189,11 +189,16 @@ def test_health_texts_show_no_paths_or_pids_unless_asked() -> None:
         ("basic_auth_users:\n  alice: hunter2\n", "2:10", "must be a bcrypt hash"),
         ("tls_server_config:\n  cert_file: /nonexistent.crt\n  key_file: /nonexistent.key\n",
          "2:14", "cannot read tls_server_config.cert_file /nonexistent.crt"),
+        ("tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: TLS13\n"
+         "  max_version: TLS12\n", "4:16",
+         "tls_server_config.min_version TLS13 is above max_version TLS12: no TLS version is left"),
+        ("tls_server_config:\n  cert_file: a\n  key_file: b\n  max_version: TLS11\n", "4:16",
+         "min_version TLS12 is above max_version TLS11"),
         ("tls: {}\n", "1:1", "unknown key 'tls'"),
         ("- a\n", "1:1", "must be a mapping"),
     ],
     ids=["unknown-tls-key", "toolkit-only", "no-key-file", "plain-password", "missing-cert",
-         "unknown-top", "a-list"],
+         "min-above-max", "max-below-default-min", "unknown-top", "a-list"],
 )  # fmt: skip
 def test_a_bad_web_config_names_its_position(
     tmp_path: Path, text: str, position: str, words: str
@@ -215,15 +220,25 @@ def test_client_auth_needs_a_ca_and_a_known_name(pki: Path, tmp_path: Path) -> N
         load_web_config(path)
 
 
-def test_run_refuses_a_bad_web_config_with_exit_2(cli: Cli, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [("tls_server_config:\n  cert_file: a\n  key_file: b\n  ciphers: x\n",
+      ("4:3", "unknown key 'ciphers'")),
+     ("tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: TLS13\n"
+      "  max_version: TLS12\n", ("4:16", "min_version TLS13 is above max_version TLS12"))],
+    ids=["unknown-key", "min-above-max"],
+)  # fmt: skip
+def test_run_refuses_a_bad_web_config_with_exit_2(
+    cli: Cli, tmp_path: Path, text: str, words: tuple[str, str]
+) -> None:
     path = tmp_path / "web.yml"
-    path.write_text("tls_server_config:\n  cert_file: a\n  key_file: b\n  ciphers: x\n")
+    path.write_text(text)
     with socket.socket() as probe:  # a free port: the agent must fail before listening
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     res = cli("--simulate", "h200", "run", "--metrics-address", f"127.0.0.1:{port}",
               "--web.config.file", str(path))  # fmt: skip
-    assert_one_error(res, 2, f"{path}:4:3", "unknown key 'ciphers'")
+    assert_one_error(res, 2, f"{path}:{words[0]}", words[1])
 
 
 def test_prometheus_scrapes_over_tls_with_basic_auth(
