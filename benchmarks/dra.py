@@ -192,7 +192,7 @@ def burst(node: NodeDriver, timed: TimedEngine, gpus: int) -> dict[str, Any]:
 
 def fake_mps_control(folder: Path) -> str:
     """tests/support/fake_mps/nvidia-cuda-mps-control run by this interpreter (as the tests do)."""
-    text = (REPO / "tests" / "fake_mps" / "nvidia-cuda-mps-control").read_text()
+    text = (REPO / "tests" / "support" / "fake_mps" / "nvidia-cuda-mps-control").read_text()
     _, body = text.split("\n", 1)
     (folder / "daemon").mkdir(parents=True, exist_ok=True)
     script = folder / "daemon" / "nvidia-cuda-mps-control"
