@@ -48,6 +48,7 @@ sys.path.insert(0, str(REPO))
 from nodeagent.agent.factory import dra_driver  # noqa: E402
 from nodeagent.dra.claims import ClaimRef  # noqa: E402
 from nodeagent.dra.node import NodeConfig, NodeDriver  # noqa: E402
+from nodeagent.mig.apply import Done  # noqa: E402
 from nodeagent.mig.wanted import ChangeDone, WantedChange  # noqa: E402
 from nodeagent.nvml import MigWriter, NvmlSession  # noqa: E402
 from nodeagent.settings import Settings  # noqa: E402
@@ -70,7 +71,7 @@ class TimedEngine:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.waits: list[float] = []
-        self.operations: list[dict[str, Any]] = []  # every NVML operation the changes made
+        self.operations: list[Done] = []  # every NVML operation the changes made
         self.lock = threading.Lock()
 
     def run_change(self, change: WantedChange) -> ChangeDone:

@@ -7,14 +7,13 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from nodeagent.base.configfile import ConfigCache
 from nodeagent.base.lock import mig_writer_lock
 from nodeagent.dra.node import NodeConfig, NodeDriver, Stats
 from nodeagent.dra.traces import owner_store
 from nodeagent.metrics.agent import AgentStats
-from nodeagent.mig.apply import Reset
+from nodeagent.mig.apply import Done, Reset
 from nodeagent.mig.config import MigConfigFile
 from nodeagent.mps.manager import MpsManager
 from nodeagent.nvml import NvmlSession
@@ -77,7 +76,7 @@ def command_pipeline(
     settings: Settings,
     reset: Reset,
     lock_path: Path | None,
-    on_operation: Callable[[dict[str, Any]], None] | None = None,
+    on_operation: Callable[[Done], None] | None = None,
     configs: ConfigCache[MigConfigFile] | None = None,
     allocations: Allocations | None = None,
     owners: OwnerStore | None = None,
