@@ -48,6 +48,7 @@ sys.path.insert(0, str(REPO))
 from nodeagent.agent.factory import dra_driver  # noqa: E402
 from nodeagent.dra.claims import ClaimRef  # noqa: E402
 from nodeagent.dra.node import NodeConfig, NodeDriver  # noqa: E402
+from nodeagent.mig.apply import Done  # noqa: E402
 from nodeagent.mig.wanted import ChangeDone, WantedChange  # noqa: E402
 from nodeagent.nvml import MigWriter, NvmlSession  # noqa: E402
 from nodeagent.settings import Settings  # noqa: E402
@@ -70,7 +71,7 @@ class TimedEngine:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.waits: list[float] = []
-        self.operations: list[dict[str, Any]] = []  # every NVML operation the changes made
+        self.operations: list[Done] = []  # every NVML operation the changes made
         self.lock = threading.Lock()
 
     def run_change(self, change: WantedChange) -> ChangeDone:
@@ -192,7 +193,7 @@ def burst(node: NodeDriver, timed: TimedEngine, gpus: int) -> dict[str, Any]:
 
 def fake_mps_control(folder: Path) -> str:
     """tests/support/fake_mps/nvidia-cuda-mps-control run by this interpreter (as the tests do)."""
-    text = (REPO / "tests" / "fake_mps" / "nvidia-cuda-mps-control").read_text()
+    text = (REPO / "tests" / "support" / "fake_mps" / "nvidia-cuda-mps-control").read_text()
     _, body = text.split("\n", 1)
     (folder / "daemon").mkdir(parents=True, exist_ok=True)
     script = folder / "daemon" / "nvidia-cuda-mps-control"

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.registry import CollectorRegistry
 
@@ -39,7 +39,7 @@ from nodeagent.metrics.pods import PodCollector
 from nodeagent.metrics.sharing import SharingCollector
 from nodeagent.metrics.slices import SliceCollector
 from nodeagent.metrics.utilization import UtilizationCollector
-from nodeagent.mig.apply import Reset
+from nodeagent.mig.apply import Done, Reset
 from nodeagent.mig.config import MigConfigFile
 from nodeagent.mps.manager import MpsManager
 from nodeagent.mps.supervisor import MpsSupervisor
@@ -393,7 +393,7 @@ def command_pipeline(
     settings: Settings,
     reset: Reset,
     lock_path: Path | None,
-    on_operation: Callable[[dict[str, Any]], None] | None = None,
+    on_operation: Callable[[Done], None] | None = None,
     configs: ConfigCache[MigConfigFile] | None = None,
     allocations: Allocations | None = None,
     owners: OwnerStore | None = None,

@@ -44,7 +44,8 @@ def cmd_mig_apply(ctx: Context) -> int:
         print("MIG configuration applied successfully")
         return 0
     if ctx.args.output == "json":
-        print_json({"config": name, "dry_run": ctx.args.dry_run, "operations": ops})
+        operations = [op.to_dict() for op in ops]
+        print_json({"config": name, "dry_run": ctx.args.dry_run, "operations": operations})
         return 0
     verb = "would run" if ctx.args.dry_run else "ran"
     if not ops:

@@ -6,12 +6,13 @@ shape the pipeline here too."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nodeagent.base.errors import AgentError, ConfigError, ResetLeftToUser
 from nodeagent.cli.common import Context, reset_for
 
 if TYPE_CHECKING:
+    from nodeagent.mig.apply import Done
     from nodeagent.mig.config import MigConfigFile
     from nodeagent.nvml.inventory import Inventory
     from nodeagent.reconcile import Pipeline, Report
@@ -31,31 +32,34 @@ def config_name(ctx: Context, cfg: MigConfigFile) -> str:
     return name
 
 
-def describe_op(op: dict[str, Any]) -> str:
+def describe_op(done: Done) -> str:
+    """One operation as the text output says it ("GPU 0: create-gi 1g.18gb at 6:1 (GI 9)")."""
+    from nodeagent.mig.plan import Op
     from nodeagent.mig.profile import profile_or_none
 
-    text = f"GPU {op['gpu']}: {op['op']}"
-    if "enabled" in op:
-        text += " enabled" if op["enabled"] else " disabled"
-    if "profile" in op:
-        slices = op.get("compute_slices")
-        gi = profile_or_none(str(op["profile"]))
+    op = done.op
+    text = f"GPU {op.gpu}: {op.op.value}"
+    if op.enabled is not None:
+        text += " enabled" if op.enabled else " disabled"
+    if op.profile is not None:
+        slices = op.slice_count if op.op is Op.CREATE_CI else None
+        gi = profile_or_none(op.profile)
         full = gi is None or slices == gi.g
-        text += f" {op['profile']}" if slices is None or full else f" {slices}c.{op['profile']}"
+        text += f" {op.profile}" if slices is None or full else f" {slices}c.{op.profile}"
         if slices is not None and not full:
-            text += f" (compute slice {op.get('ci_start', 0)})"
-    if "placement" in op:
-        text += f" at {op['placement']['start']}:{op['placement']['size']}"
+            text += f" (compute slice {op.ci_start or 0})"
+    if op.placement is not None:
+        text += f" at {op.placement.start}:{op.placement.size}"
     ids = [
-        f"GI {op['gi_id']}" if "gi_id" in op else "",
-        f"CI {op['ci_id']}" if "ci_id" in op else "",
+        f"GI {done.gi_id}" if done.gi_id is not None else "",
+        f"CI {done.ci_id}" if done.ci_id is not None else "",
     ]
     ids = [i for i in ids if i]
     return text + (f" ({', '.join(ids)})" if ids else "")
 
 
-def _print_progress(op: dict[str, Any]) -> None:
-    print(describe_op(op), flush=True)
+def _print_progress(done: Done) -> None:
+    print(describe_op(done), flush=True)
 
 
 def mig_pipeline(ctx: Context, progress: bool = False) -> tuple[Pipeline, str]:

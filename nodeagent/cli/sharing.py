@@ -29,7 +29,7 @@ def _print(ctx: Context, report: Report, dry_run: bool) -> None:
         print_json({
             "config": name,
             "dry_run": dry_run,
-            "operations": list(report.done),
+            "operations": [op.to_dict() for op in report.done],
             "mps": report.mps_change,
             "gpus": {str(i): {"sharing": s, "replicas": n} for i, (s, n) in report.sharing.items()},
         })  # fmt: skip
@@ -77,7 +77,7 @@ def cmd_sharing_assert(ctx: Context) -> int:
     report = sharing_pipeline(ctx).run_once(compare=True)
     failed(report)
     name = report.wanted.sharing_config
-    differences = [f"GPU {op['gpu']}: needs {op['op']}" for op in report.done]
+    differences = [f"GPU {d.op.gpu}: needs {d.op.op.value}" for d in report.done]
     if report.mps_change not in ("none", "adopt"):  # adopt: it runs as wanted already
         differences.append(f"the MPS daemon needs: {report.mps_change}")
     for line in differences:

@@ -375,7 +375,7 @@ class NodeDriver:
         done = self.engine.run_change(change)
         if self.stats is not None:
             for op in done.operations:
-                self.stats.observe_nvml(str(op["op"]), float(op["seconds"]))
+                self.stats.observe_nvml(op.op.op.value, op.seconds)
         return done
 
     def _gone(self, uid: str, claim: PreparedClaim) -> str | None:

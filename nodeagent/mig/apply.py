@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nodeagent.base.errors import (
@@ -30,6 +32,35 @@ from nodeagent.nvml.codes import IN_USE
 log = get_logger("nodeagent.mig")
 DEFAULT_RESET_COMMAND = "nvidia-smi -r -i {index}"
 Reset = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class Done:
+    """One NVML operation done: the planned operation, the GPU and compute instance ids it
+    acted on or got from NVML (a created GI's, a created CI's), whether the GPU was reset for
+    a MIG mode change, and how long it took. On a dry run, a planned operation as it stands."""
+
+    op: Operation
+    gi_id: int | None = None
+    ci_id: int | None = None
+    reset: bool = False
+    seconds: float = 0.0
+
+    @classmethod
+    def planned(cls, op: Operation) -> Done:
+        return cls(op, op.gi_id, op.ci_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As the JSON output writes it (`mig apply -o json`): the operation's fields, the ids
+        it got, `reset` when the GPU was reset; not the time it took."""
+        out = self.op.to_dict()
+        if self.gi_id is not None:
+            out["gi_id"] = self.gi_id
+        if self.ci_id is not None:
+            out["ci_id"] = self.ci_id
+        if self.reset:
+            out["reset"] = True
+        return out
 
 
 def command_reset(template: str = DEFAULT_RESET_COMMAND, timeout_seconds: float = 300) -> Reset:
@@ -63,11 +94,12 @@ def command_reset(template: str = DEFAULT_RESET_COMMAND, timeout_seconds: float 
 
 
 class _Executor:
-    def __init__(self, writer: MigWriter, reset: Reset) -> None:
+    def __init__(self, writer: MigWriter, reset: Reset, clock: Callable[[], float]) -> None:
         self.writer = writer
         self.reset = reset
+        self.clock = clock
         self.new_gis: dict[tuple[int, Placement], int] = {}
-        self.calls: dict[Op, Callable[[Operation], dict[str, Any]]] = {
+        self.calls: dict[Op, Callable[[Operation], Done]] = {
             Op.SET_MIG_MODE: self._set_mig_mode,
             Op.DESTROY_CI: self._destroy_ci,
             Op.DESTROY_GI: self._destroy_gi,
@@ -75,10 +107,11 @@ class _Executor:
             Op.CREATE_CI: self._create_ci,
         }
 
-    def run(self, op: Operation) -> dict[str, Any]:
+    def run(self, op: Operation) -> Done:
         log.info("mig.operation", **op.to_dict())
+        began = self.clock()
         try:
-            return self.calls[op.op](op)
+            done = self.calls[op.op](op)
         except NvmlError as err:
             if err.code == IN_USE and op.op.destroys:
                 raise SliceInUse(
@@ -86,8 +119,9 @@ class _Executor:
                     " came into use during the change; NVML refused to destroy it"
                 ) from err
             raise
+        return replace(done, seconds=self.clock() - began)
 
-    def _set_mig_mode(self, op: Operation) -> dict[str, Any]:
+    def _set_mig_mode(self, op: Operation) -> Done:
         assert op.enabled is not None
         result = self.writer.set_mig_mode(op.gpu, op.enabled)
         if result.current != op.enabled:
@@ -114,26 +148,26 @@ class _Executor:
                     " it takes effect when the node reboots",
                     (op.gpu,),
                 )
-            return {**op.to_dict(), "reset": True}
-        return op.to_dict()
+            return Done(op, reset=True)
+        return Done(op)
 
-    def _destroy_ci(self, op: Operation) -> dict[str, Any]:
+    def _destroy_ci(self, op: Operation) -> Done:
         assert op.gi_id is not None and op.ci_id is not None
         self.writer.destroy_compute_instance(op.gpu, op.gi_id, op.ci_id)
-        return op.to_dict()
+        return Done(op, op.gi_id, op.ci_id)
 
-    def _destroy_gi(self, op: Operation) -> dict[str, Any]:
+    def _destroy_gi(self, op: Operation) -> Done:
         assert op.gi_id is not None
         self.writer.destroy_gpu_instance(op.gpu, op.gi_id)
-        return op.to_dict()
+        return Done(op, op.gi_id)
 
-    def _create_gi(self, op: Operation) -> dict[str, Any]:
+    def _create_gi(self, op: Operation) -> Done:
         assert op.profile_id is not None and op.placement is not None
         gi_id = self.writer.create_gpu_instance(op.gpu, op.profile_id, op.placement)
         self.new_gis[(op.gpu, op.placement)] = gi_id
-        return {**op.to_dict(), "gi_id": gi_id}
+        return Done(op, gi_id)
 
-    def _create_ci(self, op: Operation) -> dict[str, Any]:
+    def _create_ci(self, op: Operation) -> Done:
         assert op.placement is not None and op.slice_count is not None
         gi_id = op.gi_id if op.gi_id is not None else self.new_gis[(op.gpu, op.placement)]
         gi = profile_or_none(op.profile or "")
@@ -141,19 +175,22 @@ class _Executor:
         ci_id = self.writer.create_compute_instance(
             op.gpu, gi_id, op.slice_count, op.ci_start or 0, full=full
         )
-        return {**op.to_dict(), "gi_id": gi_id, "ci_id": ci_id}
+        return Done(op, gi_id, ci_id)
 
 
 def execute(
     the_plan: Plan,
     writer: MigWriter,
     reset: Reset,
-    on_done: Callable[[dict[str, Any]], None] | None = None,
-) -> list[dict[str, Any]]:
-    """Run every operation in order; returns what was done (each op with the ids it got).
-    `on_done` hears of each operation as soon as it is done (progress for a user watching)."""
-    executor = _Executor(writer, reset)
-    done = []
+    on_done: Callable[[Done], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[Done]:
+    """Run every operation in order; returns what was done (each op with the ids it got and
+    its duration on `clock`). `on_done` hears of each operation as soon as it is done
+    (progress for a user watching). Raises RebootRequired (after the other GPUs' operations),
+    SliceInUse, ModeChangePending, ResetLeftToUser, NvmlError."""
+    executor = _Executor(writer, reset, clock)
+    done: list[Done] = []
     waiting: list[RebootRequired] = []  # GPUs whose mode waits for a reboot
     for op in the_plan.operations:
         if any(op.gpu in w.gpus for w in waiting):
@@ -177,4 +214,4 @@ def execute(
     return done
 
 
-__all__ = ["command_reset", "execute"]
+__all__ = ["Done", "command_reset", "execute"]

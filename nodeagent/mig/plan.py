@@ -71,10 +71,6 @@ class Operation:
             out["ci_start"] = self.ci_start or 0
         return out
 
-    @property
-    def mutates(self) -> bool:
-        return True
-
 
 @dataclass(frozen=True)
 class GpuPlan:

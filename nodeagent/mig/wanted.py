@@ -1,14 +1,16 @@
 """A MIG change an edge asks the pipeline for (the DRA driver: a claim's slice made, or the
 slices it made destroyed), and the port the pipeline serves it on. The edge says what the GPUs
 it names should be, from the GPUs and their holders as they are once the MIG writer lock is
-held; the pipeline plans, applies and verifies it as it does a MIG config."""
+held; the pipeline runs it through the steps of a MIG config, scoped to those GPUs
+(nodeagent.reconcile.pipeline `Pipeline.run_change`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
+from nodeagent.mig.apply import Done
 from nodeagent.mig.select import Desired
 from nodeagent.nvml.inventory import Inventory
 
@@ -37,9 +39,10 @@ class WantedChange:
 
 @dataclass(frozen=True)
 class ChangeDone:
-    """What the change did: each NVML operation (with `seconds`), and the GPUs after it."""
+    """What the change did: each NVML operation (with the time it took), the GPUs after it,
+    and how long it waited for the MIG writer lock."""
 
-    operations: tuple[dict[str, Any], ...]
+    operations: tuple[Done, ...]
     inventory: Inventory
     lock_wait_seconds: float = 0.0
 

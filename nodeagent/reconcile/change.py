@@ -1,25 +1,28 @@
 """The pipeline's changing half: pause, apply, restore. Runs only once resolve and plan
-succeeded for the whole node and every prerequisite held (nodeagent.reconcile.pipeline)."""
+succeeded for the whole node and every prerequisite held (nodeagent.reconcile.pipeline), or
+once a claim's change (`Run.scope`) planned its GPUs: the same steps, which branch only where
+a claim differs (its deadline bounds the wait for the MIG writer lock, its owners are recorded
+before the first NVML operation, no GPU client is paused, no state is reported)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
 
-from nodeagent.base.errors import AgentError
+from nodeagent.base.errors import AgentError, MigError
 from nodeagent.base.logs import get_logger
 from nodeagent.host.duties import reboot, refresh_cdi
 from nodeagent.host.hooks import hook_env, run_hook
-from nodeagent.mig.apply import Reset, execute
-from nodeagent.mig.plan import Op, Operation, plan
+from nodeagent.mig.apply import Done, Reset, execute
+from nodeagent.mig.plan import Op, Operation
 from nodeagent.mps.manager import MpsChange, MpsManager
 from nodeagent.mps.settings import validate
 from nodeagent.nvml import MigWriter
 from nodeagent.reconcile.ports import Clients, Report, Reporter
-from nodeagent.reconcile.run import Run, refuse_unknown_holders
+from nodeagent.reconcile.run import Run, plan_from
 from nodeagent.settings import Settings
 from nodeagent.state.owners import OwnerStore
 from nodeagent.state.snapshot import Allocations, Store
@@ -44,7 +47,7 @@ class Changer:
         allocations: Allocations | None,
         clients: Callable[[Settings], Clients | None],
         reporter: Reporter | None,
-        on_operation: Callable[[dict[str, Any]], None] | None,
+        on_operation: Callable[[Done], None] | None,
         one_shot: bool,
         owners: OwnerStore | None = None,
     ) -> None:
@@ -63,20 +66,27 @@ class Changer:
 
     def pause(self, run: Run) -> None:
         """Take the MIG writer lock (held until restore ends), then, for a MIG change: report
-        "pending", apply-start, pause the clients, pre-apply-mode / pre-apply-config."""
+        "pending", apply-start, pause the clients, pre-apply-mode / pre-apply-config. A
+        claim's change runs the hooks only around operations, and pauses no client: only idle
+        slices nobody owns change, and pausing the device plugin or the exporters for one claim
+        would disturb every other pod."""
         operations = run.mig_plan.operations
-        hooks = run.hooks is not None and (bool(operations) or self.one_shot)
-        if not (operations or run.mps_change.action != "none" or hooks):
+        scope = run.scope
+        hooks = run.hooks is not None and (bool(operations) or (self.one_shot and scope is None))
+        idle_lock = scope is not None and scope.lock_when_idle
+        if not (operations or run.mps_change.action != "none" or hooks or idle_lock):
             return
-        run.held.enter_context(self.writer_lock(run.settings))
-        if operations and self.reporter is not None:
+        began = time.monotonic()
+        run.held.enter_context(self.writer_lock(_lock_settings(run)))
+        run.locked, run.lock_wait_seconds = True, time.monotonic() - began
+        if operations and self.reporter is not None and scope is None:
             self.reporter.changing(run.wanted, len(operations))
         if hooks:
             self.hook(run, "apply-start")
             run.hooks_started = True
         if not operations:
             return
-        run.clients = self.clients(run.settings)
+        run.clients = self.clients(run.settings) if scope is None else None
         if run.clients is not None:
             run.paused = True  # before the call: a half-done pause is restored too
             run.clients.pause()
@@ -113,21 +123,33 @@ class Changer:
                 if change.action == "restart"
                 else MpsChange("none")
             )
-        if run.mig_plan.operations and run.desired is not None:
-            with self.store.session.lock, self._applying():
-                # Another writer may have acted between plan and lock: plan again from what
-                # NVML says now (cheap), under the lock, and execute that.
-                snap = self.store.observe(self.allocations)
-                current = plan(snap.inventory, run.desired, snap.allocated)
-                refuse_unknown_holders(snap, current)
-                writer = MigWriter(self.store.session)
-                run.done = execute(current, writer, self.reset(run.settings), self.on_operation)
-                self._own(run)
+        if run.mig_plan.operations or run.scope is not None:
+            self._apply_mig(run)
         if change.action != "none":
             if run.done and change.intent is not None:  # validated against the GPUs as now
                 snap = self.store.observe(self.allocations)
                 validate(change.intent.settings, snap.inventory)
             self.mps.apply(change)
+
+    def _apply_mig(self, run: Run) -> None:
+        """Under the NVML lock (the MIG writer lock held since pause): read again, plan again
+        (another writer may have acted between plan and lock; cheap), refuse unknown holders,
+        record a claim's owners with the GPUs as planned, execute; the config's slices are
+        the config's. A claim that planned nothing took no lock when `lock_when_idle` is off:
+        one that now needs an operation is refused (MigError), nothing changed."""
+        with self.store.session.lock, self._applying():
+            run.snapshot = snap = self.store.observe(self.allocations)
+            current = plan_from(run, snap)
+            scope = run.scope
+            if current.operations and not run.locked:
+                who = scope.name if scope is not None else "the change"
+                raise MigError(f"{who}: the GPUs changed while it was planned; try again")
+            if scope is not None and scope.record is not None:
+                scope.record(snap.inventory, False)
+            if current.operations:
+                writer = MigWriter(self.store.session)
+                run.done = execute(current, writer, self.reset(run.settings), self.on_operation)
+                self._own(run)
 
     def _own(self, run: Run) -> None:
         """The slices a config made are the config's in the ownership record (under the MIG
@@ -143,6 +165,13 @@ class Changer:
             yield
         finally:
             self.applying = False
+
+    def record(self, run: Run) -> None:
+        """A claim's owners as the GPUs now are (in verify, still under the MIG writer lock)."""
+        scope = run.scope
+        if scope is not None and scope.record is not None:
+            assert run.snapshot is not None
+            scope.record(run.snapshot.inventory, True)
 
     def refresh_cdi(self, run: Run) -> None:
         """After a MIG change, before success: the CDI specs follow the new MIG devices."""
@@ -181,3 +210,14 @@ class Changer:
             raise errors[0]
         if errors:
             raise AgentError("; ".join(str(e) for e in errors))
+
+
+def _lock_settings(run: Run) -> Settings:
+    """The run's settings, the wait for the MIG writer lock bounded by a claim's deadline
+    (time.monotonic)."""
+    s = run.settings
+    deadline = run.scope.deadline if run.scope is not None else None
+    if deadline is None:
+        return s
+    left = max(0.0, min(s.mig.lock_timeout_seconds, deadline - time.monotonic()))
+    return dataclasses.replace(s, mig=dataclasses.replace(s.mig, lock_timeout_seconds=left))

@@ -1,5 +1,6 @@
 """The reconcile pipeline: run_once() runs the named steps (nodeagent.reconcile) in order and
-turns the first failure into the report. The changing steps are nodeagent.reconcile.change's."""
+turns the first failure into the report; run_change() runs a claim's change through the same
+steps, scoped to its GPUs. The changing steps are nodeagent.reconcile.change's."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
 
 from nodeagent.base.configfile import ConfigCache
 from nodeagent.base.errors import AgentError, ConfigError, MigError
@@ -19,20 +19,26 @@ from nodeagent.labels.machine import gfd_options
 from nodeagent.labels.pluginconfig import PluginConfigReader
 from nodeagent.labels.render import SharingState, render_labels
 from nodeagent.metrics.agent import AgentStats
-from nodeagent.mig.apply import Reset
+from nodeagent.mig.apply import Done, Reset
 from nodeagent.mig.config import MigConfigFile, load_config
 from nodeagent.mig.generate import GeneratedConfigs
-from nodeagent.mig.plan import mismatches, plan
+from nodeagent.mig.plan import mismatches
 from nodeagent.mig.select import covered, resolve
 from nodeagent.mig.wanted import ChangeDone, WantedChange
 from nodeagent.mps.intent import check_startable, mps_intent
 from nodeagent.mps.manager import MpsManager
 from nodeagent.plan.hook import PLANNED, WorkloadPlanner
 from nodeagent.reconcile.change import Changer
-from nodeagent.reconcile.edge import run_change
-from nodeagent.reconcile.ports import Clients, DesireSource, LabelSink, Report, Reporter
+from nodeagent.reconcile.ports import (
+    Clients,
+    DesireSource,
+    LabelSink,
+    Report,
+    Reporter,
+    Wanted,
+)
 from nodeagent.reconcile.report import report_of
-from nodeagent.reconcile.run import Run, refuse_unknown_holders
+from nodeagent.reconcile.run import Run, plan_from
 from nodeagent.settings import Settings
 from nodeagent.sharing.config import SharingFile, load_sharing_file
 from nodeagent.sharing.offers import Offer, Offers, planned_offers
@@ -71,7 +77,7 @@ class Pipeline:
     clock: Callable[[], float] = time.monotonic
     log_failures: bool = True  # a one-shot command says it once, on stderr, itself
     one_shot: bool = False  # a command's run: hooks around every run (mig-parted's apply)
-    on_operation: Callable[[dict[str, Any]], None] | None = None  # each NVML operation done
+    on_operation: Callable[[Done], None] | None = None  # each NVML operation done
     configs: ConfigCache[MigConfigFile] = field(default_factory=lambda: mig_config_cache())
     owners: OwnerStore | None = None  # the node's ownership record (nodeagent.state.owners)
     last_report: Report | None = field(default=None, init=False)
@@ -100,9 +106,37 @@ class Pipeline:
         return self.change.applying
 
     def run_change(self, change: WantedChange) -> ChangeDone:
-        """A MIG change an edge asks for (the DRA driver), through these same steps
-        (nodeagent.reconcile.edge). Raises the failing step's error."""
-        return run_change(self, change)
+        """A MIG change an edge asks for (the DRA driver's claims), run as a run of its own with
+        the change as its scope, through the same step functions as a MIG config: observe,
+        plan (what the change wants of the GPUs it names), pause (the MIG writer lock, within
+        the change's deadline; with operations, apply-start and pre-apply-*), apply, verify
+        (the owners recorded as the GPUs now are), cdi, restore (apply-exit). Returns what it
+        did. Raises the failing step's error (SliceInUse, GeometryInvalid, LockHeld,
+        NvmlError, HookError, MigError, KubeError), logged with the step's name; nothing is
+        changed when it fails before apply.
+
+        It does not take the run lock: a change waits only for the MIG writer lock, so a claim
+        is never queued behind a whole reconcile run (whose apply plans again under that lock,
+        seeing the claim's slice as held)."""
+        run = Run(self.settings(), wanted=Wanted("edge", None), scope=change)
+        steps: list[tuple[str, Step]] = [("observe", self.observe), ("plan", self.plan_step)]
+        try:
+            for name, step in steps + self._changing_steps():
+                self.step(run, name, step)
+        except Exception as err:
+            log.warning("change.failed", change=change.name, step=run.step, error=str(err))
+            run.outcome = "failure"
+            raise
+        finally:
+            try:
+                if run.hooks_started:
+                    self.step(run, "restore", self.change.restore)
+            finally:
+                run.held.close()
+        if run.done:
+            log.info("change.done", change=change.name, operations=len(run.done))
+        assert run.snapshot is not None
+        return ChangeDone(tuple(run.done), run.snapshot.inventory, run.lock_wait_seconds)
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -130,8 +164,7 @@ class Pipeline:
             ("plan", lambda r: self.plan_step(r, compare)),
         ]
         if not dry_run:
-            steps += [("pause", self.change.pause), ("apply", self.change.apply)]
-            steps += [("verify", self.verify), ("cdi", self.change.refresh_cdi)]
+            steps += self._changing_steps()
         try:
             for name, step in steps:
                 self.step(run, name, step)
@@ -160,6 +193,15 @@ class Pipeline:
         self.stats.record(report.result, self.clock() - start, time.time())
         self.last_report = report
         return report
+
+    def _changing_steps(self) -> list[tuple[str, Step]]:
+        """The steps that change the node, for a MIG config and a claim's change alike."""
+        return [
+            ("pause", self.change.pause),
+            ("apply", self.change.apply),
+            ("verify", self.verify),
+            ("cdi", self.change.refresh_cdi),
+        ]
 
     def step(self, run: Run, name: str, step: Step) -> None:
         """Run one named step: its duration logged, kept in the run and in the step metric."""
@@ -257,9 +299,14 @@ class Pipeline:
         change (the hooks file, what an MPS start needs), so a run that cannot finish fails
         here, before anything changed."""
         assert run.snapshot is not None
-        if run.desired is not None:
-            run.mig_plan = plan(run.snapshot.inventory, run.desired, run.snapshot.allocated)
-            refuse_unknown_holders(run.snapshot, run.mig_plan)
+        if run.desired is not None or run.scope is not None:
+            run.mig_plan = plan_from(run, run.snapshot)
+        if run.scope is not None:
+            # A claim's change: the MIG layout of its GPUs only (no MPS daemon, no offer of
+            # the device plugin's); a hooks file matters only when it changes a GPU.
+            if run.settings.mig.hooks_file and run.mig_plan.operations:
+                run.hooks = self.hook_files.load(run.settings.mig.hooks_file)
+            return
         run.mps_change = self.mps.plan(run.mps_intent)
         self._check_served(run)
         if run.settings.mig.hooks_file:  # a bad file fails here, before anything changes
@@ -282,13 +329,18 @@ class Pipeline:
         check_served(offers, run.settings)
 
     def verify(self, run: Run) -> None:
+        """Read again after NVML operations (apply read the GPUs under the lock otherwise); a
+        claim's owners are recorded as the GPUs now are; the GPUs must be as wanted, the MPS
+        limits must read back. Raises MigError, MpsError."""
         if run.done:
             run.snapshot = self.store.observe(self.allocations)
         assert run.snapshot is not None
+        self.change.record(run)
         if run.desired is not None:
             problems = mismatches(run.snapshot.inventory, run.desired)
             if problems:
-                raise MigError("the GPUs do not match the config: " + "; ".join(problems))
+                what = "are not as wanted" if run.scope is not None else "do not match the config"
+                raise MigError(f"the GPUs {what}: " + "; ".join(problems))
         if run.mps_intent is not None:
             self.mps.verify()
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from nodeagent.base.errors import RebootRequired
+from nodeagent.mig.apply import Done
 from nodeagent.settings import Settings
 from nodeagent.state.snapshot import Snapshot
 
@@ -79,7 +80,7 @@ class Report:
     operations: int = 0  # NVML operations done
     mps_change: str = "none"
     generation: int = 0
-    done: tuple[dict[str, Any], ...] = ()  # the NVML operations (planned ones on a dry run)
+    done: tuple[Done, ...] = ()  # the NVML operations (planned ones on a dry run)
     sharing: dict[int, tuple[str, int]] = field(default_factory=dict)  # GPU -> (strategy, n)
     error: BaseException | None = field(default=None, compare=False, repr=False)
     # A dry run of a MIG config: how the GPUs differ from it (empty when they match).

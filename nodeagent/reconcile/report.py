@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from nodeagent.base.errors import AgentError, RebootRequired
 from nodeagent.base.logs import get_logger
+from nodeagent.mig.apply import Done
 from nodeagent.mig.plan import mismatches
 from nodeagent.reconcile.ports import Report
 from nodeagent.reconcile.run import Run
@@ -33,7 +34,7 @@ def report_of(
     generation = run.snapshot.generation if run.snapshot else 0
     differences: tuple[str, ...] = ()
     if dry_run and failure is None:
-        run.done = [op.to_dict() for op in run.mig_plan.operations]
+        run.done = [Done.planned(op) for op in run.mig_plan.operations]
         if run.desired is not None and run.snapshot is not None and run.sharing is None:
             found = mismatches(run.snapshot.inventory, run.desired)
             differences = (*found, *run.uncovered)

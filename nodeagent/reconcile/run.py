@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any
 
 from nodeagent.base.errors import KubeError
 from nodeagent.host.hooks import HooksFile
-from nodeagent.mig.plan import Plan
+from nodeagent.mig.apply import Done
+from nodeagent.mig.plan import Plan, plan
 from nodeagent.mig.select import Desired
+from nodeagent.mig.wanted import WantedChange
 from nodeagent.mps.manager import MpsChange, MpsIntent
 from nodeagent.reconcile.ports import Clients, Wanted
 from nodeagent.settings import Settings
@@ -22,6 +23,9 @@ class Run:
     settings: Settings
     snapshot: Snapshot | None = None
     wanted: Wanted = field(default_factory=lambda: Wanted("settings", None))
+    # A claim's change (the DRA driver's): only the GPUs and layouts it names, asked of it
+    # again at every plan; no MPS change, no GPU client paused, nothing published.
+    scope: WantedChange | None = None
     desired: dict[int, Desired] | None = None
     uncovered: list[str] = field(default_factory=list)  # GPUs a MIG config does not select
     mps_intent: MpsIntent | None = None
@@ -33,12 +37,29 @@ class Run:
     hooks: HooksFile | None = None
     hooks_started: bool = False  # apply-start ran: apply-exit runs, whatever happens next
     outcome: str = "success"  # what apply-exit is told
-    done: list[dict[str, Any]] = field(default_factory=list)
+    done: list[Done] = field(default_factory=list)
     step: str = ""
     failed: bool = False  # a step before publish failed: the sharing taken last still holds
     took_ms: dict[str, float] = field(default_factory=dict)  # step -> milliseconds
     # The MIG writer lock, from the start of pause to the end of restore.
     held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    locked: bool = False  # pause took the MIG writer lock
+    lock_wait_seconds: float = 0.0
+
+
+def plan_from(run: Run, snapshot: Snapshot) -> Plan:
+    """The fewest NVML operations from the GPUs of `snapshot` to what the run wants, around
+    the devices their holders hold. A claim's change (`run.scope`) is asked again what its GPUs
+    should be, from the GPUs and holders as they are now (the claim itself not counted as a
+    holder). Raises SliceInUse, GeometryInvalid, ConfigError (the edge's refusals), KubeError."""
+    held = snapshot.allocated
+    if run.scope is not None:
+        held = {uuid: who for uuid, who in held.items() if who != run.scope.ignore}
+        run.desired = dict(run.scope.wants(snapshot.inventory, held))
+    assert run.desired is not None
+    the_plan = plan(snapshot.inventory, run.desired, held)
+    refuse_unknown_holders(snapshot, the_plan)
+    return the_plan
 
 
 def refuse_unknown_holders(snapshot: Snapshot, mig_plan: Plan) -> None:

@@ -4,8 +4,10 @@ that finished late never replaces a newer snapshot."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -291,3 +293,22 @@ def test_concurrent_refreshes_around_an_apply_publish_in_order(
     assert published == sorted(published) and len(published) == len(set(published))
     snap = store.observe()
     assert [len({s.gi_id for s in g.slices}) for g in snap.inventory.gpus] == [4, 4]
+
+
+def test_a_change_another_writer_made_while_this_one_waited_for_the_lock_is_success(
+    node: Callable[..., tuple[Pipeline, SimulatedNvml, Recorder]],
+) -> None:
+    """The other writer (a `mig apply`, an old agent) applies the same config while this run
+    waits for the MIG writer lock: apply plans again and has nothing to do, and verify checks
+    the GPUs as they are now, not as plan saw them."""
+    other, lib, _ = node()
+
+    @contextlib.contextmanager
+    def lock_after_the_other(_settings: Settings) -> Iterator[None]:
+        assert other.run_once().result == "success"  # it held the lock first
+        yield
+
+    pipeline = dataclasses.replace(other, writer_lock=lock_after_the_other)  # the same node
+    report = pipeline.run_once()
+    assert report.result == "success", report.reason
+    assert report.operations == 0 and _slices(lib) == [4, 4]

@@ -7,11 +7,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from nodeagent.agent.factory import command_pipeline
 from nodeagent.base.configfile import ConfigCache
-from nodeagent.mig.apply import Reset
+from nodeagent.mig.apply import Done, Reset
 from nodeagent.mig.config import MigConfigFile
 from nodeagent.mig.select import Desired, resolve
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
@@ -21,7 +20,7 @@ from nodeagent.state.snapshot import Holder
 
 @dataclass(frozen=True)
 class Outcome:
-    done: tuple[dict[str, Any], ...]  # the NVML operations, each with the ids it got
+    done: tuple[Done, ...]  # the NVML operations, each with the ids it got
     inventory: Inventory  # the GPUs after the run
     desired: Mapping[int, Desired]
 

@@ -19,6 +19,7 @@ from nodeagent.agent.factory import dra_driver
 from nodeagent.base.errors import MpsError
 from nodeagent.dra.claims import ClaimRef
 from nodeagent.dra.node import NodeConfig, NodeDriver
+from nodeagent.mig.apply import Done
 from nodeagent.mig.wanted import ChangeDone, WantedChange
 from nodeagent.mps.control import MpsControl
 from nodeagent.nvml import Inventory, NvmlSession
@@ -31,7 +32,7 @@ DRIVER = "gpu.nodeagent.io"
 class Recording:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self.operations: list[dict[str, Any]] = []
+        self.operations: list[Done] = []
 
     def run_change(self, change: WantedChange) -> ChangeDone:
         done: ChangeDone = self.engine.run_change(change)

@@ -18,7 +18,7 @@ from nodeagent.base.errors import (
 )
 from nodeagent.mig.config import MigConfigFile, dump_config, parse_config
 from nodeagent.mig.generate import export_current, generate_configs
-from nodeagent.mig.plan import mismatches
+from nodeagent.mig.plan import Op, mismatches
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import Fault, FaultPlan, SimulatedNvml
 from nodeagent.sim.faults import SimulatedCrash
@@ -107,7 +107,10 @@ def test_ampere_resets_only_the_gpu_that_changes() -> None:
     )
     outcome = reconfigure(session, cfg, "one", reset)
     assert resets == [1]
-    assert outcome.done[0] == {"op": "set-mig-mode", "gpu": 1, "enabled": True, "reset": True}
+    first = outcome.done[0]
+    assert (first.op.op, first.op.gpu, first.op.enabled) == (Op.SET_MIG_MODE, 1, True)
+    assert first.reset and first.seconds >= 0
+    assert first.to_dict() == {"op": "set-mig-mode", "gpu": 1, "enabled": True, "reset": True}
     inv = read_inventory(session)
     assert not inv.gpus[0].mig_current and len(inv.gpus[1].slices) == 2
 

@@ -70,7 +70,7 @@ def test_several_cis_per_gi_are_created_with_driver_ids() -> None:
     out = reconfigure(session, _cfg(), "six-1c", lib.reset)
     # Two 3g GIs (ids 1 and 2: the halves), three 1c CIs in each at compute slices 0, 1, 2.
     assert _layout(session) == [(gi, "1c.3g.71gb", ci, ci) for gi in (1, 2) for ci in range(3)]
-    assert [op["op"] for op in out.done].count("create-ci") == 6
+    assert [d.op.op.value for d in out.done].count("create-ci") == 6
     problems, _ = assert_config(session, _cfg(), "six-1c")
     assert problems == []
     mig = read_inventory(session).gpus[0].slices[0]
@@ -104,7 +104,7 @@ def test_change_keeps_the_gi_and_the_compute_instances_it_can() -> None:
     assert busy.mig_uuid
     lib.attach(busy.mig_uuid, 77, MIB)
     out = reconfigure(session, _cfg(), "mixed-3g", lib.reset)
-    ops = [op["op"] for op in out.done]
+    ops = [d.op.op.value for d in out.done]
     assert ops == ["destroy-ci"] * 4 + ["create-ci"] * 2
     assert busy.mig_uuid in {s.mig_uuid for s in read_inventory(session).gpus[0].slices}
     assert _layout(session) == [

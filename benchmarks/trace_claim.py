@@ -1,0 +1,192 @@
+"""The route of one DRA claim from the driver to NVML: which frames lie between
+`NodeDriver.prepare` (what NodePrepareResources calls) and the emulator's
+`nvmlDeviceCreateGpuInstanceWithPlacement`, and how often the change engine calls back into
+nodeagent/dra/ on the way (a call into a nodeagent/dra/ function whose nearest nodeagent caller
+lies outside nodeagent/dra/: a `wants` or `record` callback, a lambda handed to the ownership
+record), before and after the first NVML write.
+
+One claim of a new 1g.18gb slice on GPU 0 of an emulated H200 (MIG already on, no latency
+model), prepared by the agent's node side on a pipeline of its own (nodeagent.agent.factory
+`dra_driver`, as benchmarks/dra.py builds it), traced with sys.setprofile in the calling thread.
+
+Run: python benchmarks/trace_claim.py [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from nodeagent.agent.factory import dra_driver  # noqa: E402
+from nodeagent.dra.claims import ClaimRef  # noqa: E402
+from nodeagent.dra.node import NodeConfig  # noqa: E402
+from nodeagent.nvml import MigWriter, NvmlSession  # noqa: E402
+from nodeagent.settings import Settings  # noqa: E402
+
+DRIVER = "gpu.nodeagent.io"
+NODE = "trace"
+DEVICE = "gpu-0-mig-1g18gb-19-6"
+WRITE = "nvmlDeviceCreateGpuInstanceWithPlacement"
+PACKAGE = REPO / "nodeagent"
+DRA = PACKAGE / "dra"
+
+
+def _where(frame: FrameType) -> Path:
+    return Path(frame.f_code.co_filename).resolve()
+
+
+def _ours(frame: FrameType) -> bool:
+    return _where(frame).is_relative_to(PACKAGE)
+
+
+def _name(frame: FrameType) -> str:
+    path = _where(frame)
+    shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    return f"{shown}:{frame.f_lineno} {frame.f_code.co_qualname}"
+
+
+class Tracer:
+    """Records the stack at the first NVML create call and every call back into dra/."""
+
+    def __init__(self) -> None:
+        self.route: list[FrameType] = []  # prepare first, the create call last
+        self.reentries: list[tuple[str, str, bool]] = []  # (caller, callee, after the write)
+        self.inside = 0  # every call of a nodeagent/dra/ function run inside the engine
+
+    def __call__(self, frame: FrameType, event: str, _arg: Any) -> None:
+        if event != "call":
+            return
+        if frame.f_code.co_name == WRITE and not self.route:
+            self.route = self._stack(frame)
+            return
+        if not _where(frame).is_relative_to(DRA):
+            return
+        if self._under_engine(frame):
+            self.inside += 1
+        caller = frame.f_back
+        while caller is not None and not _ours(caller):
+            caller = caller.f_back  # through the standard library (contextlib, functools)
+        if caller is None or _where(caller).is_relative_to(DRA):
+            return
+        if frame.f_code.co_name == "prepare" and caller.f_code.co_filename == __file__:
+            return
+        self.reentries.append((_name(caller), _name(frame), bool(self.route)))
+
+    @staticmethod
+    def _under_engine(frame: FrameType) -> bool:
+        """Whether a nodeagent frame outside dra/ lies between `frame` and the prepare."""
+        at = frame.f_back
+        while at is not None and not (
+            at.f_code.co_name == "prepare" and _where(at) == _where(frame)
+        ):
+            if _ours(at) and not _where(at).is_relative_to(DRA):
+                return True
+            at = at.f_back
+        return False
+
+    @staticmethod
+    def _stack(frame: FrameType) -> list[FrameType]:
+        out: list[FrameType] = []
+        at: FrameType | None = frame
+        while at is not None:
+            out.append(at)
+            if at.f_code.co_name == "prepare" and _where(at).is_relative_to(DRA):
+                break
+            at = at.f_back
+        return out[::-1]
+
+
+def claim(uid: str) -> dict[str, Any]:
+    results = [{"request": "r", "driver": DRIVER, "pool": NODE, "device": DEVICE}]
+    return {
+        "metadata": {"name": uid, "namespace": "trace", "uid": uid},
+        "status": {"allocation": {"devices": {"results": results, "config": []}}},
+    }
+
+
+def trace(root: Path) -> dict[str, Any]:
+    from nodeagent.sim import SimulatedNvml
+    from nodeagent.sim.models import parse_spec
+
+    lib = SimulatedNvml(parse_spec("h200"), root / "sim.json")
+    session = NvmlSession(lib)
+    MigWriter(session).set_mig_mode(0, True)
+    config = NodeConfig(DRIVER, NODE, root / "p", root / "cdi")
+    node = dra_driver(session, Settings(), config, lambda _i: None, root / ".mig.lock")
+    tracer = Tracer()
+    try:
+        sys.setprofile(tracer)
+        try:
+            node.prepare(ClaimRef("trace", "claim-0", "uid-0"), claim("uid-0"))
+        finally:
+            sys.setprofile(None)
+    finally:
+        session.close()
+    if not tracer.route:
+        raise SystemExit(f"the claim's prepare never called {WRITE}")
+    route = [_name(f) for f in tracer.route]
+    files = {_where(f) for f in tracer.route if _ours(f)}
+    ours = [f for f in tracer.route if _ours(f)]
+    return {
+        "route": route,
+        "frames": len(route),
+        "nodeagent_frames": len(ours),
+        "nodeagent_files": len(files),
+        "reentries": len(tracer.reentries),
+        "reentries_before_write": sum(1 for *_, after in tracer.reentries if not after),
+        "reentries_after_write": sum(1 for *_, after in tracer.reentries if after),
+        "dra_calls_inside_the_engine": tracer.inside,
+        "callbacks": Counter(f"{a} -> {b}" for a, b, _ in tracer.reentries).most_common(),
+    }
+
+
+def show(result: dict[str, Any]) -> None:
+    print(f"frames from NodeDriver.prepare to {WRITE}:")
+    for i, frame in enumerate(result["route"]):
+        print(f"  {i:2d} {frame}")
+    print(
+        f"{result['frames']} frames ({result['nodeagent_frames']} in nodeagent/, in"
+        f" {result['nodeagent_files']} files)"
+    )
+    print(
+        f"calls back into nodeagent/dra/: {result['reentries']}"
+        f" ({result['reentries_before_write']} before the first NVML write,"
+        f" {result['reentries_after_write']} after)"
+    )
+    print(
+        f"calls of nodeagent/dra/ functions made inside the engine (the callbacks and what they"
+        f" call): {result['dra_calls_inside_the_engine']}"
+    )
+    for what, n in result["callbacks"]:
+        print(f"  {n:3d} x {what}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="trace-claim-", dir="/tmp"))
+    try:
+        result = trace(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    show(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
