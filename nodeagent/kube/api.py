@@ -154,6 +154,12 @@ class NodeApi:
         # Retries end when the agent stops: SIGTERM during an API outage exits at once.
         self.stop_event = stop or threading.Event()
         self._watch: Any = None  # the open response of the running watch
+        # Told every Node this API's patches stored (the watch's view keeps them: its own
+        # patches coming back through the watch are then no news).
+        self.on_node_patched: Callable[[dict[str, Any]], object] | None = None
+        # Held from a patch's request until its answer is told: the watch can deliver the
+        # patched Node before the patch's answer is read, and waits for it here.
+        self.patching = threading.RLock()
 
     def interrupt(self) -> None:
         """End a watch blocked in its read (from another thread, when the agent stops): shut
@@ -209,15 +215,18 @@ class NodeApi:
 
     def patch_node(self, body: dict[str, Any]) -> dict[str, Any]:
         """A JSON merge patch: keys set to None are removed, other keys are untouched."""
-        node: dict[str, Any] = self._call(
-            f"patch node {self.name}",
-            lambda: self._request(
-                "PATCH",
-                _path("/api/v1/nodes/{name}", name=self.name),
-                body=body,
-                content_type=MERGE_PATCH,
-            ),
-        )
+        with self.patching:
+            node: dict[str, Any] = self._call(
+                f"patch node {self.name}",
+                lambda: self._request(
+                    "PATCH",
+                    _path("/api/v1/nodes/{name}", name=self.name),
+                    body=body,
+                    content_type=MERGE_PATCH,
+                ),
+            )
+            if self.on_node_patched is not None and isinstance(node, dict):
+                self.on_node_patched(node)
         return node
 
     def list_objects(

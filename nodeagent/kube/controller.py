@@ -322,6 +322,9 @@ class NodeWatcher:
         self.view = view
         self.on_change = on_change
         self.stop_event = stop
+        # Every patch of the Node through `api` (the state label, the labels, the paused
+        # clients' labels) is in the view from its answer: it wakes nothing when it comes back.
+        api.on_node_patched = view.update
         self.informer = Informer(
             Source("nodes", api.list_node, api.watch_node), read_node, self, stop
         )
@@ -340,7 +343,10 @@ class NodeWatcher:
             self.handle(obj)
 
     def handle(self, node: dict[str, Any]) -> None:
-        if self.view.update(node):
+        # After any patch in flight: its answer is in the view before this is compared.
+        with self.api.patching:
+            changed = self.view.update(node)
+        if changed:
             self.on_change()
 
     def cycle(self) -> None:
