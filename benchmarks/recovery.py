@@ -90,8 +90,14 @@ def start_apiserver(state: Path) -> None:
 
 
 def claim_body(name: str) -> dict[str, Any]:
-    exactly = {"deviceClassName": "mig.gpu.nodeagent.io", "selectors": [{"cel": {"expression": SELECTOR}}]}
-    return {"metadata": {"name": name}, "spec": {"devices": {"requests": [{"name": "g", "exactly": exactly}]}}}
+    exactly = {
+        "deviceClassName": "mig.gpu.nodeagent.io",
+        "selectors": [{"cel": {"expression": SELECTOR}}],
+    }
+    return {
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "g", "exactly": exactly}]}},
+    }
 
 
 def pod_body(name: str, node: str) -> dict[str, Any]:
@@ -183,7 +189,9 @@ def main() -> int:
         print("../shared/k8s is not beside this checkout: no control plane", file=sys.stderr)
         return 2
     result = run(args.outage, args.window)
-    print(f"requests in the first {args.window:.0f} s after a {args.outage:.0f} s kube-apiserver outage")
+    print(
+        f"requests in the first {args.window:.0f} s after a {args.outage:.0f} s kube-apiserver outage"
+    )
     print(f"{'verb':<8} {'resource':<16} {'requests':>8}")
     for (verb, res), n in sorted(result["requests"].items(), key=lambda kv: -kv[1]):
         print(f"{verb:<8} {res:<16} {n:>8}")
@@ -192,7 +200,9 @@ def main() -> int:
     def seconds(value: float | None) -> str:
         return f"{value:.1f} s" if value is not None else f"not within {args.window:.0f} s"
 
-    print(f"claim created at recovery: bound after {seconds(result['bound'])}, prepared after {seconds(result['prepared'])}")
+    print(
+        f"claim created at recovery: bound after {seconds(result['bound'])}, prepared after {seconds(result['prepared'])}"
+    )
     return 0
 
 
