@@ -4,33 +4,71 @@ to prepare it, and after a lost record."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from nodeagent.dra.api import DraApi
+from nodeagent.dra.claims import checked_claim
 from nodeagent.dra.traces import AllocatedClaim
+from nodeagent.kube.informer import Informer, Source
 
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+RESOURCE = "resourceclaims"
 
 
 def allocated_to(claim: dict[str, Any], driver: str, pool: str) -> bool:
-    """Whether `claim` holds a device of `driver` in `pool` (this node's)."""
+    """Whether `claim` (read: checked_claim) holds a device of `driver` in `pool` (this
+    node's)."""
     allocation = (claim.get("status") or {}).get("allocation") or {}
     results = (allocation.get("devices") or {}).get("results") or []
-    return any(
-        isinstance(r, dict) and r.get("driver") == driver and r.get("pool") == pool for r in results
+    return any(r.get("driver") == driver and r.get("pool") == pool for r in results)
+
+
+def claims_source(api: DraApi) -> Source:
+    """Every ResourceClaim of the cluster, listed and watched."""
+    return Source(
+        RESOURCE,
+        lambda: api.list_objects(RESOURCE, CLAIMS),
+        lambda version: api.watch(RESOURCE, CLAIMS, version),
     )
+
+
+class _Kept:
+    def __init__(self) -> None:
+        self.claims: Sequence[dict[str, Any]] = ()
+
+    def listed(self, objects: Sequence[dict[str, Any]]) -> None:
+        self.claims = objects
+
+    def changed(self, kind: str, obj: dict[str, Any]) -> None:
+        """A list only: never watched."""
 
 
 def allocated_claims(api: DraApi, driver: str) -> tuple[list[dict[str, Any]], str | None]:
     """Every claim (all namespaces) with a device of `driver` in this node's pool, as the API
-    server holds it, and the list's resourceVersion (to watch from). Raises KubeError when the
-    API server cannot be asked."""
-    result: dict[str, Any] = (
-        api._call("list resourceclaims", lambda: api._request("GET", CLAIMS)) or {}
+    server holds it, and the list's resourceVersion (to watch from). A claim that cannot be
+    read is skipped and said once (nodeagent.kube.informer). Raises KubeError when the API
+    server cannot be asked."""
+    kept = _Kept()
+    informer = Informer(claims_source(api), checked_claim, kept, api.stop_event)
+    informer.relist()
+    here = [c for c in kept.claims if allocated_to(c, driver, api.name)]
+    return here, informer.version
+
+
+def devices_here(claim: dict[str, Any], driver: str, pool: str) -> AllocatedClaim | None:
+    """The claim's devices of `driver` in `pool`, or None when it has none there."""
+    meta = claim.get("metadata") or {}
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    devices = tuple(
+        str(r.get("device"))
+        for r in results
+        if r.get("driver") == driver and r.get("pool") == pool and r.get("device")
     )
-    items = [i for i in result.get("items") or [] if allocated_to(i, driver, api.name)]
-    return items, (result.get("metadata") or {}).get("resourceVersion")
+    if not devices or not meta.get("uid"):
+        return None
+    return AllocatedClaim(str(meta.get("namespace", "")), str(meta.get("name", "")), devices)
 
 
 def allocated_here(api: DraApi, driver: str) -> Callable[[], Mapping[str, AllocatedClaim]]:
@@ -40,19 +78,9 @@ def allocated_here(api: DraApi, driver: str) -> Callable[[], Mapping[str, Alloca
     def read() -> Mapping[str, AllocatedClaim]:
         out: dict[str, AllocatedClaim] = {}
         for item in allocated_claims(api, driver)[0]:
-            meta = item.get("metadata") or {}
-            allocation = (item.get("status") or {}).get("allocation") or {}
-            results = (allocation.get("devices") or {}).get("results") or []
-            devices = tuple(
-                str(r.get("device"))
-                for r in results
-                if isinstance(r, dict) and r.get("driver") == driver and r.get("pool") == api.name
-            )
-            uid = meta.get("uid")
-            if devices and isinstance(uid, str):
-                out[uid] = AllocatedClaim(
-                    str(meta.get("namespace", "")), str(meta.get("name", "")), devices
-                )
+            found = devices_here(item, driver, api.name)
+            if found is not None:
+                out[str(item["metadata"]["uid"])] = found
         return out
 
     return read

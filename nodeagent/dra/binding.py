@@ -24,18 +24,19 @@ is undone: nothing it made stays held.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from nodeagent.base.errors import AgentError
 from nodeagent.base.logs import get_logger
-from nodeagent.dra.allocated import CLAIMS, allocated_claims, allocated_to
+from nodeagent.dra.allocated import allocated_to, claims_source
 from nodeagent.dra.api import DraApi
-from nodeagent.dra.claims import ClaimRef
+from nodeagent.dra.checkpoint import PreparedClaim
+from nodeagent.dra.claims import ClaimRef, checked_claim
 from nodeagent.dra.node import NodeDriver
 from nodeagent.dra.reports import StatusReports
 from nodeagent.dra.status import binding_results, binding_settled, device_data
-from nodeagent.kube.api import WatchExpired
+from nodeagent.kube.informer import Informer
 
 log = get_logger("nodeagent.dra")
 INTERVAL_SECONDS = 1.0  # between two watches of the claims (each ends after the watch timeout)
@@ -58,21 +59,21 @@ class Binder:
         self.driver = node.config.driver
         self.pool = node.config.pool
         self.clock = clock
-        self.version: str | None = None  # of the last list or watch event: watched from
+        self.informer = Informer(claims_source(api), checked_claim, self, api.stop_event)
+        self._waiting: dict[str, PreparedClaim] = {}  # the checkpoint's, read before a list
+
+    @property
+    def version(self) -> str | None:
+        """The resourceVersion watched from (None: the next pass lists)."""
+        return self.informer.version
 
     def run(self) -> None:
         """The worker's pass: a list when there is none to watch from (the first pass, or the
         watch expired), then a watch of the claims until the API server ends it. Raises
         KubeError (the worker backs off), ConfigError (an unreadable checkpoint)."""
-        if self.version is None:
+        if self.informer.version is None:
             self.cycle()
-        try:
-            for kind, claim in self.api.watch("resourceclaims", CLAIMS, self.version):
-                self.version = (claim.get("metadata") or {}).get("resourceVersion") or self.version
-                if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    self._changed(kind, claim)
-        except WatchExpired:
-            self.version = None  # listed again at the next pass
+        self.informer.run()
 
     def cycle(self) -> None:
         """One list: every claim allocated here bound, every claim made here but no longer
@@ -80,20 +81,23 @@ class Binder:
         when the checkpoint cannot be read."""
         # The checkpoint before the list: a claim it holds that the list lacks was not
         # allocated here when the list was taken, so a prepare starting now is not undone.
-        waiting = self.node.waiting()
-        claims, self.version = allocated_claims(self.api, self.driver)
+        self._waiting = self.node.waiting()
+        self.informer.relist()
+
+    def listed(self, objects: Sequence[dict[str, Any]]) -> None:
+        claims = [c for c in objects if allocated_to(c, self.driver, self.pool)]
         allocated = {str((c.get("metadata") or {}).get("uid")) for c in claims}
         for claim in claims:
             if binding_results(claim, self.driver, self.pool):
                 self._bind(claim)
-        for uid, record in waiting.items():
+        for uid, record in self._waiting.items():
             if uid not in allocated:
                 self._release(uid, f"{record.namespace}/{record.name}")
 
-    def _changed(self, kind: str, claim: dict[str, Any]) -> None:
+    def changed(self, kind: str, claim: dict[str, Any]) -> None:
         """One watched change: a claim allocated here bound; one made here that is gone or no
         longer allocated here released."""
-        here = kind != "DELETED" and allocated_to(claim, self.driver, self.api.name)
+        here = kind != "DELETED" and allocated_to(claim, self.driver, self.pool)
         if here and binding_results(claim, self.driver, self.pool):
             self._bind(claim)
         elif not here:

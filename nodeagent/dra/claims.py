@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodeagent.base.errors import ConfigError
+from nodeagent.base.shapes import MapOf, Shape, check
 from nodeagent.dra.devices import DeviceRef, parse_device_name
 from nodeagent.dra.shares import MEMORY_CAPACITY, SM_CAPACITY
 
@@ -202,7 +203,7 @@ def _configs(
     """(requests it applies to (empty: all), Mps or an MpsShare's uid) for each of this
     driver's opaque configs; class configs first, then the claim's, so the claim's win."""
     out: list[tuple[int, set[str], Mps | int]] = []
-    for entry in allocation.get("devices", {}).get("config") or []:
+    for entry in (allocation.get("devices") or {}).get("config") or []:
         opaque = entry.get("opaque") or {}
         if opaque.get("driver") != driver:
             continue
@@ -221,10 +222,51 @@ def _configs(
     return [(requests, mps) for _, requests, mps in out]
 
 
+_RESULT: Shape = {
+    "request": str, "driver": str, "pool": str, "device": str, "shareID": str,
+    "adminAccess": bool, "consumedCapacity": MapOf((str, int)),
+    "bindingConditions": [str], "bindingFailureConditions": [str],
+}  # fmt: skip
+_CONFIG: Shape = {
+    "source": str, "requests": [str], "opaque": {"driver": str, "parameters": dict},
+}  # fmt: skip
+_ENTRY: Shape = {
+    "driver": str, "pool": str, "device": str, "shareID": str, "data": dict,
+    "conditions": [{"type": str, "status": str, "lastTransitionTime": str}],
+}  # fmt: skip
+METADATA: Shape = {
+    "metadata": {
+        "name": str, "namespace": str, "uid": str, "resourceVersion": str, "generation": int,
+        "deletionTimestamp": str,
+    }
+}  # fmt: skip
+CLAIM: Shape = {
+    **METADATA,  # type: ignore[dict-item]
+    "status": {
+        "allocation": {"devices": {"results": [_RESULT], "config": [_CONFIG]}},
+        "devices": [_ENTRY],
+    },
+}
+
+
+def checked_claim(obj: object, what: str = "a ResourceClaim") -> dict[str, Any]:
+    """`obj`, once every field of it that the driver reads has its JSON type (the metadata,
+    the allocation's results and configs, the status entries). Raises Unreadable (a
+    ConfigError) naming the claim and the first wrong field, in one sentence."""
+    check(obj, METADATA, what)
+    assert isinstance(obj, dict)
+    meta = obj.get("metadata") or {}
+    if meta.get("namespace") and meta.get("name"):
+        what = f"claim {meta['namespace']}/{meta['name']}"
+    check(obj, CLAIM, what)
+    return obj
+
+
 def claimed_devices(claim: Mapping[str, Any], driver: str, pool: str) -> list[ClaimedDevice]:
     """This node's devices in the claim's allocation, each with its MPS share if one applies.
     Raises ConfigError when the claim is not allocated, names a device this driver never
-    published, or its config is bad."""
+    published, or its config is bad (Unreadable: a field it reads has the wrong JSON type)."""
+    claim = checked_claim(claim)
     meta = claim.get("metadata") or {}
     where = f"claim {meta.get('namespace')}/{meta.get('name')}"
     allocation = (claim.get("status") or {}).get("allocation")
@@ -232,7 +274,7 @@ def claimed_devices(claim: Mapping[str, Any], driver: str, pool: str) -> list[Cl
         raise ConfigError(f"{where} is not allocated")
     configs = _configs(allocation, driver, where)
     out: list[ClaimedDevice] = []
-    for result in allocation.get("devices", {}).get("results") or []:
+    for result in (allocation.get("devices") or {}).get("results") or []:
         if result.get("driver") != driver or result.get("pool") != pool:
             continue
         request, device = str(result.get("request", "")), str(result.get("device", ""))

@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from nodeagent.base.errors import KubeError
+from nodeagent.base.errors import AgentError, KubeError
 from nodeagent.base.logs import get_logger
 from nodeagent.dra.api import DraApi
-from nodeagent.dra.claims import ClaimRef
+from nodeagent.dra.claims import ClaimRef, checked_claim
 from nodeagent.dra.node import Prepared
 from nodeagent.dra.status import (
     binding_entries,
@@ -138,15 +138,20 @@ class StatusReports:
         claim: dict[str, Any] | None,
     ) -> bool:
         budget = min(share, deadline - self.clock())
+
+        def read(current: dict[str, Any]) -> list[dict[str, Any]] | None:
+            # The claim as read again (a conflict): one that cannot be read is not written.
+            return devices(checked_claim(current, str(ref)))
+
         try:
             if budget < MIN_SECONDS:
                 raise KubeError(f"no time left before the kubelet's deadline for {ref}'s status")
-            if claim is not None and devices(claim) is None:
+            if claim is not None and read(claim) is None:
                 return True  # the claim says so already (a kubelet's retry, a restart)
             written = self.api.update_claim_status(
-                ref.namespace, ref.name, ref.uid, devices, budget, claim
+                ref.namespace, ref.name, ref.uid, read, budget, claim
             )
-        except KubeError as err:
+        except AgentError as err:  # the API server down, the write refused, a bad claim
             self._outcome(ref, str(err))
             return False
         except Exception as err:  # a bug: it costs the report, never the kubelet's call

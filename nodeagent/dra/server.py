@@ -40,7 +40,7 @@ from nodeagent.base.errors import AgentError, KubeError, LockHeld
 from nodeagent.base.files import open_lock_file
 from nodeagent.base.logs import get_logger
 from nodeagent.dra.api import DraApi
-from nodeagent.dra.claims import ClaimRef, checked_ref, quoted
+from nodeagent.dra.claims import ClaimRef, checked_claim, checked_ref, quoted
 from nodeagent.dra.health import RESEND_SECONDS, HealthBoard, Reading
 from nodeagent.dra.node import NodeDriver
 from nodeagent.dra.reports import StatusReports
@@ -134,6 +134,15 @@ def _internal(err: BaseException) -> str:
     return f"internal error ({type(err).__name__}: {quoted(str(err))}); see the agent's log"
 
 
+def _about(where: str, error: str) -> str:
+    """`error` as the answer about the claim `where`: named once, first."""
+    return (
+        error
+        if error.startswith(f"{where} ") or error.startswith(f"{where}:")
+        else (f"{where}: {error}")
+    )
+
+
 class DraService:
     """NodePrepareResources / NodeUnprepareResources for one version of the API (`pb`). Every
     claim of a call gets its own answer: a claim that is malformed, refused or breaks never
@@ -163,6 +172,7 @@ class DraService:
             obj = self.api.read_claim(ref.namespace, ref.name, budget_seconds=max(0.1, budget))
             if obj is None:
                 raise KubeError(f"{ref} does not exist")
+            obj = checked_claim(obj, str(ref))  # one that cannot be read: its own answer
             uid = (obj.get("metadata") or {}).get("uid")
             if uid != ref.uid:
                 raise KubeError(f"{ref} has UID {quoted(uid)}, not {ref.uid}: it was replaced")
@@ -172,7 +182,7 @@ class DraService:
             log.warning("dra.prepare_failed", claim=where, error=str(err))
             if read is not None:
                 self.reports.failed(*read, str(err), deadline)
-            return self.pb.NodePrepareResourceResponse(error=f"{where}: {err}")
+            return self.pb.NodePrepareResourceResponse(error=_about(where, str(err)))
         except Exception as err:  # a bug: this claim's answer, not the whole call's
             log.debug("dra.prepare_crashed", claim=where, exc_info=True)
             log.error("dra.prepare_failed", claim=where, error=_internal(err))
@@ -200,7 +210,7 @@ class DraService:
             self.reports.cleared(ref, deadline)
         except AgentError as err:
             log.warning("dra.unprepare_failed", claim=where, error=str(err))
-            return self.pb.NodeUnprepareResourceResponse(error=f"{where}: {err}")
+            return self.pb.NodeUnprepareResourceResponse(error=_about(where, str(err)))
         except Exception as err:
             log.debug("dra.unprepare_crashed", claim=where, exc_info=True)
             log.error("dra.unprepare_failed", claim=where, error=_internal(err))

@@ -29,7 +29,7 @@ from tenacity import (
     retry_if_exception,
     stop_after_delay,
     stop_when_event_set,
-    wait_exponential,
+    wait_random_exponential,
 )
 
 from nodeagent.base.errors import KubeError
@@ -48,6 +48,8 @@ log = get_logger("nodeagent.kube")
 T = TypeVar("T")
 RETRY_STATUS = {409, 429, 500, 502, 503, 504}
 MERGE_PATCH = "application/merge-patch+json"
+RETRY_FIRST_SECONDS = 0.25  # a retry's wait: up to this, doubled each attempt, up to the max
+RETRY_MAX_SECONDS = 8.0
 
 
 class WatchExpired(Exception):
@@ -148,6 +150,11 @@ def _path(template: str, **params: str) -> str:
     return template.format(**{k: quote(v, safe="") for k, v in params.items()})
 
 
+def _name(obj: object) -> object:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return meta.get("name") if isinstance(meta, dict) else None
+
+
 def _none_on(status: int, call: Callable[[], T]) -> Callable[[], T | None]:
     """`call`, answering None where the API server answers `status` (404 absent, 409 exists)."""
 
@@ -174,6 +181,12 @@ class NodeApi:
         # Retries end when the agent stops: SIGTERM during an API outage exits at once.
         self.stop_event = stop or threading.Event()
         self._watch: Any = None  # the open response of the running watch
+        # Told every Node this API's patches stored (the watch's view keeps them: its own
+        # patches coming back through the watch are then no news).
+        self.on_node_patched: Callable[[dict[str, Any]], object] | None = None
+        # Held from a patch's request until its answer is told: the watch can deliver the
+        # patched Node before the patch's answer is read, and waits for it here.
+        self.patching = threading.RLock()
 
     def interrupt(self) -> None:
         """End a watch blocked in its read (from another thread, when the agent stops): shut
@@ -198,7 +211,9 @@ class NodeApi:
         itself, once). Raises KubeError."""
         retrying = Retrying(
             retry=retry_if_exception(_retryable),
-            wait=wait_exponential(multiplier=0.1, max=5),
+            # Full jitter (a random wait up to the doubling ceiling): the nodes of a fleet
+            # that lost the API server together do not come back to it together.
+            wait=wait_random_exponential(multiplier=RETRY_FIRST_SECONDS, max=RETRY_MAX_SECONDS),
             stop=stop_after_delay(
                 self.settings.retry_seconds if retry_seconds is None else retry_seconds
             )
@@ -237,23 +252,50 @@ class NodeApi:
 
     def patch_node(self, body: dict[str, Any]) -> dict[str, Any]:
         """A JSON merge patch: keys set to None are removed, other keys are untouched."""
-        node: dict[str, Any] = self._call(
-            f"patch node {self.name}",
-            lambda: self._request(
-                "PATCH",
-                _path("/api/v1/nodes/{name}", name=self.name),
-                body=body,
-                content_type=MERGE_PATCH,
-            ),
-        )
+        with self.patching:
+            node: dict[str, Any] = self._call(
+                f"patch node {self.name}",
+                lambda: self._request(
+                    "PATCH",
+                    _path("/api/v1/nodes/{name}", name=self.name),
+                    body=body,
+                    content_type=MERGE_PATCH,
+                ),
+            )
+            if self.on_node_patched is not None and isinstance(node, dict):
+                self.on_node_patched(node)
         return node
+
+    def list_objects(
+        self, what: str, path: str, query: dict[str, str] | None = None
+    ) -> tuple[list[Any], str | None]:
+        """The items of the collection at `path` (as the server sent them: each is read by
+        its caller) and the list's resourceVersion, to watch from. Raises KubeError."""
+        result = self._call(f"list {what}", lambda: self._request("GET", path, query=query))
+        if not isinstance(result, dict):
+            raise KubeError(f"Kubernetes API: list {what}: the answer is not a list object")
+        items, meta = result.get("items"), result.get("metadata")
+        version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        return (
+            list(items) if isinstance(items, list) else [],
+            version if isinstance(version, str) and version else None,
+        )
+
+    def list_node(self) -> tuple[list[Any], str | None]:
+        """This node as a list of one (field selector metadata.name; filtered here too) and
+        the list's resourceVersion: the collection's, which a watch can start from even right
+        after the API server restarted (the Node's own may be older than its watch cache)."""
+        query = {"fieldSelector": f"metadata.name={self.name}"}
+        items, version = self.list_objects(f"node {self.name}", "/api/v1/nodes", query)
+        mine = [n for n in items if isinstance(n, dict) and _name(n) == self.name]
+        return mine, version
 
     def watch_node(self, resource_version: str | None) -> Iterator[tuple[str, dict[str, Any]]]:
         """Events of this node only (field selector metadata.name). Ends when the server or the
         read timeout ends the watch; raises WatchExpired on 410 and KubeError on other errors."""
         query = {"fieldSelector": f"metadata.name={self.name}"}
         for kind, data in self.watch(f"node {self.name}", "/api/v1/nodes", resource_version, query):
-            if data.get("metadata", {}).get("name") == self.name:
+            if kind == "BOOKMARK" or _name(data) == self.name:
                 yield kind, data
 
     def watch(
@@ -283,7 +325,7 @@ class NodeApi:
             )
             for event in json_lines(response):
                 kind, data = str(event.get("type")), event.get("object") or {}
-                if kind == "ERROR":
+                if kind == "ERROR" and isinstance(data, dict):
                     if data.get("code") == 410:
                         raise WatchExpired(str(data.get("message", "")))
                     raise KubeError(
@@ -301,6 +343,9 @@ class NodeApi:
             raise KubeError(f"Kubernetes API: watch {what}: not JSON: {err}") from err
         except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError) as err:
             log.debug("watch.ended", reason=type(err).__name__)
+        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as err:
+            # The watch could not start (the API server is down): the caller backs off.
+            raise KubeError(f"Kubernetes API: watch {what} failed: {_describe(err)}") from err
         finally:
             self._watch = None
             if response is not None:  # closed first: a half-read stream is never reused

@@ -3,8 +3,10 @@
 Kubernetes does not reconcile anything here; it hands the wanted config to the pipeline and
 writes what the pipeline reports:
 
-- `NodeWatcher` lists and watches this Node only; every change of its labels or annotations
-  wakes the reconcile worker. It keeps the latest Node in a `NodeView`.
+- `NodeWatcher` lists and watches this Node only (nodeagent.kube.informer); every change of its
+  labels or annotations wakes the reconcile worker. It keeps the latest Node in a `NodeView`,
+  guarded by resourceVersion: the agent's own patches are in the view from their answers, so
+  when they come back through the watch (older or the same) they wake nothing.
 - `NodeLabelDesire` is the pipeline's desire source on Kubernetes: the label
   `nvidia.com/mig.config` (mig-manager's protocol; `kube.mig-config-label` names another key,
   so that nodeagent and mig-manager never act on the same label). A value that failed is not
@@ -24,13 +26,15 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from nodeagent.base.errors import KubeError
 from nodeagent.base.logs import get_logger
-from nodeagent.kube.api import NodeApi, WatchExpired
+from nodeagent.base.shapes import MapOf, Shape, check
+from nodeagent.kube.api import NodeApi
+from nodeagent.kube.informer import Informer, Source
 from nodeagent.kube.nodelabels import ANNOTATION_PREFIX, label_patch
 from nodeagent.labels.render import slice_usage
 from nodeagent.reconcile import Report, Wanted
@@ -54,8 +58,45 @@ def _meta(node: Mapping[str, Any] | None, key: str) -> dict[str, str]:
     return value
 
 
+NODE: Shape = {
+    "metadata": {
+        "name": str, "resourceVersion": str, "labels": MapOf(str), "annotations": MapOf(str),
+    }
+}  # fmt: skip
+
+
+def read_node(node: dict[str, Any]) -> dict[str, Any]:
+    """`node`, once the fields the agent reads have their JSON types. Raises Unreadable."""
+    check(node, NODE, f"node {_meta_name(node)}")
+    return node
+
+
+def _version(node: Mapping[str, Any] | None) -> object:
+    meta = node.get("metadata") if node else None
+    return meta.get("resourceVersion") if isinstance(meta, dict) else None
+
+
+def _meta_name(node: dict[str, Any]) -> str:
+    meta = node.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else "(no name)"
+
+
+def _older(version: object, than: object) -> bool:
+    """Whether the resourceVersion `version` is older than `than` or the same. Versions are
+    opaque to clients, but every API server (etcd's revision) gives integers; any other pair
+    counts as newer, as before the guard."""
+    if not isinstance(version, str) or not isinstance(than, str):
+        return False
+    if version == than:
+        return True
+    return version.isdigit() and than.isdigit() and int(version) < int(than)
+
+
 class NodeView:
-    """The latest Node object seen: from the watch, or the answer to our own patch."""
+    """The latest Node object seen: from the watch, or the answer to our own patch. A Node
+    not newer than the one kept (by resourceVersion) is not taken: the watch's copy of our
+    own patch, whose answer is kept already, changes nothing and wakes nothing."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -63,8 +104,10 @@ class NodeView:
         self._changes: dict[str, int] = {}  # label key -> how often its value changed
 
     def update(self, node: dict[str, Any]) -> bool:
-        """Keep `node`; return whether its labels or annotations changed."""
+        """Keep `node` if it is newer; return whether its labels or annotations changed."""
         with self._lock:
+            if self.node is not None and _older(_version(node), _version(self.node)):
+                return False
             labels = _meta(node, "labels")
             before = (_meta(self.node, "labels"), _meta(self.node, "annotations"))
             if self.node is not None:
@@ -269,7 +312,8 @@ class NodeLabelSink:
 
 
 class NodeWatcher:
-    """One list-and-watch cycle per call (the kube-watch worker runs it in a loop)."""
+    """This Node, listed and watched (nodeagent.kube.informer); the kube-watch worker runs one
+    pass per call. A change of its labels or annotations wakes the reconcile worker."""
 
     def __init__(
         self, api: NodeApi, view: NodeView, on_change: Callable[[], None], stop: threading.Event
@@ -278,27 +322,37 @@ class NodeWatcher:
         self.view = view
         self.on_change = on_change
         self.stop_event = stop
-        self.relists = 0
+        # Every patch of the Node through `api` (the state label, the labels, the paused
+        # clients' labels) is in the view from its answer: it wakes nothing when it comes back.
+        api.on_node_patched = view.update
+        self.informer = Informer(
+            Source("nodes", api.list_node, api.watch_node), read_node, self, stop
+        )
+
+    @property
+    def relists(self) -> int:
+        """Watches that expired (410 Gone), each listed again."""
+        return self.informer.expired
+
+    def listed(self, objects: Sequence[dict[str, Any]]) -> None:
+        for node in objects:
+            self.handle(node)
+
+    def changed(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind != "DELETED":
+            self.handle(obj)
 
     def handle(self, node: dict[str, Any]) -> None:
-        if self.view.update(node):
+        # After any patch in flight: its answer is in the view before this is compared.
+        with self.api.patching:
+            changed = self.view.update(node)
+        if changed:
             self.on_change()
 
     def cycle(self) -> None:
-        """List the node, then watch it until the watch ends; relist on 410. Raises KubeError
-        (the worker backs off)."""
-        node = self.api.get_node()
-        self.handle(node)
-        version = node.get("metadata", {}).get("resourceVersion")
-        try:
-            for kind, obj in self.api.watch_node(version):
-                if self.stop_event.is_set():
-                    return
-                if kind not in ("BOOKMARK", "DELETED"):
-                    self.handle(obj)
-        except WatchExpired:
-            self.relists += 1
-            log.info("watch.expired", relists=self.relists)
+        """One pass: the node listed if there is no version to watch from, then watched until
+        the watch ends. Raises KubeError (the worker backs off)."""
+        self.informer.run()
 
 
 def ensure_node(api: NodeApi) -> dict[str, Any]:

@@ -2,11 +2,17 @@
 (nodeagent.kube.transport) and exported with --kube:
 
     nodeagent_kube_requests_total{verb,resource,code}   counter
+    nodeagent_kube_objects_skipped_total{resource,field}   counter
+    nodeagent_kube_object_unreadable{resource,namespace,name,field}   gauge (1)
 
 `verb` as the API server's audit log names it (get, list, watch, create, patch, update,
 delete), `resource` the object kind's plural (nodes, events, resourceslices, ...), `code` the
 HTTP status, or `error` where no answer came. What a fleet of agents asks of the API server is
 the sum over the nodes (benchmarks/fleet.py); a node at steady state asks only its watches.
+
+An object of a list or watch that the agent cannot read (a field of the wrong JSON type:
+nodeagent.kube.informer) is skipped: counted once when it is first skipped, by its resource and
+the field that is wrong, and named by the gauge for as long as it stays unreadable.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 
 class KubeRequests:
@@ -37,6 +43,52 @@ class KubeRequests:
 
 
 KUBE_REQUESTS = KubeRequests()
+ObjectKey = tuple[str, str, str]  # resource, namespace ('' if cluster-scoped), name
+
+
+class SkippedObjects:
+    """The objects skipped as unreadable, by (resource, namespace, name) -> the wrong field;
+    thread-safe. One for the process (KUBE_SKIPPED): every reader of a resource (a watch, a
+    list) says an object once between them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._now: dict[ObjectKey, str] = {}
+        self._counts: Counter[tuple[str, str]] = Counter()
+
+    def skipped(self, key: ObjectKey, field: str) -> bool:
+        """Record `key` as unreadable at `field`; True when that is news (say it)."""
+        with self._lock:
+            if self._now.get(key) == field:
+                return False
+            self._now[key] = field
+            self._counts[(key[0], field)] += 1
+            return True
+
+    def readable(self, key: ObjectKey) -> bool:
+        """`key` was read (or is gone); True when it had been skipped."""
+        with self._lock:
+            return self._now.pop(key, None) is not None
+
+    def listed(self, resource: str, keys: set[ObjectKey]) -> list[ObjectKey]:
+        """A full list of `resource` held `keys`: the skipped ones it lacks are gone (they
+        are forgotten and returned)."""
+        with self._lock:
+            gone = [k for k in self._now if k[0] == resource and k not in keys]
+            for key in gone:
+                del self._now[key]
+            return gone
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def now(self) -> dict[ObjectKey, str]:
+        with self._lock:
+            return dict(self._now)
+
+
+KUBE_SKIPPED = SkippedObjects()
 
 
 def _parts(path: str) -> list[str]:
@@ -75,8 +127,9 @@ def verb_of(method: str, path: str, watch: bool) -> str:
 class KubeCollector:
     name = "kube"
 
-    def __init__(self, requests: KubeRequests) -> None:
+    def __init__(self, requests: KubeRequests, skipped: SkippedObjects = KUBE_SKIPPED) -> None:
         self.requests = requests
+        self.skipped = skipped
 
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(
@@ -88,3 +141,20 @@ class KubeCollector:
         for (verb, resource, code), n in sorted(self.requests.counts().items()):
             family.add_metric([verb, resource, code], n)
         yield family
+        skipped = CounterMetricFamily(
+            "nodeagent_kube_objects_skipped",
+            "Objects of the API server's lists and watches the agent skipped because a field it"
+            " reads has the wrong JSON type, by resource and field (once per object).",
+            labels=["resource", "field"],
+        )
+        for (resource, field), n in sorted(self.skipped.counts().items()):
+            skipped.add_metric([resource, field], n)
+        yield skipped
+        unreadable = GaugeMetricFamily(
+            "nodeagent_kube_object_unreadable",
+            "1 for each object the agent skips now as unreadable, and the field that is wrong.",
+            labels=["resource", "namespace", "name", "field"],
+        )
+        for (resource, namespace, name), field in sorted(self.skipped.now().items()):
+            unreadable.add_metric([resource, namespace, name, field], 1)
+        yield unreadable

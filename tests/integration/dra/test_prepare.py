@@ -157,7 +157,7 @@ def test_a_busy_slice_is_never_touched(dra_node: DraNode) -> None:
 
 def test_a_claim_that_is_gone_or_replaced_is_an_error(dra_node: DraNode) -> None:
     missing = dra_node.kubelet.prepare([Claim("speech", "nope", "uid-n")])["uid-n"]
-    assert missing.error == "claim speech/nope: claim speech/nope does not exist"
+    assert missing.error == "claim speech/nope does not exist"
     dra_node.add_claim(allocated_claim("asr", "uid-new", {"gpu": "gpu-1"}))
     stale = dra_node.kubelet.prepare([Claim("speech", "asr", "uid-old")])["uid-old"]
     assert "has UID 'uid-new', not uid-old" in stale.error

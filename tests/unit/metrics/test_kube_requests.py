@@ -4,8 +4,9 @@ server's audit log would name them."""
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from nodeagent.metrics.kube import KubeCollector, KubeRequests, resource_of, verb_of
+from nodeagent.metrics.kube import KubeCollector, KubeRequests, SkippedObjects, resource_of, verb_of
 
 
 @pytest.mark.parametrize(
@@ -45,8 +46,27 @@ def test_counted_and_exported() -> None:
     requests.add("GET", "/api/v1/nodes/gpu-1", False, "200")
     requests.add("GET", "/api/v1/nodes/gpu-1", False, "200")
     requests.add("PATCH", "/api/v1/nodes/gpu-1", False, "error")
-    (family,) = KubeCollector(requests).collect()
+    family, _, _ = KubeCollector(requests, SkippedObjects()).collect()
     samples = {
         tuple(s.labels.values()): s.value for s in family.samples if s.name.endswith("_total")
     }
     assert samples == {("get", "nodes", "200"): 2.0, ("patch", "nodes", "error"): 1.0}
+
+
+def test_an_unreadable_object_is_counted_once_and_named_while_it_stays_so() -> None:
+    skipped = SkippedObjects()
+    key = ("resourceclaims", "speech", "bad")
+    assert skipped.skipped(key, "status.allocation.devices")
+    assert not skipped.skipped(key, "status.allocation.devices")  # listed again: said once
+    assert skipped.skipped(("resourceclaims", "", "odd"), "metadata")
+    registry = CollectorRegistry()
+    registry.register(KubeCollector(KubeRequests(), skipped))
+    counted = {"resource": "resourceclaims", "field": "status.allocation.devices"}
+    assert registry.get_sample_value("nodeagent_kube_objects_skipped_total", counted) == 1.0
+    named = {"resource": "resourceclaims", "namespace": "speech", "name": "bad"}
+    gauge = "nodeagent_kube_object_unreadable"
+    assert registry.get_sample_value(gauge, {**named, "field": "status.allocation.devices"}) == 1
+    assert skipped.readable(key)  # fixed: no longer named, still counted
+    assert skipped.listed("resourceclaims", set()) == [("resourceclaims", "", "odd")]
+    assert registry.get_sample_value(gauge, {**named, "field": "status.allocation.devices"}) is None
+    assert registry.get_sample_value("nodeagent_kube_objects_skipped_total", counted) == 1.0

@@ -1,0 +1,170 @@
+"""One list-and-watch loop for every collection the agent follows (its own Node, the
+ResourceClaims allocated to it), as client-go's reflector runs one.
+
+A pass (`Informer.run`, one call of a supervised worker) lists when it has no resourceVersion
+to watch from (the first pass, or the watch expired), then watches from that version until
+the API server ends the watch (its timeout), keeping the version of every event and bookmark,
+so the next pass watches on from there without listing again. The version watched from is
+always a list's (the collection's, not an object's: a watch from an object's own version,
+older than a restarted API server's watch cache, expires at once, and the pass listed and
+expired again in a loop: 605 `get nodes` in the first minute after an outage). A 410 Gone
+lists again, once: a second 410 straight after a list waits a jittered backoff first.
+
+Every object is read on its own (`read`, which checks the JSON shape of the fields its
+reader uses: nodeagent.base.shapes): one that cannot be read is skipped, said once (a warning
+`kube.object_skipped` and nodeagent_kube_objects_skipped_total) and never fails the pass, the
+list or the other objects. When the agent stops (`stop`), a pass ends at once: the watch's
+socket is shut by NodeApi.interrupt, and no event after the stop is handled.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from nodeagent.base.logs import get_logger
+from nodeagent.base.shapes import Unreadable
+from nodeagent.kube.api import WatchExpired
+from nodeagent.metrics.kube import KUBE_SKIPPED, ObjectKey, SkippedObjects
+
+log = get_logger("nodeagent.kube")
+T = TypeVar("T")
+T_contra = TypeVar("T_contra", contravariant=True)
+CHANGES = ("ADDED", "MODIFIED", "DELETED")
+RELIST_BACKOFF_SECONDS = 1.0  # the first relist after a relist; doubled each time, jittered
+RELIST_BACKOFF_MAX_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a collection is read: `list()` answers (objects, the list's resourceVersion)
+    and raises KubeError; `watch(version)` yields (event type, object) from `version` and
+    raises WatchExpired (410) or KubeError."""
+
+    resource: str  # the plural, as the metrics and logs name it: nodes, resourceclaims
+    list: Callable[[], tuple[list[Any], str | None]]
+    watch: Callable[[str | None], Iterator[tuple[str, Any]]]
+
+
+class Handler(Protocol[T_contra]):
+    """What a reader does with the objects it could read."""
+
+    def listed(self, objects: Sequence[T_contra]) -> None:
+        """A full list: every object there is now (the ones that could be read)."""
+
+    def changed(self, kind: str, obj: T_contra) -> None:
+        """One watched change: ADDED, MODIFIED or DELETED."""
+
+
+def object_key(resource: str, obj: object) -> ObjectKey:
+    """(resource, namespace, name) of `obj`, as far as its metadata says."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
+    namespace, name = meta.get("namespace"), meta.get("name")
+    return (
+        resource,
+        namespace if isinstance(namespace, str) else "",
+        name if isinstance(name, str) else "",
+    )
+
+
+def version_of(obj: object) -> str | None:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    return version if isinstance(version, str) and version else None
+
+
+class Informer(Generic[T]):
+    """Lists and watches `source`, hands `handler` what `read` could read."""
+
+    def __init__(
+        self,
+        source: Source,
+        read: Callable[[dict[str, Any]], T],
+        handler: Handler[T],
+        stop: threading.Event,
+        skipped: SkippedObjects = KUBE_SKIPPED,
+        jitter: Callable[[float], float] = lambda cap: random.uniform(0.0, cap),
+    ) -> None:
+        self.source = source
+        self.read = read
+        self.handler = handler
+        self.stop_event = stop
+        self.skipped = skipped
+        self.jitter = jitter
+        self.version: str | None = None  # of the last list, event or bookmark: watched from
+        self.lists = 0
+        self.expired = 0  # watches that ended in 410 Gone
+        self._fresh = False  # listed, and no event since: a 410 now would loop
+
+    def run(self) -> None:
+        """One pass: a list if there is no version to watch from, then a watch until the API
+        server ends it. Raises KubeError (the worker backs off)."""
+        if self.stop_event.is_set():
+            return
+        if self.version is None:
+            self.relist()
+        try:
+            for kind, obj in self.source.watch(self.version):
+                if self.stop_event.is_set():
+                    return
+                self.version = version_of(obj) or self.version
+                self._fresh = False
+                if kind in CHANGES:
+                    self._changed(kind, obj)
+        except WatchExpired:
+            self.expired += 1
+            if self._fresh:  # expired straight after a list: the server is not caught up
+                self._back_off()
+            self.version = None  # listed again at the next pass
+            log.info("watch.expired", resource=self.source.resource, expired=self.expired)
+
+    def _back_off(self) -> None:
+        cap = min(RELIST_BACKOFF_SECONDS * 2 ** min(self.expired, 16), RELIST_BACKOFF_MAX_SECONDS)
+        self.stop_event.wait(self.jitter(cap))
+
+    def relist(self) -> None:
+        """List the collection: the handler hears every object that could be read, and the
+        next watch starts from the list's resourceVersion. Raises KubeError."""
+        objects, version = self.source.list()
+        self.lists += 1
+        read: list[T] = []
+        keys = set()
+        for obj in objects:
+            keys.add(object_key(self.source.resource, obj))
+            item = self._read(obj)
+            if item is not None:
+                read.append(item)
+        for gone in self.skipped.listed(self.source.resource, keys):
+            log.info("kube.object_gone", resource=gone[0], namespace=gone[1], name=gone[2])
+        self.version, self._fresh = version, True
+        self.handler.listed(read)
+
+    def _changed(self, kind: str, obj: object) -> None:
+        key = object_key(self.source.resource, obj)
+        if kind == "DELETED" and self.skipped.readable(key):
+            log.info("kube.object_gone", resource=key[0], namespace=key[1], name=key[2])
+        item = self._read(obj, said=kind != "DELETED")
+        if item is not None:
+            self.handler.changed(kind, item)
+
+    def _read(self, obj: object, said: bool = True) -> T | None:
+        """`obj` as `read` makes it, or None (skipped: said once while it stays unreadable)."""
+        key = object_key(self.source.resource, obj)
+        try:
+            if not isinstance(obj, dict):
+                raise Unreadable(f"a {self.source.resource} object is not a JSON object", "")
+            item = self.read(obj)
+        except Unreadable as err:
+            if said and self.skipped.skipped(key, err.field or "the object"):
+                log.warning(
+                    "kube.object_skipped",
+                    resource=key[0], namespace=key[1], name=key[2], error=str(err),
+                )  # fmt: skip
+            return None
+        if self.skipped.readable(key):
+            log.info("kube.object_readable", resource=key[0], namespace=key[1], name=key[2])
+        return item
