@@ -89,7 +89,7 @@ def test_three_share_claims_give_three_client_environments_with_their_own_limits
         assert all(len(servers) == 1 for servers in by_pipe.values())
         assert len({s for servers in by_pipe.values() for s in servers}) == len(pipes)
         daemons = [
-            int(p.read_text()) for p in (root / "p").glob("mps/**/nvidia-cuda-mps-control.pid")
+            int(p.read_text()) for p in (root / "p").glob("mps*/**/nvidia-cuda-mps-control.pid")
         ]
         assert daemons and all(process_alive(pid) for pid in daemons)
     # unprepared: no spec, no daemon left

@@ -21,6 +21,7 @@ ALLOWED = {
     # package data shipped inside the wheel, not a host path
     ("metrics/dcgm.py", 'resources.files("nodeagent.metrics")'),
     ("sim/models.py", 'resources.files("nodeagent.sim")'),
+    ("state/recovery.py", 'resources.files("nodeagent.state")'),
     # writes, not reads: stdout to /dev/null, an exec plugin's credential to a private file
     ("cli/__init__.py", "os.open(os.devnull, os.O_WRONLY)"),
     ("kube/kubeconfig.py", 'os.fdopen(fd, "w")'),
