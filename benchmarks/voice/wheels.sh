@@ -4,7 +4,10 @@
 # prometheus-client): the kubernetes client and pydantic (nodeagent.kube), structlog and tenacity
 # (nodeagent), kmock and jsonpatch (the API server of the claims, tests/support/dra.py). Versions
 # are those of the project's .venv (pyproject.toml's bounds); urllib3 and typing-extensions
-# because kubernetes 37 needs newer ones than an image may have. One version of each.
+# because kubernetes 37 needs newer ones than an image may have; for `pytest -m gpu tests/gpu`
+# (the suite's conftest builds the agent) also the metrics endpoint's server (uvicorn, httptools,
+# h11, click) and kubernetes-validate with its schema stack (tests/gpu/dra/test_real_dra.py,
+# 22 MiB of the ~34). One version of each.
 #
 # Run from the repository root (no arguments: into .whl/, which .git/info/exclude must ignore:
 # `echo /.whl/ >> .git/info/exclude`); then name .whl in the device call's carry and begin its
@@ -36,4 +39,14 @@ get tenacity==9.2.1
 get kmock==0.8
 get jsonpatch==1.48
 get jsonpointer==3.12
+get uvicorn==0.55.0
+get httptools==0.9.0
+get h11==0.16.0
+get click==8.5.1
+get kubernetes-validate==1.37.0
+get jsonschema==4.26.0
+get jsonschema-specifications==2025.9.1
+get referencing==0.37.0
+get rpds-py==2026.9.1
+get importlib_resources==7.1.0
 du -sh "$dir"
