@@ -24,6 +24,7 @@ from nodeagent.base.lock import mig_writer_lock
 from nodeagent.base.logs import get_logger
 from nodeagent.dra.node import NodeConfig, NodeDriver, Stats
 from nodeagent.dra.traces import owner_store, with_api
+from nodeagent.dra.users import PodUsers
 from nodeagent.labels.nfd import write_features
 from nodeagent.metrics.agent import AgentCollector, AgentStats
 from nodeagent.metrics.collectorset import CollectorSet, NamedCollector
@@ -430,17 +431,19 @@ def dra_driver(
     pods: Allocations | None = None,
     owners: OwnerStore | None = None,
     stats: Stats | None = None,
+    users: PodUsers | None = None,
 ) -> NodeDriver:
     """The DRA driver's node side on a pipeline of its own (a test, a benchmark; the agent
     gives it the agent's pipeline): its MIG changes go through the pipeline's steps, under
     the MIG writer lock at `lock_path`, around the pods' devices and the claims of the
-    ownership record (`owners`; default: the one beside the lock)."""
+    ownership record (`owners`; default: the one beside the lock). `users`: a share claim's
+    user read from its pods (the agent's does; None: from its MpsShare config alone)."""
     dra = dataclasses.replace(settings.dra, plugin_dir=config.plugin_dir, cdi_dir=config.cdi_dir)
     settings = dataclasses.replace(settings, dra=dra)
     owners = owners or owner_store(session, dra, lock_path)
     pipeline = command_pipeline(
         session, settings, reset, lock_path, allocations=pods, owners=owners
     )
-    node = NodeDriver(session, config, pipeline, owners, stats)
+    node = NodeDriver(session, config, pipeline, owners, stats, users=users)
     node.start()
     return node

@@ -59,15 +59,40 @@ class DraApi(NodeApi):
         bounds the whole read, retries included (a prepare must answer before the kubelet's
         deadline). Raises KubeError."""
         path = _path(CLAIM, ns=namespace, name=name)
-        timeout = self.settings.request_timeout_seconds
-        if budget_seconds is not None:
-            timeout = max(0.1, min(timeout, budget_seconds))
+        timeout, retry = self._budget(budget_seconds)
         claim: dict[str, Any] | None = self._call(
             f"read resourceclaim {namespace}/{name}",
             _none_on(404, lambda: self._request("GET", path, timeout=timeout)),
-            retry_seconds=None if budget_seconds is None else max(0.0, budget_seconds - timeout),
+            retry_seconds=retry,
         )
         return claim
+
+    def pods_here(
+        self, namespace: str, budget_seconds: float | None = None
+    ) -> list[dict[str, Any]]:
+        """This node's pods in `namespace` as plain JSON (the node filtered here too, whatever
+        the server did): the consumers of a claim prepared here are among them. A list, not a
+        get: the agent's role lists pods already (daemonset/base/rbac.yaml). `budget_seconds`
+        bounds the whole list, retries included. Raises KubeError."""
+        path = _path("/api/v1/namespaces/{ns}/pods", ns=namespace)
+        query = {"fieldSelector": f"spec.nodeName={self.name}"}
+        timeout, retry = self._budget(budget_seconds)
+        result = self._call(
+            f"list pods in {namespace}",
+            lambda: self._request("GET", path, query=query, timeout=timeout),
+            retry_seconds=retry,
+        )
+        items = result.get("items") if isinstance(result, dict) else None
+        return [p for p in items or [] if _node_of(p) == self.name]
+
+    def _budget(self, budget_seconds: float | None) -> tuple[float, float | None]:
+        """(one request's timeout, how long to retry) for a call that `budget_seconds` bounds
+        (None: the settings' own)."""
+        timeout = self.settings.request_timeout_seconds
+        if budget_seconds is None:
+            return timeout, None
+        timeout = max(0.1, min(timeout, budget_seconds))
+        return timeout, max(0.0, budget_seconds - timeout)
 
     def update_claim_status(
         self,
@@ -166,6 +191,11 @@ class DraApi(NodeApi):
             lambda: self._request("PATCH", path, body=body, content_type=MERGE_PATCH),
         )
         return stored
+
+
+def _node_of(pod: object) -> object:
+    spec = pod.get("spec") if isinstance(pod, dict) else None
+    return spec.get("nodeName") if isinstance(spec, dict) else None
 
 
 def claim_event_body(

@@ -18,13 +18,13 @@ MpsConfig: its limits are what the scheduler gave the claim, the result's `consu
 (`<driver>/sm` percent -> threadPercentage, `<driver>/memory` bytes -> pinnedMemory), and the
 result's `shareID` tells the claims that share it apart. The share claims on one device are
 the clients of one MPS server (nodeagent.mps.shares), and an MPS server runs as one user: a
-claim whose containers run as another uid than 0 says so in an opaque config of its own, so
-it gets a daemon of its users (claims of different users on one device are time-sliced
-against each other):
+claim's user is its pods' runAsUser (nodeagent.dra.users, read at prepare) or, for containers
+that set none, an opaque config of its own, so that it gets a daemon of its user (claims of
+different users on one device are time-sliced against each other):
 
     apiVersion: gpu.nodeagent.io/v1
     kind: MpsShare
-    user: 1000               # the uid the claim's containers run as (runAsUser)
+    user: 1000               # the uid the claim's containers run as (their image's USER)
 """
 
 from __future__ import annotations

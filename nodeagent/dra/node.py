@@ -45,6 +45,7 @@ from nodeagent.dra import cdi
 from nodeagent.dra.checkpoint import PREPARED, PREPARING, PreparedClaim, PreparedDevice, load, save
 from nodeagent.dra.claims import ClaimRef, claimed_devices
 from nodeagent.dra.status import device_data
+from nodeagent.dra.users import PodUsers
 from nodeagent.dra.wanted import intents, prepare_wants, release_wants, slice_at
 from nodeagent.mig.select import Desired
 from nodeagent.mig.wanted import ChangeDone, MigEngine, WantedChange
@@ -140,6 +141,7 @@ class NodeDriver:
         owners: OwnerStore,
         stats: Stats | None = None,
         shares: ShareServers | None = None,
+        users: PodUsers | None = None,
     ) -> None:
         self.session = session
         self.config = config
@@ -147,6 +149,7 @@ class NodeDriver:
         self.owners = owners
         self.stats = stats
         self.shares = shares or ShareServers(config.plugin_dir / SHARES_DIR, config.mps_control)
+        self.users = users  # a share claim's user from its pods' runAsUser (None: not read)
         self._share_guard = threading.Lock()
         self._share_locks: dict[str, threading.Lock] = {}  # one claim at a time per server
         self._checkpoint_lock = threading.Lock()  # the checkpoint is one file
@@ -233,6 +236,8 @@ class NodeDriver:
             log.warning("dra.prepare_again", claim=str(ref), gone=gone)
         try:
             claimed = claimed_devices(claim, c.driver, c.pool)
+            if self.users is not None:
+                claimed = self.users.resolve(claim, claimed, deadline)
             wanted = intents(self._inventory(), claimed, before.devices if before else (), c.gpus)
             wanted = self._joining(ref.uid, wanted)
         except AgentError:

@@ -22,6 +22,7 @@ from nodeagent.dra.server import DraPluginServer, Sockets
 from nodeagent.dra.sharewatch import ShareWatch
 from nodeagent.dra.slices import GateWatch, SlicePublisher
 from nodeagent.dra.taints import DeviceFault, device_faults, device_names, with_taints
+from nodeagent.dra.users import PodUsers
 from nodeagent.kube.api import KubeSettings, make_api_client
 from nodeagent.mig.wanted import MigEngine
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
@@ -73,7 +74,7 @@ class DraPlugin:
             gpus=d.devices,
             mps_control=settings.mps.control,
         )
-        self.node = NodeDriver(session, config, engine, owners, stats)
+        self.node = NodeDriver(session, config, engine, owners, stats, users=PodUsers(self.api))
         self.board = HealthBoard()
         self.server = DraPluginServer(self.node, self.api, d.driver, sockets(settings), self.board)
         self.binder = Binder(self.api, self.node, self.server.v1.reports)

@@ -127,8 +127,8 @@ def findings(
             users = sorted({s.user for s in waiting})
             message = (
                 f"client {waiting[0].pid} of user {users[0]} waits behind this MPS server (it"
-                f" runs as user {waiting[0].key.group}); an MpsShare config with its user gives"
-                " it a server of its own"
+                f" runs as user {waiting[0].key.group}); a runAsUser on its containers, or an"
+                " MpsShare config with its user, gives it a server of its own"
             )
             out.append(Finding(uid, d.device, WAITING, message, tuple(s.pid for s in waiting)))
         else:

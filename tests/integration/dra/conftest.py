@@ -13,6 +13,7 @@ import pytest
 from nodeagent.agent.factory import dra_driver
 from nodeagent.dra.api import DraApi
 from nodeagent.dra.server import DraPluginServer, Sockets
+from nodeagent.dra.users import PodUsers
 from nodeagent.kube.api import KubeSettings, make_api_client
 from nodeagent.metrics.dra import DraStats
 from nodeagent.nvml import NvmlSession
@@ -50,8 +51,9 @@ def dra_node(
     config = node_config(short_root, fake_mps_control)
     stats = DraStats()
     node = dra_driver(
-        session, Settings(), config, no_reset, lock, pods=lambda: dict(pods), stats=stats
-    )
+        session, Settings(), config, no_reset, lock, pods=lambda: dict(pods), stats=stats,
+        users=PodUsers(api),
+    )  # fmt: skip
     sockets = Sockets(short_root / "p" / "dra.sock", short_root / "reg" / f"{DRIVER}-reg.sock")
     server = DraPluginServer(node, api, DRIVER, sockets)
     server.start()
