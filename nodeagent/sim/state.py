@@ -11,6 +11,7 @@ from nodeagent.sim.models import MAX_GPUS, NO_RESET, load_model
 
 STATE_VERSION = 1
 _UUID_NAMESPACE = uuid.UUID("6d1f5c8e-3f0a-4c0b-9a43-1f7e2b9c4d10")
+UUID_SERIALS = 2**63 - 1  # a GPU's MIG UUID serials: 0 .. 2**63 - 2 (a signed 64-bit range)
 # Bus numbers as a DGX-style board enumerates its 8 (then 16) GPUs; GPUs past those take the
 # other buses of PCI domain 0 in order (bus 0 is the root complex's): one bus each, 255 in all.
 _EIGHT = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
@@ -94,8 +95,14 @@ class GpuState:
     reset_refused: bool = False
 
     def new_mig_uuid(self) -> str:
-        self.uuid_serial += 1
-        return "MIG-" + str(uuid.uuid5(_UUID_NAMESPACE, f"{self.uuid}/{self.uuid_serial}"))
+        """A MIG device UUID not in use on this GPU. The serial wraps within what the state
+        file's loader reads back (UUID_SERIALS), so whatever is written can be read again."""
+        live = {ci.uuid for gi in self.gis.values() for ci in gi.cis.values()}
+        while True:
+            self.uuid_serial = (self.uuid_serial + 1) % UUID_SERIALS
+            made = "MIG-" + str(uuid.uuid5(_UUID_NAMESPACE, f"{self.uuid}/{self.uuid_serial}"))
+            if made not in live:
+                return made
 
 
 @dataclass

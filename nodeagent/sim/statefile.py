@@ -32,6 +32,7 @@ from nodeagent.sim.models import MODEL_NAMES
 from nodeagent.sim.rules import CI_IDS, COMPUTE_MODES, GI_IDS, MAX_PID
 from nodeagent.sim.state import (
     STATE_VERSION,
+    UUID_SERIALS,
     XID_LOG,
     CiState,
     GiState,
@@ -232,7 +233,7 @@ def _gpu(raw: Any, index: int) -> GpuState:
         mig_pending=_int(raw["mig_pending"], f"{where}.mig_pending", (0, 1)),
         gis={gi.id: gi for gi in (_gi(g, f"{where}.gis.{k}") for k, g in gis.items())},
         compute_mode=_int(raw.get("compute_mode", 0), f"{where}.compute_mode", COMPUTE_MODES),
-        uuid_serial=_int(raw["uuid_serial"], f"{where}.uuid_serial", range(0, _I64)),
+        uuid_serial=_int(raw["uuid_serial"], f"{where}.uuid_serial", range(0, UUID_SERIALS)),
         health=_health(raw.get("health", {}), f"{where}.health"),
         reset_refused=_flag(raw.get("reset_refused", False), f"{where}.reset_refused"),
     )

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from nodeagent.base.errors import SimError
 from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.sim.models import load_model
-from nodeagent.sim.state import fresh_state, to_json
+from nodeagent.sim.state import UUID_SERIALS, fresh_state, to_json
 from nodeagent.sim.statefile import load_state
 from tests.support.cli import Result, assert_one_error
 
@@ -516,6 +516,31 @@ def test_a_dangling_link_gets_its_file_created(cli: Cli, tmp_path: Path) -> None
     assert len(json.loads(target.read_text())["gpus"]) == 2
 
 
+def test_a_state_at_its_uuid_serial_limit_is_written_so_it_reads_back(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """Issue 39 class 5: the loader takes uuid_serial up to 2**63 - 2; slices made from there
+    wrap the serial within that range (and skip a UUID in use), never past it."""
+    state = tmp_path / "node.json"
+    doc = json.loads(GOOD)
+    doc["gpus"][0]["uuid_serial"] = UUID_SERIALS - 2
+    state.write_text(json.dumps(doc))
+    base = ("--simulate", "h200", "--sim-state", str(state))
+    config = tmp_path / "mig.yaml"
+    made = cli(*base, "mig", "generate-config")
+    assert made.returncode == 0, made.stderr
+    config.write_text(made.stdout)
+    applied = cli(*base, "mig", "apply", "-f", str(config), "-c", "all-1g.18gb")
+    assert applied.returncode == 0, applied.stderr
+    loaded = load_state(state)
+    assert loaded is not None
+    (gpu,) = loaded[0].gpus
+    uuids = [ci.uuid for gi in gpu.gis.values() for ci in gi.cis.values()]
+    assert len(uuids) == 7 == len(set(uuids))
+    assert 0 <= gpu.uuid_serial < UUID_SERIALS - 2  # it wrapped
+    assert cli(*base, "status").returncode == 0
+
+
 @pytest.mark.parametrize("spec", ["", "   ", ",", "h200,"])
 def test_an_empty_spec_is_refused(spec: str) -> None:
     """(On the command line `--simulate ''` means "not set": the settings' rule for '' values.)"""
@@ -531,18 +556,21 @@ def test_an_empty_spec_is_refused(spec: str) -> None:
 )
 @given(
     model=st.sampled_from(["h200", "a30", "a100-40gb"]),
+    serial=st.sampled_from([0, UUID_SERIALS - 3, UUID_SERIALS - 1]),
     picks=st.lists(
         st.tuples(st.integers(0, 20), st.integers(0, 10), st.integers(0, 6)), max_size=12
     ),
 )
 def test_every_state_the_emulator_reaches_loads_back(
-    tmp_path: Path, model: str, picks: list[tuple[int, int, int]]
+    tmp_path: Path, model: str, serial: int, picks: list[tuple[int, int, int]]
 ) -> None:
-    """Random GI/CI creations (many refused by the emulator's rules); what it keeps reloads."""
+    """Random GI/CI creations (many refused by the emulator's rules), from a MIG UUID serial
+    anywhere up to its limit; what it keeps reloads."""
     state = tmp_path / f"{model}.json"
     state.unlink(missing_ok=True)
     lib = SimulatedNvml([model], state)
     lib.nvmlInit()
+    lib.state.gpus[0].uuid_serial = serial
     dev = lib.nvmlDeviceGetHandleByIndex(0)
     lib.nvmlDeviceSetMigMode(dev, 1)
     lib.reset(0)  # Ampere: the mode applies at reset
