@@ -14,8 +14,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,70 +28,15 @@ from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
+from tests.support.crash import run
 from tests.support.dra import allocated_claim, no_reset, node_config
 
-REPO = Path(__file__).resolve().parents[3]
-SCRIPT = """
-import json, sys
-from pathlib import Path
-from nodeagent.dra.claims import ClaimRef
-from nodeagent.dra.node import NodeConfig
-from nodeagent.nvml import NvmlSession
-from nodeagent.agent.factory import dra_driver
-from nodeagent.settings import Settings
-from nodeagent.sim import open_emulator
-
-root, action, claim = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
-kill = json.loads(sys.argv[4])  # {"write": N} or {"at": path}: killed before that rename
-if kill:
-    import os
-    real_replace, writes = os.replace, [0]
-
-    def replace(src, dst, *args, **kwargs):
-        writes[0] += 1
-        if writes[0] == kill.get("write") or str(dst) == kill.get("at"):
-            (root / "killed-at").write_text(str(dst))
-            os._exit(137)  # as SIGKILL: the temporary file is written, not renamed
-        real_replace(src, dst, *args, **kwargs)
-
-    os.replace = replace
-config = NodeConfig("gpu.nodeagent.io", "node-1", root / "p", root / "cdi")
-session = NvmlSession(open_emulator("h200x2", root / "sim.json"))
-node = dra_driver(session, Settings(), config, lambda i: None, root / ".sim.json.lock")
-meta = claim["metadata"]
-if action == "prepare":
-    node.prepare(ClaimRef(meta["namespace"], meta["name"], meta["uid"]), claim)
-elif action == "make":  # the binding watcher's half, before the pod binds
-    node.make(ClaimRef(meta["namespace"], meta["name"], meta["uid"]), claim)
-else:
-    node.unprepare(meta["uid"])
-"""
 # (name, claimed device, the GPU before: MIG on?, slices there (profile id, start, size),
 #  NVML mutations the prepare makes)
 SCENARIOS = [
     ("mig-off", "gpu-0-mig-1g18gb-19-2", False, [], 3),  # mode, GI, CI
     ("idle-slice-in-the-way", "gpu-0-mig-2g35gb-14-2", True, [(9, 0, 4)], 4),  # CI, GI, GI, CI
 ]
-
-
-def run(
-    root: Path,
-    action: str,
-    claim: dict[str, Any],
-    fault: dict[str, Any] | None,
-    kill: dict[str, Any] | None = None,
-) -> int:
-    """The driver in a process of its own; `fault`: an NVML fault of the emulator's; `kill`:
-    {"write": N} or {"at": path}, the process ends before that rename of a written file."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
-    if fault is not None:
-        env["NODEAGENT_SIM_FAULTS"] = json.dumps([fault])
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(root), action, json.dumps(claim), json.dumps(kill)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode in (0, 137), proc.stderr
-    return proc.returncode
 
 
 def setup_gpu(root: Path, mig: bool, slices: list[tuple[int, int, int]]) -> SimulatedNvml:
