@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
@@ -75,7 +76,7 @@ def atomic_write_text(
     write fails. With `durable` (the default) the data reach the disk before the rename."""
     check_target(path, what)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -88,6 +89,30 @@ def atomic_write_text(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}."
+
+
+_RANDOM = re.compile(r"[a-z0-9_]{8}")  # tempfile.mkstemp's part of the name
+
+
+def interrupted_writes(path: Path) -> list[Path]:
+    """The temporary files that atomic_write_text left beside `path` when the process was
+    killed between creating one and renaming it over `path` (`.<name>.<8 random characters>`;
+    readers never see them, and nothing else removes them). Raises OSError when the folder
+    cannot be listed (an absent one holds none)."""
+    try:
+        names = os.listdir(path.parent)
+    except FileNotFoundError:
+        return []
+    prefix = _temp_prefix(path)
+    return sorted(
+        path.parent / n
+        for n in names
+        if n.startswith(prefix) and _RANDOM.fullmatch(n[len(prefix) :])
+    )
 
 
 class UnreadableFile(ConfigError):

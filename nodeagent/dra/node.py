@@ -12,9 +12,10 @@ create go into the checkpoint before the first mutation; a retry plans again fro
 reports (a GI left without its CI gets its CI); the MPS daemon is adopted if it runs; the CDI
 spec and the checkpoint (`prepared`) are written last. A prepare that fails undoes what it did
 (nothing is left half held). `unprepare` undoes what the claim created, and only that: its MPS
-daemon and directories, its MIG slices, its CDI spec, its records; an unknown claim is already
-unprepared. Claims are prepared side by side: one claim's calls are serialised, and a claim
-waits for another only while the pipeline holds the MIG writer lock for an NVML change.
+daemon and directories, its MIG slices, its CDI spec (and the temporary file of a write of it
+that a kill cut short), its records; an unknown claim is already unprepared. Claims are
+prepared side by side: one claim's calls are serialised, and a claim waits for another only
+while the pipeline holds the MIG writer lock for an NVML change.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from nodeagent.base.errors import (
     NvmlError,
     SliceInUse,
 )
-from nodeagent.base.files import atomic_write_text
+from nodeagent.base.files import atomic_write_text, interrupted_writes
 from nodeagent.base.logs import get_logger
 from nodeagent.dra import cdi
 from nodeagent.dra.checkpoint import PREPARED, PREPARING, PreparedClaim, PreparedDevice, load, save
@@ -159,8 +160,15 @@ class NodeDriver:
     def start(self) -> None:
         """Before the first claim: the ownership record is written now if there is none (or
         an unreadable one), rebuilt from the node once, so that claims prepared later are never
-        mistaken for a lost record's traces."""
+        mistaken for a lost record's traces; a checkpoint write that a kill interrupted leaves
+        no temporary file behind (a claim's CDI spec write: its unprepare removes it)."""
         self.owners.ensure()
+        with self._checkpoint_lock:  # every write of the checkpoint holds it: none is under way
+            try:
+                for path in interrupted_writes(self.config.checkpoint):
+                    path.unlink(missing_ok=True)
+            except OSError as err:  # litter, not a reason to serve no claim
+                log.warning("dra.litter_left", path=str(err.filename), error=err.strerror)
 
     @contextmanager
     def _claim(self, uid: str) -> Iterator[None]:
@@ -558,7 +566,8 @@ class NodeDriver:
     def _release(self, uid: str, claim: PreparedClaim, deadline: float | None) -> None:
         """Undo what `claim` made, in the order that never leaves a slice unowned while it
         exists: MPS daemons, the slices (the ownership entry dropped under the same lock, once
-        they are gone), the CDI spec, the MPS directories, the checkpoint entry."""
+        they are gone), the CDI spec (with an interrupted write of it), the MPS directories,
+        the checkpoint entry."""
         c = self.config
         for d in claim.devices:
             if d.mps is not None and d.shared:
@@ -582,7 +591,10 @@ class NodeDriver:
         self._run(change)
         spec = cdi.spec_file(c.cdi_dir, c.driver, uid)
         try:
-            spec.unlink(missing_ok=True)
+            # The spec, and the temporary file of a write of it cut short by a kill: nothing
+            # else knows that file is the claim's (the checkpoint entry goes last, below).
+            for path in (spec, *interrupted_writes(spec)):
+                path.unlink(missing_ok=True)
             shutil.rmtree(self.config.plugin_dir / "mps" / uid, ignore_errors=False)
         except FileNotFoundError:
             pass

@@ -8,6 +8,7 @@ deallocates the claim (it is then allocated again, here on the one node there is
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from pathlib import Path
@@ -15,12 +16,14 @@ from typing import Any
 
 import pynvml
 
+from nodeagent.base.files import interrupted_writes
 from nodeagent.dra.checkpoint import PREPARED, load
 from nodeagent.nvml import MigWriter, read_inventory
 from nodeagent.sim.faults import Fault, FaultPlan
 from tests.k8s.test_dra_real import _template
 from tests.k8s.test_gates_real import _plugin
 from tests.k8s.test_packing_real import DRIVER, _device_classes, _pod, _wait
+from tests.support.crash import run
 from tests.support.fake_kubelet.dra import Claim, FakeDraKubelet
 from tests.support.k8s import ControlPlane, make_node
 
@@ -114,6 +117,51 @@ def test_the_pod_binds_once_the_watcher_made_its_slice_and_prepare_adopts_it(
         assert load(plugin.checkpoint).claims[ref.uid].state == PREPARED
         assert kubelet.unprepare([ref]) == {ref.uid: ""}
         assert read_inventory(session).gpus[0].slices == ()  # the claim made it: it goes
+    finally:
+        plugin.stop()
+        session.close()
+
+
+def test_a_prepare_killed_writing_its_cdi_spec_leaves_nothing_once_its_pod_is_deleted(
+    api_client: Any, control_plane: ControlPlane, namespace: str, short_tmp: Path
+) -> None:
+    """Issue 39 class 7 on the real scheduler: the slice made before the pod bound, the agent
+    down, the kubelet's prepare killed between the CDI spec's temporary file and its rename,
+    then the pod deleted (its claim with it). The restarted agent's binding watcher undoes the
+    claim it holds as preparing, the kubelet's unprepare finds nothing more to do, and nothing
+    is left: no file in the CDI folder, no slice, no checkpoint or ownership entry."""
+    from kubernetes import client
+
+    node, plugin, session = _setup(short_tmp, control_plane, api_client, namespace)
+    try:
+        _wait("the claim allocated", lambda: _allocated(api_client, namespace, "asr"))
+        plugin.binder.cycle()  # the slice made, SliceReady
+        assert _wait("the pod bound", lambda: _node_of(api_client, namespace, "asr"), 30) == node
+        claim = _claim_of(api_client, namespace, "asr")
+        assert claim is not None
+    finally:
+        plugin.stop()  # the agent goes down
+        session.close()
+    meta = claim["metadata"]
+    spec = short_tmp / "cdi" / f"k8s.{DRIVER}-claim_{meta['uid']}.json"
+    killed = run(short_tmp, "prepare", claim, None, {"at": str(spec)}, pool=node, gpus="h200")
+    assert killed == 137
+    assert not spec.exists() and len(interrupted_writes(spec)) == 1
+    client.CoreV1Api(api_client).delete_namespaced_pod("asr", namespace, grace_period_seconds=0)
+    _wait("the claim deleted", lambda: _claim_of(api_client, namespace, "asr") is None, 60)
+
+    plugin, session = _plugin(short_tmp, control_plane, node, "h200")  # the agent restarted
+    plugin.start()
+    try:
+        plugin.binder.cycle()  # the list: the claim it holds as preparing is gone, undone
+        kubelet = FakeDraKubelet(short_tmp / "reg")
+        kubelet.register(DRIVER)
+        ref = Claim(meta["namespace"], meta["name"], meta["uid"])
+        assert kubelet.unprepare([ref]) == {ref.uid: ""}
+        assert os.listdir(short_tmp / "cdi") == []
+        assert read_inventory(session).gpus[0].slices == ()
+        assert load(plugin.checkpoint).claims == {}
+        assert plugin.node.owners.read().claims == {}
     finally:
         plugin.stop()
         session.close()

@@ -1,20 +1,26 @@
 """A prepare or unprepare killed at every NVML mutation (the emulator's fault injection:
 NODEAGENT_SIM_FAULTS [{"mutation": N, "exit": 137}], state kept in a file as the GPUs keep
 theirs) converges when the kubelet asks again: the same slices, the claim prepared once, and
-after unprepare nothing of the claim left."""
+after unprepare nothing of the claim left.
+
+A claim killed at any file write of its prepare, make or unprepare (the driver process ends
+just before the Nth rename of a written file: the checkpoint, the ownership record, the CDI
+spec, the emulator's state, that is after each NVML mutation too) and then deleted leaves
+nothing once the restarted driver unprepared it: no CDI spec, nor a write of one cut short,
+no MIG slice, no checkpoint or ownership entry."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nodeagent.agent.factory import dra_driver
+from nodeagent.base.files import interrupted_writes
 from nodeagent.dra.checkpoint import PREPARED, load
 from nodeagent.dra.claims import ClaimRef
 from nodeagent.dra.node import NodeDriver
@@ -22,47 +28,15 @@ from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
+from tests.support.crash import run
 from tests.support.dra import allocated_claim, no_reset, node_config
 
-REPO = Path(__file__).resolve().parents[3]
-SCRIPT = """
-import json, sys
-from pathlib import Path
-from nodeagent.dra.claims import ClaimRef
-from nodeagent.dra.node import NodeConfig
-from nodeagent.nvml import NvmlSession
-from nodeagent.agent.factory import dra_driver
-from nodeagent.settings import Settings
-from nodeagent.sim import open_emulator
-
-root, action, claim = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
-config = NodeConfig("gpu.nodeagent.io", "node-1", root / "p", root / "cdi")
-session = NvmlSession(open_emulator("h200x2", root / "sim.json"))
-node = dra_driver(session, Settings(), config, lambda i: None, root / ".sim.json.lock")
-meta = claim["metadata"]
-if action == "prepare":
-    node.prepare(ClaimRef(meta["namespace"], meta["name"], meta["uid"]), claim)
-else:
-    node.unprepare(meta["uid"])
-"""
 # (name, claimed device, the GPU before: MIG on?, slices there (profile id, start, size),
 #  NVML mutations the prepare makes)
 SCENARIOS = [
     ("mig-off", "gpu-0-mig-1g18gb-19-2", False, [], 3),  # mode, GI, CI
     ("idle-slice-in-the-way", "gpu-0-mig-2g35gb-14-2", True, [(9, 0, 4)], 4),  # CI, GI, GI, CI
 ]
-
-
-def run(root: Path, action: str, claim: dict[str, Any], fault: dict[str, Any] | None) -> int:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
-    if fault is not None:
-        env["NODEAGENT_SIM_FAULTS"] = json.dumps([fault])
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(root), action, json.dumps(claim)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode in (0, 137), proc.stderr
-    return proc.returncode
 
 
 def setup_gpu(root: Path, mig: bool, slices: list[tuple[int, int, int]]) -> SimulatedNvml:
@@ -161,3 +135,90 @@ def test_a_killed_prepare_the_kubelet_gives_up_on_is_undone(short_root: Path) ->
     assert layout(short_root) == (True, [("4g.71gb", 0, False)])  # a GI without its CI
     driver(short_root).unprepare("uid-1")
     assert layout(short_root) == (True, [])
+
+
+SPEC = "k8s.gpu.nodeagent.io-claim_uid-1.json"
+MIG_DEVICE = "gpu-0-mig-1g18gb-19-2"
+NOTHING: dict[str, list[Any]] = {
+    "cdi": [], "checkpoint writes": [], "slices": [], "checkpoint": [], "owners": []
+}  # fmt: skip
+
+
+def left_behind(root: Path) -> dict[str, list[Any]]:
+    """What a restarted driver finds of the claims: the CDI folder's files (a temporary one
+    of a write cut short included), the checkpoint's, GPU 0's slices, the checkpoint's and
+    the ownership record's claims."""
+    node = driver(root)  # the agent restarted
+    cdi_dir = root / "cdi"
+    return {
+        "cdi": sorted(os.listdir(cdi_dir)) if cdi_dir.exists() else [],
+        "checkpoint writes": [p.name for p in interrupted_writes(root / "p" / "checkpoint.json")],
+        "slices": layout(root)[1],
+        "checkpoint": sorted(load(root / "p" / "checkpoint.json").claims),
+        "owners": sorted(node.owners.read().claims),
+    }
+
+
+@pytest.mark.parametrize("asked_again", [False, True], ids=["deleted", "prepared-again-deleted"])
+@pytest.mark.parametrize("made_first", [False, True], ids=["prepare-makes", "prepare-adopts"])
+def test_a_prepare_killed_writing_its_cdi_spec_leaves_nothing_once_deleted(
+    short_root: Path, made_first: bool, asked_again: bool
+) -> None:
+    """Issue 39 class 7: killed after the CDI spec's temporary file was written (and fsynced),
+    before its rename. The spec's name is not there, its temporary file is, and nothing but
+    the claim's unprepare can tell that file is the claim's. `made_first`: the slice was made
+    before the pod bound (the binding watcher's make, as on the real scheduler)."""
+    setup_gpu(short_root, True, [])
+    claim = allocated_claim("asr", "uid-1", {"gpu": MIG_DEVICE})
+    ref = ClaimRef("speech", "asr", "uid-1")
+    if made_first:
+        driver(short_root).make(ref, claim)
+    spec = short_root / "cdi" / SPEC
+
+    assert run(short_root, "prepare", claim, None, {"at": str(spec)}) == 137
+    assert not spec.exists()
+    assert len(interrupted_writes(spec)) == 1  # the window: a spec left that nothing names
+
+    node = driver(short_root)  # the agent restarted
+    if asked_again:  # the kubelet asks again before the pod goes
+        (answer,) = node.prepare(ref, claim)
+        assert answer.cdi_ids == (f"k8s.gpu.nodeagent.io/claim=uid-1-{MIG_DEVICE}",)
+        assert json.loads(spec.read_text())["devices"][0]["name"] == f"uid-1-{MIG_DEVICE}"
+    node.unprepare("uid-1")  # the pod and its claim deleted: the kubelet unprepares
+    assert left_behind(short_root) == NOTHING
+
+
+FLOWS = {  # the calls that completed before, the call killed
+    "prepare": ((), "prepare"),
+    "make": ((), "make"),
+    "prepare-after-make": (("make",), "prepare"),
+    "unprepare": (("prepare",), "unprepare"),
+}
+
+
+@pytest.mark.parametrize("flow", FLOWS)
+def test_a_claim_killed_at_any_write_and_deleted_leaves_nothing(
+    short_root: Path, flow: str
+) -> None:
+    """Killed before each rename of a written file in turn (then once more: the call
+    completes); after each, the restarted driver unprepares the deleted claim and nothing of
+    it is left."""
+    done, killed = FLOWS[flow]
+    claim = allocated_claim("asr", "uid-1", {"gpu": MIG_DEVICE})
+    ref = ClaimRef("speech", "asr", "uid-1")
+    points = []
+    for n in itertools.count(1):
+        root = short_root / str(n)
+        root.mkdir()
+        setup_gpu(root, True, [])
+        for call in done:
+            getattr(driver(root), call)(ref, claim)
+        code = run(root, killed, claim, None, {"write": n})
+        if code == 137:
+            points.append((root / "killed-at").read_text().removeprefix(f"{root}/"))
+        driver(root).unprepare("uid-1")  # restarted; the pod and its claim deleted
+        assert left_behind(root) == NOTHING, f"killed before write {n}: {points[-1:]}"
+        if code == 0:  # every write of the call was a kill point
+            break
+    assert len(points) >= 4
+    assert (f"cdi/{SPEC}" in points) == (killed == "prepare")
