@@ -8,6 +8,7 @@ Plain SVG written here (no drawing library: the picture is boxes, text and arrow
 
 from __future__ import annotations
 
+import itertools
 import sys
 from html import escape
 from pathlib import Path
@@ -142,7 +143,7 @@ def render() -> str:
         mid = x + w / 2
         ends = [(40.0, 52.0), *boxes, (bottom + 16, bottom + 30)]  # the source, the sink
         sides = [0, 0]  # routes taken so far on the left and the right: each its own lane
-        for (t1, b1), (t2, b2) in zip(ends, ends[1:], strict=False):
+        for (t1, b1), (t2, b2) in itertools.pairwise(ends):
             between = [b for b in boxes if b1 <= b[0] and b[1] <= t2]
             if t2 >= b1 and not between:  # straight down
                 out.append(_line([(mid, b1), (mid, t2)], colour))

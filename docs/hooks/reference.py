@@ -30,6 +30,21 @@ def _commands(parser: argparse.ArgumentParser, prefix: str = "nodeagent") -> lis
     return out
 
 
+def _reasons() -> list[str]:
+    """The error classes of nodeagent.base.errors as a table: reason, consequence, exit code."""
+    from nodeagent.base import errors
+
+    rows = ["| reason | consequence | exit code | what failed (error class) |", "|---|---|---|---|"]
+    classes = [c for c in vars(errors).values() if isinstance(c, type)]
+    for cls in sorted(
+        (c for c in classes if issubclass(c, errors.AgentError)), key=lambda c: c.reason
+    ):
+        doc = " ".join((cls.__doc__ or "").split()).split(". ")[0].rstrip(".")
+        then = "retry" if cls.retry else "refused"
+        rows.append(f"| `{cls.reason}` | {then} | {cls.exit_code} | {doc} (`{cls.__name__}`) |")
+    return rows
+
+
 def cli_page() -> str:
     from nodeagent.cli import build_parser
 
@@ -45,6 +60,16 @@ def cli_page() -> str:
         EXIT_CODES,
         "Errors go to stderr as one sentence naming what is wrong, never a traceback"
         " ([Troubleshooting](../troubleshooting.md)).",
+        "",
+        "## Failure reasons",
+        "",
+        "Each failure has a reason and a consequence: *retry* (the same command may succeed"
+        " later, unchanged) or *refused* (only a change of the input helps). With"
+        ' `--output json` a failed command also prints `{"error": <the sentence>,'
+        ' "reason": ..., "retry": true|false}` to stdout; the DRA driver\'s'
+        " `nodeagent_dra_refusals_total{reason}` counts by the same reasons.",
+        "",
+        *_reasons(),
         "",
     ]
     for command, text in _commands(parser):

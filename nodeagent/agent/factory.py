@@ -19,7 +19,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from nodeagent.agent.service import Agent, AgentParts, Current
 from nodeagent.base.configfile import ConfigCache
-from nodeagent.base.errors import KubeError
+from nodeagent.base.errors import KubeError, Stopping
 from nodeagent.base.lock import mig_writer_lock
 from nodeagent.base.logs import get_logger
 from nodeagent.dra.node import NodeConfig, NodeDriver, Stats
@@ -328,7 +328,7 @@ class NodeEdges:
 
     def _sleep(self, seconds: float) -> None:
         if self.stop.wait(seconds):
-            raise KubeError("the agent is stopping")
+            raise Stopping("the agent is stopping")
 
     def failure(self) -> str | None:
         """Why a node-label config is not applied while it stays failed (for /readyz)."""

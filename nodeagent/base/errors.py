@@ -1,4 +1,12 @@
-"""The nodeagent error hierarchy. The CLI maps each class to an exit code and one sentence."""
+"""The nodeagent error hierarchy. The CLI maps each class to an exit code and one sentence.
+
+Each class says its consequence and its reason:
+- `retry`: True when the same call may succeed later unchanged (a lock another holds, an API
+  server or daemon down, a deadline passed, the agent stopping); False when it was refused as
+  given (bad input, a layout the GPU cannot have) and only a change of the input helps.
+- `reason`: a short name for the class of failure, the one the metrics count by
+  (`nodeagent_dra_refusals_total{reason}`) and the CLI's `--output json` failures carry.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +15,22 @@ class AgentError(Exception):
     """Base of every error nodeagent raises on purpose. `str(err)` is one readable sentence."""
 
     exit_code = 3
+    reason = "other"
+    retry = False
 
 
 class ConfigError(AgentError):
-    """Bad input: a config file, a flag, an environment variable, a simulate spec."""
+    """Bad input: a config file, a flag, an environment variable, a simulate spec, a claim."""
 
     exit_code = 2
+    reason = "bad-input"
 
 
 class NvmlError(AgentError):
     """NVML refused a call. `code` is NVML's numeric return code (e.g. NVML_ERROR_IN_USE = 19)."""
 
     exit_code = 3
+    reason = "nvml"
 
     def __init__(self, code: int, function: str, message: str, context: str = "") -> None:
         self.code = code
@@ -33,18 +45,28 @@ class MigError(AgentError):
     """A MIG reconfiguration could not be done."""
 
     exit_code = 3
+    reason = "mig"
 
 
 class SliceInUse(MigError):
     """The requested change would destroy a slice that a process or pod holds."""
 
+    reason = "in-use"
+    retry = True  # the holder may let go
+
 
 class GeometryInvalid(MigError):
-    """The requested layout is not valid on the GPU model."""
+    """The requested layout cannot be had on the GPU (its model's rules, or the slices others
+    hold there)."""
+
+    reason = "in-use"
 
 
 class ModeChangePending(MigError):
     """A MIG mode change stayed pending (Ampere needs a GPU reset)."""
+
+    reason = "mode-pending"
+    retry = True
 
 
 class ResetLeftToUser(ModeChangePending):
@@ -57,6 +79,7 @@ class RebootRequired(ModeChangePending):
     it failed or is not offered (Ampere, pass-through VMs). `gpus`: the GPUs it waits on."""
 
     exit_code = 5
+    reason = "reboot"
 
     def __init__(self, message: str, gpus: tuple[int, ...] = ()) -> None:
         super().__init__(message)
@@ -66,9 +89,16 @@ class RebootRequired(ModeChangePending):
 class MpsError(AgentError):
     """The MPS control daemon could not be started, configured or reached."""
 
+    reason = "mps"
+    retry = True
+
 
 class KubeError(AgentError):
-    """The Kubernetes API refused or could not be reached."""
+    """Kubernetes refused or could not be reached: the API server, or the kubelet's own APIs
+    (pod-resources). Not for our own sockets, locks or deadlines (their classes below)."""
+
+    reason = "api"
+    retry = True
 
 
 class SimError(ConfigError):
@@ -76,13 +106,42 @@ class SimError(ConfigError):
 
 
 class NothingMatched(AgentError):
-    """A selection matched nothing (e.g. a config covers no GPU of this node)."""
+    """A selection matched nothing (a config that covers no GPU of this node, say)."""
 
     exit_code = 1
+    reason = "nothing-matched"
 
 
-class LockHeld(AgentError):
+class LockError(AgentError):
+    """A lock file nodeagent needs could not be taken (not a holder: the file itself)."""
+
+    reason = "lock"
+
+
+class LockHeld(LockError):
     """Another process holds a lock nodeagent needs: the node's MIG writer lock (an agent or a
     `mig apply`), or a DRA plugin directory's (another agent)."""
 
     exit_code = 3
+    retry = True
+
+
+class SocketError(AgentError):
+    """A unix socket of our own could not be listened on or served (the DRA plugin's)."""
+
+    reason = "socket"
+    retry = True
+
+
+class DeadlineExceeded(AgentError):
+    """The time a caller gave us ran out (the kubelet's deadline of a prepare)."""
+
+    reason = "deadline"
+    retry = True
+
+
+class Stopping(AgentError):
+    """The agent is stopping: the work was not done and is not tried again here."""
+
+    reason = "stopping"
+    retry = True

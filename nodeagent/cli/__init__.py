@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from nodeagent import __version__
 from nodeagent.base.errors import AgentError
 from nodeagent.base.logs import configure_logging, printable
-from nodeagent.cli.common import Context, add_setting_flags, output_flag
+from nodeagent.cli.common import Context, add_setting_flags, output_flag, print_json
 from nodeagent.cli.dra import add_dra_parser
 from nodeagent.cli.mig import add_mig_parser
 from nodeagent.cli.migparted import read_mig_parted_variables
@@ -109,6 +109,8 @@ def execute(args: argparse.Namespace, prog: str) -> int:
         return func(ctx)
     except AgentError as err:  # names and values from files and flags: shown escaped, capped
         print(f"{prog}: {printable(str(err), keep_newlines=True)}", file=sys.stderr)
+        if vars(args).get("output") == "json":  # a script reads the failure as it reads output
+            print_json({"error": str(err), "reason": err.reason, "retry": err.retry})
         return err.exit_code
     except KeyboardInterrupt:
         return 130

@@ -32,12 +32,7 @@ from typing import Any, Protocol
 from nodeagent.base.errors import (
     AgentError,
     ConfigError,
-    GeometryInvalid,
-    KubeError,
-    LockHeld,
     MigError,
-    MpsError,
-    NvmlError,
     SliceInUse,
 )
 from nodeagent.base.files import atomic_write_text, interrupted_writes
@@ -114,20 +109,8 @@ def kind_of(devices: tuple[PreparedDevice, ...] | list[PreparedDevice]) -> str:
 
 
 def reason_of(err: BaseException) -> str:
-    """A refusal's reason, as the metrics count it."""
-    for cls, reason in (
-        (SliceInUse, "in-use"),
-        (GeometryInvalid, "in-use"),
-        (LockHeld, "lock"),
-        (KubeError, "api"),
-        (MpsError, "mps"),
-        (NvmlError, "nvml"),
-        (MigError, "nvml"),
-        (ConfigError, "bad-claim"),
-    ):
-        if isinstance(err, cls):
-            return reason
-    return "other"
+    """A refusal's reason, as the metrics count it: the error's own (nodeagent.base.errors)."""
+    return err.reason if isinstance(err, AgentError) else "other"
 
 
 class NodeDriver:

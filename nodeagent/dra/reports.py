@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from nodeagent.base.errors import AgentError, KubeError
+from nodeagent.base.errors import AgentError, DeadlineExceeded
 from nodeagent.base.logs import get_logger
 from nodeagent.dra.api import DraApi
 from nodeagent.dra.claims import ClaimRef, checked_claim
@@ -145,7 +145,9 @@ class StatusReports:
 
         try:
             if budget < MIN_SECONDS:
-                raise KubeError(f"no time left before the kubelet's deadline for {ref}'s status")
+                raise DeadlineExceeded(
+                    f"no time left before the kubelet's deadline for {ref}'s status"
+                )
             if claim is not None and read(claim) is None:
                 return True  # the claim says so already (a kubelet's retry, a restart)
             written = self.api.update_claim_status(

@@ -36,7 +36,7 @@ from typing import Any
 
 import grpc
 
-from nodeagent.base.errors import AgentError, KubeError, LockHeld
+from nodeagent.base.errors import AgentError, KubeError, LockError, LockHeld, SocketError
 from nodeagent.base.files import open_lock_file
 from nodeagent.base.logs import get_logger
 from nodeagent.dra.api import DraApi
@@ -302,7 +302,7 @@ def _listen(socket: Path, add: list[Any]) -> grpc.Server:
     for adder in add:
         adder(server)
     if server.add_insecure_port(f"unix://{socket}") == 0:
-        raise KubeError(f"cannot listen on the DRA socket {socket}")
+        raise SocketError(f"cannot listen on the DRA socket {socket}")
     server.start()
     return server
 
@@ -326,7 +326,7 @@ def own_plugin_dir(plugin_dir: Path) -> int:
                 f"another nodeagent (pid {holder}) serves the DRA plugin directory {plugin_dir};"
                 " one agent per plugin directory: stop it first"
             ) from err
-        raise KubeError(f"cannot lock {path}: {err.strerror}") from err
+        raise LockError(f"cannot lock {path}: {err.strerror}") from err
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
@@ -392,7 +392,7 @@ class DraPluginServer:
             self._remember(self.sockets.registration)
         except (OSError, RuntimeError) as err:
             self.stop()
-            raise KubeError(f"cannot start the DRA plugin's gRPC services: {err}") from err
+            raise SocketError(f"cannot start the DRA plugin's gRPC services: {err}") from err
         log.info("dra.serving", plugin=str(self.sockets.plugin))
 
     def _remember(self, socket: Path) -> None:

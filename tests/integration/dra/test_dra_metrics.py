@@ -53,7 +53,7 @@ def test_prepares_unprepares_and_refusals_are_counted(short_root: Path) -> None:
     assert value("nodeagent_dra_claims_prepared", kind="mig") == 1
     assert value("nodeagent_dra_claims_prepared", kind="gpu") == 1
     assert value("nodeagent_dra_claims_prepared", kind="mps") == 0
-    assert value("nodeagent_dra_refusals_total", reason="bad-claim") == 1
+    assert value("nodeagent_dra_refusals_total", reason="bad-input") == 1
     assert value("nodeagent_dra_refusals_total", reason="in-use") == 1
     # MIG on, GI, CI: each NVML operation of the change timed on its own
     for op in ("set-mig-mode", "create-gi", "create-ci"):
