@@ -361,6 +361,13 @@ def load_plain(text: str, source: str, what: str) -> Any:
     errors = Errors(source)
     check_plain(root, errors, what)
     errors.raise_if_any()
+    return construct(root, source)
+
+
+def construct(root: yaml.Node, source: str) -> Any:
+    """The Python data of a document `compose_document` read (YAML's safe types). Raises
+    ConfigError with the position for a value its tag cannot build (`!!int abc`) or a tag
+    no safe type has, and for one nested too deeply."""
     constructor = yaml.constructor.SafeConstructor()
     try:
         return constructor.construct_document(root)
