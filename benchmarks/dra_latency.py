@@ -51,6 +51,7 @@ from nodeagent.nvml import MigWriter, NvmlSession, read_inventory  # noqa: E402
 from nodeagent.settings import Settings  # noqa: E402
 from nodeagent.sim import open_emulator  # noqa: E402
 from tests.support.fake_kubelet.dra import Claim, FakeDraKubelet  # noqa: E402
+from tests.support.fake_mps.script import control_script  # noqa: E402
 from tests.support.k8s import (  # noqa: E402
     claim_pod,
     create_device_classes,
@@ -213,11 +214,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="lat-", dir="/tmp") as tmp:
         root = Path(tmp)
         # the tests' fake MPS control daemon, run by this interpreter (standard library only)
-        text = (REPO / "tests" / "support" / "fake_mps" / "nvidia-cuda-mps-control").read_text()
-        control = root / "nvidia-cuda-mps-control"
-        control.write_text(f"#!{sys.executable} -IS\n{text.split(chr(10), 1)[1]}")
-        control.chmod(0o755)
-        os.environ["MPS_CONTROL"] = str(control)
+        os.environ["MPS_CONTROL"] = str(control_script(root))
         print("starting the control plane ...", flush=True)
         cp = start_control_plane(root / "k8s", port_base=4500)
         try:

@@ -31,6 +31,7 @@ from nodeagent.nvml import NvmlSession  # noqa: E402
 from nodeagent.sim import SimulatedNvml, parse_spec  # noqa: E402
 from tests.support.agent import make_agent  # noqa: E402  (after the path)
 from tests.support.dra import NODE, dra_cluster  # noqa: E402
+from tests.support.fake_mps.script import control_script  # noqa: E402
 
 PACKAGE = ROOT / "nodeagent"
 
@@ -56,16 +57,6 @@ def reached(collect: Any) -> set[str]:
     return modules
 
 
-def fake_mps_control(folder: Path) -> str:
-    """The tests' fake MPS control program (tests/conftest.py fake_mps_control), in `folder`."""
-    text = (ROOT / "tests" / "support" / "fake_mps" / "nvidia-cuda-mps-control").read_text()
-    script = folder / "daemon" / "nvidia-cuda-mps-control"
-    script.parent.mkdir()
-    script.write_text(f"#!{sys.executable} -IS\n{text.split(chr(10), 1)[1]}")
-    script.chmod(0o755)
-    return str(script)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2000, help="timed collections")
@@ -73,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["FAKE_MPS_SERVER"] = "1"
-        control = fake_mps_control(Path(tmp))
+        control = str(control_script(Path(tmp) / "daemon"))
         lib = SimulatedNvml(parse_spec("h200x2"))
         mps = {
             "enabled": True,

@@ -176,20 +176,11 @@ def model_env(base: Mapping[str, str], client: ClientEnv) -> dict[str, str]:
     return {**clean, **client.env}
 
 
-def fake_mps_control(folder: Path) -> str:
-    """tests/support/fake_mps/nvidia-cuda-mps-control run by this interpreter (as the tests do)."""
-    text = (REPO / "tests" / "support" / "fake_mps" / "nvidia-cuda-mps-control").read_text()
-    _, body = text.split("\n", 1)
-    folder.mkdir(parents=True, exist_ok=True)
-    script = folder / "nvidia-cuda-mps-control"
-    script.write_text(f"#!{sys.executable} -IS\n{body}")
-    script.chmod(0o755)
-    return str(script)
-
-
 def control_program(simulate: str | None, root: Path) -> str:
     if simulate:
-        return fake_mps_control(root / "fake")
+        from tests.support.fake_mps.script import control_script
+
+        return str(control_script(root / "fake"))
     binary = shutil.which("nvidia-cuda-mps-control")
     if binary is None:
         raise SystemExit("nvidia-cuda-mps-control is not on PATH: the DRA share modes need it")
