@@ -19,7 +19,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,29 +31,7 @@ from nodeagent.sim import SimulatedNvml, parse_spec  # noqa: E402
 from tests.support.agent import make_agent  # noqa: E402  (after the path)
 from tests.support.dra import NODE, dra_cluster  # noqa: E402
 from tests.support.fake_mps.script import control_script  # noqa: E402
-
-PACKAGE = ROOT / "nodeagent"
-
-
-def reached(collect: Any) -> set[str]:
-    """The nodeagent modules whose functions ran during `collect()`."""
-    seen: set[str] = set()
-
-    def profile(frame: FrameType, event: str, _arg: object) -> None:
-        if event == "call":
-            seen.add(frame.f_code.co_filename)
-
-    sys.setprofile(profile)
-    try:
-        collect()
-    finally:
-        sys.setprofile(None)
-    modules = set()
-    for name in seen:
-        path = Path(name)
-        if path.is_relative_to(PACKAGE):
-            modules.add(".".join(path.relative_to(ROOT).with_suffix("").parts))
-    return modules
+from tests.support.reach import modules_run  # noqa: E402
 
 
 def main() -> None:
@@ -96,7 +73,7 @@ def main() -> None:
             for _ in registry.collect():
                 pass
 
-        modules = reached(collect)
+        modules = modules_run(collect)
         packages = sorted({".".join(m.split(".")[:2]) for m in modules})
         times = []
         for _ in range(args.runs):
