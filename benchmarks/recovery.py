@@ -42,6 +42,7 @@ from nodeagent.mig.generate import generate_configs  # noqa: E402
 from nodeagent.nvml import MigWriter, NvmlSession, read_inventory  # noqa: E402
 from nodeagent.sim import SimulatedNvml, parse_spec  # noqa: E402
 from tests.support.agent import make_agent  # noqa: E402
+from tests.support.dra import dra_group  # noqa: E402
 from tests.support.fake_kubelet.dra import Claim, FakeDraKubelet  # noqa: E402
 from tests.support.k8s import (  # noqa: E402
     claim_pod,
@@ -101,8 +102,7 @@ def build_agent(root: Path, node: str, kubeconfig: Path) -> tuple[Agent, NvmlSes
         mig={"config_file": str(mig)},
         kube={"enabled": True, "node_name": node, "kubeconfig": str(kubeconfig),
               "pod_resources_socket": None},
-        dra={"enabled": True, "plugin_dir": root / "p", "registry_dir": root / "reg",
-             "cdi_dir": root / "cdi"},
+        dra=dra_group(root),
     )  # fmt: skip
     return agent, session
 

@@ -29,7 +29,8 @@ from nodeagent.mps.control import MpsControl  # noqa: E402
 from nodeagent.nvml import NvmlSession  # noqa: E402
 from nodeagent.sim import SimulatedNvml, parse_spec  # noqa: E402
 from tests.support.agent import make_agent  # noqa: E402  (after the path)
-from tests.support.dra import NODE, dra_cluster  # noqa: E402
+from tests.support.cluster import kube_group  # noqa: E402
+from tests.support.dra import NODE, dra_cluster, dra_group  # noqa: E402
 from tests.support.fake_mps.script import control_script  # noqa: E402
 from tests.support.reach import modules_run  # noqa: E402
 
@@ -53,13 +54,7 @@ def main() -> None:
         kube: dict[str, Any] = {}
         if cluster is not None:
             cluster.add_node(NODE, {"kubernetes.io/hostname": NODE})
-            root = Path(tmp)
-            kube = {
-                "kube": {"enabled": True, "node_name": NODE, "host": cluster.url,
-                         "watch_timeout_seconds": 1, "pod_resources_socket": None},
-                "dra": {"enabled": True, "plugin_dir": root / "p", "registry_dir": root / "r",
-                        "cdi_dir": root / "cdi"},
-            }  # fmt: skip
+            kube = {"kube": kube_group(cluster, NODE), "dra": dra_group(Path(tmp))}
         agent = make_agent(NvmlSession(lib), lib.reset, mps=mps, **kube)
         if cluster is not None:
             agent.start()

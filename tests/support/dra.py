@@ -55,6 +55,18 @@ def dra_cluster() -> DraCluster:
     return cluster
 
 
+def dra_group(root: Path, **extra: Any) -> dict[str, Any]:
+    """The dra settings of an agent whose kubelet plugin lives under `root` (its socket in p,
+    the registration in reg, the CDI specs in cdi); `root` short: unix socket paths are."""
+    return {
+        "enabled": True,
+        "plugin_dir": root / "p",
+        "registry_dir": root / "reg",
+        "cdi_dir": root / "cdi",
+        **extra,
+    }
+
+
 def no_reset(index: int) -> None:
     raise AssertionError(f"GPU {index} was reset: Hopper changes MIG mode without one")
 
