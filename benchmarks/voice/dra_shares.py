@@ -204,10 +204,10 @@ def _no_reset(index: int) -> None:
 
 def _quit_daemons(control: str, plugin_dir: Path) -> None:
     """Quit any MPS control daemon left under the plugin directory (an unprepare that failed)."""
-    from tests.support.dra import _quit_mps
+    from tests.support.dra import quit_mps
 
     for pidfile in plugin_dir.glob("mps/**/nvidia-cuda-mps-control.pid"):
-        _quit_mps(control, pidfile.parent.parent)
+        quit_mps(control, pidfile.parent.parent)
 
 
 @dataclass

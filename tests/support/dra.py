@@ -144,7 +144,7 @@ def node_config(root: Path, mps_control: str = "nvidia-cuda-mps-control") -> Nod
     return NodeConfig(DRIVER, NODE, root / "p", root / "cdi", mps_control=mps_control)
 
 
-def _quit_mps(control: str, root: Path) -> None:
+def quit_mps(control: str, root: Path) -> None:
     """Quit the (fake) MPS daemon of `root` and wait until its control socket is gone (`quit`
     returns before the daemon has exited); leaves no daemon behind a failed test."""
     import os
