@@ -53,6 +53,7 @@ from nodeagent.mig.wanted import ChangeDone, WantedChange  # noqa: E402
 from nodeagent.nvml import MigWriter, NvmlSession  # noqa: E402
 from nodeagent.settings import Settings  # noqa: E402
 from nodeagent.sim.latency import PROFILES, parse_latency  # noqa: E402
+from tests.support.fake_mps.script import control_script  # noqa: E402
 
 DRIVER = "gpu.nodeagent.io"
 NODE = "bench"
@@ -191,17 +192,6 @@ def burst(node: NodeDriver, timed: TimedEngine, gpus: int) -> dict[str, Any]:
     }
 
 
-def fake_mps_control(folder: Path) -> str:
-    """tests/support/fake_mps/nvidia-cuda-mps-control run by this interpreter (as the tests do)."""
-    text = (REPO / "tests" / "support" / "fake_mps" / "nvidia-cuda-mps-control").read_text()
-    _, body = text.split("\n", 1)
-    (folder / "daemon").mkdir(parents=True, exist_ok=True)
-    script = folder / "daemon" / "nvidia-cuda-mps-control"
-    script.write_text(f"#!{sys.executable} -IS\n{body}")
-    script.chmod(0o755)
-    return str(script)
-
-
 def quit_daemons(root: Path, control: str) -> None:
     for d in (root / "p" / "mps").glob("*/*"):
         env = {
@@ -227,7 +217,7 @@ def emulator(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         writer.set_mig_mode(g, True)  # the burst's GPUs 0-3: MIG on where slices are made
     writer.set_mig_mode(1, False)
     lib.sleep = time.sleep
-    control = fake_mps_control(root / "fake")
+    control = str(control_script(root / "fake" / "daemon"))
     node, timed = make_driver(session, root, control)
     out: dict[str, Any] = {"latency": None if args.no_latency else LATENCY}
     try:

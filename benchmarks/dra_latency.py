@@ -51,7 +51,9 @@ from nodeagent.nvml import MigWriter, NvmlSession, read_inventory  # noqa: E402
 from nodeagent.settings import Settings  # noqa: E402
 from nodeagent.sim import open_emulator  # noqa: E402
 from tests.support.fake_kubelet.dra import Claim, FakeDraKubelet  # noqa: E402
+from tests.support.fake_mps.script import control_script  # noqa: E402
 from tests.support.k8s import (  # noqa: E402
+    claim_pod,
     create_device_classes,
     k8s_available,
     make_node,
@@ -90,18 +92,6 @@ def claim_body(name: str, mode: dict[str, Any]) -> dict[str, Any]:
             {"requests": ["g"], "opaque": {"driver": DRIVER, "parameters": params}}
         ]
     return {"metadata": {"name": name}, "spec": spec}
-
-
-def pod_body(name: str, node: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "resourceClaims": [{"name": "g", "resourceClaimName": name}],
-            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
-                            "resources": {"claims": [{"name": "g"}]}}],
-        },
-    }  # fmt: skip
 
 
 def run_mode(
@@ -151,7 +141,7 @@ def run_mode(
                 cname = f"{node}-{n + i}"
                 started[cname] = time.monotonic()
                 resource.create_namespaced_resource_claim(NAMESPACE, claim_body(cname, mode))
-                core.create_namespaced_pod(NAMESPACE, pod_body(cname, node))
+                core.create_namespaced_pod(NAMESPACE, claim_pod(cname, node))
             pending = dict(started)
             deadline = time.monotonic() + 120
             refs: list[Claim] = []
@@ -224,11 +214,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="lat-", dir="/tmp") as tmp:
         root = Path(tmp)
         # the tests' fake MPS control daemon, run by this interpreter (standard library only)
-        text = (REPO / "tests" / "support" / "fake_mps" / "nvidia-cuda-mps-control").read_text()
-        control = root / "nvidia-cuda-mps-control"
-        control.write_text(f"#!{sys.executable} -IS\n{text.split(chr(10), 1)[1]}")
-        control.chmod(0o755)
-        os.environ["MPS_CONTROL"] = str(control)
+        os.environ["MPS_CONTROL"] = str(control_script(root))
         print("starting the control plane ...", flush=True)
         cp = start_control_plane(root / "k8s", port_base=4500)
         try:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,10 +42,10 @@ from nodeagent.mig.generate import generate_configs  # noqa: E402
 from nodeagent.nvml import MigWriter, NvmlSession, read_inventory  # noqa: E402
 from nodeagent.sim import SimulatedNvml, parse_spec  # noqa: E402
 from tests.support.agent import make_agent  # noqa: E402
+from tests.support.dra import dra_group  # noqa: E402
 from tests.support.fake_kubelet.dra import Claim, FakeDraKubelet  # noqa: E402
 from tests.support.k8s import (  # noqa: E402
-    K8S,
-    PORTS,
+    claim_pod,
     create_device_classes,
     k8s_available,
     make_node,
@@ -79,16 +78,6 @@ def stop_apiserver(state: Path) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def start_apiserver(state: Path) -> None:
-    """up.sh again on the same state: it starts only what is not running, and returns once
-    /readyz says ok."""
-    env = {**os.environ, "K8S_STATE": str(state)}
-    env.update({name: str(port + PORT_BASE) for name, port in PORTS.items()})
-    subprocess.run(
-        ["bash", str(K8S / "up.sh")], env=env, capture_output=True, check=True, timeout=300
-    )
-
-
 def claim_body(name: str) -> dict[str, Any]:
     exactly = {
         "deviceClassName": "mig.gpu.nodeagent.io",
@@ -98,18 +87,6 @@ def claim_body(name: str) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {"devices": {"requests": [{"name": "g", "exactly": exactly}]}},
     }
-
-
-def pod_body(name: str, node: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "resourceClaims": [{"name": "g", "resourceClaimName": name}],
-            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
-                            "resources": {"claims": [{"name": "g"}]}}],
-        },
-    }  # fmt: skip
 
 
 def build_agent(root: Path, node: str, kubeconfig: Path) -> tuple[Agent, NvmlSession]:
@@ -125,8 +102,7 @@ def build_agent(root: Path, node: str, kubeconfig: Path) -> tuple[Agent, NvmlSes
         mig={"config_file": str(mig)},
         kube={"enabled": True, "node_name": node, "kubeconfig": str(kubeconfig),
               "pod_resources_socket": None},
-        dra={"enabled": True, "plugin_dir": root / "p", "registry_dir": root / "reg",
-             "cdi_dir": root / "cdi"},
+        dra=dra_group(root),
     )  # fmt: skip
     return agent, session
 
@@ -155,12 +131,12 @@ def run(outage: float, window: float) -> dict[str, Any]:
 
             stop_apiserver(cp.state)
             time.sleep(outage)
-            start_apiserver(cp.state)
+            start_control_plane(cp.state, port_base=PORT_BASE)  # up.sh: what is not running
             recovered = time.monotonic()
             before = counts()
             name = "during-outage"
             resource.create_namespaced_resource_claim(NAMESPACE, claim_body(name))
-            core.create_namespaced_pod(NAMESPACE, pod_body(name, node))
+            core.create_namespaced_pod(NAMESPACE, claim_pod(name, node))
             bound = prepared = None
             while time.monotonic() - recovered < window:
                 if bound is None and core.read_namespaced_pod(name, NAMESPACE).spec.node_name:

@@ -19,7 +19,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,40 +29,10 @@ from nodeagent.mps.control import MpsControl  # noqa: E402
 from nodeagent.nvml import NvmlSession  # noqa: E402
 from nodeagent.sim import SimulatedNvml, parse_spec  # noqa: E402
 from tests.support.agent import make_agent  # noqa: E402  (after the path)
-from tests.support.dra import NODE, dra_cluster  # noqa: E402
-
-PACKAGE = ROOT / "nodeagent"
-
-
-def reached(collect: Any) -> set[str]:
-    """The nodeagent modules whose functions ran during `collect()`."""
-    seen: set[str] = set()
-
-    def profile(frame: FrameType, event: str, _arg: object) -> None:
-        if event == "call":
-            seen.add(frame.f_code.co_filename)
-
-    sys.setprofile(profile)
-    try:
-        collect()
-    finally:
-        sys.setprofile(None)
-    modules = set()
-    for name in seen:
-        path = Path(name)
-        if path.is_relative_to(PACKAGE):
-            modules.add(".".join(path.relative_to(ROOT).with_suffix("").parts))
-    return modules
-
-
-def fake_mps_control(folder: Path) -> str:
-    """The tests' fake MPS control program (tests/conftest.py fake_mps_control), in `folder`."""
-    text = (ROOT / "tests" / "support" / "fake_mps" / "nvidia-cuda-mps-control").read_text()
-    script = folder / "daemon" / "nvidia-cuda-mps-control"
-    script.parent.mkdir()
-    script.write_text(f"#!{sys.executable} -IS\n{text.split(chr(10), 1)[1]}")
-    script.chmod(0o755)
-    return str(script)
+from tests.support.cluster import kube_group  # noqa: E402
+from tests.support.dra import NODE, dra_cluster, dra_group  # noqa: E402
+from tests.support.fake_mps.script import control_script  # noqa: E402
+from tests.support.reach import modules_run  # noqa: E402
 
 
 def main() -> None:
@@ -73,7 +42,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["FAKE_MPS_SERVER"] = "1"
-        control = fake_mps_control(Path(tmp))
+        control = str(control_script(Path(tmp) / "daemon"))
         lib = SimulatedNvml(parse_spec("h200x2"))
         mps = {
             "enabled": True,
@@ -85,13 +54,7 @@ def main() -> None:
         kube: dict[str, Any] = {}
         if cluster is not None:
             cluster.add_node(NODE, {"kubernetes.io/hostname": NODE})
-            root = Path(tmp)
-            kube = {
-                "kube": {"enabled": True, "node_name": NODE, "host": cluster.url,
-                         "watch_timeout_seconds": 1, "pod_resources_socket": None},
-                "dra": {"enabled": True, "plugin_dir": root / "p", "registry_dir": root / "r",
-                        "cdi_dir": root / "cdi"},
-            }  # fmt: skip
+            kube = {"kube": kube_group(cluster, NODE), "dra": dra_group(Path(tmp))}
         agent = make_agent(NvmlSession(lib), lib.reset, mps=mps, **kube)
         if cluster is not None:
             agent.start()
@@ -105,7 +68,7 @@ def main() -> None:
             for _ in registry.collect():
                 pass
 
-        modules = reached(collect)
+        modules = modules_run(collect)
         packages = sorted({".".join(m.split(".")[:2]) for m in modules})
         times = []
         for _ in range(args.runs):

@@ -17,6 +17,7 @@ from tests.support import k8s as support_k8s
 from tests.support import leaks
 from tests.support.agent import Agents
 from tests.support.cli import REPO, SHARED_FIXTURES, Result, _clean_env, c_string, in_process
+from tests.support.fake_mps.script import control_script
 
 _SUBREAPER = pytest.StashKey[bool]()
 
@@ -66,13 +67,9 @@ def fake_mps_control(tmp_path_factory: pytest.TempPathFactory) -> str:
     `python -I -S` ~0.04 s, importing only _socket ~0.011 s, compiled ~0.001 s. The fake uses
     the standard library only.
     """
-    text = (REPO / "tests" / "support" / "fake_mps" / "nvidia-cuda-mps-control").read_text()
-    _, body = text.split("\n", 1)
     folder = tmp_path_factory.mktemp("fake_mps")
-    (folder / "daemon").mkdir()  # the daemon runs as `python -IS .../nvidia-cuda-mps-control -d`
-    script = folder / "daemon" / "nvidia-cuda-mps-control"
-    script.write_text(f"#!{sys.executable} -IS\n{body}")
-    script.chmod(0o755)
+    # the daemon runs as `python -IS .../daemon/nvidia-cuda-mps-control -d`
+    script = control_script(folder / "daemon")
     binary = folder / "nvidia-cuda-mps-control"
     try:
         built = subprocess.run(

@@ -176,20 +176,11 @@ def model_env(base: Mapping[str, str], client: ClientEnv) -> dict[str, str]:
     return {**clean, **client.env}
 
 
-def fake_mps_control(folder: Path) -> str:
-    """tests/support/fake_mps/nvidia-cuda-mps-control run by this interpreter (as the tests do)."""
-    text = (REPO / "tests" / "support" / "fake_mps" / "nvidia-cuda-mps-control").read_text()
-    _, body = text.split("\n", 1)
-    folder.mkdir(parents=True, exist_ok=True)
-    script = folder / "nvidia-cuda-mps-control"
-    script.write_text(f"#!{sys.executable} -IS\n{body}")
-    script.chmod(0o755)
-    return str(script)
-
-
 def control_program(simulate: str | None, root: Path) -> str:
     if simulate:
-        return fake_mps_control(root / "fake")
+        from tests.support.fake_mps.script import control_script
+
+        return str(control_script(root / "fake"))
     binary = shutil.which("nvidia-cuda-mps-control")
     if binary is None:
         raise SystemExit("nvidia-cuda-mps-control is not on PATH: the DRA share modes need it")
@@ -213,10 +204,10 @@ def _no_reset(index: int) -> None:
 
 def _quit_daemons(control: str, plugin_dir: Path) -> None:
     """Quit any MPS control daemon left under the plugin directory (an unprepare that failed)."""
-    from tests.support.dra import _quit_mps
+    from tests.support.dra import quit_mps
 
     for pidfile in plugin_dir.glob("mps/**/nvidia-cuda-mps-control.pid"):
-        _quit_mps(control, pidfile.parent.parent)
+        quit_mps(control, pidfile.parent.parent)
 
 
 @dataclass

@@ -47,15 +47,16 @@ from nodeagent.mps.supervisor import MpsSupervisor
 from nodeagent.nvml import NvmlSession
 from nodeagent.nvml.gpm import GpmReader
 from nodeagent.nvml.write import ComputeModeWriter
-from nodeagent.reconcile.pipeline import Pipeline, mig_config_cache
-from nodeagent.reconcile.ports import (
+from nodeagent.reconcile import (
     Clients,
     DesireSource,
     LabelSink,
+    Pipeline,
     Report,
     Reporter,
     SettingsDesire,
     Wanted,
+    mig_config_cache,
 )
 from nodeagent.settings import Settings
 from nodeagent.sharing.offers import Offers

@@ -213,10 +213,9 @@ def scalar(node: yaml.Node) -> Any:
         return node.value
 
 
-def check_tags(root: yaml.Node, errors: Errors, what: str = "a MIG config") -> None:
-    """Every node once (aliases share nodes), without recursion: a tag other than YAML's own
-    (`!custom`) and a scalar its tag cannot build (`!!int abc`, `!!timestamp 2001-99-99`) are
-    errors at their position."""
+def _walk(root: yaml.Node, visit: Callable[[yaml.Node], bool]) -> None:
+    """`visit` every node once (aliases share nodes), without recursion; a node's children
+    only when `visit` returned True for it."""
     seen: set[int] = set()
     stack = [root]
     while stack:
@@ -224,9 +223,23 @@ def check_tags(root: yaml.Node, errors: Errors, what: str = "a MIG config") -> N
         if id(node) in seen:
             continue
         seen.add(id(node))
+        if not visit(node):
+            continue
+        if isinstance(node, yaml.MappingNode):
+            stack += reversed([part for pair in node.value for part in pair])
+        elif isinstance(node, yaml.SequenceNode):
+            stack += reversed(node.value)
+
+
+def check_tags(root: yaml.Node, errors: Errors, what: str = "a MIG config") -> None:
+    """Every node once: a tag other than YAML's own (`!custom`) and a scalar its tag cannot
+    build (`!!int abc`, `!!timestamp 2001-99-99`) are errors at their position."""
+
+    def visit(node: yaml.Node) -> bool:
         if not node.tag.startswith(STANDARD_TAG):
             errors.add(node, f"tag {node.tag!r} is not allowed in {what}")
-        elif isinstance(node, yaml.ScalarNode) and node.tag != MERGE_TAG:
+            return False
+        if isinstance(node, yaml.ScalarNode) and node.tag != MERGE_TAG:
             try:
                 yaml.constructor.SafeConstructor().construct_object(node)
             except (yaml.YAMLError, ValueError, TypeError, OverflowError) as err:
@@ -237,11 +250,9 @@ def check_tags(root: yaml.Node, errors: Errors, what: str = "a MIG config") -> N
                     f"{node.value!r} is not a valid {node.tag[len(STANDARD_TAG) :]}"
                     + (f": {problem}" if problem else ""),
                 )
-        elif isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                stack += (value, key)
-        elif isinstance(node, yaml.SequenceNode):
-            stack += reversed(node.value)
+        return True
+
+    _walk(root, visit)
 
 
 def _bounded(root: yaml.Node, source: str) -> None:
@@ -332,20 +343,15 @@ def check_plain(root: yaml.Node, errors: Errors, what: str) -> None:
     """Every node once: a tag other than PLAIN_TAGS (and timestamps) is an error at its
     position, and so is a value its tag cannot build (check_tags)."""
     found = len(errors.located)
-    seen: set[int] = set()
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
+
+    def visit(node: yaml.Node) -> bool:
         if node.tag not in PLAIN_TAGS and not node.tag.startswith(STANDARD_TAG + "timestamp"):
             shown = node.tag.replace(STANDARD_TAG, "!!")
             errors.add(node, f"tag {shown!r} is not allowed in {what}")
-        elif isinstance(node, yaml.MappingNode):
-            stack += [part for pair in node.value for part in pair]
-        elif isinstance(node, yaml.SequenceNode):
-            stack += node.value
+            return False
+        return True
+
+    _walk(root, visit)
     if len(errors.located) == found:
         check_tags(root, errors, what)
 
@@ -361,6 +367,13 @@ def load_plain(text: str, source: str, what: str) -> Any:
     errors = Errors(source)
     check_plain(root, errors, what)
     errors.raise_if_any()
+    return construct(root, source)
+
+
+def construct(root: yaml.Node, source: str) -> Any:
+    """The Python data of a document `compose_document` read (YAML's safe types). Raises
+    ConfigError with the position for a value its tag cannot build (`!!int abc`) or a tag
+    no safe type has, and for one nested too deeply."""
     constructor = yaml.constructor.SafeConstructor()
     try:
         return constructor.construct_document(root)

@@ -14,11 +14,10 @@ Commands are split as a shell would and run without one, with the agent's enviro
 
 from __future__ import annotations
 
-import os
 import shlex
-import signal
 import subprocess
 
+from nodeagent.base.commands import run_in_session
 from nodeagent.base.errors import AgentError
 from nodeagent.base.logs import get_logger
 from nodeagent.settings import Settings
@@ -38,19 +37,15 @@ def run_command(line: str, what: str, timeout_seconds: float) -> None:
     last line when it cannot start, exits non-zero or outlives `timeout_seconds`."""
     argv = shlex.split(line)
     try:
-        # its own session: on timeout the whole group goes, a child it left behind included
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True,
+        proc = run_in_session(
+            argv, timeout_seconds, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
     except OSError as err:
         raise HostDutyError(f"{what} '{line}' could not start: {err.strerror or err}") from err
-    try:
-        output, _ = proc.communicate(timeout=timeout_seconds)
     except subprocess.TimeoutExpired as err:
-        _kill_group(proc)
         raise HostDutyError(f"{what} '{line}' did not finish within {timeout_seconds:g} s") from err
-    lines = (output or "").strip().splitlines()
+    lines = (proc.stdout or "").strip().splitlines()
     if proc.returncode != 0:
         how = (
             f"was killed by signal {-proc.returncode}"
@@ -60,18 +55,6 @@ def run_command(line: str, what: str, timeout_seconds: float) -> None:
         tail = lines[-1][-OUTPUT_TAIL:] if lines else ""
         raise HostDutyError(f"{what} '{line}' {how}" + (f": {tail}" if tail else ""))
     log.info("host.command", duty=what, command=line, output=" | ".join(lines[-3:]))
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    """SIGKILL the command's process group, then reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        proc.kill()
-    try:
-        proc.communicate(timeout=5)
-    except subprocess.TimeoutExpired:  # a grandchild in a session of its own holds the pipe
-        proc.wait()
 
 
 def refresh_cdi(settings: Settings) -> int:

@@ -24,14 +24,13 @@ import contextlib
 import contextvars
 import os
 import shlex
-import signal
 import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import yaml
 
+from nodeagent.base.commands import run_in_session
 from nodeagent.base.configfile import compose, read_text
 from nodeagent.base.errors import AgentError, ConfigError
 from nodeagent.base.logs import get_logger
@@ -260,17 +259,15 @@ def run_hook(hooks: HooksFile, name: str, env: Mapping[str, str], timeout_second
         what = f"hook {name}[{i}] ({hook.where}) {shlex.join(hook.argv)}"
         environment = {**os.environ, **dict(hook.envs), **env}
         try:
-            proc = subprocess.Popen(
-                hook.argv, cwd=hook.workdir, env=environment, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            proc = run_in_session(
+                hook.argv, timeout_seconds, cwd=hook.workdir, env=environment,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             )  # fmt: skip
         except OSError as err:
             raise HookError(f"{what} could not start: {err.strerror or err}") from err
-        try:
-            output, _ = proc.communicate(timeout=timeout_seconds)
         except subprocess.TimeoutExpired as err:
-            _kill(proc)
             raise HookError(f"{what} did not finish within {timeout_seconds:g} s") from err
+        output = proc.stdout
         if proc.returncode != 0:
             how = (
                 f"was killed by signal {-proc.returncode}"
@@ -283,14 +280,3 @@ def run_hook(hooks: HooksFile, name: str, env: Mapping[str, str], timeout_second
         # all of it with -d, where mig-parted shows a hook's output
         log.debug("hook.output", hook=name, index=i, output=output.decode("utf-8", "replace"))
     return len(commands)
-
-
-def _kill(proc: subprocess.Popen[Any]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        proc.kill()
-    try:
-        proc.communicate(timeout=5)
-    except subprocess.TimeoutExpired:  # a grandchild in its own session keeps the pipe open
-        proc.wait()

@@ -16,7 +16,6 @@ import copy
 import datetime
 import json
 import os
-import signal
 import ssl
 import subprocess
 import tempfile
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nodeagent.base.commands import kill_group
 from nodeagent.base.configfile import load_plain, read_bytes, read_text
 from nodeagent.base.errors import ConfigError, KubeError
 from nodeagent.base.logs import get_logger
@@ -189,7 +189,7 @@ class ExecPlugin:
                 break
             except subprocess.TimeoutExpired:
                 if self.stop_event.is_set() or time.monotonic() >= deadline:
-                    _kill(proc)
+                    kill_group(proc)  # the plugin and whatever it started
                     if self.stop_event.is_set():
                         raise KubeError(
                             f"kubeconfig exec plugin {self.command}: ended, the agent is stopping"
@@ -243,15 +243,6 @@ class ExecPlugin:
                 f"kubeconfig exec plugin {self.command} answered neither a token nor a client"
                 " certificate"
             )
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    """The plugin and whatever it started (its own session)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        proc.kill()
-    proc.communicate()
 
 
 def _expiry(value: Any) -> float | None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from nodeagent.base.commands import run_in_session
 from nodeagent.base.errors import (
     ModeChangePending,
     NvmlError,
@@ -77,7 +78,10 @@ def command_reset(template: str = DEFAULT_RESET_COMMAND, timeout_seconds: float 
         args = [a.replace("{index}", str(index)) for a in argv]
         log.info("mig.reset", gpu=index, command=" ".join(args))
         try:
-            proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_seconds)
+            # its own session: on timeout the whole group goes, a child it left included
+            proc = run_in_session(
+                args, timeout_seconds, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
         except (OSError, subprocess.TimeoutExpired) as err:
             raise ModeChangePending(
                 f"GPU {index}: reset command {args[0]!r} failed: {err}"

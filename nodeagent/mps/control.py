@@ -63,6 +63,16 @@ class MpsControl:
             )
         return answer
 
+    def server_pids(self) -> list[int]:
+        """The pids of the daemon's MPS servers (`get_server_list`). Raises MpsError as
+        `command` does."""
+        return _pids(self.command("get_server_list"))
+
+    def client_pids(self, server: int) -> list[int]:
+        """The pids of the clients of MPS server `server` (`get_client_list <server>`).
+        Raises MpsError as `command` does."""
+        return _pids(self.command(f"get_client_list {server}"))
+
     def _cannot_run(self, err: OSError) -> MpsError:
         """Why the control program did not run, in words (never an OSError's repr)."""
         if isinstance(err, FileNotFoundError):
@@ -140,6 +150,19 @@ class MpsControl:
         with contextlib.suppress(OSError):
             path.unlink()
         return None
+
+
+def _pids(answer: str) -> list[int]:
+    return [int(x) for x in answer.split() if x.isdigit()]
+
+
+def limit_holds(got: int | None, want: int) -> bool:
+    """Whether a pinned memory limit read back (`got` bytes, None: unset) is the `want` bytes
+    set: the daemon prints a limit of 1 GiB or more in whole G, truncated (35942M reads back
+    as 35G on a real H200), so the wanted value cut to whole GiB holds too."""
+    if got is None:
+        return False
+    return got == want or (want >= 1 << 30 and got == want >> 30 << 30)
 
 
 PROC_FILE_BYTES = 1 << 20  # an environment or a command line is at most a few 100 KiB

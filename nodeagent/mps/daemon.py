@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from nodeagent.base.errors import AgentError, MpsError
 from nodeagent.base.files import atomic_write_text, remove_regular
 from nodeagent.base.logs import get_logger
-from nodeagent.mps.control import MpsControl, parent_pid, process_alive
+from nodeagent.mps.control import MpsControl, limit_holds, parent_pid, process_alive
 from nodeagent.mps.settings import Limits, MpsSettings, mps_size, parse_size
 
 log = get_logger("nodeagent.mps")
@@ -46,14 +46,6 @@ class MpsStatus:
         }
 
 
-def _same_limit(got: int | None, want: int) -> bool:
-    """The daemon prints a limit of 1 GiB or more in whole G, truncated (35942M reads back as
-    35G on a real H200): a read-back equal to the wanted value cut to whole GiB holds."""
-    if got is None:
-        return False
-    return got == want or (want >= 1 << 30 and got == want >> 30 << 30)
-
-
 def _kill(pid: int) -> None:
     """SIGKILL a process of the daemon (one that ended meanwhile is fine). Raises MpsError
     when it is not ours to kill."""
@@ -63,10 +55,6 @@ def _kill(pid: int) -> None:
         pass
     except PermissionError as err:
         raise MpsError(f"cannot end MPS process {pid}: {err.strerror}") from err
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split() if x.isdigit()]
 
 
 class MpsDaemon:
@@ -183,7 +171,7 @@ class MpsDaemon:
                 f"default active thread percentage is {pct}, wanted {self.limits.thread_percentage}"
             )
         for device, want in sorted(self.limits.pinned_bytes.items()):
-            if not _same_limit(pinned.get(device), want):
+            if not limit_holds(pinned.get(device), want):
                 got = pinned.get(device)
                 problems.append(
                     f"pinned memory limit of MPS device {device} is"
@@ -225,7 +213,7 @@ class MpsDaemon:
         servers: list[int] = []
         try:
             # Only the daemon's own children are ever killed: the list is the daemon's word.
-            listed = _ints(self.control.command("get_server_list"))
+            listed = self.control.server_pids()
             servers = [s for s in listed if parent_pid(s) == pid]
             self.control.command("quit")
         except AgentError as err:
@@ -267,8 +255,8 @@ class MpsDaemon:
             return MpsStatus(False, restarts=self.restarts)
         try:
             pct, pinned = self.read_back()
-            servers = _ints(self.control.command("get_server_list"))
-            clients = {s: _ints(self.control.command(f"get_client_list {s}")) for s in servers}
+            servers = self.control.server_pids()
+            clients = {s: self.control.client_pids(s) for s in servers}
         except AgentError:
             return MpsStatus(False, pid, restarts=self.restarts)
         return MpsStatus(True, pid, pct, pinned, servers, clients, self.restarts)

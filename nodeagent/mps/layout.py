@@ -25,7 +25,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodeagent.base.configfile import read_bytes
+from nodeagent.base.configfile import compose_document, construct, read_text
 from nodeagent.base.errors import ConfigError, MpsError
 from nodeagent.base.files import chmod_folder, read_regular
 from nodeagent.mps.settings import MAX_PLUGIN_REPLICAS
@@ -83,20 +83,10 @@ class PluginMps:
 def read_plugin_config(path: Path) -> PluginMps:
     """`sharing.mps.resources` of the device plugin's config file (version v1). Raises
     ConfigError naming the file when it is missing, invalid, or has no usable MPS resource."""
-    import yaml
-
-    data = read_bytes(str(path), "device plugin config")
-    try:
-        document = yaml.safe_load(data.decode("utf-8"))
-    except (ValueError, TypeError) as err:  # a tag its value cannot build (!!int abc)
-        if isinstance(err, UnicodeDecodeError):
-            raise ConfigError(f"device plugin config {path} is not UTF-8 text") from err
-        raise ConfigError(f"device plugin config {path}: a value cannot be read: {err}") from err
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"device plugin config {path} is not UTF-8 text") from err
-    except (yaml.YAMLError, RecursionError) as err:
-        raise ConfigError(f"device plugin config {path} is not valid YAML") from err
     where = f"device plugin config {path}"
+    text = read_text(str(path), "device plugin config")
+    root = compose_document(text, where)  # bounded: no billion laughs, no alias cycle
+    document = None if root is None else construct(root, where)
     if not isinstance(document, dict) or document.get("version") != "v1":
         raise ConfigError(f"{where} must be a mapping with version: v1")
     mps = (

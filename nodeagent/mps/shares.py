@@ -39,8 +39,8 @@ from pathlib import Path
 from nodeagent.base.errors import AgentError, MpsError
 from nodeagent.base.files import read_regular
 from nodeagent.base.logs import get_logger
-from nodeagent.mps.control import MpsControl, process_alive
-from nodeagent.mps.daemon import MpsDaemon, _ints, _same_limit
+from nodeagent.mps.control import MpsControl, limit_holds, process_alive
+from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.settings import Limits, MpsSettings, mps_size, parse_size
 
 log = get_logger("nodeagent.mps")
@@ -171,7 +171,7 @@ class ShareServers:
         """A daemon's defaults apply to the servers it starts later: a server already running
         (clients connected) gets the ceiling itself, for its next clients."""
         control = daemon.control
-        for server in _ints(control.command("get_server_list")):
+        for server in control.server_pids():
             pct = ceiling.thread_percentage
             control.command(f"set_active_thread_percentage {server} {pct}")
             if ceiling.pinned_memory_bytes:
@@ -190,7 +190,7 @@ class ShareServers:
                     held = parse_size(text) if text else None
                 except AgentError:
                     held = None
-                if not _same_limit(held, ceiling.pinned_memory_bytes):
+                if not limit_holds(held, ceiling.pinned_memory_bytes):
                     problems.append(f"pinned memory limit {text or 'unset'}, wanted {size}")
             if problems:
                 raise MpsError(f"MPS server {server} kept other limits: " + "; ".join(problems))
@@ -248,7 +248,7 @@ class ShareServers:
         if control.daemon_pid() is None:
             return []
         try:
-            servers = _ints(control.command("get_server_list"))
-            return [c for s in servers for c in _ints(control.command(f"get_client_list {s}"))]
+            servers = control.server_pids()
+            return [c for s in servers for c in control.client_pids(s)]
         except AgentError:
             return []

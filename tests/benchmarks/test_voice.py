@@ -322,6 +322,10 @@ def test_a_whole_run_on_fake_models(tmp_path: Path, capsys: pytest.CaptureFixtur
         (["--model", "a=fake:service_ms"], "is not key=value"),
         (["--modes", "time-slicing"], "keep it"),
         (["--model", "asr", "--model", "asr"], "given twice"),
+        (["--share-percent", "33"], "multiple of 5"),  # the DRA modes' options and the presets
+        (["--share-percent", "40"], "do not fit one GPU"),
+        (["--simulate", "h200"], "with --device cpu"),
+        (["--quick", "--study"], "choose one"),
     ],
 )
 def test_bad_options_are_one_sentence_and_exit_2(

@@ -186,24 +186,6 @@ def test_the_study_preset_fits_one_gpu_command() -> None:
     assert total < args.budget_seconds < 540, (solo, together, total)
 
 
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--share-percent", "33"], "multiple of 5"),
-        (["--share-percent", "40"], "do not fit one GPU"),
-        (["--simulate", "h200"], "with --device cpu"),
-        (["--quick", "--study"], "choose one"),
-    ],
-)
-def test_bad_dra_options_are_one_sentence(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as exc:
-        run.options(argv)
-    assert exc.value.code == 2
-    assert message in capsys.readouterr().err
-
-
 def test_the_report_says_what_the_dra_modes_ran_on() -> None:
     import report
 

@@ -9,16 +9,9 @@ from collections.abc import Callable
 
 from nodeagent.nvml import NvmlSession
 from tests.support.agent import make_agent
+from tests.support.clock import ManualClock
 
 HOUR = 3600.0
-
-
-class VirtualClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _until(predicate: Callable[[], bool], what: str) -> None:
@@ -35,7 +28,7 @@ def test_advancing_the_virtual_clock_runs_every_worker_an_hour_later(
     make_session: Callable[..., NvmlSession],
 ) -> None:
     session = make_session("h200")
-    clock = VirtualClock()
+    clock = ManualClock()
     agent = make_agent(
         session,
         lambda _gpu: None,

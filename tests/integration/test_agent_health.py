@@ -12,14 +12,7 @@ from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.support.agent import make_agent
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import ManualClock
 
 
 def test_a_long_reset_keeps_the_agent_healthy(tmp_path: Path) -> None:
@@ -34,7 +27,7 @@ def test_a_long_reset_keeps_the_agent_healthy(tmp_path: Path) -> None:
         assert release.wait(30)
         lib.reset(index)
 
-    clock = Clock()  # the inventory's age, as the health check sees it
+    clock = ManualClock(1_000_000.0)  # the inventory's age, as the health check sees it
     agent = make_agent(
         session,
         slow_reset,

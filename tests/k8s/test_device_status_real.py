@@ -31,7 +31,7 @@ from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
 from tests.k8s.test_dra_real import _publish, _template
 from tests.k8s.test_packing_real import DRIVER, REPO, _device_classes, _pod, _wait
-from tests.support.dra import _quit_mps
+from tests.support.dra import quit_mps
 from tests.support.fake_kubelet.dra import Claim, FakeDraKubelet
 from tests.support.k8s import make_node
 
@@ -242,7 +242,7 @@ def test_claims_prepared_through_the_plugin_end_with_their_device_status(
         finally:
             server.stop()
             for d in (short_tmp / "p" / "mps").glob("*/*"):
-                _quit_mps(fake_mps_control, d)
+                quit_mps(fake_mps_control, d)
             session.close()
 
 

@@ -116,9 +116,9 @@ def test_templates_on_an_h200_node_allocated_then_prepared(
         assert all(g.slices == () for g in read_inventory(session).gpus)
     finally:
         for d in (short_tmp / "p" / "mps").glob("*/*"):
-            from tests.support.dra import _quit_mps
+            from tests.support.dra import quit_mps
 
-            _quit_mps(fake_mps_control, d)
+            quit_mps(fake_mps_control, d)
         session.close()
 
 

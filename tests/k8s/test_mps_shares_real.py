@@ -110,10 +110,10 @@ def _visible(control: str, root: Path) -> str:
 
 
 def _quit_all(control: str, plugin_dir: Path) -> None:
-    from tests.support.dra import _quit_mps
+    from tests.support.dra import quit_mps
 
     for d in [*(plugin_dir / "mps").glob("*/*"), *_share_roots(plugin_dir)]:
-        _quit_mps(control, d)
+        quit_mps(control, d)
 
 
 def _share_roots(plugin_dir: Path) -> list[Path]:

@@ -55,6 +55,18 @@ def dra_cluster() -> DraCluster:
     return cluster
 
 
+def dra_group(root: Path, **extra: Any) -> dict[str, Any]:
+    """The dra settings of an agent whose kubelet plugin lives under `root` (its socket in p,
+    the registration in reg, the CDI specs in cdi); `root` short: unix socket paths are."""
+    return {
+        "enabled": True,
+        "plugin_dir": root / "p",
+        "registry_dir": root / "reg",
+        "cdi_dir": root / "cdi",
+        **extra,
+    }
+
+
 def no_reset(index: int) -> None:
     raise AssertionError(f"GPU {index} was reset: Hopper changes MIG mode without one")
 
@@ -132,7 +144,7 @@ def node_config(root: Path, mps_control: str = "nvidia-cuda-mps-control") -> Nod
     return NodeConfig(DRIVER, NODE, root / "p", root / "cdi", mps_control=mps_control)
 
 
-def _quit_mps(control: str, root: Path) -> None:
+def quit_mps(control: str, root: Path) -> None:
     """Quit the (fake) MPS daemon of `root` and wait until its control socket is gone (`quit`
     returns before the daemon has exited); leaves no daemon behind a failed test."""
     import os

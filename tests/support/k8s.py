@@ -149,6 +149,20 @@ def make_node(api_client: Any, name: str, labels: dict[str, str] | None = None) 
     core.patch_node(name, {"spec": {"taints": []}})
 
 
+def claim_pod(name: str, node: str) -> dict[str, Any]:
+    """A pause pod named `name` on `node` whose container uses the ResourceClaim `name`
+    (its request "g")."""
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "resourceClaims": [{"name": "g", "resourceClaimName": name}],
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"claims": [{"name": "g"}]}}],
+        },
+    }  # fmt: skip
+
+
 def create_device_classes(api_client: Any) -> None:
     """The DeviceClasses nodeagent ships (daemonset/components/dra/deviceclasses.yaml), as
     `kubectl apply` would create them; one that exists already (another test made it) stays."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
+import subprocess
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,6 +38,32 @@ def prometheus_tool(name: str) -> str:
             )
         pytest.skip(f"{name} not installed (Debian package prometheus)")
     return found
+
+
+@contextlib.contextmanager
+def prometheus_server(binary: str, folder: Path, config: str) -> Iterator[str]:
+    """A real Prometheus (`binary`, from prometheus_tool) on a free port of 127.0.0.1, reading
+    `config` (its prometheus.yml, written to `folder`) and storing in `folder`/data, its log
+    in `folder`/prometheus.log: yields its URL (not yet ready: a test waits for what it needs).
+    Terminated at the end; killed when it has not gone within 20 s."""
+    path = folder / "prometheus.yml"
+    path.write_text(config)
+    port = free_port()
+    with (folder / "prometheus.log").open("w") as log:
+        proc = subprocess.Popen(
+            [binary, f"--config.file={path}", f"--storage.tsdb.path={folder / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=subprocess.DEVNULL, stderr=log,
+        )  # fmt: skip
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def free_port() -> int:

@@ -3,7 +3,6 @@ within its timeout, the first failure named with its file position, command and 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from nodeagent.host.hooks import (
     parse_hooks,
     run_hook,
 )
+from tests.support.host import gone_within
 
 # mig-parted's own default hooks file, as users of its systemd mig-manager have it (see
 # tests/fixtures/upstream/README.md for its source and commit).
@@ -122,25 +122,12 @@ def test_the_first_failure_stops_the_hook_and_says_why(tmp_path: Path) -> None:
     assert out.read_text().splitlines() == ["first"]
 
 
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for its reaper counts as gone)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    return "\nState:\tZ" not in status
-
-
 def test_a_command_past_its_timeout_is_killed_with_its_children(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     hooks = _hooks(tmp_path, f"sleep 60 & echo $! > {pidfile}; wait")
     with pytest.raises(HookError, match=r"did not finish within 0.5 s"):
         run_hook(hooks, "apply-exit", {}, 0.5)
-    child = int(pidfile.read_text())
-    deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(child)
+    assert gone_within(int(pidfile.read_text()), 10)
 
 
 def test_a_command_that_cannot_start_is_named(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
 from nodeagent.state.snapshot import Holder
-from tests.support.dra import DRIVER, NODE, DraNode, _quit_mps, dra_cluster, no_reset, node_config
+from tests.support.dra import DRIVER, NODE, DraNode, dra_cluster, no_reset, node_config, quit_mps
 from tests.support.fake_kubelet.dra import FakeDraKubelet
 
 kmock = pytest.importorskip("kmock")
@@ -64,8 +64,8 @@ def dra_node(
     finally:
         server.stop()
         for daemon_dir in (short_root / "p" / "mps").glob("*/*"):
-            _quit_mps(fake_mps_control, daemon_dir)
+            quit_mps(fake_mps_control, daemon_dir)
         for daemon_dir in (short_root / "p" / "mps-shared").glob("*"):
-            _quit_mps(fake_mps_control, daemon_dir)
+            quit_mps(fake_mps_control, daemon_dir)
         session.close()
         cluster.close()

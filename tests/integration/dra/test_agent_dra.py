@@ -16,8 +16,8 @@ from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.integration.dra.test_publish import slices
 from tests.support.agent import make_agent
-from tests.support.cluster import Cluster
-from tests.support.dra import CLAIMS, DRIVER, NODE, allocated_claim, dra_cluster
+from tests.support.cluster import Cluster, kube_group
+from tests.support.dra import CLAIMS, DRIVER, NODE, allocated_claim, dra_cluster, dra_group
 from tests.support.fake_kubelet.dra import Claim, FakeDraKubelet
 
 STATE = "nvidia.com/mig.config.state"
@@ -35,19 +35,8 @@ def _agent(
         metrics={"refresh_interval_seconds": 0.2},
         reconcile={"interval_seconds": 300},
         mig={"config_file": str(mig)},
-        kube={
-            "enabled": True,
-            "node_name": NODE,
-            "host": cluster.url,
-            "watch_timeout_seconds": 1,
-            "pod_resources_socket": None,
-        },
-        dra={
-            "enabled": dra,
-            "plugin_dir": short_root / "p",
-            "registry_dir": short_root / "reg",
-            "cdi_dir": short_root / "cdi",
-        },
+        kube=kube_group(cluster, NODE),
+        dra=dra_group(short_root, enabled=dra),
     )
 
 
@@ -168,8 +157,7 @@ def test_dra_devices_naming_a_gpu_the_node_lacks_is_refused(short_root: Path) ->
             NvmlSession(lib),
             lib.reset,
             kube={"enabled": True, "node_name": NODE, "host": cluster.url, "pod_resources_socket": None},
-            dra={"enabled": True, "plugin_dir": short_root / "p", "registry_dir": short_root / "reg",
-                 "cdi_dir": short_root / "cdi", "devices": (1, 5)},
+            dra=dra_group(short_root, devices=(1, 5)),
         )  # fmt: skip
         with pytest.raises(ConfigError, match=r"names GPU 5; this node has GPUs \[0, 1\]"):
             agent.start()

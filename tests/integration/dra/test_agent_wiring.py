@@ -11,7 +11,8 @@ import pytest
 from nodeagent.nvml import NvmlSession
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.support.agent import make_agent
-from tests.support.dra import NODE, dra_cluster
+from tests.support.cluster import kube_group
+from tests.support.dra import NODE, dra_cluster, dra_group
 
 pytest.importorskip("kmock")
 
@@ -24,11 +25,9 @@ def test_one_pipeline_from_build_to_run_with_kube_and_dra(short_root: Path) -> N
         NvmlSession(lib),
         lib.reset,
         reconcile={"interval_seconds": 300},
-        kube={"enabled": True, "node_name": NODE, "host": cluster.url,
-              "watch_timeout_seconds": 1, "pod_resources_socket": None},
-        dra={"enabled": True, "plugin_dir": short_root / "p", "registry_dir": short_root / "r",
-             "cdi_dir": short_root / "cdi"},
-    )  # fmt: skip
+        kube=kube_group(cluster, NODE),
+        dra=dra_group(short_root),
+    )
     built = agent.pipeline
     assert agent.dra is None and agent.watcher is None  # nothing asked of the API server yet
     assert cluster.writes() == 0

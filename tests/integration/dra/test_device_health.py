@@ -21,8 +21,8 @@ from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.integration.dra.test_publish import slices
 from tests.support.agent import make_agent
-from tests.support.cluster import Cluster
-from tests.support.dra import CLAIMS, DRIVER, NODE, allocated_claim, dra_cluster
+from tests.support.cluster import Cluster, kube_group
+from tests.support.dra import CLAIMS, DRIVER, NODE, allocated_claim, dra_cluster, dra_group
 from tests.support.fake_kubelet.dra import Claim, DeviceHealth, FakeDraKubelet
 
 HOLD_SECONDS = 1.5
@@ -40,22 +40,13 @@ def agent(short_root: Path) -> Iterator[tuple[Agent, Cluster, SimulatedNvml]]:
         lib.reset,
         metrics={"refresh_interval_seconds": 0.2},
         reconcile={"interval_seconds": 300},
-        kube={
-            "enabled": True,
-            "node_name": NODE,
-            "host": cluster.url,
-            "watch_timeout_seconds": 1,
-            "pod_resources_socket": None,
-        },
-        dra={
-            "enabled": True,
-            "plugin_dir": short_root / "p",
-            "registry_dir": short_root / "reg",
-            "cdi_dir": short_root / "cdi",
-            "health_interval_seconds": 0.1,
-            "health_hold_seconds": HOLD_SECONDS,
-            "fatal_faults": ("xid-48", "xid-94"),
-        },
+        kube=kube_group(cluster, NODE),
+        dra=dra_group(
+            short_root,
+            health_interval_seconds=0.1,
+            health_hold_seconds=HOLD_SECONDS,
+            fatal_faults=("xid-48", "xid-94"),
+        ),
     )
     agent.start()
     try:

@@ -11,7 +11,7 @@ import json
 from nodeagent.dra.checkpoint import load
 from nodeagent.nvml import MigWriter, Placement
 from tests.integration.dra.test_prepare import _spec
-from tests.support.dra import DraNode, _quit_mps, allocated_claim, mps_config
+from tests.support.dra import DraNode, allocated_claim, mps_config, quit_mps
 
 
 def _reboot(node: DraNode) -> None:
@@ -71,7 +71,7 @@ def test_an_mps_share_gets_its_daemon_again(dra_node: DraNode, fake_mps_control:
     claim = dra_node.add_claim(allocated_claim("tts", "uid-m", {"gpu": "gpu-1"}, mps_config(25)))
     assert dra_node.kubelet.prepare([claim])["uid-m"].error == ""
     pipe = dra_node.root / "p" / "mps" / "uid-m" / "gpu-1" / "pipe"
-    _quit_mps(fake_mps_control, pipe.parent)  # the daemon died with the node
+    quit_mps(fake_mps_control, pipe.parent)  # the daemon died with the node
     assert not (pipe / "control").exists()
     spec_before = json.dumps(_spec(dra_node, "uid-m"))
 

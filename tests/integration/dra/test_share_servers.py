@@ -19,6 +19,7 @@ from nodeagent.dra.node import NodeDriver
 from nodeagent.mps.control import MpsControl
 from nodeagent.mps.settings import parse_size
 from tests.support.dra import DRIVER, DraNode, allocated_claim
+from tests.support.fake_kubelet.dra import Claim
 
 kmock = pytest.importorskip("kmock")
 
@@ -41,8 +42,27 @@ def env_of(node: DraNode, uid: str) -> dict[str, str]:
     return pairs
 
 
+def prepared(node: DraNode, *objects: dict[str, Any]) -> list[Claim]:
+    """The claims `objects`, added to the API server and prepared by the kubelet: every one
+    answered, none with an error."""
+    claims = [node.add_claim(o) for o in objects]
+    results = node.kubelet.prepare(claims)
+    assert {uid: r.error for uid, r in results.items()} == {c.uid: "" for c in claims}
+    return claims
+
+
+def control_of(root: Path, control: str) -> MpsControl:
+    """The control program of the share server at `root`."""
+    return MpsControl(control, root / "pipe", root / "log")
+
+
+def daemon_env(pid: int | None) -> list[bytes]:
+    """The environment the daemon `pid` was started with, one VAR=value a list item."""
+    return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+
+
 def defaults(root: Path, control: str) -> tuple[float, int | None]:
-    mps = MpsControl(control, root / "pipe", root / "log")
+    mps = control_of(root, control)
     text = mps.command("get_default_device_pinned_mem_limit 0")
     return float(mps.command("get_default_active_thread_percentage")), (
         parse_size(text) if text else None
@@ -56,14 +76,11 @@ def servers(node: DraNode) -> list[Path]:
 def test_three_share_claims_on_one_gpu_have_one_daemon_and_three_limit_sets(
     dra_node: DraNode, fake_mps_control: str
 ) -> None:
-    claims = [
-        dra_node.add_claim(share("asr", "uid-asr", "gpu-0-mps", 40, "16Gi")),
-        dra_node.add_claim(share("tts", "uid-tts", "gpu-0-mps", 30, "8Gi")),
-        dra_node.add_claim(share("emb", "uid-emb", "gpu-0-mps", 20, "4Gi")),
-    ]
-    results = dra_node.kubelet.prepare(claims)
-    assert {uid: r.error for uid, r in results.items()} == dict.fromkeys(
-        ("uid-asr", "uid-tts", "uid-emb"), ""
+    claims = prepared(
+        dra_node,
+        share("asr", "uid-asr", "gpu-0-mps", 40, "16Gi"),
+        share("tts", "uid-tts", "gpu-0-mps", 30, "8Gi"),
+        share("emb", "uid-emb", "gpu-0-mps", 20, "4Gi"),
     )
     (root,) = servers(dra_node)
     assert root.name == "gpu-0-mps-u0"
@@ -78,18 +95,18 @@ def test_three_share_claims_on_one_gpu_have_one_daemon_and_three_limit_sets(
     assert {u: e[cdi.CLAIM_ENV] for u, e in envs.items()} == {u: u for u in envs}
     # The ceiling: the largest share on the device, threads and memory apart.
     assert defaults(root, fake_mps_control) == (40.0, 16 << 30)
-    pid = MpsControl(fake_mps_control, root / "pipe", root / "log").daemon_pid()
+    pid = control_of(root, fake_mps_control).daemon_pid()
     gpu0 = dra_node.inventory().gpus[0].uuid
-    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    env = daemon_env(pid)
     assert f"CUDA_VISIBLE_DEVICES={gpu0}".encode() in env
 
     # The largest share goes: the ceiling follows the claims left, the daemon stays.
     dra_node.kubelet.unprepare([claims[0]])
     assert servers(dra_node) == [root]
-    assert MpsControl(fake_mps_control, root / "pipe", root / "log").daemon_pid() == pid
+    assert control_of(root, fake_mps_control).daemon_pid() == pid
     assert defaults(root, fake_mps_control) == (30.0, 8 << 30)
     dra_node.kubelet.unprepare([claims[1]])
-    assert MpsControl(fake_mps_control, root / "pipe", root / "log").daemon_pid() == pid
+    assert control_of(root, fake_mps_control).daemon_pid() == pid
     dra_node.kubelet.unprepare([claims[2]])  # the last client: the daemon stops, its folder goes
     assert servers(dra_node) == []
     assert not _alive(pid)
@@ -100,15 +117,15 @@ def test_two_claims_sharing_one_mig_slice_have_one_daemon_on_that_slice(
     dra_node: DraNode, fake_mps_control: str
 ) -> None:
     device = "gpu-0-mig-1g18gb-19-2-mps"
-    claims = [
-        dra_node.add_claim(share("tts-0", "uid-t0", device, 50, "8Gi")),
-        dra_node.add_claim(share("tts-1", "uid-t1", device, 25, "4Gi")),
-    ]
-    assert all(not r.error for r in dra_node.kubelet.prepare(claims).values())
+    claims = prepared(
+        dra_node,
+        share("tts-0", "uid-t0", device, 50, "8Gi"),
+        share("tts-1", "uid-t1", device, 25, "4Gi"),
+    )
     (made,) = dra_node.inventory().gpus[0].slices
     (root,) = servers(dra_node)
-    pid = MpsControl(fake_mps_control, root / "pipe", root / "log").daemon_pid()
-    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    pid = control_of(root, fake_mps_control).daemon_pid()
+    env = daemon_env(pid)
     assert f"CUDA_VISIBLE_DEVICES={made.mig_uuid}".encode() in env
     envs = [env_of(dra_node, c.uid) for c in claims]
     assert [e["NVIDIA_VISIBLE_DEVICES"] for e in envs] == [made.mig_uuid] * 2
@@ -116,7 +133,7 @@ def test_two_claims_sharing_one_mig_slice_have_one_daemon_on_that_slice(
     assert defaults(root, fake_mps_control) == (50.0, 8 << 30)
     dra_node.kubelet.unprepare([claims[0]])  # the other still shares slice and daemon
     assert [s.mig_uuid for s in dra_node.inventory().gpus[0].slices] == [made.mig_uuid]
-    assert MpsControl(fake_mps_control, root / "pipe", root / "log").daemon_pid() == pid
+    assert control_of(root, fake_mps_control).daemon_pid() == pid
     dra_node.kubelet.unprepare([claims[1]])
     assert dra_node.inventory().gpus[0].slices == ()
     assert servers(dra_node) == []
@@ -125,13 +142,13 @@ def test_two_claims_sharing_one_mig_slice_have_one_daemon_on_that_slice(
 def test_a_restarted_driver_adopts_the_daemon_and_a_killed_one_is_started_again(
     dra_node: DraNode, fake_mps_control: str
 ) -> None:
-    claims = [
-        dra_node.add_claim(share("asr", "uid-a", "gpu-1-mps", 30, "8Gi")),
-        dra_node.add_claim(share("tts", "uid-b", "gpu-1-mps", 30, "8Gi")),
-    ]
-    assert all(not r.error for r in dra_node.kubelet.prepare(claims).values())
+    prepared(
+        dra_node,
+        share("asr", "uid-a", "gpu-1-mps", 30, "8Gi"),
+        share("tts", "uid-b", "gpu-1-mps", 30, "8Gi"),
+    )
     (root,) = servers(dra_node)
-    control = MpsControl(fake_mps_control, root / "pipe", root / "log")
+    control = control_of(root, fake_mps_control)
     pid = control.daemon_pid()
     assert pid is not None
 
@@ -172,10 +189,7 @@ def test_claims_of_different_users_get_separate_daemons(dra_node: DraNode) -> No
             },
         }
     ]  # fmt: skip
-    claims = [dra_node.add_claim(a), dra_node.add_claim(b)]
-    assert {u: r.error for u, r in dra_node.kubelet.prepare(claims).items()} == {
-        "uid-u0": "", "uid-u1000": ""
-    }  # fmt: skip
+    claims = prepared(dra_node, a, b)
     assert [p.name for p in servers(dra_node)] == ["gpu-0-mps-u0", "gpu-0-mps-u1000"]
     pipes = {env_of(dra_node, c.uid)["CUDA_MPS_PIPE_DIRECTORY"] for c in claims}
     assert len(pipes) == 2
@@ -215,11 +229,11 @@ def test_a_client_asking_for_more_than_its_share_is_reported_on_its_claim_within
     from nodeagent.kube.api import KubeSettings, make_api_client
     from nodeagent.metrics.dra import DraStats
 
-    claims = [
-        dra_node.add_claim(share("asr", "uid-ok", "gpu-0-mps", 30, "8Gi")),
-        dra_node.add_claim(share("tts", "uid-greedy", "gpu-0-mps", 30, "8Gi")),
-    ]
-    assert all(not r.error for r in dra_node.kubelet.prepare(claims).values())
+    claims = prepared(
+        dra_node,
+        share("asr", "uid-ok", "gpu-0-mps", 30, "8Gi"),
+        share("tts", "uid-greedy", "gpu-0-mps", 30, "8Gi"),
+    )
     honest = _client(env_of(dra_node, "uid-ok"))
     # A client that rewrote its environment to ask for the whole GPU: MPS caps it at the
     # daemon's ceiling, not at its claim's share; the watch sees it.

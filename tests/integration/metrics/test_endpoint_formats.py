@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
-import subprocess
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from nodeagent.agent.service import Agent
 from nodeagent.metrics.exposition import ExpositionCache, Format
 from nodeagent.metrics.server import MetricsServer
 from tests.integration.metrics.test_dcgm import build
-from tests.support.metrics import free_port, http_get, prometheus_tool, sample, wait_for
+from tests.support.metrics import http_get, prometheus_server, prometheus_tool, sample, wait_for
 
 TIMEOUT = 10.0
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -166,31 +165,23 @@ def test_a_real_prometheus_scrapes_openmetrics_gzipped(agent: Agent, tmp_path: P
 
     srv = MetricsServer("127.0.0.1:0", exposition, lambda: (True, "ok"), lambda: (True, "ok"))
     srv.start()
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
+    config = (
         "global: {scrape_interval: 1s, scrape_timeout: 1s}\nscrape_configs:\n"
         f"  - job_name: nodeagent\n    static_configs: [{{targets: ['127.0.0.1:{srv.port}']}}]\n"
     )
-    log = (tmp_path / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=log,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-
-    def query(promql: str) -> list[dict[str, object]]:
-        status, body = http_get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
-        return json.loads(body)["data"]["result"] if status == 200 else []  # type: ignore[no-any-return]
-
     try:
-        wait_for(lambda: query('up{job="nodeagent"} == 1'), "the target up")
-        assert wait_for(lambda: query("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"), "the energy counter")
-        assert wait_for(lambda: query("nodeagent_gpu_info"), "the agent's own families")
-        assert Format(openmetrics=True, gzip=True) in asked
+        with prometheus_server(binary, tmp_path, config) as base:
+
+            def query(promql: str) -> list[dict[str, object]]:
+                url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+                status, body = http_get(url)
+                return json.loads(body)["data"]["result"] if status == 200 else []  # type: ignore[no-any-return]
+
+            wait_for(lambda: query('up{job="nodeagent"} == 1'), "the target up")
+            assert wait_for(
+                lambda: query("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"), "the energy counter"
+            )
+            assert wait_for(lambda: query("nodeagent_gpu_info"), "the agent's own families")
+            assert Format(openmetrics=True, gzip=True) in asked
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        log.close()
         srv.stop()

@@ -29,7 +29,7 @@ from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.support.agent import make_agent
 from tests.support.cli import stop_mps_daemon
-from tests.support.metrics import free_port, http_get, prometheus_tool, wait_for
+from tests.support.metrics import http_get, prometheus_server, prometheus_tool, wait_for
 from tests.support.mig_apply import reconfigure
 
 MONITORING = Path(__file__).resolve().parents[3] / "daemonset" / "monitoring"
@@ -102,7 +102,6 @@ def monitored(
     monkeypatch.setenv("FAKE_MPS_SERVER", "1")
     agents = {"mig-node": _mig_node(), "mps-node": _mps_node(tmp_path, fake_mps_control)}
     started: list[Agent] = []
-    proc = None
     try:
         for agent in agents.values():
             agent.start()
@@ -114,35 +113,22 @@ def monitored(
             for node, agent in agents.items()
             if agent.server is not None
         )
-        config = tmp_path / "prometheus.yml"
-        config.write_text(
+        config = (
             "global:\n  scrape_interval: 250ms\n  scrape_timeout: 250ms\n"
             "  evaluation_interval: 250ms\n"
             f"rule_files: ['{MONITORING / 'rules.yaml'}']\n"
             "scrape_configs:\n  - job_name: nodeagent\n    honor_labels: true\n"
             f"    static_configs:\n{targets}"
         )
-        port = free_port()
-        proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"),
-        )  # fmt: skip
-        base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: http_get(base + "/-/ready", 10)[0] == 200, "Prometheus to be ready")
-        # Enough scrapes of both nodes for rate() and increase() (two samples in the window).
-        wait_for(
-            lambda: len(_query(base, 'count_over_time(up{job="nodeagent"}[1m]) >= 4')[1]["data"]["result"]) == 2,
-            "four scrapes of both agents",
-        )  # fmt: skip
-        yield base, agents
+        with prometheus_server(binary, tmp_path, config) as base:
+            wait_for(lambda: http_get(base + "/-/ready", 10)[0] == 200, "Prometheus to be ready")
+            # Enough scrapes of both nodes for rate() and increase() (two samples in the window).
+            wait_for(
+                lambda: len(_query(base, 'count_over_time(up{job="nodeagent"}[1m]) >= 4')[1]["data"]["result"]) == 2,
+                "four scrapes of both agents",
+            )  # fmt: skip
+            yield base, agents
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
         for agent in started:
             agent.stop()
         stop_mps_daemon(fake_mps_control, tmp_path / "pipe", tmp_path / "ready")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from nodeagent.mig.generate import generate_configs
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.support.agent import make_agent
-from tests.support.metrics import free_port, http_get, prometheus_tool, wait_for
+from tests.support.metrics import http_get, prometheus_server, prometheus_tool, wait_for
 from tests.support.mig_apply import reconfigure
 
 
@@ -54,33 +53,14 @@ def prometheus(tmp_path: Path, running_agent: tuple[Agent, SimulatedNvml]) -> It
     binary = prometheus_tool("prometheus")
     agent, _ = running_agent
     assert agent.server is not None
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
+    config = (
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
         "scrape_configs:\n  - job_name: nodeagent\n    static_configs:\n"
         f"      - targets: ['127.0.0.1:{agent.server.port}']\n"
     )
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "prometheus.log").open("w"),
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
+    with prometheus_server(binary, tmp_path, config) as base:
         wait_for(lambda: http_get(base + "/-/ready")[0] == 200, "Prometheus to be ready")
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def _query(base: str, promql: str) -> list[dict[str, Any]]:

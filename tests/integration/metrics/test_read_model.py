@@ -5,10 +5,8 @@ agent's service runs, and the series those owners published are there, with thei
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 
 import pytest
 
@@ -18,8 +16,8 @@ from nodeagent.sim import SimulatedNvml, parse_spec
 from nodeagent.sim.faults import Fault
 from nodeagent.state.workers import Worker
 from tests.support.agent import make_agent
+from tests.support.reach import modules_run
 
-ROOT = Path(__file__).resolve().parents[3]
 # What a scrape must not run: the owners of what it shows publish into the store instead.
 OWNERS = (
     "nodeagent.agent.service", "nodeagent.reconcile", "nodeagent.mps", "nodeagent.nvml",
@@ -27,27 +25,6 @@ OWNERS = (
     "nodeagent.state.sampling",
 )  # fmt: skip
 IN_USE = 19  # NVML_ERROR_IN_USE
-
-
-def _modules_run(call: object) -> set[str]:
-    """The nodeagent modules whose functions ran during `call()`."""
-    files: set[str] = set()
-
-    def profile(frame: FrameType, event: str, _arg: object) -> None:
-        if event == "call":
-            files.add(frame.f_code.co_filename)
-
-    sys.setprofile(profile)
-    try:
-        call()  # type: ignore[operator]
-    finally:
-        sys.setprofile(None)
-    package = ROOT / "nodeagent"
-    return {
-        ".".join(Path(f).relative_to(ROOT).with_suffix("").parts)
-        for f in files
-        if Path(f).is_relative_to(package)
-    }
 
 
 @pytest.fixture
@@ -76,7 +53,7 @@ def test_a_scrape_reads_the_store_not_the_owners(agent: tuple[Agent, SimulatedNv
     lib.faults.faults.clear()
     agent_.reconcile()  # starts the MPS daemon, publishes the offers
 
-    reached = _modules_run(lambda: list(agent_.registry.collect()))
+    reached = modules_run(lambda: list(agent_.registry.collect()))
 
     assert "nodeagent.metrics.mps" in reached and "nodeagent.metrics.sharing" in reached
     assert sorted(m for m in reached if m.startswith(OWNERS)) == []

@@ -23,7 +23,7 @@ from nodeagent.metrics.server import MetricsServer
 from nodeagent.metrics.webconfig import load_web_config
 from tests.integration.metrics.test_endpoint_hostile import connection_threads, exposing
 from tests.support.cli import Result, assert_one_error
-from tests.support.metrics import free_port, http_get, prometheus_tool, wait_for
+from tests.support.metrics import http_get, prometheus_server, prometheus_tool, wait_for
 
 EXPOSITION = b"# TYPE up gauge\nup 1.0\n"
 TIMEOUT = 10.0
@@ -248,40 +248,27 @@ def test_prometheus_scrapes_over_tls_with_basic_auth(
     password is down."""
     binary = prometheus_tool("prometheus")
     server = serve(tls_config(pki) + f"basic_auth_users:\n  prometheus: {PASSWORD_HASH}\n")
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
     job = (
         "  - job_name: NAME\n    scheme: https\n"
         f"    tls_config: {{ca_file: {pki / 'ca.crt'}}}\n"
         "    basic_auth: {username: prometheus, password: PASSWORD}\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{server.port}']}}]\n"
     )
-    config.write_text(
+    config = (
         "global: {scrape_interval: 1s, scrape_timeout: 1s}\nscrape_configs:\n"
         + job.replace("NAME", "right").replace("PASSWORD", "s3cret")
         + job.replace("NAME", "wrong").replace("PASSWORD", "guess")
     )
-    log = (tmp_path / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=log,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
+    with prometheus_server(binary, tmp_path, config) as base:
 
-    def up() -> dict[str, str]:
-        query = urllib.parse.urlencode({"query": "up"})
-        status, body = http_get(f"{base}/api/v1/query?{query}")
-        results = json.loads(body)["data"]["result"] if status == 200 else []
-        found = {r["metric"]["job"]: r["value"][1] for r in results}
-        return found if set(found) == {"right", "wrong"} else {}
+        def up() -> dict[str, str]:
+            query = urllib.parse.urlencode({"query": "up"})
+            status, body = http_get(f"{base}/api/v1/query?{query}")
+            results = json.loads(body)["data"]["result"] if status == 200 else []
+            found = {r["metric"]["job"]: r["value"][1] for r in results}
+            return found if set(found) == {"right", "wrong"} else {}
 
-    try:
         assert wait_for(up, "both jobs scraped") == {"right": "1", "wrong": "0"}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        log.close()
 
 
 def test_half_sent_tls_handshakes_hold_no_thread(

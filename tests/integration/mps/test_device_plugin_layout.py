@@ -290,6 +290,27 @@ def test_a_plugin_config_value_its_tag_cannot_build_is_one_sentence(tmp_path: Pa
         read_plugin_config(path)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("version: v1\nsharing: &s {mps: *s}\n", r"c\.yaml:2:\d+: an alias \(\*name\) inside"),
+        ("version: v1\nsharing: {mps: [\n", r"c\.yaml:\d+:\d+: not valid YAML"),
+    ],
+)
+def test_a_plugin_config_is_read_by_the_bounded_reader(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """The same reader as every config (nodeagent.base.configfile): aliases bounded, the
+    position of a YAML error."""
+    from nodeagent.base.errors import ConfigError
+    from nodeagent.mps.layout import read_plugin_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"^device plugin config {tmp_path}/{message}"):
+        read_plugin_config(path)
+
+
 def test_shm_symlink_is_refused_and_a_symlinked_root_is_recognised(tmp_path: Path) -> None:
     from nodeagent.mps.layout import is_mounted, mount_shm
 

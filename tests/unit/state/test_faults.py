@@ -7,25 +7,15 @@ import pytest
 
 from nodeagent.nvml.health import Health
 from nodeagent.state.faults import Fault, FaultKey, FaultPolicy, FaultTracker, fatal
+from tests.support.clock import ManualClock
 
 GPU0, GPU1 = FaultKey(0), FaultKey(1)
 SLICE = FaultKey(0, 19, 3)  # 1g.18gb at memory slice 3
 POLICY = FaultPolicy(hold_seconds=30.0)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def tracker() -> tuple[FaultTracker, Clock]:
-    clock = Clock()
+def tracker() -> tuple[FaultTracker, ManualClock]:
+    clock = ManualClock()
     return FaultTracker(clock, wall=lambda: 1_000_000.0 + clock()), clock
 
 

@@ -24,6 +24,7 @@ from nodeagent.state.recovery import (
     xid_waits_for,
     xids_waiting_for,
 )
+from tests.support.clock import ManualClock
 
 GPU0, GPU1 = FaultKey(0), FaultKey(1)
 SLICE = FaultKey(0, 19, 3)
@@ -33,23 +34,12 @@ NONE, GPU_RESET, NODE_REBOOT = 0, 1, 2  # nvmlDeviceGpuRecoveryAction_t
 WALL = 1_000_000.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def tracker(record: FaultRecord | None = None) -> tuple[FaultTracker, Clock]:
-    clock = Clock()
+def tracker(record: FaultRecord | None = None) -> tuple[FaultTracker, ManualClock]:
+    clock = ManualClock()
     return FaultTracker(clock, wall=lambda: WALL + clock(), record=record), clock
 
 
-def past_hold(t: FaultTracker, clock: Clock) -> dict[FaultKey, tuple[str, ...]]:
+def past_hold(t: FaultTracker, clock: ManualClock) -> dict[FaultKey, tuple[str, ...]]:
     clock.advance(HOLD_SECONDS + 1)
     return {k: f.kinds for k, f in t.active(POLICY).items()}
 
