@@ -67,3 +67,37 @@ def test_the_grep_finds_each_way_of_opening(tmp_path: Path) -> None:
     found = other_opens(tmp_path)
     assert [f.split(":")[1] for f in found] == ["1", "2", "3", "4", "5", "6", "7"]
     assert found[0] == 'nodeagent/mod.py:1: f = open("/etc/x")'
+
+
+YAML_READS = re.compile(
+    r"\byaml\.(safe_load|load|full_load|unsafe_load|safe_load_all|load_all|full_load_all"
+    r"|unsafe_load_all|compose|compose_all|parse|scan)\("
+)
+YAML_READER = PACKAGE / "base" / "configfile.py"
+
+
+def yaml_reads(root: Path, reader: Path) -> list[str]:
+    """file:line of each YAML read outside the one reader (its alias and size bounds)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path == reader:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if YAML_READS.search(line.split("#", 1)[0]):
+                found.append(f"nodeagent/{path.relative_to(root).as_posix()}:{number}")
+    return found
+
+
+def test_no_yaml_is_read_but_through_the_one_reader() -> None:
+    """Issue 39 class 4: every YAML input (settings, MIG and sharing configs, hooks, the
+    kubeconfig, the device plugin's config) goes through base/configfile.py's reader."""
+    assert yaml_reads(PACKAGE, YAML_READER) == []
+
+
+def test_the_yaml_grep_finds_each_way_of_reading(tmp_path: Path) -> None:
+    lines = ["yaml.safe_load(text)", "yaml.load(t, Loader=L)", "yaml.compose(t)",
+             "list(yaml.safe_load_all(t))", "# yaml.safe_load( in a comment", "yaml.dump(x)"]  # fmt: skip
+    (tmp_path / "mod.py").write_text("\n".join(lines) + "\n")
+    assert [f.split(":")[1] for f in yaml_reads(tmp_path, tmp_path / "none.py")] == [
+        "1", "2", "3", "4"
+    ]  # fmt: skip
