@@ -46,8 +46,8 @@ from nodeagent.mig.generate import balanced
 from nodeagent.mig.geometry import Geometry
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.nvml.inventory import GiProfile, Gpu, Inventory
-from nodeagent.plan.planner import plan_node
-from nodeagent.plan.workloads import Workload
+from nodeagent.planner.planner import plan_node
+from nodeagent.planner.workloads import Workload
 from nodeagent.sim import SimulatedNvml, parse_spec
 
 GIB = 1 << 30

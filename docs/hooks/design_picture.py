@@ -22,7 +22,7 @@ FLOORS: tuple[tuple[int, str], ...] = (
     (9, "kube/ | kubelet/"),
     (8, "reconcile/"),
     (7, "metrics/ | labels/"),
-    (6, "sharing/ | plan/ | host/"),
+    (6, "sharing/ | planner/ | host/"),
     (5, "state/"),
     (4, "mig/ | mps/"),
     (3, "nvml/ | sim/"),

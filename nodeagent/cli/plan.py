@@ -25,15 +25,15 @@ DEFAULT_NAME = "planned"
 
 def cmd_plan(ctx: Context) -> int:
     from nodeagent.nvml import read_inventory
-    from nodeagent.plan.planner import plan_node
-    from nodeagent.plan.render import (
+    from nodeagent.planner.planner import plan_node
+    from nodeagent.planner.render import (
         render_mig_parted,
         render_yaml,
         report,
         shortfall,
         summary_lines,
     )
-    from nodeagent.plan.workloads import load_workloads
+    from nodeagent.planner.workloads import load_workloads
 
     name = ctx.args.name
     if not name or not name.strip():

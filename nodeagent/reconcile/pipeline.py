@@ -27,7 +27,7 @@ from nodeagent.mig.select import covered, resolve
 from nodeagent.mig.wanted import ChangeDone, WantedChange
 from nodeagent.mps.intent import check_startable, mps_intent
 from nodeagent.mps.manager import MpsManager
-from nodeagent.plan.hook import PLANNED, WorkloadPlanner
+from nodeagent.planner.hook import PLANNED, WorkloadPlanner
 from nodeagent.reconcile.change import Changer
 from nodeagent.reconcile.ports import (
     Clients,
@@ -246,7 +246,7 @@ class Pipeline:
         s = run.settings
         if s.sharing.workload_file and not (run.wanted.sharing_config or run.wanted.mig_config):
             # No config wanted by name: the one planned from the workload file, applied as a
-            # named sharing config is (nodeagent.plan.hook).
+            # named sharing config is (nodeagent.planner.hook).
             assert run.snapshot is not None
             path = self.workloads.sharing_file(
                 s.sharing.workload_file, run.snapshot.inventory, s.node.run_dir

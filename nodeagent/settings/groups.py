@@ -80,7 +80,7 @@ class Sharing:
     config_file: str | None = None
     config: str | None = None
     plugin_config_out: Path | None = None  # write NVIDIA's device plugin config here
-    workload_file: str | None = None  # plan the sharing from this workload file (nodeagent.plan)
+    workload_file: str | None = None  # plan the sharing from this workload file (nodeagent.planner)
 
 
 @dataclass(frozen=True)

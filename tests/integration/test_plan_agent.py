@@ -14,7 +14,7 @@ import yaml
 from nodeagent.agent.service import Agent
 from nodeagent.mps.control import MpsControl
 from nodeagent.nvml import NvmlSession, read_inventory
-from nodeagent.plan.hook import FILE_NAME
+from nodeagent.planner.hook import FILE_NAME
 from nodeagent.sim import SimulatedNvml, parse_spec
 from tests.support.agent import make_agent
 from tests.support.cli import Result, assert_one_error

@@ -74,7 +74,7 @@ def _k8s(doc: dict[str, Any], where: str) -> None:
 
 
 def _nodeagent(text: str, doc: dict[str, Any], where: str, tmp: Path) -> None:
-    from nodeagent.plan.workloads import parse_workloads
+    from nodeagent.planner.workloads import parse_workloads
     from nodeagent.settings import load
     from nodeagent.sharing.config import parse_sharing
 

@@ -6,7 +6,7 @@ The objective, compared in this order:
   3. less memory stranded: the memory of the used GPUs that placed workloads do not need;
   4. more existing MIG slices kept.
 Every term is a sum over GPUs, so a search over the GPUs, keyed by the demand still unplaced,
-is exact (nodeagent.plan.branch: branch and bound, bounded by nodeagent.plan.relax). Each GPU
+is exact (nodeagent.planner.branch: branch and bound, bounded by nodeagent.planner.relax). Each GPU
 only needs the options no other option of its own beats (more of every class, as many slices
 kept), capped by what is left: any optimal plan can be rewritten into such options without
 losing on any term (tests/unit/plan prove the search equal to an exhaustive one). MPS
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from nodeagent.mps.settings import MAX_PLUGIN_REPLICAS
-from nodeagent.plan.branch import Scorer, Table, best_plan, bounds, levels, rounded_plan
-from nodeagent.plan.options import (
+from nodeagent.planner.branch import Scorer, Table, best_plan, bounds, levels, rounded_plan
+from nodeagent.planner.options import (
     Demand,
     GpuView,
     Option,
@@ -35,8 +35,8 @@ from nodeagent.plan.options import (
     mps_options,
     whole_options,
 )
-from nodeagent.plan.relax import Prices
-from nodeagent.plan.targets import improve
+from nodeagent.planner.relax import Prices
+from nodeagent.planner.targets import improve
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ def _search(
     A short search first (most files end there). Past it, the plan to beat: the LP's
     solution rounded down, the rest searched (first for a plan meeting the bound, then for
     the best; the greedy plan where that runs out). Where it falls short of the bound, the
-    bound is refined and the cases between them checked (nodeagent.plan.targets; where
+    bound is refined and the cases between them checked (nodeagent.planner.targets; where
     they are too many, the branch and bound with the plan's score as the floor). The best
     plan known then, the first best plan (the one a longer search finds) is looked for with
     its score as the floor, on a small budget, the plan known kept if that runs out."""

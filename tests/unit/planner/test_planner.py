@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodeagent.nvml import Gpu, Inventory, Process
-from nodeagent.plan.options import GpuView
-from nodeagent.plan.planner import NodePlan, plan_node
-from nodeagent.plan.render import mig_parted_document, sharing_document
-from nodeagent.plan.workloads import Workload
+from nodeagent.planner.options import GpuView
+from nodeagent.planner.planner import NodePlan, plan_node
+from nodeagent.planner.render import mig_parted_document, sharing_document
+from nodeagent.planner.workloads import Workload
 from nodeagent.sharing.config import parse_sharing
 from nodeagent.sharing.resolve import resolve_sharing
 from tests.support.mig import blank_gpu, gpu_with
@@ -194,9 +194,9 @@ def test_every_plan_is_valid(models: list[str], workloads: list[Workload]) -> No
 
 
 def test_past_the_search_limits_a_greedy_plan_is_said_so() -> None:
-    from nodeagent.plan.options import GpuView
-    from nodeagent.plan.planner import demand_classes
-    from nodeagent.plan.search import solve
+    from nodeagent.planner.options import GpuView
+    from nodeagent.planner.planner import demand_classes
+    from nodeagent.planner.search import solve
 
     inv = node(*[fresh("h200")] * 4)
     ws = [W(f"s{i}", 2 + i, "shared", 6, compute=0.05) for i in range(3)]

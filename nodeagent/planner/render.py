@@ -15,8 +15,8 @@ import yaml
 
 from nodeagent.base.logs import printable
 from nodeagent.nvml.inventory import Gpu
-from nodeagent.plan.planner import NodePlan
-from nodeagent.plan.workloads import Workload
+from nodeagent.planner.planner import NodePlan
+from nodeagent.planner.workloads import Workload
 
 MIB = 1 << 20
 

@@ -2,7 +2,7 @@
 
 `plan_node(inventory, workloads)` reads only the Inventory (each GPU's profile table, memory,
 and its existing slices: those in use are kept, the others preferably) and returns the
-assignment, the per-GPU sharing it needs, and the report. `nodeagent.plan.render` writes the
+assignment, the per-GPU sharing it needs, and the report. `nodeagent.planner.render` writes the
 sharing config (and the mig-parted config) from it.
 """
 
@@ -15,9 +15,9 @@ from nodeagent.mig.geometry import Instance, Layout
 from nodeagent.mig.plan import choose_target, existing_instances
 from nodeagent.mig.select import Desired
 from nodeagent.nvml.inventory import Gpu, Inventory, Placement
-from nodeagent.plan.options import MIB, Demand, GpuView, Option, fits_slice, fits_whole
-from nodeagent.plan.search import Objective, solve
-from nodeagent.plan.workloads import Workload
+from nodeagent.planner.options import MIB, Demand, GpuView, Option, fits_slice, fits_whole
+from nodeagent.planner.search import Objective, solve
+from nodeagent.planner.workloads import Workload
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def demand_classes(
 
 
 def plan_node(inventory: Inventory, workloads: Sequence[Workload]) -> NodePlan:
-    """The best plan for these workloads on this node (see nodeagent.plan.search)."""
+    """The best plan for these workloads on this node (see nodeagent.planner.search)."""
     gpus = sorted(inventory.gpus, key=lambda g: g.index)
     views = [GpuView.of(g) for g in gpus]
     demands, members = demand_classes(workloads)

@@ -2,7 +2,7 @@
 
 Depth first over the GPUs in order, each GPU's options in the order of its frontier (capped by
 what is left, each once, the unused option last). A branch is cut where the bound of
-nodeagent.plan.relax says it cannot reach the score wanted; a state (GPU, demand left) met
+nodeagent.planner.relax says it cannot reach the score wanted; a state (GPU, demand left) met
 again, as alike GPUs taking the same options in another order do, is answered from what was
 proven about it (its best score, or an upper bound). The plan found is the first best one in
 that order: the one a full dynamic programme over (GPU, demand left) picks. A state's options
@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nodeagent.plan.options import Demand, GpuView, Option, TooLarge, Vec
-from nodeagent.plan.relax import Column, Digits, Lagrangian, Prices, lp_prices
+from nodeagent.planner.options import Demand, GpuView, Option, TooLarge, Vec
+from nodeagent.planner.relax import Column, Digits, Lagrangian, Prices, lp_prices
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,7 @@ def choices(table: Table, left: Vec, among: set[Vec] | None = None) -> list[Opti
 
 def bounds(tables: Sequence[Table], score: Scorer, cap: Vec, refine: bool = False) -> Prices:
     """The bounds of every state (see _relaxation); `refine`: each lower digit bounded on its
-    own too (nodeagent.plan.relax.Level: a few more LPs, a bound closer to the plans)."""
+    own too (nodeagent.planner.relax.Level: a few more LPs, a bound closer to the plans)."""
     return _relaxation(tables, score, cap, refine)[0]
 
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodeagent.base.errors import ConfigError
-from nodeagent.plan.workloads import KEYS, Workload, load_workloads, parse_workloads
+from nodeagent.planner.workloads import KEYS, Workload, load_workloads, parse_workloads
 
 GOOD = """\
 version: nodeagent/v1

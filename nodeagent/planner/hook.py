@@ -12,13 +12,13 @@ from nodeagent.base.errors import AgentError
 from nodeagent.base.files import write_if_changed
 from nodeagent.base.logs import get_logger
 from nodeagent.nvml.inventory import Inventory
-from nodeagent.plan.planner import plan_node
-from nodeagent.plan.render import render_yaml
-from nodeagent.plan.workloads import WorkloadFile, load_workloads
+from nodeagent.planner.planner import plan_node
+from nodeagent.planner.render import render_yaml
+from nodeagent.planner.workloads import WorkloadFile, load_workloads
 
 PLANNED = "planned"
 FILE_NAME = "planned-sharing.yaml"
-log = get_logger("nodeagent.plan")
+log = get_logger("nodeagent.planner")
 
 
 class WorkloadPlanner:

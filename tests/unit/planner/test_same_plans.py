@@ -2,11 +2,11 @@
 field by field, the plan the planner made before it cached anything per GPU kind
 (tests/golden/plans.json, written by the planner of commit 5f5407c) over benchmarks/planner.py's
 mixes. A plan the old planner could not search exactly (marked not exact) may only get better.
-The branch and bound search (nodeagent.plan.branch) finds the same plans: the first best one
+The branch and bound search (nodeagent.planner.branch) finds the same plans: the first best one
 in the order of the old dynamic programme.
 
 Regenerate (only when a plan is meant to change, and say why in the commit):
-    .venv/bin/python -m tests.unit.plan.test_same_plans
+    .venv/bin/python -m tests.unit.planner.test_same_plans
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from nodeagent.nvml import Gpu, Inventory
-from nodeagent.plan.planner import plan_node
-from nodeagent.plan.workloads import Workload
+from nodeagent.planner.planner import plan_node
+from nodeagent.planner.workloads import Workload
 from tests.support.mig import blank_gpu, gpu_with
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -1,7 +1,7 @@
 """Past the search's budget: the replicas a better plan would place, each case checked. Pure.
 
 A plan's score is the sum of its replicas' (per class, `Scorer.unit`), of its unused GPUs'
-and of its slices kept. Between a plan found and the bound (nodeagent.plan.relax) there are
+and of its slices kept. Between a plan found and the bound (nodeagent.planner.relax) there are
 few such sums when they are close: the vectors of replicas placed (v <= what is asked) and
 counts of unused GPUs (u) whose plans could score above the plan and at most the bound. Each
 is checked, highest first, by the exact search capped to v and asked for at least what v
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from nodeagent.plan.branch import Scorer, Sieve, Table, best_plan
-from nodeagent.plan.options import Option, TooLarge, Vec
-from nodeagent.plan.relax import Prices
+from nodeagent.planner.branch import Scorer, Sieve, Table, best_plan
+from nodeagent.planner.options import Option, TooLarge, Vec
+from nodeagent.planner.relax import Prices
 
 CASES = 2_000  # (v, u) cases of a head at most
 HEADS = 16  # heads between the plan and the bound at most

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodeagent.nvml import Gpu
-from nodeagent.plan.options import Demand, GpuView, mig_options, mps_options, whole_options
-from nodeagent.plan.search import gpu_options, solve
+from nodeagent.planner.options import Demand, GpuView, mig_options, mps_options, whole_options
+from nodeagent.planner.search import gpu_options, solve
 from tests.support.mig import Candidate, all_valid_layouts, blank_gpu, gpu_with
 
 MIB = 1 << 20

@@ -5,7 +5,7 @@ left; the branch and bound must pick the very same plan (same score, same option
 GPU: the first best one in that order, with the refined bounds too), its bounds (plain, and
 refined: each lower digit bounded on its own, the memory term's remainders) must never be below
 the best score of any state, and asked for more than the best it must find nothing; the cases
-between a plan and the bound (nodeagent.plan.targets) must lead to the best score. Small nodes of mixed models,
+between a plan and the bound (nodeagent.planner.targets) must lead to the best score. Small nodes of mixed models,
 existing and in-use slices, every MPS client count (hypothesis); then the reach it was made for.
 """
 
@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodeagent.nvml import Gpu, Inventory
-from nodeagent.plan.branch import Scorer, Table, best_plan, bounds, rounded_plan
-from nodeagent.plan.options import (
+from nodeagent.planner.branch import Scorer, Table, best_plan, bounds, rounded_plan
+from nodeagent.planner.options import (
     Demand,
     GpuView,
     Option,
@@ -30,11 +30,11 @@ from nodeagent.plan.options import (
     mig_options,
     whole_options,
 )
-from nodeagent.plan.planner import demand_classes, plan_node
-from nodeagent.plan.search import _tables, mps_candidates, solve
-from nodeagent.plan.targets import improve
+from nodeagent.planner.planner import demand_classes, plan_node
+from nodeagent.planner.search import _tables, mps_candidates, solve
+from nodeagent.planner.targets import improve
 from tests.support.mig import blank_gpu, gpu_with
-from tests.unit.plan.test_same_plans import MIXES
+from tests.unit.planner.test_same_plans import MIXES
 
 
 def fresh(model: str, index: int = 0) -> Gpu:
