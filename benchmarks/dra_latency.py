@@ -44,8 +44,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from nodeagent.agent.factory import dra_driver  # noqa: E402
+from nodeagent.dra.driver import DraDriver  # noqa: E402
 from nodeagent.dra.node import NodeConfig  # noqa: E402
-from nodeagent.dra.plugin import DraPlugin  # noqa: E402
 from nodeagent.kube.api import KubeSettings  # noqa: E402
 from nodeagent.nvml import MigWriter, NvmlSession, read_inventory  # noqa: E402
 from nodeagent.settings import Settings  # noqa: E402
@@ -120,7 +120,7 @@ def run_mode(
     config = NodeConfig(DRIVER, node, d / "p", d / "cdi", mps_control=os.environ["MPS_CONTROL"])
     driver = dra_driver(session, settings, config, lambda i: None, d / ".sim.json.lock")
     kube = KubeSettings(node_name=node, kubeconfig=str(cp.kubeconfig), retry_seconds=5)
-    plugin = DraPlugin(session, settings, kube, driver.engine, driver.owners)
+    plugin = DraDriver(session, settings, kube, driver.engine, driver.owners)
     plugin.start()
     stop = threading.Event()
     binder = threading.Thread(

@@ -115,7 +115,7 @@ def incremental(spec: str, steps: int = 200, seed: int = 7) -> tuple[int, int, i
     mutations, changes refused because no valid layout exists)."""
     import random
 
-    from nodeagent.mig.select import Desired
+    from nodeagent.mig.select import MigTarget
 
     rng = random.Random(seed)
     probe = NvmlSession(SimulatedNvml(parse_spec(spec)))
@@ -139,7 +139,9 @@ def incremental(spec: str, steps: int = 200, seed: int = 7) -> tuple[int, int, i
         if not geo.fits_counts({k: v for k, v in counts.items() if v}):
             skipped += 1
             continue
-        want = {gpu.index: Desired(gpu.index, True, {k: v for k, v in counts.items() if v}, "walk")}
+        want = {
+            gpu.index: MigTarget(gpu.index, True, {k: v for k, v in counts.items() if v}, "walk")
+        }
         the_plan = plan(inventory, want)
         execute(the_plan, MigWriter(session), lib.reset)
         ours += the_plan.mutations

@@ -254,7 +254,7 @@ def prepared_shares(
     from nodeagent.agent.factory import dra_driver
     from nodeagent.dra.api import DraApi
     from nodeagent.dra.node import NodeConfig
-    from nodeagent.dra.server import DraPluginServer, Sockets
+    from nodeagent.dra.server import KubeletPluginServer, Sockets
     from nodeagent.kube.api import KubeSettings, make_api_client
     from nodeagent.settings import Settings
     from tests.support.dra import CLAIMS, dra_cluster
@@ -278,7 +278,7 @@ def prepared_shares(
         config = NodeConfig(DRIVER, NODE, plugin_dir, root / "cdi", mps_control=control)
         node = dra_driver(session, settings, config, _no_reset, root / ".mig.lock")
         sockets = Sockets(plugin_dir / "dra.sock", root / "reg" / f"{DRIVER}-reg.sock")
-        server = DraPluginServer(node, api, DRIVER, sockets)
+        server = KubeletPluginServer(node, api, DRIVER, sockets)
         server.start()
         kubelet = FakeDraKubelet(root / "reg")
         version = kubelet.register(DRIVER)

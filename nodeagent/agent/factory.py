@@ -59,15 +59,15 @@ from nodeagent.reconcile import (
     mig_config_cache,
 )
 from nodeagent.settings import Settings
+from nodeagent.sharing.deviceplugin import DevicePluginConfigSink
 from nodeagent.sharing.offers import Offers
-from nodeagent.sharing.plugin import PluginConfigSink
 from nodeagent.state.faultrecord import FaultRecord, record_path
 from nodeagent.state.owners import OwnerStore, inventory_reader, with_owners
 from nodeagent.state.sampling import FieldSampler, GpmSampler, HealthSampler, UtilizationSampler
 from nodeagent.state.snapshot import Allocations, Snapshot, Store
 
 if TYPE_CHECKING:  # Kubernetes is imported only when asked for
-    from nodeagent.dra.plugin import DraPlugin
+    from nodeagent.dra.driver import DraDriver
     from nodeagent.kube.api import KubeSettings, NodeApi
     from nodeagent.kube.clients import GpuClients
     from nodeagent.kube.controller import KubeReporter, NodeLabelDesire, NodeView, NodeWatcher
@@ -196,7 +196,7 @@ class KubeParts:
     reporter: KubeReporter
     sinks: Mapping[str, LabelSink]
     watcher: NodeWatcher
-    dra: DraPlugin | None
+    dra: DraDriver | None
 
 
 class NodeEdges:
@@ -285,14 +285,14 @@ class NodeEdges:
         )
         return self.parts
 
-    def _dra(self, s: Settings, kube_settings: KubeSettings, pipeline: Pipeline) -> DraPlugin:
+    def _dra(self, s: Settings, kube_settings: KubeSettings, pipeline: Pipeline) -> DraDriver:
         """The DRA kubelet plugin beside the device-plugin path: its MIG changes run through
         the agent's pipeline, its claims go into the ownership record that the pipeline reads
         (both count as busy)."""
         from nodeagent.dra.allocated import allocated_here
-        from nodeagent.dra.plugin import DraPlugin
+        from nodeagent.dra.driver import DraDriver
 
-        dra = DraPlugin(
+        dra = DraDriver(
             self.session, s, kube_settings, pipeline, self.owners, self.stop, self.dra_stats
         )
         # A lost ownership record is rebuilt from the claims allocated here too.
@@ -366,7 +366,7 @@ def agent_pipeline(
     sharing.plugin-config-out is set), under the MIG writer lock at `lock_path`; step
     durations measured with `clock` (the agent's one monotonic clock)."""
     offers = Offers(store.publish_offers)  # the metrics read what each GPU offers there
-    plugin = PluginConfigSink(
+    plugin = DevicePluginConfigSink(
         lambda: settings().sharing.plugin_config_out,
         lambda: offers.per_gpu,
         lambda: settings().labels.mig_strategy,

@@ -45,7 +45,7 @@ from nodeagent.state.workers import Worker
 
 if TYPE_CHECKING:  # Kubernetes is imported only when asked for
     from nodeagent.agent.factory import KubeParts, NodeEdges
-    from nodeagent.dra.plugin import DraPlugin
+    from nodeagent.dra.driver import DraDriver
     from nodeagent.kube.controller import NodeWatcher
 
 log = get_logger("nodeagent.agent.service")
@@ -129,7 +129,7 @@ class Agent:
         return self.kube.watcher if self.kube is not None else None
 
     @property
-    def dra(self) -> DraPlugin | None:
+    def dra(self) -> DraDriver | None:
         """The DRA kubelet plugin, with --dra once started."""
         return self.kube.dra if self.kube is not None else None
 
@@ -175,7 +175,7 @@ class Agent:
             self.kube.dra.start()
             self._dra_published(self.kube.dra)
 
-    def _dra_published(self, dra: DraPlugin) -> None:
+    def _dra_published(self, dra: DraDriver) -> None:
         """What the ResourceSlice publisher did so far, for the metrics."""
         self.dra_stats.slices_published(dra.publisher.writes, dra.publisher.counters_dropped)
 

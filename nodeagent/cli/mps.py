@@ -66,10 +66,10 @@ def _print_mps(ctx: Context, status: MpsStatus) -> None:
 
 def _check_plugin(ctx: Context, settings: MpsSettings) -> None:
     """In the device plugin's layout the daemon must serve what the plugin can: every full
-    GPU, and no MIG GPU on the node (nodeagent.sharing.plugin). Raises ConfigError."""
+    GPU, and no MIG GPU on the node (nodeagent.sharing.deviceplugin). Raises ConfigError."""
     from nodeagent.nvml import read_inventory
+    from nodeagent.sharing.deviceplugin import advertised
     from nodeagent.sharing.offers import planned_offers
-    from nodeagent.sharing.plugin import advertised
 
     inventory = read_inventory(ctx.session)
     offers = planned_offers(inventory, None, None, set(settings.devices), settings.replicas)

@@ -41,8 +41,8 @@ def cmd_labels(ctx: Context) -> int:
     would leave it. The device plugin config is the file set, or the folder's default or
     fallback (no node label is read here)."""
     from nodeagent.cli.pipelines import sharing_preview
+    from nodeagent.labels.devicepluginconfig import DevicePluginConfigReader
     from nodeagent.labels.machine import gfd_options
-    from nodeagent.labels.pluginconfig import PluginConfigReader
     from nodeagent.labels.render import SharingState, render_labels, slice_usage
     from nodeagent.nvml import read_inventory
 
@@ -56,7 +56,7 @@ def cmd_labels(ctx: Context) -> int:
         mps = [n for strategy, n in preview.values() if strategy == "mps"]
         if mps:
             sharing = SharingState("mps", mps[0])
-    plugin = PluginConfigReader().read(s.labels, None)
+    plugin = DevicePluginConfigReader().read(s.labels, None)
     labels = render_labels(
         inventory, sharing, s.labels.prefix, offers, gfd_options(s.labels), plugin
     )

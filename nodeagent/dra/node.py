@@ -1,7 +1,7 @@
 """The node side of the DRA driver: prepare and unprepare claims on this node's GPUs.
 
 A claim's MIG change is not made here: the driver hands the reconcile pipeline what the claim
-wants of the GPUs (nodeagent.dra.wanted -> nodeagent.mig.wanted.WantedChange), and the pipeline
+wants of the GPUs (nodeagent.dra.intents -> nodeagent.mig.wanted.WantedChange), and the pipeline
 plans, applies and verifies it under the node-wide MIG writer lock, with the hooks, step
 metrics and logs of every MIG change (nodeagent.reconcile.edge). Under that lock, before the
 first NVML operation, the claim's devices go into the node's ownership record
@@ -40,10 +40,10 @@ from nodeagent.base.logs import get_logger
 from nodeagent.dra import cdi
 from nodeagent.dra.checkpoint import PREPARED, PREPARING, PreparedClaim, PreparedDevice, load, save
 from nodeagent.dra.claims import ClaimRef, claimed_devices
+from nodeagent.dra.intents import intents, prepare_wants, release_wants, slice_at
 from nodeagent.dra.status import device_data
 from nodeagent.dra.users import PodUsers
-from nodeagent.dra.wanted import intents, prepare_wants, release_wants, slice_at
-from nodeagent.mig.select import Desired
+from nodeagent.mig.select import MigTarget
 from nodeagent.mig.wanted import ChangeDone, MigEngine, WantedChange
 from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.settings import Limits, MpsSettings, validate
@@ -322,7 +322,7 @@ class NodeDriver:
     ) -> WantedChange:
         me = f"claim {ref.namespace}/{ref.name}"
 
-        def wants(inventory: Inventory, held: Mapping[str, str]) -> Mapping[int, Desired]:
+        def wants(inventory: Inventory, held: Mapping[str, str]) -> Mapping[int, MigTarget]:
             owners = self.owners.read()
             gpus = {g.index: g for g in inventory.gpus}
             mates: set[str] = set()  # the claims sharing a device with this one
@@ -559,7 +559,7 @@ class NodeDriver:
                 self._mps_stopper(uid, d).stop()
         me = f"claim {claim.namespace}/{claim.name}"
 
-        def wants(inventory: Inventory, held: Mapping[str, str]) -> Mapping[int, Desired]:
+        def wants(inventory: Inventory, held: Mapping[str, str]) -> Mapping[int, MigTarget]:
             owners = self.owners.read()
             kept = {  # a shared slice stays while another claim shares it
                 d.device for d in claim.devices if d.shared and owners.sharing(_held(d), but=uid)

@@ -332,7 +332,7 @@ def own_plugin_dir(plugin_dir: Path) -> int:
     return fd
 
 
-class DraPluginServer:
+class KubeletPluginServer:
     """The registration and DRA services, started and stopped together, by the one agent
     that holds the plugin directory's lock."""
 

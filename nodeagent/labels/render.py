@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nodeagent.base.errors import ConfigError
+from nodeagent.labels.devicepluginconfig import DevicePluginConfig
 from nodeagent.labels.gfd import GfdOptions, gfd_labels
-from nodeagent.labels.pluginconfig import PluginConfig
 from nodeagent.labels.replication import Replication, ResourceSharing
 from nodeagent.nvml.inventory import Inventory
-from nodeagent.sharing.plugin import advertised
+from nodeagent.sharing.deviceplugin import advertised
 
 DEFAULT_PREFIX = "nvidia.com/"
 GPU_SHARING_PREFIX = "nodeagent.io/gpu."
@@ -44,7 +44,7 @@ def render_labels(
     prefix: str = DEFAULT_PREFIX,
     per_gpu: Mapping[int, tuple[str, int]] | None = None,
     gfd: GfdOptions | None = None,
-    plugin: PluginConfig | None = None,
+    plugin: DevicePluginConfig | None = None,
 ) -> dict[str, str]:
     """Every label nodeagent owns for this node. No GPU: no labels.
 
@@ -56,7 +56,7 @@ def render_labels(
     would, and adds `nodeagent.io/gpu.<index>.sharing` and `.replicas`; without it they come
     from `sharing`.
 
-    `plugin` (the device plugin's own config, nodeagent.labels.pluginconfig) decides them
+    `plugin` (the device plugin's own config, nodeagent.labels.devicepluginconfig) decides them
     instead, as GFD reads it, where nodeagent shares no GPU itself: nodeagent's own sharing
     wins (its MPS daemon, or a sharing config that shares a GPU). Its flags.migStrategy, when
     given, is the MIG strategy (the plugin advertises MIG devices by it). Raises ConfigError

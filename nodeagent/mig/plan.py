@@ -23,7 +23,7 @@ from nodeagent.base.errors import GeometryInvalid, SliceInUse
 from nodeagent.mig import compute
 from nodeagent.mig.compute import CiPlacement, Shape
 from nodeagent.mig.geometry import Geometry, Instance, Layout
-from nodeagent.mig.select import Desired, describe
+from nodeagent.mig.select import MigTarget, describe
 from nodeagent.nvml.inventory import Gpu, Inventory, Placement, Slice
 
 
@@ -224,7 +224,7 @@ def _best_shapes(
 
 
 def _assign(
-    geometry: Geometry, layout: Layout, want: Desired, existing: dict[Instance, _Gi]
+    geometry: Geometry, layout: Layout, want: MigTarget, existing: dict[Instance, _Gi]
 ) -> _Target | None:
     """Give each GI of `layout` one of the wanted shapes of its profile at the least cost;
     None when an in-use GI cannot keep its busy compute instances."""
@@ -253,7 +253,7 @@ def _assign(
 MAX_REGROUPINGS = 256
 
 
-def _regroupings(geometry: Geometry, want: Desired) -> list[Desired]:
+def _regroupings(geometry: Geometry, want: MigTarget) -> list[MigTarget]:
     """`want` with its compute instances grouped into GIs in every other way that fits (at
     most MAX_REGROUPINGS of them)."""
     options: list[list[tuple[int, tuple[Shape, ...]]]] = []
@@ -264,7 +264,7 @@ def _regroupings(geometry: Geometry, want: Desired) -> list[Desired]:
         sizes = [c for s in wanted if s != full for c in s]
         groups = compute.partitions(p.slice_count, sizes, p.instance_count - len(fulls))
         options.append([(pid, tuple(sorted(fulls + g, reverse=True))) for g in groups])
-    out: list[Desired] = []
+    out: list[MigTarget] = []
     for combo in product(*options):
         if len(out) >= MAX_REGROUPINGS:
             break
@@ -277,7 +277,7 @@ def _regroupings(geometry: Geometry, want: Desired) -> list[Desired]:
     return out
 
 
-def choose_target(geometry: Geometry, want: Desired, existing: list[_Gi]) -> _Target | None:
+def choose_target(geometry: Geometry, want: MigTarget, existing: list[_Gi]) -> _Target | None:
     """The cheapest valid layout with the wanted counts and shapes keeping every in-use GI
     (and its busy compute instances); None if there is none."""
     by_inst = {gi.instance: gi for gi in existing}
@@ -329,7 +329,7 @@ def _destroy(gpu: int, gis: list[_Gi]) -> list[Operation]:
     return ops
 
 
-def plan_gpu(gpu: Gpu, want: Desired, in_use: Mapping[str, str] | None = None) -> GpuPlan:
+def plan_gpu(gpu: Gpu, want: MigTarget, in_use: Mapping[str, str] | None = None) -> GpuPlan:
     """The operations that bring one GPU to `want`. Raises SliceInUse or GeometryInvalid."""
     existing = existing_instances(gpu, in_use) if gpu.mig_current else []
     whole = (in_use or {}).get(gpu.uuid)  # a pod or a DRA claim holding the whole GPU
@@ -421,7 +421,7 @@ def plan_gpu(gpu: Gpu, want: Desired, in_use: Mapping[str, str] | None = None) -
 
 
 def plan(
-    inventory: Inventory, desired: Mapping[int, Desired], in_use: Mapping[str, str] | None = None
+    inventory: Inventory, desired: Mapping[int, MigTarget], in_use: Mapping[str, str] | None = None
 ) -> Plan:
     """Plan every GPU in `desired`; GPUs not in it, or already matching, get no operation.
 
@@ -434,7 +434,7 @@ def plan(
     return Plan(tuple(plans))
 
 
-def mismatches(inventory: Inventory, desired: Mapping[int, Desired]) -> list[str]:
+def mismatches(inventory: Inventory, desired: Mapping[int, MigTarget]) -> list[str]:
     """How the GPUs differ from `desired` (empty when they match): `mig assert` and the
     check after every apply."""
     problems = []

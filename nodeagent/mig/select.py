@@ -22,7 +22,7 @@ log = get_logger("nodeagent.mig")
 
 
 @dataclass(frozen=True)
-class Desired:
+class MigTarget:
     """What one GPU should be: MIG mode, GPU instances by NVML profile id, and for each
     profile the compute-instance shape of each of its GIs (absent: one full CI per GI)."""
 
@@ -75,7 +75,7 @@ def _gpu_label(gpus: list[Gpu]) -> str:
 
 def resolve(
     cfg: MigConfigFile, name: str, inventory: Inventory, notes: list[str] | None = None
-) -> dict[int, Desired]:
+) -> dict[int, MigTarget]:
     """The desired state of every GPU the config `name` covers; GPUs it does not cover are
     left out (and left alone). As mig-parted does, an index beyond the node's GPUs is skipped
     (a config written for 8 GPUs works on 4) and `devices: all` skips GPUs without MIG; each
@@ -92,7 +92,7 @@ def resolve(
         raise ConfigError(f"{cfg.source}: no config named {name!r}; the file defines: {known}")
     gpus = inventory.gpus
     errors: list[str] = []
-    desired: dict[int, Desired] = {}
+    desired: dict[int, MigTarget] = {}
     for entry in cfg.configs[name]:
         fresh = []
         for gpu in _matched(entry, gpus, notes):
@@ -117,11 +117,12 @@ def resolve(
             counts = _counts(entry, same, errors)
             for gpu in same:
                 if counts is not None:
-                    desired[gpu.index] = Desired(
+                    desired[gpu.index] = MigTarget(
                         gpu.index, entry.mig_enabled, counts[0], str(entry.mark), counts[1]
                     )
                 else:
-                    desired[gpu.index] = Desired(gpu.index, entry.mig_enabled, {}, str(entry.mark))
+                    mark = str(entry.mark)
+                    desired[gpu.index] = MigTarget(gpu.index, entry.mig_enabled, {}, mark)
     if errors:
         raise config_error(cfg.source, errors)
     if not desired:

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from nodeagent.mig.apply import Done
-from nodeagent.mig.select import Desired
+from nodeagent.mig.select import MigTarget
 from nodeagent.nvml.inventory import Inventory
 
 # (the GPUs, {device UUID: who holds it}) -> what each GPU the change touches should be
-Wants = Callable[[Inventory, Mapping[str, str]], Mapping[int, Desired]]
+Wants = Callable[[Inventory, Mapping[str, str]], Mapping[int, MigTarget]]
 
 
 @dataclass(frozen=True)

@@ -61,15 +61,15 @@ def mps_daemon_settings(
     )
 
 
-class Desired(Protocol):
-    """What a MIG config wants of one GPU (nodeagent.mig.select.Desired): only whether MIG
+class MigMode(Protocol):
+    """What a MIG config wants of one GPU (nodeagent.mig.select.MigTarget): only whether MIG
     is enabled matters here."""
 
     @property
     def mig_enabled(self) -> bool: ...
 
 
-def _final_mig(inventory: Inventory, desired: Mapping[int, Desired] | None) -> dict[int, bool]:
+def _final_mig(inventory: Inventory, desired: Mapping[int, MigMode] | None) -> dict[int, bool]:
     """Per GPU: will MIG be enabled once the wanted config is applied?"""
     out = {}
     for gpu in inventory.gpus:
@@ -81,7 +81,7 @@ def _final_mig(inventory: Inventory, desired: Mapping[int, Desired] | None) -> d
 def mps_intent(
     settings: Settings,
     inventory: Inventory,
-    desired: Mapping[int, Desired] | None,
+    desired: Mapping[int, MigMode] | None,
     mig_config: str | None,
     serving: tuple[int, ...] = (),
     moving: bool = False,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from nodeagent.mig.geometry import Instance, Layout
 from nodeagent.mig.plan import choose_target, existing_instances
-from nodeagent.mig.select import Desired
+from nodeagent.mig.select import MigTarget
 from nodeagent.nvml.inventory import Gpu, Inventory, Placement
 from nodeagent.planner.options import MIB, Demand, GpuView, Option, fits_slice, fits_whole
 from nodeagent.planner.search import Objective, solve
@@ -182,7 +182,7 @@ def _gpu(
     assert isinstance(option.detail, tuple) and view.geometry is not None
     counts = dict(option.detail)
     existing = existing_instances(gpu) if gpu.mig_current else []
-    chosen = choose_target(view.geometry, Desired(gpu.index, True, counts, "plan"), existing)
+    chosen = choose_target(view.geometry, MigTarget(gpu.index, True, counts, "plan"), existing)
     assert chosen is not None, "the search only picks layouts that exist"
     layout = chosen.layout
     slots = _match(view, layout, [demands[k] for k, _, _ in replicas], view.busy)

@@ -15,8 +15,8 @@ from nodeagent.base.configfile import ConfigCache
 from nodeagent.base.errors import AgentError, ConfigError, MigError
 from nodeagent.base.logs import get_logger
 from nodeagent.host.hooks import HooksFile, load_hooks
+from nodeagent.labels.devicepluginconfig import DevicePluginConfigReader
 from nodeagent.labels.machine import gfd_options
-from nodeagent.labels.pluginconfig import PluginConfigReader
 from nodeagent.labels.render import SharingState, render_labels
 from nodeagent.metrics.agent import AgentStats
 from nodeagent.mig.apply import Done, Reset
@@ -41,8 +41,8 @@ from nodeagent.reconcile.report import report_of
 from nodeagent.reconcile.run import Run, plan_from
 from nodeagent.settings import Settings
 from nodeagent.sharing.config import SharingFile, load_sharing_file
+from nodeagent.sharing.deviceplugin import check_served
 from nodeagent.sharing.offers import Offer, Offers, planned_offers
-from nodeagent.sharing.plugin import check_served
 from nodeagent.sharing.resolve import resolve_sharing, sharing_mps
 from nodeagent.state.owners import OwnerStore
 from nodeagent.state.snapshot import Allocations, Store
@@ -85,7 +85,7 @@ class Pipeline:
     def __post_init__(self) -> None:
         self.sharing_files = ConfigCache[SharingFile](load_sharing_file, "sharing config file")
         self.hook_files = ConfigCache[HooksFile](load_hooks, "hooks file")
-        self.plugin_configs = PluginConfigReader()  # labels.device-plugin-config-*
+        self.plugin_configs = DevicePluginConfigReader()  # labels.device-plugin-config-*
         self.workloads = WorkloadPlanner()  # sharing.workload-file
         self.generated = GeneratedConfigs()  # the MIG configs when no file is given
         self.change = Changer(
@@ -316,7 +316,7 @@ class Pipeline:
 
     def _check_served(self, run: Run) -> None:
         """Where NVIDIA's device plugin serves the node, it must be able to advertise what
-        each GPU will offer after this run (nodeagent.sharing.plugin); else ConfigError."""
+        each GPU will offer after this run (nodeagent.sharing.deviceplugin); else ConfigError."""
         assert run.snapshot is not None
         daemon = run.mps_intent.settings if run.mps_intent is not None else None
         offers = planned_offers(

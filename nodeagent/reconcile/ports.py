@@ -45,7 +45,7 @@ class Wanted:
     # now fails, and is not rebooted for again (mig-manager's "did not take effect").
     after_reboot: bool = False
     # The device plugin config the node label names (labels.device-plugin-config-label);
-    # the labels follow it (nodeagent.labels.pluginconfig). Never a change of the GPUs.
+    # the labels follow it (nodeagent.labels.devicepluginconfig). Never a change of the GPUs.
     device_plugin_config: str | None = None
 
 

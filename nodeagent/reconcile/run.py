@@ -9,7 +9,7 @@ from nodeagent.base.errors import KubeError
 from nodeagent.host.hooks import HooksFile
 from nodeagent.mig.apply import Done
 from nodeagent.mig.plan import Plan, plan
-from nodeagent.mig.select import Desired
+from nodeagent.mig.select import MigTarget
 from nodeagent.mig.wanted import WantedChange
 from nodeagent.mps.manager import MpsChange, MpsIntent
 from nodeagent.reconcile.ports import Clients, Wanted
@@ -26,7 +26,7 @@ class Run:
     # A claim's change (the DRA driver's): only the GPUs and layouts it names, asked of it
     # again at every plan; no MPS change, no GPU client paused, nothing published.
     scope: WantedChange | None = None
-    desired: dict[int, Desired] | None = None
+    desired: dict[int, MigTarget] | None = None
     uncovered: list[str] = field(default_factory=list)  # GPUs a MIG config does not select
     mps_intent: MpsIntent | None = None
     sharing: Resolution | None = None

@@ -89,7 +89,7 @@ class Labels:
     nfd_features_file: Path | None = None
     mig_strategy: str = "mixed"  # GFD's --mig-strategy: none, single or mixed
     machine_type_file: Path = Path("/sys/class/dmi/id/product_name")  # gpu.machine (GFD's)
-    # NVIDIA's device plugin config the labels follow (nodeagent.labels.pluginconfig): one
+    # NVIDIA's device plugin config the labels follow (nodeagent.labels.devicepluginconfig): one
     # file (GFD's CONFIG_FILE), or a folder of named configs as config-manager reads it.
     device_plugin_config_file: Path | None = None
     device_plugin_config_dir: Path | None = None

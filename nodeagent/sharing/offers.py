@@ -4,23 +4,16 @@ time-slicing (only the sharing config says so: nothing on a GPU does), or whole.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Set
-from typing import Protocol
 
+from nodeagent.mps.intent import MigMode
 from nodeagent.nvml.inventory import Inventory
-from nodeagent.sharing.plugin import Offer as Offer
+from nodeagent.sharing.deviceplugin import Offer as Offer
 from nodeagent.sharing.resolve import GpuIntent
-
-
-class Desired(Protocol):
-    """What a MIG config wants of one GPU: only whether MIG is enabled matters here."""
-
-    @property
-    def mig_enabled(self) -> bool: ...
 
 
 def planned_offers(
     inventory: Inventory,
-    desired: Mapping[int, Desired] | None,
+    desired: Mapping[int, MigMode] | None,
     intents: Mapping[int, GpuIntent] | None,
     mps_devices: Set[int],
     mps_replicas: int,

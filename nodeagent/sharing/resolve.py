@@ -14,7 +14,7 @@ from nodeagent.base.configfile import config_error
 from nodeagent.base.errors import ConfigError, NothingMatched
 from nodeagent.base.logs import get_logger, listing
 from nodeagent.mig.config import Entry, MigConfigFile
-from nodeagent.mig.select import Desired, _gpu_label, resolve
+from nodeagent.mig.select import MigTarget, _gpu_label, resolve
 from nodeagent.mps.settings import parse_size
 from nodeagent.nvml.inventory import Gpu, Inventory
 from nodeagent.settings import Mps
@@ -41,7 +41,7 @@ class GpuIntent:
 @dataclass(frozen=True)
 class Resolution:
     intents: dict[int, GpuIntent]
-    mig: dict[int, Desired]  # every covered GPU: MIG enabled with counts, or disabled
+    mig: dict[int, MigTarget]  # every covered GPU: MIG enabled with counts, or disabled
     mps: MpsShare | None  # the daemon-wide values; pinned_memory None (per GPU in `pinned`)
     mps_devices: tuple[int, ...]
     pinned: dict[int, str]  # GPU -> size text, from the MPS entries that set it
@@ -68,7 +68,7 @@ def resolve_sharing(
     gpus = {g.index: g for g in inventory.gpus}
     errors: list[str] = []
     mig = dict(desired)
-    referenced: dict[str, dict[int, Desired]] = {}
+    referenced: dict[str, dict[int, MigTarget]] = {}
     for gpu, entry in covered.items():
         share = entry.share
         if isinstance(share, MigShare) and share.mig_config is not None and mig_file is not None:
@@ -121,7 +121,7 @@ def _check_references(
 
 def _resolve_reference(
     entry: SharingEntry, mig_file: MigConfigFile, inventory: Inventory
-) -> dict[int, Desired]:
+) -> dict[int, MigTarget]:
     assert isinstance(entry.share, MigShare) and entry.share.mig_config is not None
     try:
         return resolve(mig_file, entry.share.mig_config, inventory)
@@ -137,10 +137,10 @@ def _referenced(
     entry: SharingEntry,
     gpu: int,
     ref: str,
-    referenced: dict[str, dict[int, Desired]],
+    referenced: dict[str, dict[int, MigTarget]],
     mig_source: str,
     errors: list[str],
-) -> Desired | None:
+) -> MigTarget | None:
     found = referenced[ref].get(gpu)
     if found is None:
         errors.append(
@@ -153,7 +153,7 @@ def _referenced(
             " it; a mig entry must enable MIG (use 'whole: {}' for a whole GPU)"
         )
         return None
-    return Desired(gpu, True, dict(found.counts), str(entry.mark))
+    return MigTarget(gpu, True, dict(found.counts), str(entry.mark))
 
 
 def _mps(

@@ -17,7 +17,7 @@ from nodeagent.agent.factory import command_pipeline
 from nodeagent.base.errors import SliceInUse
 from nodeagent.metrics.agent import AgentStats
 from nodeagent.mig.plan import Op
-from nodeagent.mig.select import Desired
+from nodeagent.mig.select import MigTarget
 from nodeagent.mig.wanted import WantedChange
 from nodeagent.mps.manager import MpsManager
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
@@ -54,11 +54,11 @@ class World:
         self.calls.append("publish")
 
 
-def _one_1g(gpu: int) -> Desired:
-    return Desired(gpu, True, {ONE_1G: 1}, "claim")
+def _one_1g(gpu: int) -> MigTarget:
+    return MigTarget(gpu, True, {ONE_1G: 1}, "claim")
 
 
-def _change(wanted: Desired, recorded: list[tuple[int, bool]]) -> WantedChange:
+def _change(wanted: MigTarget, recorded: list[tuple[int, bool]]) -> WantedChange:
     def record(inventory: Inventory, done: bool) -> None:
         recorded.append((len(inventory.gpus[wanted.gpu].slices), done))
 
@@ -119,7 +119,7 @@ def test_a_claim_the_gpus_cannot_hold_fails_plan_and_changes_nothing(
 ) -> None:
     engine, _lib, world = pipeline
 
-    def refuse(_inventory: Inventory, _held: Mapping[str, str]) -> dict[int, Desired]:
+    def refuse(_inventory: Inventory, _held: Mapping[str, str]) -> dict[int, MigTarget]:
         raise SliceInUse("gpu-1-mig-1g18gb-19-0: pod speech/other holds memory slice 0")
 
     before = read_inventory(engine.store.session)

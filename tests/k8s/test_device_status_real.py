@@ -22,7 +22,7 @@ from nodeagent.agent.factory import dra_driver
 from nodeagent.base.errors import KubeError
 from nodeagent.dra.api import DraApi
 from nodeagent.dra.node import NodeConfig
-from nodeagent.dra.server import DraPluginServer, Sockets
+from nodeagent.dra.server import KubeletPluginServer, Sockets
 from nodeagent.kube.api import KubeSettings, make_api_client
 from nodeagent.metrics.dra import DraStats
 from nodeagent.nvml import NvmlSession, read_inventory
@@ -194,7 +194,7 @@ def test_claims_prepared_through_the_plugin_end_with_their_device_status(
     )  # fmt: skip
     with agent_identity(api_client, namespace, node, shipped_rules(), short_tmp) as kubeconfig:
         sockets = Sockets(short_tmp / "p" / "dra.sock", short_tmp / "reg" / f"{DRIVER}-reg.sock")
-        server = DraPluginServer(driver, _driver_api(kubeconfig, node), DRIVER, sockets)
+        server = KubeletPluginServer(driver, _driver_api(kubeconfig, node), DRIVER, sockets)
         server.start()
         try:
             kubelet = FakeDraKubelet(short_tmp / "reg")

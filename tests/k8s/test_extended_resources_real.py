@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from nodeagent.dra.plugin import DraPlugin
+from nodeagent.dra.driver import DraDriver
 from nodeagent.nvml import MigWriter, NvmlSession, read_inventory
 from tests.k8s.test_gates_real import _plugin
 from tests.k8s.test_packing_real import DRIVER, REPO, _device_classes, _publish, _wait
@@ -72,7 +72,7 @@ def _bound(api: Any, namespace: str, pod: str) -> dict[str, Any] | None:
 @contextmanager
 def _dra_node(
     root: Path, cp: ControlPlane, api: Any, group: str
-) -> Iterator[tuple[str, DraPlugin, NvmlSession, FakeDraKubelet]]:
+) -> Iterator[tuple[str, DraDriver, NvmlSession, FakeDraKubelet]]:
     """A node with one emulated H200 (MIG on, no slice) and no device plugin: nodeagent's DRA
     plugin publishes its devices and serves the fake kubelet."""
     node = f"n-{uuid.uuid4().hex[:8]}"

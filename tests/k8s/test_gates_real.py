@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from nodeagent.agent.factory import dra_driver
+from nodeagent.dra.driver import DraDriver
 from nodeagent.dra.node import NodeConfig
-from nodeagent.dra.plugin import DraPlugin
 from nodeagent.kube.api import KubeSettings
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
 from nodeagent.settings import Settings
@@ -51,7 +51,7 @@ def gate_off() -> ControlPlane:
 
 def _plugin(
     root: Path, cp: ControlPlane, node: str, gpus: str = "h200x2"
-) -> tuple[DraPlugin, NvmlSession]:
+) -> tuple[DraDriver, NvmlSession]:
     session = NvmlSession(SimulatedNvml(parse_spec(gpus), root / "sim.json"))
     base = Settings()
     dra = replace(
@@ -65,10 +65,10 @@ def _plugin(
     config = NodeConfig(DRIVER, node, root / "p", root / "cdi")
     driver = dra_driver(session, settings, config, lambda i: None, root / ".sim.json.lock")
     kube = KubeSettings(node_name=node, kubeconfig=str(cp.kubeconfig), retry_seconds=5)
-    return DraPlugin(session, settings, kube, driver.engine, driver.owners), session
+    return DraDriver(session, settings, kube, driver.engine, driver.owners), session
 
 
-def _stored(plugin: DraPlugin) -> dict[str, Any]:
+def _stored(plugin: DraDriver) -> dict[str, Any]:
     return {s["metadata"]["name"]: s["spec"] for s in plugin.api.list_slices(DRIVER)}
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from nodeagent.dra.node import NodeConfig, NodeDriver
-from nodeagent.dra.server import DraPluginServer
+from nodeagent.dra.server import KubeletPluginServer
 from nodeagent.metrics.dra import DraStats
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml
@@ -107,7 +107,7 @@ class DraNode:
     lib: SimulatedNvml
     session: NvmlSession
     node: NodeDriver
-    server: DraPluginServer
+    server: KubeletPluginServer
     kubelet: FakeDraKubelet
     root: Path
     state: Path

@@ -7,7 +7,7 @@ from dataclasses import replace
 from functools import cache
 from itertools import count
 
-from nodeagent.mig.select import Desired
+from nodeagent.mig.select import MigTarget
 from nodeagent.nvml import Gpu, NvmlSession, Placement, Process, Slice, read_inventory
 from nodeagent.sim import SimulatedNvml
 
@@ -121,5 +121,5 @@ def brute_force_cost(
     return best
 
 
-def desired(counts: dict[int, int], enabled: bool = True) -> Desired:
-    return Desired(0, enabled, counts, "test")
+def desired(counts: dict[int, int], enabled: bool = True) -> MigTarget:
+    return MigTarget(0, enabled, counts, "test")

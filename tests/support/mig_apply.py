@@ -12,7 +12,7 @@ from nodeagent.agent.factory import command_pipeline
 from nodeagent.base.configfile import ConfigCache
 from nodeagent.mig.apply import Done, Reset
 from nodeagent.mig.config import MigConfigFile
-from nodeagent.mig.select import Desired, resolve
+from nodeagent.mig.select import MigTarget, resolve
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.settings import Settings
 from nodeagent.state.snapshot import Holder
@@ -22,7 +22,7 @@ from nodeagent.state.snapshot import Holder
 class Outcome:
     done: tuple[Done, ...]  # the NVML operations, each with the ids it got
     inventory: Inventory  # the GPUs after the run
-    desired: Mapping[int, Desired]
+    desired: Mapping[int, MigTarget]
 
 
 def reconfigure(
@@ -59,7 +59,7 @@ def reconfigure(
 
 def assert_config(
     session: NvmlSession, cfg: MigConfigFile, name: str
-) -> tuple[list[str], Mapping[int, Desired]]:
+) -> tuple[list[str], Mapping[int, MigTarget]]:
     """How the node differs from config `name` of `cfg`, as `nodeagent mig assert` says it
     (a GPU the config does not select is a difference), and what the config wants."""
     settings = Settings()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-EDGES = {"api", "allocated", "slices", "reports", "binding", "server", "plugin"}
+EDGES = {"api", "allocated", "slices", "reports", "binding", "server", "driver"}
 
 
 def test_every_dra_module_is_an_edge_or_forbidden_kubernetes() -> None:

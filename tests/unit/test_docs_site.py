@@ -108,7 +108,7 @@ def _validator(doc: Any) -> Callable[..., None] | None:
 
         return lambda text, where, tmp: parse_hooks(text, where)
     if doc.get("version") == "v1" and "flags" in doc:  # NVIDIA's device plugin config
-        from nodeagent.labels.pluginconfig import parse_plugin_config
+        from nodeagent.labels.devicepluginconfig import parse_plugin_config
 
         return lambda text, where, tmp: parse_plugin_config(text, where)
     if set(doc) <= {"tls_server_config", "basic_auth_users", "http_server_config"}:

@@ -12,7 +12,7 @@ import pytest
 
 from nodeagent.agent.factory import dra_driver
 from nodeagent.dra.api import DraApi
-from nodeagent.dra.server import DraPluginServer, Sockets
+from nodeagent.dra.server import KubeletPluginServer, Sockets
 from nodeagent.dra.users import PodUsers
 from nodeagent.kube.api import KubeSettings, make_api_client
 from nodeagent.metrics.dra import DraStats
@@ -55,7 +55,7 @@ def dra_node(
         users=PodUsers(api),
     )  # fmt: skip
     sockets = Sockets(short_root / "p" / "dra.sock", short_root / "reg" / f"{DRIVER}-reg.sock")
-    server = DraPluginServer(node, api, DRIVER, sockets)
+    server = KubeletPluginServer(node, api, DRIVER, sockets)
     server.start()
     kubelet = FakeDraKubelet(short_root / "reg")
     kubelet.register(DRIVER)

@@ -1,4 +1,4 @@
-"""What a claim wants (nodeagent.dra.wanted), planned by the one MIG planner, on random layouts (hypothesis), executed on the emulator: either only
+"""What a claim wants (nodeagent.dra.intents), planned by the one MIG planner, on random layouts (hypothesis), executed on the emulator: either only
 destroying a busy slice would make room and nothing is planned, or after the operations the
 claimed slice is there, every other slice kept has its ids, only idle ones went and no fewer
 would do (by tests/support/mig.py's independent rules: overlap, one +me, compute slices), and
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from nodeagent.base.errors import SliceInUse
 from nodeagent.dra.claims import ClaimedDevice
 from nodeagent.dra.devices import DeviceRef, mig_device_name
-from nodeagent.dra.wanted import intents, prepare_wants
+from nodeagent.dra.intents import intents, prepare_wants
 from nodeagent.mig.apply import execute
 from nodeagent.mig.geometry import Geometry, Instance
 from nodeagent.mig.plan import plan

@@ -14,7 +14,7 @@ import pytest
 
 from nodeagent.base.errors import LockHeld
 from nodeagent.dra import server as dra_server
-from nodeagent.dra.server import DraPluginServer, Sockets
+from nodeagent.dra.server import KubeletPluginServer, Sockets
 from tests.support.dra import DRIVER, DraNode, allocated_claim
 from tests.support.fake_kubelet.dra import Claim, FakeDraKubelet
 
@@ -90,7 +90,7 @@ def test_the_api_server_down_prepare_answers_in_time_unprepare_at_once(
 
 def test_one_agent_per_plugin_dir(dra_node: DraNode) -> None:
     sockets = dra_node.server.sockets
-    second = DraPluginServer(dra_node.node, dra_node.server.v1.api, DRIVER, sockets)
+    second = KubeletPluginServer(dra_node.node, dra_node.server.v1.api, DRIVER, sockets)
     with pytest.raises(LockHeld, match=r"another nodeagent \(pid \d+\) serves the DRA plugin"):
         second.start()
     assert sockets.plugin.exists() and sockets.registration.exists()
@@ -111,7 +111,7 @@ def test_a_socket_left_by_a_killed_agent_is_replaced(short_root: Path, dra_node:
     dra_node.server.stop()
     sockets = Sockets(dra_node.server.sockets.plugin, dra_node.server.sockets.registration)
     sockets.plugin.write_text("")  # a killed agent's socket file (its lock died with it)
-    server = DraPluginServer(dra_node.node, dra_node.server.v1.api, DRIVER, sockets)
+    server = KubeletPluginServer(dra_node.node, dra_node.server.v1.api, DRIVER, sockets)
     server.start()
     try:
         assert FakeDraKubelet(dra_node.root / "reg").register(DRIVER) == "v1.DRAPlugin"

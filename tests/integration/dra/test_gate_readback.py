@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from nodeagent.agent.factory import dra_driver
+from nodeagent.dra.driver import DraDriver
 from nodeagent.dra.node import NodeConfig
-from nodeagent.dra.plugin import DraPlugin
 from nodeagent.kube.api import KubeSettings
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
 from nodeagent.settings import Settings
@@ -127,7 +127,7 @@ def session(tmp_path: Path) -> Iterator[NvmlSession]:
     s.close()
 
 
-def plugin(root: Path, session: NvmlSession, cluster: Cluster) -> DraPlugin:
+def plugin(root: Path, session: NvmlSession, cluster: Cluster) -> DraDriver:
     """The agent's DRA plugin as `run --kube --dra` makes it (a new one: a restarted agent)."""
     base = Settings()
     dra = replace(
@@ -137,7 +137,7 @@ def plugin(root: Path, session: NvmlSession, cluster: Cluster) -> DraPlugin:
     config = NodeConfig(DRIVER, NODE, root / "p", root / "c")
     driver = dra_driver(session, settings, config, lambda i: None, root / ".sim.json.lock")
     kube = KubeSettings(node_name=NODE, host=cluster.url, retry_seconds=1.0)
-    return DraPlugin(session, settings, kube, driver.engine, driver.owners)
+    return DraDriver(session, settings, kube, driver.engine, driver.owners)
 
 
 def stored(cluster: Cluster) -> dict[str, dict[str, Any]]:

@@ -14,7 +14,7 @@ So a node's sharing is served exactly or not at all: `advertised` says what the 
 advertise for what each GPU offers, or why it cannot (`problem`); `plugin_config` writes it
 (with the MIG strategy the labels use) and refuses the rest; `check_served` is the pipeline's
 plan-step check where the plugin serves the node (`serves_through_plugin`): a GPU meant to stay
-whole is never shared behind the user's back. `PluginConfigSink` writes the file
+whole is never shared behind the user's back. `DevicePluginConfigSink` writes the file
 (sharing.plugin-config-out).
 """
 
@@ -142,7 +142,7 @@ def check_served(offers: Mapping[int, Offer], settings: Settings) -> None:
         )
 
 
-class PluginConfigSink:
+class DevicePluginConfigSink:
     """Writes the device plugin's config for what each GPU offers (`offers()`, as published
     with the labels) to `path()`, when one is set; a file that already says so is left alone.
     Offers the plugin cannot serve leave the file as it was and fail the publish."""

@@ -8,7 +8,7 @@ the labels follow it: `labels.device-plugin-config-file` is GFD's --config-file;
 and NODE_LABEL (k8s-device-plugin cmd/config-manager, 1b826acc), so nodeagent picks the config
 the plugin runs with. Parsed as the plugin parses it (api/config/v1): unknown keys are the
 plugin's business, but a value the plugin would refuse is an error at its file:line:col.
-(nodeagent.sharing.plugin writes this format for nodeagent's own sharing; nodeagent.mps.layout
+(nodeagent.sharing.deviceplugin writes this format for nodeagent's own sharing; nodeagent.mps.layout
 reads its MPS part for the daemon. This reader is the labels' own.)
 """
 
@@ -32,7 +32,7 @@ WHAT = "device plugin config"
 
 
 @dataclass(frozen=True)
-class PluginConfig:
+class DevicePluginConfig:
     """What of the plugin's config shapes GFD's labels."""
 
     sharing: ResourceSharing
@@ -40,7 +40,7 @@ class PluginConfig:
     source: str  # the file read ("" for config-manager's empty config)
 
 
-EMPTY = PluginConfig(ResourceSharing(), None, "")
+EMPTY = DevicePluginConfig(ResourceSharing(), None, "")
 
 
 def _resource_key(node: yaml.Node, errors: Errors, where: str) -> str | None:
@@ -102,11 +102,11 @@ def _replicated(node: yaml.Node, errors: Errors, where: str) -> tuple[dict[str, 
     return replicas, rename is not None and scalar(rename) is True
 
 
-def parse_plugin_config(text: str, source: str) -> PluginConfig:
+def parse_plugin_config(text: str, source: str) -> DevicePluginConfig:
     """The plugin config in `text`. An empty file is the plugin's empty config (no sharing).
     Raises ConfigError naming file:line:col of every problem."""
     if not any(line.strip() and not line.lstrip().startswith("#") for line in text.splitlines()):
-        return PluginConfig(ResourceSharing(), None, source)
+        return DevicePluginConfig(ResourceSharing(), None, source)
     root = compose(text, source, "a device plugin config (version: v1)")
     errors = Errors(source)
     top = {k.value: v for k, v in mapping(root, errors, WHAT)}
@@ -134,18 +134,18 @@ def parse_plugin_config(text: str, source: str) -> PluginConfig:
     # GFD: the MPS resources when MPS is configured, else the time-sliced ones.
     chosen = "mps" if "mps" in parts else "timeSlicing" if "timeSlicing" in parts else None
     if chosen is None:
-        return PluginConfig(ResourceSharing(), mig_strategy, source)
+        return DevicePluginConfig(ResourceSharing(), mig_strategy, source)
     replicas, renamed = parts[chosen]
     strategy = "mps" if chosen == "mps" else "time-slicing"
-    return PluginConfig(ResourceSharing(strategy, replicas, renamed), mig_strategy, source)
+    return DevicePluginConfig(ResourceSharing(strategy, replicas, renamed), mig_strategy, source)
 
 
-def load_plugin_config(path: str | None) -> PluginConfig:
+def load_plugin_config(path: str | None) -> DevicePluginConfig:
     """Read and parse the plugin config at `path` (bounded: nodeagent.base.configfile)."""
     if not path:
         return EMPTY
     if os.path.realpath(path) == os.devnull:  # config-manager's empty config: a link to it
-        return PluginConfig(ResourceSharing(), None, path)
+        return DevicePluginConfig(ResourceSharing(), None, path)
     return parse_plugin_config(read_text(path, WHAT), path)
 
 
@@ -208,14 +208,14 @@ def choose(settings: Labels, label_value: str | None) -> str | None:
     )
 
 
-class PluginConfigReader:
+class DevicePluginConfigReader:
     """The plugin config for the node now: chosen again at every call (the label may have
     changed), parsed again only when its file changed."""
 
     def __init__(self) -> None:
-        self.files = ConfigCache[PluginConfig](load_plugin_config, WHAT)
+        self.files = ConfigCache[DevicePluginConfig](load_plugin_config, WHAT)
 
-    def read(self, settings: Labels, label_value: str | None) -> PluginConfig | None:
+    def read(self, settings: Labels, label_value: str | None) -> DevicePluginConfig | None:
         """None where no plugin config is set. Raises ConfigError (one sentence, file:line)."""
         if settings.device_plugin_config_file is None and settings.device_plugin_config_dir is None:
             return None

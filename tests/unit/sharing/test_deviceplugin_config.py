@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from nodeagent.base.errors import ConfigError
-from nodeagent.sharing.plugin import Offer, advertised, plugin_config
+from nodeagent.sharing.deviceplugin import Offer, advertised, plugin_config
 
 STRATEGIES = ("none", "single", "mixed")
 SERVED: dict[str, dict[int, Offer]] = {

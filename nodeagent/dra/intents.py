@@ -26,7 +26,7 @@ from nodeagent.dra.checkpoint import PreparedDevice
 from nodeagent.dra.claims import ClaimedDevice
 from nodeagent.mig.compute import Shape
 from nodeagent.mig.geometry import Geometry, Instance
-from nodeagent.mig.select import Desired
+from nodeagent.mig.select import MigTarget
 from nodeagent.nvml.inventory import Gpu, Inventory, Slice
 
 
@@ -110,13 +110,13 @@ def _shape(gpu: Gpu, slices: list[Slice]) -> Shape:
     return tuple(sorted(sizes, reverse=True)) or (g,)
 
 
-def _desired(gpu: Gpu, layout: dict[Instance, Shape], source: str) -> Desired:
+def _desired(gpu: Gpu, layout: dict[Instance, Shape], source: str) -> MigTarget:
     counts: dict[int, int] = {}
     shapes: dict[int, list[Shape]] = {}
     for inst, shape in sorted(layout.items()):
         counts[inst.profile_id] = counts.get(inst.profile_id, 0) + 1
         shapes.setdefault(inst.profile_id, []).append(shape)
-    return Desired(
+    return MigTarget(
         gpu.index,
         True,
         counts,
@@ -163,13 +163,13 @@ def prepare_wants(
     held: Mapping[str, str],
     source: str,
     joined: Collection[str] = (),
-) -> dict[int, Desired]:
+) -> dict[int, MigTarget]:
     """What the GPUs of `devices` should be for the claim to hold them. `held`: {UUID: who}
     of every holder but the claim itself (and the claims it shares a device with); `joined`:
     the share devices other claims hold already. Raises SliceInUse."""
     gpus = {g.index: g for g in inventory.gpus}
     layouts: dict[int, dict[Instance, Shape]] = {}
-    out: dict[int, Desired] = {}
+    out: dict[int, MigTarget] = {}
     for d in devices:
         gpu = gpus[d.gpu]
         if d.admin:  # the GPU as it is: a slice with admin access must be there
@@ -190,7 +190,7 @@ def prepare_wants(
             ):
                 raise SliceInUse(f"GPU {gpu.index} is in use ({who}); nothing was changed")
             if gpu.mig_current or gpu.mig_pending:
-                out[gpu.index] = Desired(gpu.index, False, {}, source)
+                out[gpu.index] = MigTarget(gpu.index, False, {}, source)
             continue
         if (who := held.get(gpu.uuid)) is not None:
             raise SliceInUse(f"GPU {gpu.index} is in use ({who}); nothing was changed")
@@ -225,7 +225,7 @@ def release_wants(
     devices: tuple[PreparedDevice, ...],
     source: str,
     kept: Collection[str] = (),
-) -> dict[int, Desired]:
+) -> dict[int, MigTarget]:
     """What the GPUs should be once the slices the claim created (not those that were there
     before it, nor the shared ones in `kept` that other claims still hold) are gone."""
     gpus = {g.index: g for g in inventory.gpus}

@@ -9,8 +9,12 @@ from pathlib import Path
 import pytest
 
 from nodeagent.base.errors import ConfigError
+from nodeagent.labels.devicepluginconfig import (
+    DevicePluginConfigReader,
+    choose,
+    parse_plugin_config,
+)
 from nodeagent.labels.gfd import GfdOptions
-from nodeagent.labels.pluginconfig import PluginConfigReader, choose, parse_plugin_config
 from nodeagent.labels.render import SharingState, render_labels
 from nodeagent.mig.config import dump_config, parse_config
 from nodeagent.mig.generate import generate_configs
@@ -231,7 +235,7 @@ def test_no_config_is_one_sentence(
 
 def test_the_reader_follows_the_label_and_the_file(tmp_path: Path) -> None:
     d = folder(tmp_path, "a", "bb")
-    reader = PluginConfigReader()
+    reader = DevicePluginConfigReader()
     s = settings(d)
     first = reader.read(s, "a")
     assert first is not None and dict(first.sharing.replicas) == {"gpu": 3}
@@ -251,5 +255,5 @@ def test_config_managers_empty_config_is_a_link_to_dev_null(tmp_path: Path) -> N
     link = tmp_path / "config.yaml"
     link.symlink_to("/dev/null")
     s = dataclasses.replace(Labels(), device_plugin_config_file=link)
-    found = PluginConfigReader().read(s, None)
+    found = DevicePluginConfigReader().read(s, None)
     assert found is not None and found.sharing.strategy == "none"

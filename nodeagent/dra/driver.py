@@ -18,7 +18,7 @@ from nodeagent.dra.devices import SliceSpec, resource_slices
 from nodeagent.dra.health import HealthBoard
 from nodeagent.dra.nocounters import safe_slices
 from nodeagent.dra.node import NodeConfig, NodeDriver, Stats
-from nodeagent.dra.server import DraPluginServer, Sockets
+from nodeagent.dra.server import KubeletPluginServer, Sockets
 from nodeagent.dra.sharewatch import ShareWatch
 from nodeagent.dra.slices import GateWatch, SlicePublisher
 from nodeagent.dra.taints import DeviceFault, device_faults, device_names, with_taints
@@ -39,7 +39,7 @@ def sockets(settings: Settings) -> Sockets:
     return Sockets(d.plugin_path / PLUGIN_SOCKET, d.registry_dir / f"{d.driver}-reg.sock")
 
 
-class DraPlugin:
+class DraDriver:
     """Built from the settings; `start()` serves the kubelet, `publish()` the slices."""
 
     def __init__(
@@ -76,7 +76,8 @@ class DraPlugin:
         )
         self.node = NodeDriver(session, config, engine, owners, stats, users=PodUsers(self.api))
         self.board = HealthBoard()
-        self.server = DraPluginServer(self.node, self.api, d.driver, sockets(settings), self.board)
+        where = sockets(settings)
+        self.server = KubeletPluginServer(self.node, self.api, d.driver, where, self.board)
         self.binder = Binder(self.api, self.node, self.server.v1.reports)
         enforce = d.mps_share_enforce
         self.shares = ShareWatch(
