@@ -27,7 +27,7 @@ from nodeagent.mig.select import covered, resolve
 from nodeagent.mig.wanted import ChangeDone, WantedChange
 from nodeagent.mps.intent import check_startable, mps_intent
 from nodeagent.mps.manager import MpsManager
-from nodeagent.plan.hook import PLANNED, WorkloadPlanner
+from nodeagent.plan.hook import PLANNED, WorkloadPlanner, planned_path
 from nodeagent.reconcile.change import Changer
 from nodeagent.reconcile.ports import (
     Clients,
@@ -252,7 +252,7 @@ class Pipeline:
             # named sharing config is (nodeagent.plan.hook).
             assert run.snapshot is not None
             path = self.workloads.sharing_file(
-                s.sharing.workload_file, run.snapshot.inventory, s.node.run_dir
+                s.sharing.workload_file, run.snapshot.inventory, planned_path(s.node)
             )
             sharing = dataclasses.replace(s.sharing, config_file=str(path), config=PLANNED)
             run.settings = dataclasses.replace(s, sharing=sharing)
