@@ -158,6 +158,7 @@ def test_every_runnable_example_runs_on_its_emulator(
     bash = shutil.which("bash")
     assert bash is not None
     script = script.replace("/tmp/", f"{tmp_path}/")
+    (tmp_path / "tests").symlink_to(REPO / "tests")  # run from a checkout: its fakes are there
     env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env["NODEAGENT_SIMULATE"] = spec
