@@ -17,6 +17,7 @@ EXIT_CODES = """\
 | 3 | the GPU or the system refused: an NVML error, a slice in use, a lock held |
 | 4 | an internal error (a bug): one line; `-d`/`--debug` shows the traceback |
 | 5 | a MIG mode change waits for the node to reboot |
+| 130, 143 | any other command stopped by Ctrl-C or SIGTERM (128 + the signal's number) |
 """
 
 
@@ -46,7 +47,7 @@ def _reasons() -> list[str]:
 
 
 def cli_page() -> str:
-    from nodeagent.cli import build_parser
+    from nodeagent.cli.commands import build_parser
 
     parser = build_parser()
     parser.prog = "nodeagent"

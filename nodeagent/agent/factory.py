@@ -55,6 +55,7 @@ from nodeagent.reconcile import (
     Report,
     Reporter,
     SettingsDesire,
+    Stops,
     Wanted,
     mig_config_cache,
 )
@@ -399,12 +400,14 @@ def command_pipeline(
     configs: ConfigCache[MigConfigFile] | None = None,
     allocations: Allocations | None = None,
     owners: OwnerStore | None = None,
+    stops: Stops | None = None,
 ) -> Pipeline:
     """One command's run: no sinks (a command publishes nothing), failures said once by the
     command, hooks around every run as mig-parted's apply, each NVML operation reported to
     `on_operation` as it completes. `configs`: the MIG config file as the command read it;
     `allocations`: which devices pods hold; the claims of the node's ownership record
-    (nodeagent.state.owners, beside the MIG writer lock) count as held too."""
+    (nodeagent.state.owners, beside the MIG writer lock) count as held too. `stops`: the
+    command's stop signals (held off while it changes the node)."""
     owners = owners or owner_store(session, settings.dra, lock_path)
     return Pipeline(
         store=Store(session, time.time),
@@ -420,6 +423,7 @@ def command_pipeline(
         configs=configs or mig_config_cache(),
         allocations=with_owners(allocations, owners, inventory_reader(session)),
         owners=owners,
+        stops=stops,
     )
 
 

@@ -4,7 +4,9 @@ Every config the agent reads (MIG and sharing configs, the settings file, the ho
 workload file, the device plugin's config, the machine-type file) comes through `read_bytes`
 (nodeagent.base.files.read_input, the one opener): at most MAX_FILE_BYTES, and only a regular file
 (or stdin for `-`), so `/dev/zero`, a FIFO, a loop of links or a 100 MiB file named as a
-config is one sentence naming it, never a MemoryError or a hang.
+config is one sentence naming it, never a MemoryError or a hang. The configs of `-f` (MIG,
+sharing, workloads) may also be a pipe (`-f <(generate)`, read_pipe: bounded in size and
+time, read once and kept as stdin is).
 `compose` and `Errors` give the strict parsers their file:line:col; `ConfigCache` keeps a file
 that is read every reconcile parsed until it changes. Bottom layer: imports only errors and files.
 """
@@ -12,6 +14,7 @@ that is read every reconcile parsed until it changes. Bottom layer: imports only
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,9 +23,10 @@ from typing import Any, Generic, TypeVar
 import yaml
 
 from nodeagent.base.errors import ConfigError
-from nodeagent.base.files import FileTooLarge, read_input
+from nodeagent.base.files import FileTooLarge, is_pipe, read_input, read_pipe
 
 MAX_FILE_BYTES = 4 * 1024 * 1024  # the largest upstream config seen is ~30 KiB
+PIPE_SECONDS = 30.0  # how long `-f <(generate)` may take to write its config
 MAX_ERRORS = 20  # a file of 200,000 configs aliasing one bad entry must not print 19 MB
 MAX_ALIASES = 100_000  # upstream configs use a few dozen (`<<: *defaults`, shared lists)
 MAX_EXPANDED_NODES = 1_000_000  # values of a file once its aliases are expanded
@@ -30,11 +34,14 @@ STANDARD_TAG = "tag:yaml.org,2002:"
 T = TypeVar("T")
 
 
-def read_bytes(path: str, what: str) -> bytes:
+def read_bytes(path: str, what: str, pipe: bool = False) -> bytes:
     """The bytes of `path` (`-`: standard input), at most MAX_FILE_BYTES, read through
-    nodeagent.base.files.read_input (the one opener). Raises ConfigError naming `what` and the path
-    for a missing or unreadable file (UnreadableFile), one that is not a regular file
-    (folder, FIFO, device, socket, a loop of links), and one that is too large."""
+    nodeagent.base.files.read_input (the one opener); with `pipe`, a pipe too (read_pipe,
+    within PIPE_SECONDS). Raises ConfigError naming `what` and the path for a missing or
+    unreadable file (UnreadableFile), one that is not a regular file (folder, FIFO unless
+    `pipe`, device, socket, a loop of links), and one that is too large."""
+    if pipe and path != "-" and is_pipe(path):
+        return read_pipe(path, what, MAX_FILE_BYTES, PIPE_SECONDS)
     if path == "-":
         stream = getattr(sys.stdin, "buffer", None)
         data = (
@@ -50,9 +57,9 @@ def read_bytes(path: str, what: str) -> bytes:
     return read_input(path, what, MAX_FILE_BYTES)
 
 
-def read_text(path: str, what: str) -> str:
+def read_text(path: str, what: str, pipe: bool = False) -> str:
     """`read_bytes` decoded as UTF-8: a bad byte is one sentence with its offset."""
-    data = read_bytes(path, what)
+    data = read_bytes(path, what, pipe)
     source = "<stdin>" if path == "-" else path
     try:
         return data.decode("utf-8")
@@ -64,7 +71,7 @@ def read_text(path: str, what: str) -> str:
 
 class ConfigCache(Generic[T]):
     """A config file read every reconcile, parsed again only when it changed (path, size,
-    mtime). `loader` reads and parses it; `-` (stdin) is read once and kept."""
+    mtime). `loader` reads and parses it; `-` (stdin) and a pipe are read once and kept."""
 
     def __init__(self, loader: Callable[[str | None], T], what: str) -> None:
         self.loader = loader
@@ -84,7 +91,7 @@ class ConfigCache(Generic[T]):
             except OSError:  # the loader's read (the one opener) says why, in its words
                 self._config, self._key = None, None
                 return self.loader(path)
-            key = (path, st.st_size, st.st_mtime_ns)
+            key = (path, 0, 0) if stat.S_ISFIFO(st.st_mode) else (path, st.st_size, st.st_mtime_ns)
         if key != self._key or self._config is None:
             self._config, self._key = None, None
             self._config = self.loader(path)

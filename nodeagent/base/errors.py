@@ -86,6 +86,17 @@ class RebootRequired(ModeChangePending):
         self.gpus = gpus
 
 
+class Interrupted(MigError):
+    """A stop signal (SIGINT, SIGTERM) ended a MIG change between two NVML operations: the
+    lock released and the hooks' apply-exit run as after any failure. Exit 128 + the signal's
+    number, as a shell reports a command that signal ended."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
 class MpsError(AgentError):
     """The MPS control daemon could not be started, configured or reached."""
 

@@ -17,8 +17,11 @@ from __future__ import annotations
 import errno
 import os
 import re
+import select
 import stat
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from nodeagent.base.errors import AgentError, ConfigError
@@ -199,6 +202,64 @@ def read_input(path: Path | str, what: str, max_bytes: int) -> bytes:
             f"cannot read {what} {path}: {os.strerror(errno.ENOENT)}", errno.ENOENT
         )
     return data
+
+
+def is_pipe(path: Path | str) -> bool:
+    """Whether `path` names a pipe: process substitution's `/dev/fd/N`, a named FIFO."""
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def read_pipe(
+    path: Path | str,
+    what: str,
+    max_bytes: int,
+    timeout_seconds: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> bytes:
+    """What the pipe `path` gives until its writer closes it (`-f <(generate)`): at most
+    `max_bytes`, within `timeout_seconds` in all. Opened O_NONBLOCK, so a FIFO nobody opened
+    for writing reads as empty at once, never blocks. Raises FileTooLarge, ConfigError (not a
+    pipe, or a writer that did not finish in time), UnreadableFile when the system refuses."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as err:
+        raise _unreadable(path, what, err) from err
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):  # swapped after the check: never read
+            raise ConfigError(f"cannot read {what} {path}: it is not a pipe")
+        deadline = clock() + timeout_seconds
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:  # the writer is there and has not written yet
+                left = deadline - clock()
+                if left <= 0:
+                    raise ConfigError(
+                        f"cannot read {what} {path}: its writer did not finish within"
+                        f" {timeout_seconds:g} s"
+                    ) from None
+                poller.poll(max(1, int(left * 1000)))
+                continue
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > max_bytes:
+                raise FileTooLarge(
+                    f"cannot read {what} {path}: it is larger than {_size(max_bytes)}"
+                )
+            chunks.append(chunk)
+    except OSError as err:
+        raise _unreadable(path, what, err) from err
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 _READ_WORDS = {"a folder": "a directory", "a named pipe (FIFO)": "a FIFO"}

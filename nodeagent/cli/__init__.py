@@ -1,125 +1,48 @@
 """The `nodeagent` command line: the composition root. Nothing imports this package.
 
-Commands import what they use when they run: the Kubernetes client and gRPC load only for
-`run --kube`, Prometheus only for `run` and `metrics`, so `nodeagent status` starts fast.
+`main` takes SIGINT and SIGTERM before anything else is imported (nodeagent.cli.stops); the
+parser and the commands load after (nodeagent.cli.commands). Commands import what they use when
+they run: the Kubernetes client and gRPC load only for `run --kube`, Prometheus only for `run`
+and `metrics`, so `nodeagent status` starts fast.
 """
 
 from __future__ import annotations
 
-import argparse
-import functools
-import os
-import sys
 from collections.abc import Callable, Sequence
 
-from nodeagent import __version__
-from nodeagent.base.errors import AgentError
-from nodeagent.base.logs import configure_logging, printable
-from nodeagent.cli.common import Context, add_setting_flags, output_flag, print_json
-from nodeagent.cli.dra import add_dra_parser
-from nodeagent.cli.mig import add_mig_parser
-from nodeagent.cli.migparted import read_mig_parted_variables
-from nodeagent.cli.plan import add_plan_parser
-from nodeagent.cli.run import add_run_parsers
-from nodeagent.cli.sharing import add_sharing_parser
-from nodeagent.cli.status import (
-    add_sim_health_parsers,
-    cmd_sim_attach,
-    cmd_sim_detach,
-    cmd_sim_reboot,
-    cmd_sim_reset,
-    cmd_status,
-)
+from nodeagent.cli.stops import Stopped, Stops, exit_code
 
-INTERNAL_ERROR = 4
-
-
-@functools.cache
-def build_parser() -> argparse.ArgumentParser:
-    """The whole command line, built once per process (about 30 ms: argparse looks up message
-    catalogs and the terminal for every parser and flag). Parsing does not change it, so
-    callers that parse many command lines in one process (the tests) share it."""
-    parser = argparse.ArgumentParser(
-        prog="nodeagent",
-        description="GPU node agent: MIG geometry, MPS, node labels, Prometheus metrics.",
-    )
-    parser.add_argument("--version", action="version", version=f"nodeagent {__version__}")
-    parser.add_argument(
-        "-d",
-        "--debug",
-        action="store_true",
-        help="debug logging and the traceback of an internal error (mig-parted's -d)",
-    )
-    add_setting_flags(parser, ["node"])
-    parser.set_defaults(dialect="nodeagent", mig_parted_env=())
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-
-    p = sub.add_parser("status", help="GPUs, MIG mode, slices, memory and processes")
-    output_flag(p)
-    p.set_defaults(func=cmd_status, groups=("node",))
-
-    add_mig_parser(sub)
-    add_sharing_parser(sub)
-    add_plan_parser(sub)
-    add_run_parsers(sub)
-    add_dra_parser(sub)
-
-    sim = sub.add_parser("sim", help="drive the emulator as a user would (needs --simulate)")
-    simsub = sim.add_subparsers(dest="sim_command", metavar="SIMCOMMAND")
-    simsub.required = True
-    p = simsub.add_parser("attach", help="start an emulated process on a GPU or MIG device")
-    p.add_argument("--device", required=True, help="GPU index, GPU UUID or MIG UUID")
-    p.add_argument("--pid", required=True, type=int)
-    p.add_argument("--memory-mib", type=int, default=1024)
-    p.add_argument("--load", type=float, default=1.0, help="share of the SMs it keeps busy, 0-1")
-    p.set_defaults(func=cmd_sim_attach)
-    p = simsub.add_parser("detach", help="end an emulated process")
-    p.add_argument("--pid", required=True, type=int)
-    p.set_defaults(func=cmd_sim_detach)
-    p = simsub.add_parser("reset", help="reset one emulated GPU (nvidia-smi -r -i N)")
-    p.add_argument("--gpu", "-i", required=True, type=int)
-    p.set_defaults(func=cmd_sim_reset)
-    p = simsub.add_parser("reboot", help="reboot the emulated node (a pending MIG mode applies)")
-    p.set_defaults(func=cmd_sim_reboot)
-    add_sim_health_parsers(simsub)
-    return parser
+Prepared = tuple[str | None, Callable[[Stops], int]]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit code (0 ok, 1 false/none, 2 bad input, 3 the GPU or
-    the system refused, 4 an internal error)."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse already printed its message (exit 2 on bad flags)
-        return int(exc.code) if isinstance(exc.code, int) else 2
-    return execute(args, "nodeagent")
+    the system refused, 4 an internal error, 5 a reboot needed; stopped by a signal: 0 for
+    `run`, else 128 + the signal's number). `argv` None: the process's own command line."""
+
+    def prepare() -> Prepared:
+        from nodeagent.cli.commands import execute, parse
+
+        parsed = parse(argv)
+        if isinstance(parsed, int):
+            return None, lambda _stops: parsed
+        return parsed.command, lambda stops: execute(parsed, "nodeagent", stops)
+
+    return stoppable(prepare, in_process=argv is not None)
 
 
-def execute(args: argparse.Namespace, prog: str) -> int:
-    """Run the parsed command (`nodeagent` or `nvidia-mig-parted`, named `prog` in errors)."""
-    func: Callable[[Context], int] = args.func
-    ctx = Context(args, dict(os.environ))
+def stoppable(prepare: Callable[[], Prepared], in_process: bool) -> int:
+    """Run a command line under the stop signals' handler: `prepare` (imports, parsing: a
+    stop waits for it, so that it gets the exit code of the command it was given to) returns
+    the command's name and body. `in_process`: a caller goes on after it (the handlers before
+    are put back), else the process ends (further stop signals are ignored while it does)."""
+    stops = Stops().install()
+    command: str | None = None
     try:
-        read_mig_parted_variables(ctx)
-        settings = ctx.load_settings()
-        level = "debug" if args.debug else settings.node.log_level
-        configure_logging(level, settings.node.log_format)
-        return func(ctx)
-    except AgentError as err:  # names and values from files and flags: shown escaped, capped
-        print(f"{prog}: {printable(str(err), keep_newlines=True)}", file=sys.stderr)
-        if vars(args).get("output") == "json":  # a script reads the failure as it reads output
-            print_json({"error": str(err), "reason": err.reason, "retry": err.retry})
-        return err.exit_code
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:  # `nodeagent status | head`: the reader left; not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except Exception as err:  # a bug: one line, the traceback only with --debug
-        if args.debug:
-            raise
-        text = printable(f"{type(err).__name__}: {err}", keep_newlines=True)
-        print(f"{prog}: internal error: {text} (--debug shows where)", file=sys.stderr)
-        return INTERNAL_ERROR
+        with stops.deferred():
+            command, body = prepare()
+        return body(stops)
+    except Stopped as stop:
+        return exit_code(stop.signum, command)
+    finally:
+        stops.finish(restore=in_process)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 from nodeagent.base.errors import ConfigError, NvmlError
 from nodeagent.base.logs import get_logger
+from nodeagent.cli.stops import Stops
 from nodeagent.nvml.codes import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND
 from nodeagent.settings import GROUPS, SPECS, Settings, Source, load
 
@@ -21,14 +24,20 @@ log = get_logger("nodeagent")
 @dataclass
 class Context:
     """What every command gets: the parsed flags, its settings (loaded once, from the groups
-    the command declared) and a lazily opened NVML session."""
+    the command declared), a lazily opened NVML session, and the stop signals' handler."""
 
     args: argparse.Namespace
     environ: dict[str, str]
+    stops: Stops | None = None
     _settings: Settings | None = None
     _sources: dict[str, Source] | None = None
     _lib: Any = None
     _session: Any = None
+
+    def changing(self) -> AbstractContextManager[None]:
+        """Around a change of the node outside the pipeline (an MPS daemon started or
+        stopped): a stop signal waits for it to end (nodeagent.cli.stops)."""
+        return self.stops.deferred() if self.stops is not None else contextlib.nullcontext()
 
     @property
     def groups(self) -> tuple[str, ...]:

@@ -23,11 +23,9 @@ from typing import TYPE_CHECKING
 
 from nodeagent import __version__
 from nodeagent.base.errors import ConfigError
-from nodeagent.cli.common import Context, add_setting_flags
-from nodeagent.cli.mig import add_mig_commands
 
 if TYPE_CHECKING:
-    pass
+    from nodeagent.cli.common import Context
 
 PROG = "nvidia-mig-parted"
 NOT_HONOURED = 2  # a mig-parted command nodeagent does not have
@@ -85,8 +83,8 @@ def read_mig_parted_variables(ctx: Context) -> None:
             setattr(args, TEXT_VARIABLES[name], value)
 
 
-def _not_honoured(ctx: Context) -> int:
-    command = ctx.args.mig_command
+def _not_honoured(args: argparse.Namespace) -> int:
+    command = args.mig_command
     print(
         f"{PROG}: '{command}' is not supported by nodeagent ({NOT_HONOURED_COMMANDS[command]});"
         " `nvidia-mig-parted export` saves the geometry and `apply` brings it back",
@@ -99,6 +97,9 @@ def _not_honoured(ctx: Context) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """mig-parted's command line: -d/--debug, -v/--version, its commands and flags, and
     nodeagent's node settings (--simulate, ...)."""
+    from nodeagent.cli.common import add_setting_flags
+    from nodeagent.cli.mig import add_mig_commands
+
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Manage MIG partitions across the full set of NVIDIA GPUs on a node"
@@ -127,14 +128,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one mig-parted command line; 0 on success, 1 on any failure as mig-parted (2: a
-    mig-parted command nodeagent does not have)."""
-    from nodeagent.cli import execute
+    mig-parted command nodeagent does not have; stopped by a signal: 128 + its number)."""
+    from nodeagent.cli import Prepared, stoppable
 
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exc:  # argparse printed its message; -h and -v exit 0
-        return 0 if exc.code in (0, None) else 1
-    if args.func is _not_honoured:
-        return NOT_HONOURED if _not_honoured(Context(args, {})) else 0
-    code: int = execute(args, PROG)
+    def prepare() -> Prepared:
+        from nodeagent.cli.commands import execute
+
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as exc:  # argparse printed its message; -h and -v exit 0
+            code = 0 if exc.code in (0, None) else 1
+            return None, lambda _stops: code
+        if args.func is _not_honoured:
+            return None, lambda _stops: _not_honoured(args)
+        return "mig", lambda stops: _as_mig_parted(execute(args, PROG, stops))
+
+    return stoppable(prepare, in_process=argv is not None)
+
+
+def _as_mig_parted(code: int) -> int:
     return code if code in (0, 130) else 1

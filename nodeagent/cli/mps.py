@@ -102,13 +102,15 @@ def cmd_mps(ctx: Context) -> int:
         if daemon.settings.layout == DEVICE_PLUGIN:
             _check_plugin(ctx, daemon.settings)
             prepare_layout(daemon.settings)
-        status = daemon.start()
+        with ctx.changing():
+            status = daemon.start()
         _print_mps(ctx, status)
         return 0
     daemon = _mps_daemon(ctx, check=False)
     if action == "stop":
         pid = daemon.control.daemon_pid()
-        daemon.stop()  # also removes a stale ready file
+        with ctx.changing():
+            daemon.stop()  # also removes a stale ready file
         if pid is None:
             raise NothingMatched(
                 f"no MPS control daemon runs with pipe directory {daemon.settings.pipe_dir};"

@@ -99,7 +99,8 @@ def mig_pipeline(ctx: Context, progress: bool = False) -> tuple[Pipeline, str]:
     reset = reset_for(settings, ctx.lib)
     if ctx.args.skip_reset:
         reset = no_reset
-    return command_pipeline(ctx.session, named, reset, path, show, configs), name
+    pipeline = command_pipeline(ctx.session, named, reset, path, show, configs, stops=ctx.stops)
+    return pipeline, name
 
 
 def dialect(ctx: Context) -> str:
@@ -129,7 +130,8 @@ def sharing_pipeline(ctx: Context) -> Pipeline:
         )
     node = settings.node
     path = lock_path(node.run_dir, node.sim_state, bool(node.simulate))
-    return command_pipeline(ctx.session, settings, reset_for(settings, ctx.lib), path)
+    reset = reset_for(settings, ctx.lib)
+    return command_pipeline(ctx.session, settings, reset, path, stops=ctx.stops)
 
 
 def sharing_preview(ctx: Context) -> dict[int, tuple[str, int]]:

@@ -10,6 +10,7 @@ from what NVML reports, including GIs left without their CI.
 from __future__ import annotations
 
 import shlex
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import Any
 
 from nodeagent.base.commands import run_in_session
 from nodeagent.base.errors import (
+    Interrupted,
     ModeChangePending,
     NvmlError,
     RebootRequired,
@@ -188,15 +190,20 @@ def execute(
     reset: Reset,
     on_done: Callable[[Done], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    stop: Callable[[], int] = lambda: 0,
 ) -> list[Done]:
     """Run every operation in order; returns what was done (each op with the ids it got and
     its duration on `clock`). `on_done` hears of each operation as soon as it is done
-    (progress for a user watching). Raises RebootRequired (after the other GPUs' operations),
-    SliceInUse, ModeChangePending, ResetLeftToUser, NvmlError."""
+    (progress for a user watching); `stop` is asked before each one for a stop signal's
+    number (0: go on). Raises RebootRequired (after the other GPUs' operations), SliceInUse,
+    ModeChangePending, ResetLeftToUser, NvmlError, Interrupted (a stop signal)."""
     executor = _Executor(writer, reset, clock)
     done: list[Done] = []
     waiting: list[RebootRequired] = []  # GPUs whose mode waits for a reboot
+    total = len(the_plan.operations)
     for op in the_plan.operations:
+        if signum := stop():
+            raise _interrupted(signum, len(done), total)
         if any(op.gpu in w.gpus for w in waiting):
             continue  # the rest of that GPU's change is planned again after the reboot
         try:
@@ -216,6 +223,18 @@ def execute(
             gpus,
         )
     return done
+
+
+def _interrupted(signum: int, done: int, total: int) -> Interrupted:
+    name = signal.Signals(signum).name
+    if not done:
+        return Interrupted(f"stopped by {name} before the first of {total} NVML operations:"
+                           " the MIG layout is unchanged", signum)  # fmt: skip
+    return Interrupted(
+        f"stopped by {name} after {done} of {total} NVML operations; the GPUs are between"
+        " two configs: apply the config again to finish the change",
+        signum,
+    )
 
 
 __all__ = ["Done", "command_reset", "execute"]

@@ -117,7 +117,9 @@ def load_config(path: str | None) -> MigConfigFile:
     that cannot be read (nodeagent.base.configfile), or every problem in it)."""
     if not path:
         raise ConfigError("no MIG config file: pass -f FILE or set NODEAGENT_MIG_CONFIG_FILE")
-    return parse_config(read_text(path, "MIG config file"), "<stdin>" if path == "-" else path)
+    return parse_config(
+        read_text(path, "MIG config file", pipe=True), "<stdin>" if path == "-" else path
+    )
 
 
 def _entries(node: yaml.Node, errors: Errors, what: str) -> tuple[Entry, ...]:

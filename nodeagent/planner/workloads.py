@@ -115,7 +115,7 @@ def load_workloads(path: str | None) -> WorkloadFile:
     """Read and parse a workload file (`-` reads stdin). Raises ConfigError."""
     if not path:
         raise ConfigError("no workload file: pass -f FILE")
-    text = read_config_text(path, "workload file")
+    text = read_config_text(path, "workload file", pipe=True)
     return parse_workloads(text, "<stdin>" if path == "-" else path)
 
 

@@ -49,6 +49,7 @@ from nodeagent.reconcile.ports import (
     Report,
     Reporter,
     SettingsDesire,
+    Stops,
     Wanted,
 )
 from nodeagent.settings import Settings
@@ -70,6 +71,7 @@ __all__ = [
     "Report",
     "Reporter",
     "SettingsDesire",
+    "Stops",
     "Wanted",
     "mig_config_cache",
     "no_lock",

@@ -21,7 +21,7 @@ from nodeagent.mig.plan import Op, Operation
 from nodeagent.mps.manager import MpsChange, MpsManager
 from nodeagent.mps.settings import validate
 from nodeagent.nvml import MigWriter
-from nodeagent.reconcile.ports import Clients, Report, Reporter
+from nodeagent.reconcile.ports import Clients, Report, Reporter, Stops
 from nodeagent.reconcile.run import Run, plan_from
 from nodeagent.settings import Settings
 from nodeagent.state.owners import OwnerStore
@@ -35,7 +35,8 @@ class Changer:
     MIG plan and the MPS change under the node-wide MIG writer lock, and restores the clients.
 
     `one_shot`: a command's single run (`mig apply`): as mig-parted's apply, apply-start and
-    apply-exit run around every run, not only around a change.
+    apply-exit run around every run, not only around a change. `stops`: a command's stop
+    signals, held off while it holds the lock; the MIG change ends at the next operation.
     """
 
     def __init__(
@@ -50,6 +51,7 @@ class Changer:
         on_operation: Callable[[Done], None] | None,
         one_shot: bool,
         owners: OwnerStore | None = None,
+        stops: Stops | None = None,
     ) -> None:
         self.store = store
         self.mps = mps
@@ -61,6 +63,7 @@ class Changer:
         self.on_operation = on_operation
         self.one_shot = one_shot
         self.owners = owners
+        self.stops = stops
         self.rebooted = False  # the reboot command ran: once a process
         self.applying = False  # a MIG change holds the NVML lock: readers wait, by design
 
@@ -78,6 +81,8 @@ class Changer:
             return
         began = time.monotonic()
         run.held.enter_context(self.writer_lock(_lock_settings(run)))
+        if self.stops is not None:  # released after the lock is (the held stack unwinds)
+            run.held.enter_context(self.stops.deferred())
         run.locked, run.lock_wait_seconds = True, time.monotonic() - began
         if operations and self.reporter is not None and scope is None:
             self.reporter.changing(run.wanted, len(operations))
@@ -148,7 +153,9 @@ class Changer:
                 scope.record(snap.inventory, False)
             if current.operations:
                 writer = MigWriter(self.store.session)
-                run.done = execute(current, writer, self.reset(run.settings), self.on_operation)
+                stop = self.stops.requested if self.stops is not None else lambda: 0
+                reset = self.reset(run.settings)
+                run.done = execute(current, writer, reset, self.on_operation, stop=stop)
                 self._own(run)
 
     def _own(self, run: Run) -> None:

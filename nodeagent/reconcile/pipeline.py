@@ -27,7 +27,7 @@ from nodeagent.mig.select import covered, resolve
 from nodeagent.mig.wanted import ChangeDone, WantedChange
 from nodeagent.mps.intent import check_startable, mps_intent
 from nodeagent.mps.manager import MpsManager
-from nodeagent.planner.hook import PLANNED, WorkloadPlanner
+from nodeagent.planner.hook import PLANNED, WorkloadPlanner, planned_path
 from nodeagent.reconcile.change import Changer
 from nodeagent.reconcile.ports import (
     Clients,
@@ -35,6 +35,7 @@ from nodeagent.reconcile.ports import (
     LabelSink,
     Report,
     Reporter,
+    Stops,
     Wanted,
 )
 from nodeagent.reconcile.report import report_of
@@ -80,6 +81,7 @@ class Pipeline:
     on_operation: Callable[[Done], None] | None = None  # each NVML operation done
     configs: ConfigCache[MigConfigFile] = field(default_factory=lambda: mig_config_cache())
     owners: OwnerStore | None = None  # the node's ownership record (nodeagent.state.owners)
+    stops: Stops | None = None  # a command's stop signals, held off while it changes the node
     last_report: Report | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -91,6 +93,7 @@ class Pipeline:
         self.change = Changer(
             self.store, self.mps, self.reset, self.writer_lock, self.allocations,
             self.clients, self.reporter, self.on_operation, self.one_shot, self.owners,
+            self.stops,
         )  # fmt: skip
         # One run at a time: the reconcile worker, a reload's wake-up and a caller (a test, a
         # one-shot command) must never interleave their steps on the same node.
@@ -249,7 +252,7 @@ class Pipeline:
             # named sharing config is (nodeagent.planner.hook).
             assert run.snapshot is not None
             path = self.workloads.sharing_file(
-                s.sharing.workload_file, run.snapshot.inventory, s.node.run_dir
+                s.sharing.workload_file, run.snapshot.inventory, planned_path(s.node)
             )
             sharing = dataclasses.replace(s.sharing, config_file=str(path), config=PLANNED)
             run.settings = dataclasses.replace(s, sharing=sharing)

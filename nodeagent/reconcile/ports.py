@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -100,3 +101,13 @@ class Report:
 class Reporter(Protocol):
     def changing(self, wanted: Wanted, operations: int) -> None: ...
     def finished(self, report: Report) -> None: ...
+
+
+class Stops(Protocol):
+    """A command's stop signals (nodeagent.cli.stops) while it changes the node: `deferred()`
+    holds them off from the MIG writer lock taken to its release, `requested()` is asked
+    between NVML operations (the signal's number, 0: none)."""
+
+    def deferred(self) -> AbstractContextManager[None]: ...
+
+    def requested(self) -> int: ...

@@ -330,5 +330,5 @@ def load_sharing_file(path: str | None) -> SharingFile:
     """Read and parse a sharing config file (`-` reads stdin). Raises ConfigError."""
     if not path:
         raise ConfigError("no sharing config file: pass --sharing-file FILE")
-    text = read_config_text(path, "sharing config file")
+    text = read_config_text(path, "sharing config file", pipe=True)
     return parse_sharing(text, "<stdin>" if path == "-" else path)

@@ -104,7 +104,7 @@ def _rendered() -> tuple[dict[str, Any], ...]:
 
 
 def test_the_agent_reads_the_shipped_configmap_and_refreshes_cdi() -> None:
-    from nodeagent.cli import build_parser
+    from nodeagent.cli.commands import build_parser
     from nodeagent.settings import load
 
     docs = _rendered()

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import SchemaNotFoundError, ValidationError, latest_version
 
-from nodeagent.cli import build_parser
+from nodeagent.cli.commands import build_parser
 from nodeagent.settings import load
 
 DEPLOY = Path(__file__).resolve().parents[2] / "daemonset"

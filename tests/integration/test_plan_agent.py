@@ -5,6 +5,11 @@ planned again, an unchanged one is not; a bad file fails the desire step and cha
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -121,3 +126,32 @@ def test_workload_file_and_a_named_config_are_refused(
     ok = cli("config", "check", "--workload-file", "w.yaml", "-o", "json")
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["settings"]["sharing"]["workload-file"] == "w.yaml"
+
+
+def test_on_the_emulator_the_planned_config_is_written_beside_its_state(tmp_path: Path) -> None:
+    """`run --workload-file` on the emulator writes its planned sharing config beside the
+    emulator's state file, as the MIG writer lock, never in the host's run directory (here
+    --run-dir, which today's /run/nodeagent stands for); a second emulated node in the same
+    folder keeps its own."""
+    (tmp_path / "w.yaml").write_text(MIG_ONLY)
+    state = tmp_path / "node.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
+    with (tmp_path / "stderr.log").open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nodeagent", "--simulate", "h200", "--sim-state", str(state),
+             "--run-dir", str(tmp_path / "run"), "run", "--workload-file", str(tmp_path / "w.yaml"),
+             "--metrics-address", "127.0.0.1:0", "--reconcile-interval", "3600"],
+            stdout=subprocess.DEVNULL, stderr=err, env=env,
+        )  # fmt: skip
+    planned = tmp_path / f".node.json.{FILE_NAME}"
+    try:
+        deadline = time.monotonic() + 30
+        while not (planned.exists() or (tmp_path / "run" / FILE_NAME).exists()):
+            assert proc.poll() is None, (tmp_path / "stderr.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "stderr.log").read_text()
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    assert yaml.safe_load(planned.read_text())["sharing-configs"]["planned"]
+    assert not (tmp_path / "run" / FILE_NAME).exists()

@@ -158,6 +158,7 @@ def test_every_runnable_example_runs_on_its_emulator(
     bash = shutil.which("bash")
     assert bash is not None
     script = script.replace("/tmp/", f"{tmp_path}/")
+    (tmp_path / "tests").symlink_to(REPO / "tests")  # run from a checkout: its fakes are there
     env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env["NODEAGENT_SIMULATE"] = spec
@@ -170,3 +171,10 @@ def test_every_runnable_example_runs_on_its_emulator(
 
 def test_the_docs_mark_runnable_examples() -> None:
     assert len(_runnable()) >= 2
+
+
+def test_blocks_that_need_a_control_plane_are_on_the_page_its_test_runs() -> None:
+    """`<!-- runnable-k8s: SPEC -->` blocks run in tests/k8s/test_try_dra_page_real.py, which
+    reads docs/try-dra.md only: one marked elsewhere would never run."""
+    marked = {page.name for page in _pages() if "<!-- runnable-k8s:" in page.read_text()}
+    assert marked == {"try-dra.md"}

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from nodeagent.base.errors import ConfigError
-from nodeagent.cli import build_parser
+from nodeagent.cli.commands import build_parser
 from nodeagent.settings import (
     BY_KEY,
     DEFAULT_PAUSE_COMPONENTS,

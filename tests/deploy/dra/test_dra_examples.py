@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from nodeagent.cli import build_parser
+from nodeagent.cli.commands import build_parser
 from nodeagent.dra.devices import gpu_devices, with_shares
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.settings import load

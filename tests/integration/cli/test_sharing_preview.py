@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nodeagent.base.errors import AgentError
-from nodeagent.cli import build_parser
+from nodeagent.cli.commands import build_parser
 from nodeagent.cli.common import Context
 from nodeagent.cli.pipelines import sharing_preview
 from nodeagent.nvml.session import _sessions as session_registry

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from nodeagent.cli import build_parser
+from nodeagent.cli.commands import build_parser
 from nodeagent.settings import DEFAULT_PAUSE_COMPONENTS, load
 
 DEPLOY = Path(__file__).resolve().parents[3] / "daemonset"
