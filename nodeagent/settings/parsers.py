@@ -337,21 +337,30 @@ def driver_name(raw: Any) -> str:
 FALLBACKS = ("named", "single", "empty")  # config-manager's fallback strategies
 
 
+# The recovery actions' names (nodeagent.state.recovery.ACTION_NAMES, a floor above: a test
+# keeps the two the same), or a number for an action this nodeagent does not know.
+RECOVERY_ACTIONS = (
+    "gpu-reset", "node-reboot", "drain-p2p", "drain-and-reset", "recover-imex-domain",
+    "bus-reset", "system-reboot",
+)  # fmt: skip
 FAULT = re.compile(
-    r"^(xid|xid-[1-9][0-9]{0,5}|ecc-uncorrected|row-remap-pending|row-remap-failure)$"
+    r"^(xid|xid-[1-9][0-9]{0,5}|ecc-uncorrected|row-remap-pending|row-remap-failure|recovery"
+    rf"|recovery-({'|'.join(RECOVERY_ACTIONS)}|[1-9][0-9]{{0,2}}))$"
 )
 
 
 def faults(raw: Any) -> tuple[str, ...]:
     """Fault kinds (nodeagent.state.faults): xid (every XID), xid-<code>, ecc-uncorrected,
-    row-remap-pending, row-remap-failure; a list, or a text separated by ','; empty: none."""
+    row-remap-pending, row-remap-failure, recovery (every recovery action the driver reports),
+    recovery-<action>; a list, or a text separated by ','; empty: none."""
     items = raw if isinstance(raw, list) else _text(raw).split(",")
     out = tuple(_text(i).strip().lower() for i in items if _text(i).strip())
     for item in out:
         if not FAULT.match(item):
             raise Invalid(
-                "must list xid, xid-<code>, ecc-uncorrected, row-remap-pending or"
-                f" row-remap-failure, not {_show(item)}"
+                "must list xid, xid-<code>, ecc-uncorrected, row-remap-pending,"
+                " row-remap-failure, recovery or recovery-<action> (gpu-reset, node-reboot,"
+                f" ...), not {_show(item)}"
             )
     return out
 

@@ -252,7 +252,9 @@ SPECS: tuple[Spec, ...] = (
     _spec("dra", "fatal-faults", "NODEAGENT_DRA_FATAL_FAULTS", "--dra-fatal-faults", faults,
           "faults whose taint is NoExecute (pods using the device are evicted) instead of"
           " NoSchedule: xid (every XID), xid-<code>, ecc-uncorrected, row-remap-pending,"
-          " row-remap-failure", hot=True),
+          " row-remap-failure, recovery (every recovery action the driver reports),"
+          " recovery-<action> (gpu-reset, node-reboot, drain-p2p, drain-and-reset,"
+          " recover-imex-domain, bus-reset, system-reboot)", hot=True),
     _spec("dra", "ignored-xids", "NODEAGENT_DRA_IGNORED_XIDS", "--dra-ignored-xids", xids,
           "XIDs that taint nothing: an application's own errors (NVIDIA's device plugin ignores"
           " the same: 13, 31, 43, 45, 68, 109)", hot=True),

@@ -254,5 +254,11 @@ def _ignored(kind: str, ignored_xids: frozenset[int]) -> bool:
 
 
 def fatal(kinds: Collection[str], fatal_kinds: Collection[str]) -> bool:
-    """Whether any of `kinds` is named fatal: by its kind, or `xid` for every XID."""
-    return any(k in fatal_kinds or (k.startswith("xid-") and "xid" in fatal_kinds) for k in kinds)
+    """Whether any of `kinds` is named fatal: by its kind, `xid` for every XID, or `recovery`
+    for every recovery action the driver reports."""
+    return any(
+        k in fatal_kinds
+        or (k.startswith("xid-") and "xid" in fatal_kinds)
+        or (k.startswith(RECOVERY_PREFIX) and "recovery" in fatal_kinds)
+        for k in kinds
+    )

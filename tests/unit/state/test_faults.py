@@ -106,9 +106,25 @@ def test_a_destroyed_slice_is_forgotten() -> None:
         (("xid-48", "xid-79"), ("xid-48",), True),
         (("ecc-uncorrected",), ("ecc-uncorrected",), True),
         (("row-remap-pending",), ("xid", "row-remap-failure"), False),
+        (("recovery-gpu-reset",), ("recovery",), True),
+        (("recovery-node-reboot",), ("recovery-gpu-reset",), False),
+        (("recovery-node-reboot",), ("recovery-node-reboot",), True),
+        (("recovery-9",), ("recovery",), True),
+        (("recovery-gpu-reset",), ("xid",), False),
     ],
 )
 def test_fatal_by_kind_or_every_xid(
     kinds: tuple[str, ...], named: tuple[str, ...], is_fatal: bool
 ) -> None:
     assert fatal(kinds, named) is is_fatal
+
+
+def test_the_settings_accept_every_recovery_action_the_driver_names() -> None:
+    """dra.fatal-faults takes each kind a recovery action's fault has (the settings floor keeps
+    its own list of the names: this keeps the two the same)."""
+    from nodeagent.settings.parsers import RECOVERY_ACTIONS, faults
+    from nodeagent.state.recovery import ACTION_NAMES, action_kind
+
+    assert ("none", *RECOVERY_ACTIONS) == ACTION_NAMES
+    kinds = [action_kind(a) for a in range(1, 9)]  # 8: one this nodeagent does not know
+    assert faults(",".join(["recovery", *kinds])) == ("recovery", *kinds)
