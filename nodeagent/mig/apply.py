@@ -84,9 +84,15 @@ def command_reset(template: str = DEFAULT_RESET_COMMAND, timeout_seconds: float 
             proc = run_in_session(
                 args, timeout_seconds, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
             )
-        except (OSError, subprocess.TimeoutExpired) as err:
+        except OSError as err:  # not found, not executable: in the system's words, not Python's
             raise ModeChangePending(
-                f"GPU {index}: reset command {args[0]!r} failed: {err}"
+                f"GPU {index}: MIG mode change is pending and the reset command {args[0]!r}"
+                f" could not start: {err.strerror or 'it failed to start'}"
+            ) from err
+        except subprocess.TimeoutExpired as err:
+            raise ModeChangePending(
+                f"GPU {index}: MIG mode change is pending and the reset command {args[0]!r}"
+                f" did not finish within {timeout_seconds:g} s (it was ended with its children)"
             ) from err
         if proc.returncode != 0:
             detail = (proc.stderr or proc.stdout).strip().splitlines()
