@@ -18,6 +18,7 @@ from typing import Any
 
 from nodeagent.base.errors import ConfigError
 from nodeagent.base.files import atomic_write_text, read_regular
+from nodeagent.base.jsontext import NotJson, parse_json
 
 MAX_FILE_BYTES = 4 << 20  # as every input file the agent reads
 
@@ -143,6 +144,10 @@ def _claim(uid: str, raw: Any, path: Path) -> PreparedClaim:
         raise ConfigError(f"DRA checkpoint {path}: claim {uid} is malformed ({err})") from err
 
 
+def _is_version(value: object) -> bool:
+    return type(value) is int and value == VERSION  # JSON `true` is no 1
+
+
 def load(path: Path) -> Checkpoint:
     """The checkpoint at `path`; an empty one when there is no file. Raises ConfigError for a
     file that is not a version-1 checkpoint (nothing is guessed about claims it cannot read)."""
@@ -150,16 +155,10 @@ def load(path: Path) -> Checkpoint:
     if raw is None:
         return Checkpoint()
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(
-            f"DRA checkpoint {path} is not UTF-8 text (bad byte at offset {err.start})"
-        ) from err
-    try:
-        data = json.loads(text)
-    except ValueError as err:
-        raise ConfigError(f"DRA checkpoint {path} is not JSON: {err}") from err
-    if not isinstance(data, dict) or data.get("version") != VERSION:
+        data = parse_json(raw)
+    except NotJson as err:
+        raise ConfigError(f"DRA checkpoint {path} is {err}") from err
+    if not isinstance(data, dict) or not _is_version(data.get("version")):
         raise ConfigError(f"DRA checkpoint {path} is not a version {VERSION} checkpoint")
     claims = data.get("claims")
     if not isinstance(claims, dict):

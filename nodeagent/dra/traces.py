@@ -4,13 +4,15 @@ checkpoints and MPS roots, the claims' CDI specs, the claims the API server allo
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nodeagent.base.errors import AgentError, ConfigError
+from nodeagent.base.files import read_regular
+from nodeagent.base.jsontext import NotJson, parse_json
+from nodeagent.base.shapes import Shape, problem
 from nodeagent.dra import cdi
 from nodeagent.dra.checkpoint import load as load_checkpoint
 from nodeagent.dra.devices import DeviceRef, parse_device_name
@@ -21,13 +23,13 @@ from nodeagent.settings import Dra
 from nodeagent.settings.groups import DEFAULT_KUBELET_PLUGINS
 from nodeagent.state.owners import (
     CLAIM,
+    MAX_FILE_BYTES,
     ClaimOwner,
     Held,
     Owners,
     OwnerStore,
     inventory_reader,
     owners_path,
-    read_trace,
 )
 from nodeagent.state.snapshot import Holder
 
@@ -175,14 +177,8 @@ def _cdi_specs(
             continue
         uid = name[len(prefix) : -len(".json")]
         try:
-            spec = json.loads(read_trace(root / name, "a CDI spec") or "")
-            envs = [
-                (e, str(dev.get("name", "")).endswith(SHARE_SUFFIX))
-                for dev in spec["devices"]
-                for e in dev["containerEdits"].get("env", [])
-                if isinstance(e, str) and e.startswith("NVIDIA_VISIBLE_DEVICES=")
-            ]
-        except (OSError, ValueError, TypeError, KeyError, AttributeError, ConfigError) as err:
+            envs = _cdi_envs(root / name)
+        except ConfigError as err:
             problems.append(f"CDI spec {root / name} is unreadable ({err})")
             continue
         for env, shared in envs:
@@ -194,6 +190,41 @@ def _cdi_specs(
                 _add(claims, uid, Held(uuid, shared=shared))
             elif uuid.startswith("MIG-"):
                 problems.append(f"CDI spec {root / name} names {uuid}, a MIG device not here")
+
+
+_CDI_SHAPE: Shape = {"devices": [{"name": str, "containerEdits": {"env": [object]}}]}
+
+
+def _cdi_envs(path: Path) -> list[tuple[str, bool]]:
+    """The NVIDIA_VISIBLE_DEVICES values of a CDI spec's devices, each with whether its device
+    is a share. Raises ConfigError saying what the file is instead of a CDI spec (the reason
+    only: the caller names the file)."""
+    raw = read_regular(path, "a CDI spec", MAX_FILE_BYTES)
+    if raw is None:
+        raise ConfigError("it is gone")
+    try:
+        spec = parse_json(raw)
+    except NotJson as err:
+        raise ConfigError(f"it is {err}") from err
+    found = problem(spec, _CDI_SHAPE)
+    if found is not None:
+        field, how = found
+        raise ConfigError(f"it {how}" if field == "the object" else f"its {field} {how}")
+    assert isinstance(spec, dict)
+    if not isinstance(spec.get("devices"), list):
+        raise ConfigError("it has no devices")
+    envs = []
+    for dev in spec["devices"]:
+        edits = dev.get("containerEdits")
+        if edits is None:
+            raise ConfigError(f"device {dev.get('name')!r} has no containerEdits")
+        shared = str(dev.get("name", "")).endswith(SHARE_SUFFIX)
+        envs += [
+            (e, shared)
+            for e in edits.get("env") or ()
+            if isinstance(e, str) and e.startswith("NVIDIA_VISIBLE_DEVICES=")
+        ]
+    return envs
 
 
 def _api_claims(

@@ -24,6 +24,7 @@ is guessed.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -31,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.base.errors import ConfigError
-from nodeagent.base.files import atomic_write_text, read_regular
+from nodeagent.base.files import atomic_write_text, kind_of, read_regular
+from nodeagent.base.jsontext import NotJson, parse_json
 from nodeagent.base.logs import get_logger
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.state.snapshot import Allocations, Holder, Holders
@@ -160,11 +162,13 @@ def owners_path(lock_path: Path | None) -> Path | None:
     return None if lock_path is None else lock_path.with_name(OWNERS_NAME)
 
 
-def _parse(text: str, path: Path) -> Owners:
+def _parse(raw: bytes, path: Path) -> Owners:
     """Raises ConfigError for anything but a version-1 record with well-typed fields."""
     try:
-        data = json.loads(text)
-        if not isinstance(data, dict) or data.get("version") != VERSION:
+        data = parse_json(raw)
+        if not isinstance(data, dict) or type(data.get("version")) is not int:
+            raise ValueError(f"not a version {VERSION} record")
+        if data["version"] != VERSION:
             raise ValueError(f"not a version {VERSION} record")
         config = data.get("config")
         if config is not None and not isinstance(config, str):
@@ -172,9 +176,9 @@ def _parse(text: str, path: Path) -> Owners:
         if not isinstance(data.get("claims"), dict):
             raise ValueError("'claims' is not a mapping")
         claims = {}
-        for uid, raw in data["claims"].items():
+        for uid, entry in data["claims"].items():
             devices = []
-            for d in raw["devices"]:
+            for d in entry["devices"]:
                 held = Held(**d)
                 if not isinstance(held.gpu_uuid, str) or not isinstance(held.shared, bool):
                     raise ValueError(f"claim {uid}: a device is malformed")
@@ -184,9 +188,11 @@ def _parse(text: str, path: Path) -> Owners:
                 ):
                     raise ValueError(f"claim {uid}: a device is malformed")
                 devices.append(held)
-            if not isinstance(raw["namespace"], str) or not isinstance(raw["name"], str):
+            if not isinstance(entry["namespace"], str) or not isinstance(entry["name"], str):
                 raise ValueError(f"claim {uid}: namespace and name must be strings")
-            claims[str(uid)] = ClaimOwner(raw["namespace"], raw["name"], tuple(devices))
+            claims[str(uid)] = ClaimOwner(entry["namespace"], entry["name"], tuple(devices))
+    except NotJson as err:
+        raise ConfigError(f"ownership record {path} is unreadable (it is {err})") from err
     except (ValueError, TypeError, KeyError, AttributeError) as err:
         raise ConfigError(f"ownership record {path} is unreadable ({err})") from err
     return Owners(claims, config)
@@ -195,13 +201,11 @@ def _parse(text: str, path: Path) -> Owners:
 MAX_FILE_BYTES = 4 << 20  # as every input file the agent reads
 
 
-def read_trace(path: Path, what: str) -> str | None:
-    """A record or trace file's text, None when absent: a regular file only, read without
-    blocking and bounded (a FIFO or a device there never hangs a reader). Raises ConfigError
-    for anything but a regular file or one it cannot read (UnreadableFile), UnicodeDecodeError
-    (a ValueError) for bytes that are not UTF-8."""
-    data = read_regular(path, what, MAX_FILE_BYTES)
-    return None if data is None else data.decode()
+def _load(path: Path) -> Owners | None:
+    """The record at `path`, None when there is none. Raises ConfigError (UnreadableFile
+    included) for anything but a regular file holding a version-1 record."""
+    raw = read_regular(path, "the ownership record", MAX_FILE_BYTES)
+    return None if raw is None else _parse(raw, path)
 
 
 class OwnerStore:
@@ -230,19 +234,10 @@ class OwnerStore:
                     self._memory = self._rebuilt("there is none yet")
                 return self._memory
             try:
-                text = read_trace(self.path, "the ownership record")
-            except OSError as err:
-                return self._rebuilt(f"cannot read {self.path}: {err.strerror}")
-            except ConfigError as err:  # not a regular file
-                return self._rebuilt(str(err))
-            except ValueError as err:  # not UTF-8
-                return self._rebuilt(f"{self.path} is not text: {err}")
-            if text is None:
-                return self._rebuilt(f"{self.path} does not exist")
-            try:
-                return _parse(text, self.path)
+                current = _load(self.path)
             except ConfigError as err:
                 return self._rebuilt(str(err))
+            return current if current is not None else self._rebuilt(f"{self.path} does not exist")
 
     def ensure(self) -> Owners:
         """Write the record when there is none or it is unreadable (the DRA driver starting,
@@ -251,9 +246,8 @@ class OwnerStore:
         owners = self.read()
         if self.path is not None and owners.uncertain is None:
             try:
-                text = read_trace(self.path, "the ownership record")
-                current = _parse(text, self.path) if text is not None else None
-            except (OSError, ValueError, ConfigError):
+                current = _load(self.path)
+            except ConfigError:
                 current = None
             if current != owners:
                 self.write(owners)
@@ -268,6 +262,28 @@ class OwnerStore:
             self._said = said
             log.warning("owners.rebuilt", reason=why, claims=list(said[1]), uncertain=said[2])
         return owners
+
+    def check(self) -> None:
+        """Raise ConfigError when the record could not be written: its path holds anything but
+        a regular file (a folder, a FIFO, a socket, a symbolic link, dangling or in a loop).
+        Asked before a change's first NVML operation, so that a change that would record its
+        owners afterwards is refused with nothing changed, not failed with the GPUs changed."""
+        if self.path is None:
+            return
+        try:
+            kind = kind_of(os.lstat(self.path).st_mode)
+        except FileNotFoundError:
+            return
+        except OSError as err:
+            raise ConfigError(
+                f"cannot look at the ownership record {self.path}: {err.strerror}; nothing was"
+                " changed"
+            ) from err
+        if kind is not None:
+            raise ConfigError(
+                f"the ownership record {self.path} is {kind}, not a regular file; nothing was"
+                " changed: move it aside (the record is rebuilt from the node's claims)"
+            )
 
     def write(self, owners: Owners) -> None:
         """Replace the record (the caller holds the MIG writer lock). An uncertain record is
