@@ -1,12 +1,16 @@
 """JSON records the agent wrote itself and reads back (the ownership record, the DRA
 checkpoint, the CDI specs it reads as traces): decoded and parsed with every failure in our
-words. A file edited by hand, cut short by a full disk or made by an attacker may hold
-anything: bytes that are not UTF-8, 100,000 nested arrays (Python's parser recurses and would
-raise RecursionError), a number of a million digits."""
+words, and sealed with a checksum where the agent is their only writer. A file edited by
+hand, cut short by a full disk or made by an attacker may hold anything: bytes that are not
+UTF-8, 100,000 nested arrays (Python's parser recurses and would raise RecursionError), a
+number of a million digits."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Mapping
+from typing import Any
 
 from nodeagent.base.errors import ConfigError
 
@@ -31,3 +35,30 @@ def parse_json(data: bytes) -> object:
         raise NotJson("not JSON: a number is too long") from err
     except RecursionError as err:
         raise NotJson("not JSON: it is nested too deeply") from err
+
+
+CHECKSUM = "checksum"
+
+
+def _sum(payload: Mapping[str, Any]) -> str:
+    body = {k: v for k, v in payload.items() if k != CHECKSUM}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def sealed_text(payload: Mapping[str, Any]) -> str:
+    """`payload` as a record's text, with its checksum (as the kubelet's checkpointmanager
+    seals its checkpoints): a record changed by hand or cut short is told from one the agent
+    wrote."""
+    return json.dumps({**payload, CHECKSUM: _sum(payload)}, indent=1, sort_keys=True) + "\n"
+
+
+def check_seal(data: Mapping[str, Any]) -> str | None:
+    """Why `data` (a record read back) is not as the agent sealed it, or None when its
+    checksum matches its content."""
+    written = data.get(CHECKSUM)
+    if written is None:
+        return "it has no checksum"
+    if written != _sum(data):
+        return "its checksum does not match its content (it was changed by hand or cut short)"
+    return None

@@ -42,7 +42,7 @@ from nodeagent.base.errors import (
 from nodeagent.base.files import atomic_write_text
 from nodeagent.base.logs import get_logger
 from nodeagent.dra import cdi
-from nodeagent.dra.checkpoint import PREPARED, PREPARING, PreparedClaim, PreparedDevice, load, save
+from nodeagent.dra.checkpoint import PREPARED, PREPARING, PreparedClaim, load, save
 from nodeagent.dra.claims import ClaimRef, claimed_devices
 from nodeagent.dra.status import device_data
 from nodeagent.dra.wanted import intents, prepare_wants, release_wants, slice_at
@@ -52,7 +52,8 @@ from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.settings import Limits, MpsSettings, validate
 from nodeagent.mps.shares import ShareClient, ShareKey, ShareServers
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
-from nodeagent.state.owners import ClaimOwner, Held, Owners, OwnerStore
+from nodeagent.state.held import PreparedDevice
+from nodeagent.state.owners import ClaimOwner, Owners, OwnerStore
 
 log = get_logger("nodeagent.dra")
 CHECKPOINT_NAME = "checkpoint.json"
@@ -340,7 +341,7 @@ class NodeDriver:
                     if d.is_mig
                     else (0, gpu.memory_slice_count)
                 )
-                share = _held(d) if d.shared else None
+                share = d if d.shared else None
                 if share is not None and (sharing := owners.sharing(share, but=ref.uid)):
                     mates.update(sharing)
                     joined.add(d.device)
@@ -360,11 +361,11 @@ class NodeDriver:
                 if d.admin:
                     continue
                 if not d.is_mig:
-                    devices.append(_held(d))
+                    devices.append(d)
                     continue
                 there = slice_at(gpus[d.gpu], d.profile_id or 0, d.placement_start or 0)
                 uuid = there.mig_uuid if there is not None else None
-                devices.append(replace(_held(d), mig_uuid=uuid))
+                devices.append(replace(d, mig_uuid=uuid))
             owner = ClaimOwner(ref.namespace, ref.name, tuple(devices))
             self.owners.update(lambda o: o.with_claim(ref.uid, owner))
 
@@ -565,7 +566,7 @@ class NodeDriver:
         def wants(inventory: Inventory, held: Mapping[str, str]) -> Mapping[int, Desired]:
             owners = self.owners.read()
             kept = {  # a shared slice stays while another claim shares it
-                d.device for d in claim.devices if d.shared and owners.sharing(_held(d), but=uid)
+                d.device for d in claim.devices if d.shared and owners.sharing(d, but=uid)
             }
             return release_wants(inventory, claim.devices, me, kept)
 
@@ -587,13 +588,6 @@ class NodeDriver:
                 " will ask again"
             ) from err
         self._update(uid, None)
-
-
-def _held(d: PreparedDevice) -> Held:
-    """What `d` holds in the ownership record (its MIG UUID once made)."""
-    if not d.is_mig:
-        return Held(d.gpu_uuid, shared=d.shared)
-    return Held(d.gpu_uuid, d.placement_start, d.placement_size, d.profile_id, shared=d.shared)
 
 
 def share_key(d: PreparedDevice) -> ShareKey:

@@ -21,11 +21,11 @@ from nodeagent.nvml import Inventory, NvmlSession
 from nodeagent.nvml.inventory import Gpu
 from nodeagent.settings import Dra
 from nodeagent.settings.groups import DEFAULT_KUBELET_PLUGINS
+from nodeagent.state.held import PreparedDevice, on_gpu
 from nodeagent.state.owners import (
     CLAIM,
     MAX_FILE_BYTES,
     ClaimOwner,
-    Held,
     Owners,
     OwnerStore,
     inventory_reader,
@@ -87,18 +87,7 @@ def rebuild(evidence: Evidence, inventory: Inventory | None) -> Owners:
             problems.append(str(err))
             continue
         for uid, c in checkpoint.claims.items():
-            devices = tuple(
-                Held(
-                    p.gpu_uuid,
-                    p.placement_start,
-                    p.placement_size,
-                    p.profile_id,
-                    p.mig_uuid,
-                    p.shared,
-                )
-                for p in c.devices
-                if not p.admin
-            )
+            devices = tuple(p for p in c.devices if not p.admin)
             claims[uid] = ClaimOwner(c.namespace, c.name, devices)
         _mps_roots(d / "mps", inventory, claims, problems)
     for d in evidence.cdi_dirs:
@@ -110,9 +99,14 @@ def rebuild(evidence: Evidence, inventory: Inventory | None) -> Owners:
     return Owners(claims)
 
 
-def _add(claims: dict[str, ClaimOwner], uid: str, held: Held) -> None:
+def _where(d: PreparedDevice) -> tuple[str, int | None, int | None, bool]:
+    return d.gpu_uuid, d.placement_start, d.profile_id, d.shared
+
+
+def _add(claims: dict[str, ClaimOwner], uid: str, held: PreparedDevice) -> None:
+    """`held` into the claim's devices, unless a trace read earlier found it there."""
     owner = claims.get(uid) or ClaimOwner("", "")
-    if held not in owner.devices:
+    if all(_where(d) != _where(held) for d in owner.devices):
         claims[uid] = replace(owner, devices=(*owner.devices, held))
 
 
@@ -126,16 +120,17 @@ def _listdir(path: Path, problems: list[str]) -> list[str]:
         return []
 
 
-def _held(gpu: Gpu, ref: DeviceRef) -> Held | None:
+def _held(gpu: Gpu, ref: DeviceRef, device: str) -> PreparedDevice | None:
     """What a device name holds of `gpu`: the GPU, or its profile's placement (None: the GPU
     has no such placement); a share device's, shared."""
     if not ref.is_mig:
-        return Held(gpu.uuid, shared=ref.shared)
+        return on_gpu(gpu.index, gpu.uuid, device=device, shared=ref.shared)
     profile = gpu.profile_by_id(ref.profile_id or 0)
     at = next((p for p in (profile.placements if profile else ()) if p.start == ref.start), None)
     if at is None:
         return None
-    return Held(gpu.uuid, at.start, at.size, ref.profile_id, shared=ref.shared)
+    placement = (at.start, at.size, ref.profile_id or 0)
+    return on_gpu(gpu.index, gpu.uuid, placement, device=device, shared=ref.shared)
 
 
 def _mps_roots(
@@ -152,7 +147,7 @@ def _mps_roots(
             if gpu is None:
                 problems.append(f"MPS root {root / uid / device} names a GPU this node lacks")
                 continue
-            _add(claims, uid, _held(gpu, ref) or Held(gpu.uuid))
+            _add(claims, uid, _held(gpu, ref, device) or on_gpu(gpu.index, gpu.uuid))
 
 
 def _cdi_specs(
@@ -164,14 +159,14 @@ def _cdi_specs(
 ) -> None:
     """A claim's CDI spec names the GPU or MIG UUIDs it hands its containers."""
     prefix = f"{cdi.vendor(driver)}-{cdi.CLASS}_"
-    parents: dict[str, str] = {}
-    slices: dict[str, tuple[str, int, int, int]] = {}
+    parents: dict[str, Gpu] = {}
+    slices: dict[str, tuple[Gpu, tuple[int, int, int]]] = {}
     if inventory is not None:
         for g in inventory.gpus:
-            parents[g.uuid] = g.uuid
+            parents[g.uuid] = g
             for s in g.slices:
                 if s.mig_uuid:
-                    slices[s.mig_uuid] = (g.uuid, s.placement.start, s.placement.size, s.profile_id)
+                    slices[s.mig_uuid] = (g, (s.placement.start, s.placement.size, s.profile_id))
     for name in _listdir(root, problems):
         if not (name.startswith(prefix) and name.endswith(".json")):
             continue
@@ -184,10 +179,10 @@ def _cdi_specs(
         for env, shared in envs:
             uuid = env.split("=", 1)[1]
             if uuid in slices:
-                gpu, start, size, profile = slices[uuid]
-                _add(claims, uid, Held(gpu, start, size, profile, uuid, shared))
+                gpu, placement = slices[uuid]
+                _add(claims, uid, on_gpu(gpu.index, gpu.uuid, placement, uuid, shared=shared))
             elif uuid in parents:
-                _add(claims, uid, Held(uuid, shared=shared))
+                _add(claims, uid, on_gpu(parents[uuid].index, uuid, shared=shared))
             elif uuid.startswith("MIG-"):
                 problems.append(f"CDI spec {root / name} names {uuid}, a MIG device not here")
 
@@ -247,7 +242,7 @@ def _api_claims(
             gpu = gpus.get(ref.gpu) if ref is not None else None
             if ref is None or gpu is None:
                 continue  # another driver's naming, or a GPU this node lacks: nothing held here
-            held = _held(gpu, ref)
+            held = _held(gpu, ref, device)
             if held is None:
                 continue
             _add(claims, uid, held)

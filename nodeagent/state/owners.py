@@ -2,10 +2,17 @@
 destroys anything (the reconcile pipeline, for the node label and the settings; `nodeagent mig
 apply|sharing apply`; the DRA driver).
 
-    {"version": 1, "config": "all-balanced",
+    {"version": 2, "checksum": "sha256:..", "config": "all-balanced",
      "claims": {"<uid>": {"namespace": "speech", "name": "asr-0",
-                          "devices": [{"gpu_uuid": "GPU-..", "start": 3, "size": 1,
-                                       "profile_id": 19, "mig_uuid": "MIG-.."}]}}}
+                          "devices": [{"device": "gpu-0-mig-1g18gb-19-3", "gpu": 0,
+                                       "gpu_uuid": "GPU-..", "placement_start": 3,
+                                       "placement_size": 1, "profile_id": 19,
+                                       "mig_uuid": "MIG-..", ...}]}}}
+
+The devices are the one device type of every record (nodeagent.state.held.PreparedDevice, as
+the DRA checkpoint has them). The record is sealed with a checksum; one that does not match
+it is not trusted (it is rebuilt, as an unreadable one). A version-1 record (unsealed, its
+devices by `start` and `size` only) is read as it was written and sealed at the next write.
 
 A DRA claim owns the whole GPUs and the MIG slices (by GPU and placement) it was prepared with;
 `config` names the MIG config the pipeline applied last; every other slice is foreign (made by
@@ -23,7 +30,6 @@ is guessed.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -33,49 +39,23 @@ from typing import Any
 
 from nodeagent.base.errors import ConfigError
 from nodeagent.base.files import atomic_write_text, kind_of, read_regular
-from nodeagent.base.jsontext import NotJson, parse_json
+from nodeagent.base.jsontext import NotJson, check_seal, parse_json, sealed_text
 from nodeagent.base.logs import get_logger
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
+from nodeagent.state.held import UNKNOWN_GPU, PreparedDevice, device_of, on_gpu, typed
 from nodeagent.state.snapshot import Allocations, Holder, Holders
 
 log = get_logger("nodeagent.owners")
-VERSION = 1
+VERSION = 2  # sealed, the one device type; version 1 is read as it was written
 OWNERS_NAME = "owners.json"
 CLAIM = "claim"
-
-
-@dataclass(frozen=True)
-class Held:
-    """One device a claim holds: a whole GPU (no placement) or a MIG slice at a placement;
-    `shared`: its MPS share (nodeagent.dra.shares), which the other claims sharing the same
-    GPU or slice hold too."""
-
-    gpu_uuid: str
-    start: int | None = None
-    size: int | None = None
-    profile_id: int | None = None
-    mig_uuid: str | None = None
-    shared: bool = False
-
-    def same_share(self, other: Held) -> bool:
-        """Whether both are shares of one device (the GPU, or one profile at one placement)."""
-        return (
-            self.shared
-            and other.shared
-            and (self.gpu_uuid, self.start, self.profile_id)
-            == (other.gpu_uuid, other.start, other.profile_id)
-        )
-
-    @property
-    def is_mig(self) -> bool:
-        return self.start is not None
 
 
 @dataclass(frozen=True)
 class ClaimOwner:
     namespace: str
     name: str
-    devices: tuple[Held, ...] = ()
+    devices: tuple[PreparedDevice, ...] = ()
 
     def holder(self, uid: str) -> Holder:
         """The claim by name; by UID where only its traces named it (a rebuilt record)."""
@@ -109,6 +89,8 @@ class Owners:
                 held.update({s.mig_uuid: unknown for s in g.slices if s.mig_uuid})
         for uid, owner in sorted(self.claims.items()):
             for d in owner.devices:
+                if d.admin:
+                    continue
                 uuid = d.mig_uuid if d.is_mig else d.gpu_uuid
                 gpu = gpus.get(d.gpu_uuid)
                 if d.is_mig and gpu is not None:
@@ -116,7 +98,8 @@ class Owners:
                         (
                             s
                             for s in gpu.slices
-                            if s.placement.start == d.start and s.profile_id == d.profile_id
+                            if s.placement.start == d.placement_start
+                            and s.profile_id == d.profile_id
                         ),
                         None,
                     )
@@ -126,24 +109,26 @@ class Owners:
         return held
 
     def owner_of(
-        self, gpu_uuid: str, start: int, size: int, but: str = "", share: Held | None = None
+        self,
+        gpu_uuid: str,
+        start: int,
+        size: int,
+        but: str = "",
+        share: PreparedDevice | None = None,
     ) -> str | None:
         """The claim (other than `but`) holding any of those memory slices of that GPU; a
         claim holding the same share as `share` does not count (shares of a device coexist)."""
         for uid, owner in self.claims.items():
             for d in owner.devices:
-                if uid == but or d.gpu_uuid != gpu_uuid:
+                if uid == but or d.gpu_uuid != gpu_uuid or d.admin:
                     continue
                 if share is not None and d.same_share(share):
                     continue
-                if not d.is_mig:
-                    return f"claim {owner.namespace}/{owner.name}"
-                assert d.start is not None and d.size is not None
-                if start < d.start + d.size and d.start < start + size:
+                if d.overlaps_slices(start, size):
                     return f"claim {owner.namespace}/{owner.name}"
         return None
 
-    def sharing(self, share: Held, but: str) -> list[str]:
+    def sharing(self, share: PreparedDevice, but: str) -> list[str]:
         """The claims (other than `but`) holding the same share as `share`, by name."""
         return [
             f"claim {o.namespace}/{o.name}"
@@ -153,8 +138,7 @@ class Owners:
 
     def to_json(self) -> str:
         claims = {uid: asdict(c) for uid, c in sorted(self.claims.items())}
-        data = {"version": VERSION, "config": self.config, "claims": claims}
-        return json.dumps(data, indent=1, sort_keys=True) + "\n"
+        return sealed_text({"version": VERSION, "config": self.config, "claims": claims})
 
 
 def owners_path(lock_path: Path | None) -> Path | None:
@@ -163,31 +147,31 @@ def owners_path(lock_path: Path | None) -> Path | None:
 
 
 def _parse(raw: bytes, path: Path) -> Owners:
-    """Raises ConfigError for anything but a version-1 record with well-typed fields."""
+    """Raises ConfigError for anything but a version-1 or a sealed version-2 record with
+    well-typed fields."""
     try:
         data = parse_json(raw)
         if not isinstance(data, dict) or type(data.get("version")) is not int:
             raise ValueError(f"not a version {VERSION} record")
-        if data["version"] != VERSION:
+        if data["version"] not in (1, VERSION):
             raise ValueError(f"not a version {VERSION} record")
+        broken = check_seal(data) if data["version"] == VERSION else None
+        if broken is not None:
+            raise ValueError(f"not trusted: {broken}")
         config = data.get("config")
         if config is not None and not isinstance(config, str):
             raise ValueError("'config' is not a string")
         if not isinstance(data.get("claims"), dict):
             raise ValueError("'claims' is not a mapping")
+        read = device_of if data["version"] == VERSION else _v1_device
         claims = {}
         for uid, entry in data["claims"].items():
             devices = []
             for d in entry["devices"]:
-                held = Held(**d)
-                if not isinstance(held.gpu_uuid, str) or not isinstance(held.shared, bool):
-                    raise ValueError(f"claim {uid}: a device is malformed")
-                if not all(
-                    v is None or (isinstance(v, int) and not isinstance(v, bool))
-                    for v in (held.start, held.size, held.profile_id)
-                ):
-                    raise ValueError(f"claim {uid}: a device is malformed")
-                devices.append(held)
+                try:
+                    devices.append(read(d))
+                except (TypeError, KeyError, AttributeError) as err:
+                    raise ValueError(f"claim {uid}: a device is malformed ({err})") from err
             if not isinstance(entry["namespace"], str) or not isinstance(entry["name"], str):
                 raise ValueError(f"claim {uid}: namespace and name must be strings")
             claims[str(uid)] = ClaimOwner(entry["namespace"], entry["name"], tuple(devices))
@@ -196,6 +180,24 @@ def _parse(raw: bytes, path: Path) -> Owners:
     except (ValueError, TypeError, KeyError, AttributeError) as err:
         raise ConfigError(f"ownership record {path} is unreadable ({err})") from err
     return Owners(claims, config)
+
+
+_V1_DEVICE = {
+    "gpu_uuid": (str,), "start": (int, type(None)), "size": (int, type(None)),
+    "profile_id": (int, type(None)), "mig_uuid": (str, type(None)), "shared": (bool,),
+}  # fmt: skip
+
+
+def _v1_device(raw: Any) -> PreparedDevice:
+    """A device of a version-1 record (before the one device type): where it is, by GPU UUID
+    and placement. Raises TypeError, KeyError, AttributeError."""
+    typed(raw, _V1_DEVICE)
+    if set(raw) - set(_V1_DEVICE):
+        raise TypeError(f"unknown field {sorted(set(raw) - set(_V1_DEVICE))[0]!r}")
+    start, size, profile_id = raw.get("start"), raw.get("size"), raw.get("profile_id")
+    placement = None if start is None else (start, size, profile_id)
+    shared = raw.get("shared", False)
+    return on_gpu(UNKNOWN_GPU, raw["gpu_uuid"], placement, raw.get("mig_uuid"), shared=shared)
 
 
 MAX_FILE_BYTES = 4 << 20  # as every input file the agent reads

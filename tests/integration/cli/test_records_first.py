@@ -125,7 +125,7 @@ def _checkpoint(tmp_path: Path, data: bytes) -> dict[str, str]:
         (_cdi_spec, b"\xff\xfe{}", "(it is not UTF-8 text (bad byte at offset 0))"),
         (_checkpoint, NESTED, "checkpoint.json is not JSON: it is nested too deeply"),
         (_checkpoint, b"\xff{}", "checkpoint.json is not UTF-8 text (bad byte at offset 0)"),
-        (_checkpoint, b'{"version": true, "claims": {}}', "is not a version 1 checkpoint"),
+        (_checkpoint, b'{"version": true, "claims": {}}', "is not a version 2 checkpoint"),
     ],
     ids=[
         "cdi-nested", "cdi-list", "cdi-devices-string", "cdi-device-number", "cdi-not-utf8",

@@ -26,7 +26,7 @@ def _prepared(dra_node: DraNode) -> None:
 def test_the_record_sits_beside_the_lock_and_names_the_claim(dra_node: DraNode) -> None:
     _prepared(dra_node)
     record = (dra_node.root / OWNERS_NAME).read_text()
-    assert '"uid-1"' in record and '"asr"' in record and '"start": 3' in record
+    assert '"uid-1"' in record and '"asr"' in record and '"placement_start": 3' in record
 
 
 def test_mig_apply_spares_the_claim_without_its_checkpoint(dra_node: DraNode, cli: Cli) -> None:

@@ -12,7 +12,8 @@ from nodeagent.dra.traces import AllocatedClaim, evidence_of, rebuild
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
-from nodeagent.state.owners import ClaimOwner, Held, Owners, OwnerStore
+from nodeagent.state.owners import ClaimOwner, Owners, OwnerStore
+from tests.support.records import held
 
 DRIVER = "gpu.nodeagent.io"
 
@@ -28,7 +29,7 @@ def _node() -> NvmlSession:
 
 def test_a_written_record_reads_back_equal(tmp_path: Path) -> None:
     store = OwnerStore(tmp_path / "owners.json", evidence_of(DRIVER, (), ()))
-    owners = Owners({"u": ClaimOwner("ns", "c", (Held("GPU-1"), Held("GPU-2", 3, 1, 19)))}, "x")
+    owners = Owners({"u": ClaimOwner("ns", "c", (held("GPU-1"), held("GPU-2", 3, 1, 19)))}, "x")
     store.write(owners)
     assert store.read() == owners
 
@@ -97,7 +98,7 @@ def test_an_api_that_cannot_answer_makes_the_record_uncertain() -> None:
 
 def test_a_record_in_memory_is_kept_between_reads() -> None:
     store = OwnerStore(None, evidence_of(DRIVER, (), ()))
-    store.update(lambda o: o.with_claim("u", ClaimOwner("n", "c", (Held("GPU-1"),))))
+    store.update(lambda o: o.with_claim("u", ClaimOwner("n", "c", (held("GPU-1"),))))
     assert set(store.read().claims) == {"u"}
     store.update(lambda o: o.without("u"))
     assert store.read().claims == {}

@@ -1,0 +1,18 @@
+"""The records' one device type built by where a device is, for tests of the ownership record."""
+
+from __future__ import annotations
+
+from nodeagent.state.held import PreparedDevice, on_gpu
+
+
+def held(
+    gpu_uuid: str,
+    start: int | None = None,
+    size: int | None = None,
+    profile_id: int | None = None,
+    *,
+    shared: bool = False,
+) -> PreparedDevice:
+    """A device the record holds, by where it is (the record's one device type)."""
+    placement = None if start is None or size is None else (start, size, profile_id or 0)
+    return on_gpu(0, gpu_uuid, placement, shared=shared)
