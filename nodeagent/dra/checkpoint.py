@@ -1,17 +1,22 @@
-"""The DRA checkpoint: which claims this node prepared, and what each created. One JSON file,
-replaced atomically, written before a mutation (the claim and what it will create: state
-`preparing`) and after (state `prepared`, with the MIG device's ids), so a restart after a crash
-at any step knows what each claim owns (NVIDIA's DRA driver keeps the same two states:
-PrepareStarted / PrepareCompleted, cmd/gpu-kubelet-plugin/checkpoint.go).
+"""The DRA checkpoint, the kubelet plugin's record of which claims this node prepared and what
+each created: a view of the node's ownership record (nodeagent.state.owners, the one
+authority), written from it by the driver, in order, at each change of its claims: before a
+mutation (the claim and what it will create: state `preparing`), after (state `prepared`, with
+the MIG devices' ids and the CDI ids), while undoing (`unpreparing`), and without the claim once
+it is gone (NVIDIA's DRA driver keeps PrepareStarted / PrepareCompleted in its checkpoint,
+cmd/gpu-kubelet-plugin/checkpoint.go). The driver never decides from it: it is what an operator
+reads, what the ownership record is rebuilt from when that is lost (nodeagent.dra.traces), and
+what /readyz checks (a view that cannot be read says the disk or a hand went wrong).
 
     {"version": 2, "checksum": "sha256:..", "claims": {"<uid>": {"namespace": .., "name": ..,
       "state": "prepared", "cdi_ids": [..],
       "devices": [{"request": .., "device": "gpu-0-mig-1g18gb-19-0", "gpu": 0, ...}]}}}
 
-The devices are the one device type of every record (nodeagent.state.held). The checksum is
-over the rest of the file (as the kubelet's checkpointmanager seals its checkpoints): a file
-that does not match it is refused with one sentence, never trusted. A version-1 checkpoint
-(the unsealed one written before) is read as it was, and sealed at the next write.
+Its claims and devices are the record's types (nodeagent.state.held). The checksum is over
+the rest of the file (as the kubelet's checkpointmanager seals its checkpoints): a file that
+does not match it is refused with one sentence, never trusted. A version-1 checkpoint (the
+unsealed one written before the fold, when it was the driver's own record) is read as it was;
+the ownership record of before is upgraded from it (nodeagent.dra.traces.upgrade).
 """
 
 from __future__ import annotations
@@ -24,26 +29,19 @@ from typing import Any
 from nodeagent.base.errors import ConfigError
 from nodeagent.base.files import atomic_write_text, read_regular
 from nodeagent.base.jsontext import NotJson, check_seal, parse_json, sealed_text
-from nodeagent.state.held import PreparedDevice, device_of, typed
+from nodeagent.state.held import (
+    PREPARED,
+    PREPARING,
+    UNPREPARING,
+    PreparedClaim,
+    PreparedDevice,
+    claim_of,
+)
 
 MAX_FILE_BYTES = 4 << 20  # as every input file the agent reads
 
 VERSION = 2  # sealed with a checksum; version 1 (before it) is read as it was written
 VERSIONS = (1, VERSION)
-PREPARING = "preparing"
-PREPARED = "prepared"
-
-
-@dataclass(frozen=True)
-class PreparedClaim:
-    namespace: str
-    name: str
-    state: str
-    devices: tuple[PreparedDevice, ...] = ()
-    cdi_ids: tuple[str, ...] = field(default_factory=tuple)
-
-    def __str__(self) -> str:
-        return f"claim {self.namespace}/{self.name}"
 
 
 @dataclass(frozen=True)
@@ -72,17 +70,10 @@ def _claim(uid: str, raw: Any, path: Path) -> PreparedClaim:
     """One claim of the file. Raises ConfigError naming the claim for a value of the wrong
     type: a claim that is half understood is not trusted to say which slices it holds."""
     try:
-        raw = dict(raw)
-        devices = []
-        for d in raw.pop("devices"):
-            devices.append(device_of(d))
-        cdi_ids = tuple(raw.pop("cdi_ids"))
-        typed(raw, dict.fromkeys(("namespace", "name", "state"), (str,)))
-        if raw.get("state") not in (PREPARING, PREPARED) or not all(
-            isinstance(i, str) for i in cdi_ids
-        ):
-            raise TypeError(f"state is {raw.get('state')!r}, CDI ids {list(cdi_ids)!r}")
-        return PreparedClaim(devices=tuple(devices), cdi_ids=cdi_ids, **raw)
+        claim = claim_of(raw)
+        if claim.state is None:
+            raise TypeError("state is None")
+        return claim
     except (TypeError, ValueError, KeyError, AttributeError) as err:
         raise ConfigError(f"DRA checkpoint {path}: claim {uid} is malformed ({err})") from err
 
@@ -118,3 +109,9 @@ def save(path: Path, checkpoint: Checkpoint) -> None:
         atomic_write_text(path, checkpoint.to_json(), mode=0o600)
     except OSError as err:
         raise ConfigError(f"cannot write DRA checkpoint {path}: {err.strerror}") from err
+
+
+__all__ = [
+    "PREPARED", "PREPARING", "UNPREPARING", "Checkpoint", "PreparedClaim", "PreparedDevice",
+    "load", "save",
+]  # fmt: skip

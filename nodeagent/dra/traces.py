@@ -21,11 +21,10 @@ from nodeagent.nvml import Inventory, NvmlSession
 from nodeagent.nvml.inventory import Gpu
 from nodeagent.settings import Dra
 from nodeagent.settings.groups import DEFAULT_KUBELET_PLUGINS
-from nodeagent.state.held import PreparedDevice, on_gpu
+from nodeagent.state.held import PreparedClaim, PreparedDevice, on_gpu
 from nodeagent.state.owners import (
     CLAIM,
     MAX_FILE_BYTES,
-    ClaimOwner,
     Owners,
     OwnerStore,
     inventory_reader,
@@ -61,6 +60,21 @@ class Evidence:
         """The record rebuilt from these traces (OwnerStore's `evidence`)."""
         return rebuild(self, inventory)
 
+    def upgrade(self, before: Owners) -> Owners:
+        """A version-1 ownership record with the DRA checkpoints of before folded into it
+        (OwnerStore's `upgrade`): each claim a checkpoint holds comes with its state,
+        devices and CDI ids; the record's other claims stay, held from their traces. A
+        checkpoint that cannot be read leaves the record uncertain."""
+        claims = dict(before.claims)
+        problems = []
+        for d in self.plugin_dirs:
+            try:
+                claims.update(load_checkpoint(d / "checkpoint.json").claims)
+            except ConfigError as err:
+                problems.append(str(err))
+        uncertain = "; ".join(problems) if problems else before.uncertain
+        return Owners(claims, before.config, uncertain, before.version)
+
 
 def _unique(paths: Iterable[Path]) -> tuple[Path, ...]:
     return tuple(dict.fromkeys(paths))
@@ -78,7 +92,7 @@ def evidence_of(
 def rebuild(evidence: Evidence, inventory: Inventory | None) -> Owners:
     """The claims' devices as the node shows them. A source that exists but cannot be read
     makes the record uncertain (every destroy refused)."""
-    claims: dict[str, ClaimOwner] = {}
+    claims: dict[str, PreparedClaim] = {}
     problems: list[str] = []
     for d in evidence.plugin_dirs:
         try:
@@ -86,9 +100,7 @@ def rebuild(evidence: Evidence, inventory: Inventory | None) -> Owners:
         except ConfigError as err:
             problems.append(str(err))
             continue
-        for uid, c in checkpoint.claims.items():
-            devices = tuple(p for p in c.devices if not p.admin)
-            claims[uid] = ClaimOwner(c.namespace, c.name, devices)
+        claims.update(checkpoint.claims)  # the driver's claims, whole (the record's view)
         _mps_roots(d / "mps", inventory, claims, problems)
     for d in evidence.cdi_dirs:
         _cdi_specs(d, evidence.driver, inventory, claims, problems)
@@ -103,9 +115,9 @@ def _where(d: PreparedDevice) -> tuple[str, int | None, int | None, bool]:
     return d.gpu_uuid, d.placement_start, d.profile_id, d.shared
 
 
-def _add(claims: dict[str, ClaimOwner], uid: str, held: PreparedDevice) -> None:
+def _add(claims: dict[str, PreparedClaim], uid: str, held: PreparedDevice) -> None:
     """`held` into the claim's devices, unless a trace read earlier found it there."""
-    owner = claims.get(uid) or ClaimOwner("", "")
+    owner = claims.get(uid) or PreparedClaim("", "")
     if all(_where(d) != _where(held) for d in owner.devices):
         claims[uid] = replace(owner, devices=(*owner.devices, held))
 
@@ -134,7 +146,7 @@ def _held(gpu: Gpu, ref: DeviceRef, device: str) -> PreparedDevice | None:
 
 
 def _mps_roots(
-    root: Path, inventory: Inventory | None, claims: dict[str, ClaimOwner], problems: list[str]
+    root: Path, inventory: Inventory | None, claims: dict[str, PreparedClaim], problems: list[str]
 ) -> None:
     """mps/<uid>/<device>: a claim's MPS daemon holds that device's GPU."""
     gpus = {g.index: g for g in inventory.gpus} if inventory is not None else {}
@@ -154,7 +166,7 @@ def _cdi_specs(
     root: Path,
     driver: str,
     inventory: Inventory | None,
-    claims: dict[str, ClaimOwner],
+    claims: dict[str, PreparedClaim],
     problems: list[str],
 ) -> None:
     """A claim's CDI spec names the GPU or MIG UUIDs it hands its containers."""
@@ -225,7 +237,7 @@ def _cdi_envs(path: Path) -> list[tuple[str, bool]]:
 def _api_claims(
     api: Callable[[], Mapping[str, AllocatedClaim]],
     inventory: Inventory | None,
-    claims: dict[str, ClaimOwner],
+    claims: dict[str, PreparedClaim],
     problems: list[str],
 ) -> None:
     """The claims the scheduler allocated here hold their devices (a slice not made yet is
@@ -268,7 +280,8 @@ def owner_store(session: NvmlSession, dra: Dra, lock_path: Path | None) -> Owner
     missing from the DRA traces in `dra`'s directories and the default ones."""
     plugin_dirs = (dra.plugin_path, DEFAULT_KUBELET_PLUGINS / dra.driver)
     evidence = evidence_of(dra.driver, plugin_dirs, (dra.cdi_dir,))
-    return OwnerStore(owners_path(lock_path), evidence, inventory_reader(session))
+    path = owners_path(lock_path)
+    return OwnerStore(path, evidence, inventory_reader(session), upgrade=evidence.upgrade)
 
 
 def with_api(store: OwnerStore, api: Callable[[], Mapping[str, AllocatedClaim]]) -> None:

@@ -1,13 +1,25 @@
-"""What a claim holds: one device type for every record of it (the node's ownership record,
-nodeagent.state.owners, and the DRA driver's checkpoint, nodeagent.dra.checkpoint), for the
-rebuild from the node's traces (nodeagent.dra.traces), and for the driver's own plans."""
+"""What a claim holds: one claim type and one device type for every record of it (the node's
+ownership record, nodeagent.state.owners, the one authority; the DRA driver's checkpoint,
+nodeagent.dra.checkpoint, its view), for the rebuild from the node's traces
+(nodeagent.dra.traces), and for the driver's own plans.
+
+A claim's state, as NVIDIA's DRA driver keeps it (PrepareStarted / PrepareCompleted,
+cmd/gpu-kubelet-plugin/checkpoint.go), and one more: `preparing` (written before its first
+mutation: what it will create), `prepared` (after: the MIG devices' ids, the CDI ids),
+`unpreparing` (its slices are gone, its CDI spec and directories not yet), None (a claim the
+record knows from the node's traces only, not from the driver: it holds its devices and
+nothing more)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+PREPARING = "preparing"
+PREPARED = "prepared"
+UNPREPARING = "unpreparing"
+STATES = (PREPARING, PREPARED, UNPREPARING)
 UNKNOWN_GPU = -1  # a device of a version-1 ownership record, which named the GPU by UUID only
 
 
@@ -67,6 +79,20 @@ class PreparedDevice:
         )
 
 
+@dataclass(frozen=True)
+class PreparedClaim:
+    """A claim of this node and what it holds (`state`: see the module)."""
+
+    namespace: str
+    name: str
+    state: str | None = None
+    devices: tuple[PreparedDevice, ...] = ()
+    cdi_ids: tuple[str, ...] = field(default_factory=tuple)
+
+    def __str__(self) -> str:
+        return f"claim {self.namespace}/{self.name}"
+
+
 def on_gpu(
     gpu: int,
     gpu_uuid: str,
@@ -118,3 +144,22 @@ def device_of(raw: Any) -> PreparedDevice:
     if unknown:
         raise TypeError(f"unknown field {sorted(unknown)[0]!r}")
     return PreparedDevice(**raw)
+
+
+def claim_of(raw: Any, devices: Any = device_of) -> PreparedClaim:
+    """A claim as a record writes it; `devices` reads each device. Raises TypeError, KeyError,
+    AttributeError, ValueError for a claim that is half understood (not trusted to say which
+    slices it holds)."""
+    raw = dict(raw)
+    unknown = set(raw) - {"namespace", "name", "state", "devices", "cdi_ids"}
+    if unknown:
+        raise TypeError(f"unknown field {sorted(unknown)[0]!r}")
+    held = tuple(devices(d) for d in raw.pop("devices"))
+    cdi_ids = tuple(raw.pop("cdi_ids", ()))
+    typed(raw, {"namespace": (str,), "name": (str,), "state": (str, type(None))})
+    state = raw.get("state")
+    if state is not None and state not in STATES:
+        raise TypeError(f"state is {state!r}")
+    if not all(isinstance(i, str) for i in cdi_ids):
+        raise TypeError(f"CDI ids {list(cdi_ids)!r}")
+    return PreparedClaim(raw["namespace"], raw["name"], state, held, cdi_ids)

@@ -15,8 +15,8 @@ from nodeagent.base.errors import ConfigError
 from nodeagent.dra.claims import Mps, claimed_devices, share_mps
 from nodeagent.dra.devices import DeviceRef, parse_device_name, resource_slices
 from nodeagent.dra.shares import binary_quantity
-from nodeagent.state.owners import ClaimOwner, Owners
-from tests.support.records import held
+from nodeagent.state.owners import Owners
+from tests.support.records import held, owned
 from tests.unit.dra.test_devices import DRIVER, inventory
 
 SM, MEMORY = f"{DRIVER}/sm", f"{DRIVER}/memory"
@@ -222,9 +222,9 @@ def test_shares_of_one_device_coexist_in_the_ownership_record_an_exclusive_holde
     slice_share = held("GPU-a", 6, 1, 19, shared=True)
     owners = Owners(
         {
-            "u1": ClaimOwner("ns", "one", (share,)),
-            "u2": ClaimOwner("ns", "two", (held("GPU-b"),)),
-            "u3": ClaimOwner("ns", "three", (held("GPU-c", 6, 1, 19, shared=True),)),
+            "u1": owned("ns", "one", (share,)),
+            "u2": owned("ns", "two", (held("GPU-b"),)),
+            "u3": owned("ns", "three", (held("GPU-c", 6, 1, 19, shared=True),)),
         }
     )
     assert owners.owner_of("GPU-a", 0, 8, but="u9", share=share) is None  # another share
