@@ -165,8 +165,11 @@ class NodeDriver:
     def start(self) -> None:
         """Before the first claim: the ownership record is written now if there is none (or
         an unreadable one), rebuilt from the node once, so that claims prepared later are never
-        mistaken for a lost record's traces."""
+        mistaken for a lost record's traces (a record of before is sealed now, the
+        checkpoints of before folded into it); then the checkpoint, its view, as it has the
+        driver's claims."""
         self.owners.ensure()
+        self.owners.update(lambda o: o, self._view)
 
     @contextmanager
     def _claim(self, uid: str) -> Iterator[None]:

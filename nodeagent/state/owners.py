@@ -159,8 +159,8 @@ class OwnerStore:
         self, change: Callable[[Owners], Owners], then: Callable[[Owners], None] | None = None
     ) -> Owners:
         """Read, change, write: one read-modify-write under the record's lock; `then` hears of
-        the record written, still under it (the DRA checkpoint, its view, follows it in
-        order). A record that must be rebuilt first is rebuilt outside the lock. Raises
+        the record as it stands then, still under it (the DRA checkpoint, its view, follows it
+        in order). A record that must be rebuilt first is rebuilt outside the lock. Raises
         ConfigError when the file cannot be written, or `change`'s error (nothing written)."""
         base: Owners | None = None
         while True:
@@ -170,9 +170,8 @@ class OwnerStore:
                 found = found if found is not None else base
                 if found is not None:
                     owners = change(found)
-                    if owners is found and found.version == VERSION:
-                        return owners  # nothing changed: nothing written
-                    self._write(owners)
+                    if owners is not found or found.version != VERSION:
+                        self._write(owners)  # a change that changes nothing writes nothing
                     if then is not None:
                         then(owners)
                     return owners

@@ -58,7 +58,9 @@ def test_the_records_of_before_are_read_trusted_and_sealed_at_the_next_write(
 
     node = driver(short_root)
     try:
-        node.start()
+        node.start()  # both files sealed, the checkpoints of before folded into the record
+        assert _version(record) == 2 and _version(checkpoint) == 2
+        assert load(checkpoint) == load(TODAY / "checkpoint.json")  # nothing forgotten
         # A prepared claim of before is answered from its checkpoint, nothing made again.
         (answer,) = node.prepare(ClaimRef("speech", "asr", "uid-1"), ASR)
         assert answer.cdi_ids == ("k8s.gpu.nodeagent.io/claim=uid-1-gpu-0-mig-1g18gb-19-3",)
