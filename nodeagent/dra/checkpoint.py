@@ -103,10 +103,12 @@ def load(path: Path) -> Checkpoint:
     return Checkpoint({uid: _claim(uid, raw, path) for uid, raw in claims.items()})
 
 
-def save(path: Path, checkpoint: Checkpoint) -> None:
-    """Replace the file atomically (fsync, rename): a crash leaves the old or the new one."""
+def save(path: Path, checkpoint: Checkpoint, *, durable: bool = True) -> None:
+    """Replace the file atomically (rename): a crash leaves the old or the new one. The
+    driver's view skips the fsync (`durable` off): the ownership record it follows is the
+    durable one, and the view is written again from it at the next change and at start."""
     try:
-        atomic_write_text(path, checkpoint.to_json(), mode=0o600)
+        atomic_write_text(path, checkpoint.to_json(), mode=0o600, durable=durable)
     except OSError as err:
         raise ConfigError(f"cannot write DRA checkpoint {path}: {err.strerror}") from err
 

@@ -193,7 +193,7 @@ class NodeDriver:
 
     def _view(self, owners: Owners) -> None:
         """The checkpoint as the record has the driver's claims now."""
-        save(self.config.checkpoint, Checkpoint(owners.prepared_here()))
+        save(self.config.checkpoint, Checkpoint(owners.prepared_here()), durable=False)
 
     def _recorded(self) -> dict[str, PreparedClaim]:
         """The claims the driver recorded (the ownership record's, with a state)."""
