@@ -192,8 +192,13 @@ class NodeDriver:
             self.stats.set_prepared(counts)
 
     def _view(self, owners: Owners) -> None:
-        """The checkpoint as the record has the driver's claims now."""
-        save(self.config.checkpoint, Checkpoint(owners.prepared_here()), durable=False)
+        """The checkpoint as the record has the driver's claims now. One that cannot be
+        written is said (and /readyz says why), never a claim's failure: the driver decides
+        from the record."""
+        try:
+            save(self.config.checkpoint, Checkpoint(owners.prepared_here()), durable=False)
+        except ConfigError as err:
+            log.warning("dra.checkpoint_unwritten", error=str(err))
 
     def _recorded(self) -> dict[str, PreparedClaim]:
         """The claims the driver recorded (the ownership record's, with a state)."""

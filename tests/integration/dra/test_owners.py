@@ -180,3 +180,28 @@ def test_unprepare_never_waits_behind_a_writer_and_prepare_keeps_its_deadline(
         assert time.monotonic() - began < 3
     assert load(dra_node.checkpoint).claims == {}
     assert dra_node.layout(0) == []
+
+
+def test_a_checkpoint_that_cannot_be_written_never_fails_a_claim(dra_node: DraNode) -> None:
+    # The checkpoint is the ownership record's view: the record decides, /readyz says why.
+    dra_node.checkpoint.unlink(missing_ok=True)
+    dra_node.checkpoint.mkdir()
+    _prepared(dra_node)
+    assert dra_node.layout(0) == [("1g.18gb", 3)]
+    problem = dra_node.node.problem()
+    assert problem is not None and "is a directory" in problem, problem
+
+
+def test_a_record_that_cannot_be_written_refuses_a_claim_before_any_nvml_call(
+    dra_node: DraNode,
+) -> None:
+    record = dra_node.root / OWNERS_NAME
+    record.unlink()
+    record.mkdir()
+    claim = dra_node.add_claim(allocated_claim("asr", "uid-1", {"gpu": "gpu-0-mig-1g18gb-19-3"}))
+
+    error = dra_node.kubelet.prepare([claim])["uid-1"].error
+
+    assert f"the ownership record {record} is a folder" in error, error
+    assert dra_node.layout(0) == []  # nothing was made
+    assert not list(dra_node.cdi_dir.glob("*uid-1*"))
