@@ -185,7 +185,7 @@ class NodeDriver:
             lambda o: o.with_claim(uid, record) if record else _dropped(o, uid), self._view
         )
         counts: dict[str, int] = {}
-        for c in owners.prepared_here().values():
+        for c in owners.prepared_here(self.config.driver).values():
             if c.state == PREPARED:
                 counts[kind_of(c.devices)] = counts.get(kind_of(c.devices), 0) + 1
         if self.stats is not None:
@@ -196,13 +196,14 @@ class NodeDriver:
         written is said (and /readyz says why), never a claim's failure: the driver decides
         from the record."""
         try:
-            save(self.config.checkpoint, Checkpoint(owners.prepared_here()), durable=False)
+            view = Checkpoint(owners.prepared_here(self.config.driver))
+            save(self.config.checkpoint, view, durable=False)
         except ConfigError as err:
             log.warning("dra.checkpoint_unwritten", error=str(err))
 
     def _recorded(self) -> dict[str, PreparedClaim]:
         """The claims the driver recorded (the ownership record's, with a state)."""
-        return self.owners.read().prepared_here()
+        return self.owners.read().prepared_here(self.config.driver)
 
     def problem(self) -> str | None:
         """Why the driver should not be trusted to serve claims now (its checkpoint, the view
@@ -268,14 +269,14 @@ class NodeDriver:
                 self._release(ref.uid, before, deadline)
             raise
         kind = kind_of(wanted)
-        record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted))
+        record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted), (), c.driver)
         try:
             done = self._run(self._change(ref, record, deadline))
             made = _made(done.inventory, wanted, ref)
             made = [self._start_mps(ref.uid, d, done.inventory) for d in made]
             ids = tuple(cdi.cdi_id(c.driver, ref.uid, d.device) for d in made)
             self._write_cdi(ref.uid, made)
-            record = PreparedClaim(ref.namespace, ref.name, PREPARED, tuple(made), ids)
+            record = replace(record, state=PREPARED, devices=tuple(made), cdi_ids=ids)
             self._update(ref.uid, record)
         except BaseException as err:
             log.warning("dra.prepare_undone", claim=str(ref), error=str(err))
@@ -328,7 +329,7 @@ class NodeDriver:
             claimed = claimed_devices(claim, c.driver, c.pool)
             previous = before.devices if before else ()
             wanted = intents(self._inventory(), claimed, previous, c.gpus)
-            record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted))
+            record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted), (), c.driver)
             try:
                 done = self._run(self._change(ref, record, deadline))
                 made = _made(done.inventory, wanted, ref)
@@ -563,11 +564,11 @@ class NodeDriver:
         kind = "gpu"
         try:
             with self._claim(uid):
-                known = self.owners.read().claims.get(uid)
-                claim = known if known is not None and known.state is not None else None
-                if claim is None:
-                    if known is not None:  # known from its traces only: its entry goes
-                        self._release(uid, PreparedClaim("", "", PREPARING), deadline)
+                claim = self.owners.read().claims.get(uid)
+                if claim is None or (claim.state and claim.driver != self.config.driver):
+                    return  # unknown here, or another driver's
+                if claim.state is None:  # known from its traces only: its entry goes
+                    self._release(uid, PreparedClaim("", "", PREPARING), deadline)
                     return
                 kind = kind_of(claim.devices)
                 self._release(uid, claim, deadline)

@@ -14,6 +14,7 @@ from nodeagent.base.files import read_regular
 from nodeagent.base.jsontext import NotJson, parse_json
 from nodeagent.base.shapes import Shape, problem
 from nodeagent.dra import cdi
+from nodeagent.dra.checkpoint import Checkpoint
 from nodeagent.dra.checkpoint import load as load_checkpoint
 from nodeagent.dra.devices import DeviceRef, parse_device_name
 from nodeagent.dra.shares import SHARE_SUFFIX
@@ -69,7 +70,7 @@ class Evidence:
         problems = []
         for d in self.plugin_dirs:
             try:
-                claims.update(load_checkpoint(d / "checkpoint.json").claims)
+                claims.update(_driven(load_checkpoint(d / "checkpoint.json"), self.driver))
             except ConfigError as err:
                 problems.append(str(err))
         uncertain = "; ".join(problems) if problems else before.uncertain
@@ -100,7 +101,7 @@ def rebuild(evidence: Evidence, inventory: Inventory | None) -> Owners:
         except ConfigError as err:
             problems.append(str(err))
             continue
-        claims.update(checkpoint.claims)  # the driver's claims, whole (the record's view)
+        claims.update(_driven(checkpoint, evidence.driver))  # the driver's claims, whole
         _mps_roots(d / "mps", inventory, claims, problems)
     for d in evidence.cdi_dirs:
         _cdi_specs(d, evidence.driver, inventory, claims, problems)
@@ -109,6 +110,12 @@ def rebuild(evidence: Evidence, inventory: Inventory | None) -> Owners:
     if problems:
         return Owners(claims, uncertain="; ".join(problems))
     return Owners(claims)
+
+
+def _driven(checkpoint: Checkpoint, driver: str) -> dict[str, PreparedClaim]:
+    """A checkpoint's claims, each with the driver whose plugin directory holds it (one of
+    before did not say)."""
+    return {u: c if c.driver else replace(c, driver=driver) for u, c in checkpoint.claims.items()}
 
 
 def _where(d: PreparedDevice) -> tuple[str, int | None, int | None, bool]:

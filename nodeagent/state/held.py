@@ -81,13 +81,15 @@ class PreparedDevice:
 
 @dataclass(frozen=True)
 class PreparedClaim:
-    """A claim of this node and what it holds (`state`: see the module)."""
+    """A claim of this node and what it holds (`state`: see the module); `driver`: the DRA
+    driver that recorded it (one node may run more than one)."""
 
     namespace: str
     name: str
     state: str | None = None
     devices: tuple[PreparedDevice, ...] = ()
     cdi_ids: tuple[str, ...] = field(default_factory=tuple)
+    driver: str = ""
 
     def __str__(self) -> str:
         return f"claim {self.namespace}/{self.name}"
@@ -151,15 +153,16 @@ def claim_of(raw: Any, devices: Any = device_of) -> PreparedClaim:
     AttributeError, ValueError for a claim that is half understood (not trusted to say which
     slices it holds)."""
     raw = dict(raw)
-    unknown = set(raw) - {"namespace", "name", "state", "devices", "cdi_ids"}
+    unknown = set(raw) - {"namespace", "name", "state", "devices", "cdi_ids", "driver"}
     if unknown:
         raise TypeError(f"unknown field {sorted(unknown)[0]!r}")
     held = tuple(devices(d) for d in raw.pop("devices"))
     cdi_ids = tuple(raw.pop("cdi_ids", ()))
-    typed(raw, {"namespace": (str,), "name": (str,), "state": (str, type(None))})
+    typed(raw, {"namespace": (str,), "name": (str,), "state": (str, type(None)), "driver": (str,)})
     state = raw.get("state")
     if state is not None and state not in STATES:
         raise TypeError(f"state is {state!r}")
     if not all(isinstance(i, str) for i in cdi_ids):
         raise TypeError(f"CDI ids {list(cdi_ids)!r}")
-    return PreparedClaim(raw["namespace"], raw["name"], state, held, cdi_ids)
+    driver = raw.get("driver", "")
+    return PreparedClaim(raw["namespace"], raw["name"], state, held, cdi_ids, driver)

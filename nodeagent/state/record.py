@@ -64,9 +64,10 @@ class Owners:
     def without(self, uid: str) -> Owners:
         return replace(self, claims={k: v for k, v in self.claims.items() if k != uid})
 
-    def prepared_here(self) -> dict[str, PreparedClaim]:
-        """The claims the DRA driver recorded (a state), not those known from traces only."""
-        return {uid: c for uid, c in self.claims.items() if c.state is not None}
+    def prepared_here(self, driver: str) -> dict[str, PreparedClaim]:
+        """The claims DRA driver `driver` recorded (with a state), not those known from
+        traces only nor another driver's."""
+        return {u: c for u, c in self.claims.items() if c.state is not None and c.driver == driver}
 
     def holders(self, inventory: Inventory | None) -> dict[str, Holder]:
         """{GPU or MIG UUID: its holder}. A claim's slice still being made has no MIG UUID in

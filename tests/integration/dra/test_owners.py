@@ -205,3 +205,27 @@ def test_a_record_that_cannot_be_written_refuses_a_claim_before_any_nvml_call(
     assert f"the ownership record {record} is a folder" in error, error
     assert dra_node.layout(0) == []  # nothing was made
     assert not list(dra_node.cdi_dir.glob("*uid-1*"))
+
+
+def test_a_second_driver_on_the_node_never_takes_the_firsts_claims(dra_node: DraNode) -> None:
+    import dataclasses
+
+    from nodeagent.agent.factory import dra_driver
+    from nodeagent.dra.node import NodeConfig
+    from nodeagent.settings import Settings
+    from tests.support.dra import no_reset
+
+    _prepared(dra_node)
+    other = "other.example.com"
+    settings = Settings()
+    settings = dataclasses.replace(settings, dra=dataclasses.replace(settings.dra, driver=other))
+    config = NodeConfig(other, "node-1", dra_node.root / "q", dra_node.root / "cdi-q")
+    lock = dra_node.state.with_name(f".{dra_node.state.name}.lock")
+    second = dra_driver(dra_node.session, settings, config, no_reset, lock)
+
+    assert second.prepared_claims() == {} and second.waiting() == {}
+    second.unprepare("uid-1")  # not its claim: nothing undone
+    assert dra_node.layout(0) == [("1g.18gb", 3)]
+    assert load(config.checkpoint).claims == {}
+    assert set(load(dra_node.checkpoint).claims) == {"uid-1"}
+    assert set(dra_node.node.prepared_claims()) == {"uid-1"}
