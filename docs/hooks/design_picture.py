@@ -42,7 +42,7 @@ FLOWS: tuple[Flow, ...] = (
             (10, "dra/node.py", "prepare: wanted, checkpoint"),
             (8, "reconcile/pipeline.py", "run_change: the steps"),
             (8, "reconcile/change.py", "the one apply body"),
-            (5, "state/owners.py", "the claim's owners"),
+            (5, "state/owners.py", "the claim, preparing"),
             (4, "mig/apply.py", "execute the plan"),
             (3, "nvml/write.py", "the MIG write"),
         ),

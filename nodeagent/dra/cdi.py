@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from nodeagent.dra.checkpoint import PreparedDevice
+from nodeagent.state.held import PreparedDevice
 
 CDI_VERSION = "0.6.0"
 CLASS = "claim"

@@ -22,12 +22,12 @@ from dataclasses import replace
 from itertools import combinations
 
 from nodeagent.base.errors import ConfigError, SliceInUse
-from nodeagent.dra.checkpoint import PreparedDevice
 from nodeagent.dra.claims import ClaimedDevice
 from nodeagent.mig.compute import Shape
 from nodeagent.mig.geometry import Geometry, Instance
 from nodeagent.mig.select import MigTarget
 from nodeagent.nvml.inventory import Gpu, Inventory, Slice
+from nodeagent.state.held import PreparedDevice
 
 
 def intents(

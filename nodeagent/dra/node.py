@@ -4,13 +4,14 @@ A claim's MIG change is not made here: the driver hands the reconcile pipeline w
 wants of the GPUs (nodeagent.dra.intents -> nodeagent.mig.wanted.WantedChange), and the pipeline
 plans, applies and verifies it under the node-wide MIG writer lock, with the hooks, step
 metrics and logs of every MIG change (nodeagent.reconcile.edge). Under that lock, before the
-first NVML operation, the claim's devices go into the node's ownership record
-(nodeagent.state.owners), which every path reads before it destroys a slice.
+first NVML operation, the claim and what it will create go into the node's ownership record
+(nodeagent.state.owners: `preparing`), the one record of who holds what, which every path
+reads before it destroys a slice; the driver's checkpoint is written after each change of it
+as its view (nodeagent.dra.checkpoint).
 
-`prepare` is idempotent and converges after a crash at any step: the claim and what it will
-create go into the checkpoint before the first mutation; a retry plans again from what NVML
-reports (a GI left without its CI gets its CI); the MPS daemon is adopted if it runs; the CDI
-spec and the checkpoint (`prepared`) are written last. A prepare that fails undoes what it did
+`prepare` is idempotent and converges after a crash at any step: a retry plans again from what
+NVML reports (a GI left without its CI gets its CI); the MPS daemon is adopted if it runs; the
+CDI spec and the record's `prepared` are written last. A prepare that fails undoes what it did
 (nothing is left half held). `unprepare` undoes what the claim created, and only that: its MPS
 daemon and directories, its MIG slices, its CDI spec (and the temporary file of a write of it
 that a kill cut short), its records; an unknown claim is already unprepared. Claims are
@@ -38,7 +39,15 @@ from nodeagent.base.errors import (
 from nodeagent.base.files import atomic_write_text, interrupted_writes
 from nodeagent.base.logs import get_logger
 from nodeagent.dra import cdi
-from nodeagent.dra.checkpoint import PREPARED, PREPARING, PreparedClaim, PreparedDevice, load, save
+from nodeagent.dra.checkpoint import (
+    PREPARED,
+    PREPARING,
+    UNPREPARING,
+    Checkpoint,
+    PreparedClaim,
+    load,
+    save,
+)
 from nodeagent.dra.claims import ClaimRef, claimed_devices
 from nodeagent.dra.intents import intents, prepare_wants, release_wants, slice_at
 from nodeagent.dra.status import device_data
@@ -49,7 +58,8 @@ from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.settings import Limits, MpsSettings, validate
 from nodeagent.mps.shares import ShareClient, ShareKey, ShareServers
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
-from nodeagent.state.owners import ClaimOwner, Held, Owners, OwnerStore
+from nodeagent.state.held import PreparedDevice
+from nodeagent.state.owners import Owners, OwnerStore
 
 log = get_logger("nodeagent.dra")
 CHECKPOINT_NAME = "checkpoint.json"
@@ -136,22 +146,28 @@ class NodeDriver:
         self.users = users  # a share claim's user from its pods' runAsUser (None: not read)
         self._share_guard = threading.Lock()
         self._share_locks: dict[str, threading.Lock] = {}  # one claim at a time per server
-        self._checkpoint_lock = threading.Lock()  # the checkpoint is one file
         self._guard = threading.Lock()
         self._claims: dict[str, threading.Lock] = {}  # one call per claim at a time
 
     def start(self) -> None:
         """Before the first claim: the ownership record is written now if there is none (or
         an unreadable one), rebuilt from the node once, so that claims prepared later are never
-        mistaken for a lost record's traces; a checkpoint write that a kill interrupted leaves
-        no temporary file behind (a claim's CDI spec write: its unprepare removes it)."""
+        mistaken for a lost record's traces (a record of before is sealed now, the
+        checkpoints of before folded into it); then the checkpoint, its view, as it has the
+        driver's claims, without the temporary file of a checkpoint write a kill interrupted (a
+        claim's CDI spec write: its unprepare removes it)."""
         self.owners.ensure()
-        with self._checkpoint_lock:  # every write of the checkpoint holds it: none is under way
-            try:
-                for path in interrupted_writes(self.config.checkpoint):
-                    path.unlink(missing_ok=True)
-            except OSError as err:  # litter, not a reason to serve no claim
-                log.warning("dra.litter_left", path=str(err.filename), error=err.strerror)
+        self.owners.update(lambda o: o, self._first_view)
+
+    def _first_view(self, owners: Owners) -> None:
+        """The view at start, under the record's lock (every checkpoint write holds it: none
+        is under way), its interrupted writes removed first."""
+        try:
+            for path in interrupted_writes(self.config.checkpoint):
+                path.unlink(missing_ok=True)
+        except OSError as err:  # litter, not a reason to serve no claim
+            log.warning("dra.litter_left", path=str(err.filename), error=err.strerror)
+        self._view(owners)
 
     @contextmanager
     def _claim(self, uid: str) -> Iterator[None]:
@@ -161,27 +177,43 @@ class NodeDriver:
             yield
 
     def _update(self, uid: str, record: PreparedClaim | None) -> None:
-        """Put (or drop, None) one claim in the checkpoint."""
-        with self._checkpoint_lock:
-            checkpoint = load(self.config.checkpoint)
-            changed = checkpoint.with_claim(uid, record) if record else checkpoint.without(uid)
-            save(self.config.checkpoint, changed)
-            counts: dict[str, int] = {}
-            for c in changed.claims.values():
-                if c.state == PREPARED:
-                    counts[kind_of(c.devices)] = counts.get(kind_of(c.devices), 0) + 1
+        """Put (or drop, None) one claim in the ownership record: one read-modify-write, the
+        checkpoint (its view) written after it under the record's lock."""
+        owners = self.owners.update(
+            lambda o: o.with_claim(uid, record) if record else _dropped(o, uid), self._view
+        )
+        counts: dict[str, int] = {}
+        for c in owners.prepared_here(self.config.driver).values():
+            if c.state == PREPARED:
+                counts[kind_of(c.devices)] = counts.get(kind_of(c.devices), 0) + 1
         if self.stats is not None:
             self.stats.set_prepared(counts)
 
+    def _view(self, owners: Owners) -> None:
+        """The checkpoint as the record has the driver's claims now. One that cannot be
+        written is said (and /readyz says why), never a claim's failure: the driver decides
+        from the record."""
+        try:
+            view = Checkpoint(owners.prepared_here(self.config.driver))
+            save(self.config.checkpoint, view, durable=False)
+        except ConfigError as err:
+            log.warning("dra.checkpoint_unwritten", error=str(err))
+
+    def _recorded(self) -> dict[str, PreparedClaim]:
+        """The claims the driver recorded (the ownership record's, with a state)."""
+        return self.owners.read().prepared_here(self.config.driver)
+
     def problem(self) -> str | None:
-        """Why the driver cannot serve claims now (its checkpoint is unreadable: every prepare
-        and unprepare would fail), for /readyz; None when it can."""
+        """Why the driver should not be trusted to serve claims now (its checkpoint, the view
+        of its claims, is unreadable: a disk fault or a hand edit), for /readyz; None when it
+        can."""
         try:
             load(self.config.checkpoint)
         except ConfigError as err:
             return (
-                f"DRA: {err}; every claim's prepare and unprepare fails until it is fixed or"
-                " moved aside (docs/dra.md: 'If the DRA checkpoint is unreadable')"
+                f"DRA: {err}; the claims are served from the ownership record, and the next"
+                " change of one writes the checkpoint again (docs/dra.md: 'If the DRA"
+                " checkpoint is unreadable')"
             )
         return None
 
@@ -216,7 +248,8 @@ class NodeDriver:
         self, ref: ClaimRef, claim: Mapping[str, Any], deadline: float | None
     ) -> tuple[list[Prepared], str]:
         c = self.config
-        before = load(c.checkpoint).claims.get(ref.uid)
+        claims = self._recorded()
+        before = self._finish_unprepare(ref.uid, claims.get(ref.uid), deadline)
         if before is not None and before.state == PREPARED:
             gone = self._gone(ref.uid, before)
             if gone is None:
@@ -230,21 +263,20 @@ class NodeDriver:
             if self.users is not None:
                 claimed = self.users.resolve(claim, claimed, deadline)
             wanted = intents(self._inventory(), claimed, before.devices if before else (), c.gpus)
-            wanted = self._joining(ref.uid, wanted)
+            wanted = self._joining(ref.uid, wanted, claims)
         except AgentError:
             if before is not None:  # a retry that is refused now holds nothing
                 self._release(ref.uid, before, deadline)
             raise
         kind = kind_of(wanted)
-        record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted))
-        self._update(ref.uid, record)
+        record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted), (), c.driver)
         try:
-            done = self._run(self._change(ref, wanted, deadline))
+            done = self._run(self._change(ref, record, deadline))
             made = _made(done.inventory, wanted, ref)
             made = [self._start_mps(ref.uid, d, done.inventory) for d in made]
             ids = tuple(cdi.cdi_id(c.driver, ref.uid, d.device) for d in made)
             self._write_cdi(ref.uid, made)
-            record = PreparedClaim(ref.namespace, ref.name, PREPARED, tuple(made), ids)
+            record = replace(record, state=PREPARED, devices=tuple(made), cdi_ids=ids)
             self._update(ref.uid, record)
         except BaseException as err:
             log.warning("dra.prepare_undone", claim=str(ref), error=str(err))
@@ -256,10 +288,11 @@ class NodeDriver:
         log.info("dra.prepared", claim=str(ref), devices=[d.device for d in made])
         return _answer(record), kind
 
-    def _joining(self, uid: str, wanted: list[PreparedDevice]) -> list[PreparedDevice]:
+    def _joining(
+        self, uid: str, wanted: list[PreparedDevice], claims: Mapping[str, PreparedClaim]
+    ) -> list[PreparedDevice]:
         """A share of a MIG slice that other claims share already takes their `existed`: a
         slice made for shares goes with the last claim sharing it, whoever made it."""
-        claims = load(self.config.checkpoint).claims
         out = []
         for d in wanted:
             mates = [
@@ -279,14 +312,14 @@ class NodeDriver:
     ) -> list[PreparedDevice]:
         """The claim's MIG slices made before its pod binds (nodeagent.dra.binding): the first
         half of a prepare, through the same change (the ownership record first, then the
-        planner's operations), leaving the claim `preparing` in the checkpoint with what it
+        planner's operations), leaving the claim `preparing` in the record with what it
         made, so that the kubelet's prepare finds the slices there and adopts them (created by
         the claim: its unprepare destroys them) and an unprepare undoes them. A claim already
-        in the checkpoint is made again only where something is missing. Raises as prepare
+        in the record is made again only where something is missing. Raises as prepare
         does; whatever it raises, the claim holds nothing afterwards."""
         with self._claim(ref.uid):
             c = self.config
-            before = load(c.checkpoint).claims.get(ref.uid)
+            before = self._finish_unprepare(ref.uid, self._recorded().get(ref.uid), deadline)
             if (
                 before is not None
                 and before.state == PREPARED
@@ -296,10 +329,9 @@ class NodeDriver:
             claimed = claimed_devices(claim, c.driver, c.pool)
             previous = before.devices if before else ()
             wanted = intents(self._inventory(), claimed, previous, c.gpus)
-            record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted))
-            self._update(ref.uid, record)
+            record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted), (), c.driver)
             try:
-                done = self._run(self._change(ref, wanted, deadline))
+                done = self._run(self._change(ref, record, deadline))
                 made = _made(done.inventory, wanted, ref)
                 self._update(ref.uid, replace(record, devices=tuple(made)))
             except BaseException as err:
@@ -313,14 +345,29 @@ class NodeDriver:
         return made
 
     def waiting(self) -> dict[str, PreparedClaim]:
-        """The claims the checkpoint holds that are not prepared (made before binding, or a
-        prepare under way or cut short). Raises ConfigError (an unreadable checkpoint)."""
-        return {u: c for u, c in load(self.config.checkpoint).claims.items() if c.state != PREPARED}
+        """The claims the driver recorded that are not prepared (made before binding, or a
+        prepare or an unprepare under way or cut short)."""
+        return {u: c for u, c in self._recorded().items() if c.state != PREPARED}
+
+    def _finish_unprepare(
+        self, uid: str, claim: PreparedClaim | None, deadline: float | None
+    ) -> PreparedClaim | None:
+        """A claim whose unprepare was cut short after its slices went is unprepared to the
+        end first (its CDI spec, its directories, its entry); returns the claim as it stands
+        then (None: there is none)."""
+        if claim is None or claim.state != UNPREPARING:
+            return claim
+        self._release(uid, claim, deadline)
+        return None
 
     def _change(
-        self, ref: ClaimRef, wanted: list[PreparedDevice], deadline: float | None
+        self, ref: ClaimRef, preparing: PreparedClaim, deadline: float | None
     ) -> WantedChange:
+        """The claim's change of the GPUs; its `record` step (under the MIG writer lock,
+        after the plan again, before the first NVML operation) puts the claim and what it
+        will create into the ownership record (`preparing`): one read-modify-write."""
         me = f"claim {ref.namespace}/{ref.name}"
+        wanted = list(preparing.devices)
 
         def wants(inventory: Inventory, held: Mapping[str, str]) -> Mapping[int, MigTarget]:
             owners = self.owners.read()
@@ -336,7 +383,7 @@ class NodeDriver:
                     if d.is_mig
                     else (0, gpu.memory_slice_count)
                 )
-                share = _held(d) if d.shared else None
+                share = d if d.shared else None
                 if share is not None and (sharing := owners.sharing(share, but=ref.uid)):
                     mates.update(sharing)
                     joined.add(d.device)
@@ -350,19 +397,8 @@ class NodeDriver:
             return prepare_wants(inventory, wanted, held, me, joined)
 
         def record(inventory: Inventory, done: bool) -> None:
-            gpus = {g.index: g for g in inventory.gpus}
-            devices = []
-            for d in wanted:
-                if d.admin:
-                    continue
-                if not d.is_mig:
-                    devices.append(_held(d))
-                    continue
-                there = slice_at(gpus[d.gpu], d.profile_id or 0, d.placement_start or 0)
-                uuid = there.mig_uuid if there is not None else None
-                devices.append(replace(_held(d), mig_uuid=uuid))
-            owner = ClaimOwner(ref.namespace, ref.name, tuple(devices))
-            self.owners.update(lambda o: o.with_claim(ref.uid, owner))
+            if not done:
+                self._update(ref.uid, preparing)
 
         return WantedChange(me, wants, ignore=me, record=record, deadline=deadline)
 
@@ -387,8 +423,6 @@ class NodeDriver:
                     return f"the MIG device of {d.device}"
             if d.mps is not None and self._mps_pid(uid, d) is None:
                 return f"the MPS daemon of {d.device}"
-        if uid not in self.owners.read().claims and not all(d.admin for d in claim.devices):
-            return "its entry in the ownership record"
         return None
 
     def _mps_stopper(self, uid: str, d: PreparedDevice) -> MpsDaemon:
@@ -408,11 +442,11 @@ class NodeDriver:
     @contextmanager
     def _share(self, key: ShareKey) -> Iterator[list[tuple[str, PreparedDevice]]]:
         """The key's server held for one claim; yields the claims on it now (uid, device), as
-        the checkpoint records them: the one record of which claims are its clients."""
+        the ownership record has them: the one record of which claims are its clients."""
         with self._share_guard:
             lock = self._share_locks.setdefault(key.name, threading.Lock())
         with lock:
-            claims = load(self.config.checkpoint).claims
+            claims = self._recorded()
             yield [
                 (uid, d)
                 for uid, c in sorted(claims.items())
@@ -423,7 +457,7 @@ class NodeDriver:
     def share_clients(self) -> dict[ShareKey, list[tuple[str, PreparedDevice]]]:
         """Every share server that should run, with its claims (prepared ones)."""
         out: dict[ShareKey, list[tuple[str, PreparedDevice]]] = {}
-        for uid, c in sorted(load(self.config.checkpoint).claims.items()):
+        for uid, c in sorted(self._recorded().items()):
             if c.state != PREPARED:
                 continue
             for d in c.devices:
@@ -433,7 +467,7 @@ class NodeDriver:
 
     def prepared_claims(self) -> dict[str, tuple[str, str]]:
         """{UID: (namespace, name)} of the claims prepared here."""
-        claims = load(self.config.checkpoint).claims
+        claims = self._recorded()
         return {u: (c.namespace, c.name) for u, c in claims.items() if c.state == PREPARED}
 
     def check_shares(self) -> list[tuple[str, str]]:
@@ -449,7 +483,7 @@ class NodeDriver:
         return out
 
     def _prepared(self, on: list[tuple[str, PreparedDevice]]) -> list[tuple[str, PreparedDevice]]:
-        claims = load(self.config.checkpoint).claims
+        claims = self._recorded()
         return [(u, d) for u, d in on if u in claims and claims[u].state == PREPARED]
 
     def _join_share(self, uid: str, d: PreparedDevice) -> PreparedDevice:
@@ -530,10 +564,11 @@ class NodeDriver:
         kind = "gpu"
         try:
             with self._claim(uid):
-                claim = load(self.config.checkpoint).claims.get(uid)
-                if claim is None:
-                    if uid in self.owners.read().claims:  # a crash before the checkpoint
-                        self._release(uid, PreparedClaim("", "", PREPARING), deadline)
+                claim = self.owners.read().claims.get(uid)
+                if claim is None or (claim.state and claim.driver != self.config.driver):
+                    return  # unknown here, or another driver's
+                if claim.state is None:  # known from its traces only: its entry goes
+                    self._release(uid, PreparedClaim("", "", PREPARING), deadline)
                     return
                 kind = kind_of(claim.devices)
                 self._release(uid, claim, deadline)
@@ -548,9 +583,9 @@ class NodeDriver:
 
     def _release(self, uid: str, claim: PreparedClaim, deadline: float | None) -> None:
         """Undo what `claim` made, in the order that never leaves a slice unowned while it
-        exists: MPS daemons, the slices (the ownership entry dropped under the same lock, once
-        they are gone), the CDI spec (with an interrupted write of it), the MPS directories,
-        the checkpoint entry."""
+        exists: MPS daemons, the slices (once they are gone, under the same lock, the claim's
+        entry says `unpreparing` and holds nothing), the CDI spec (with an interrupted write of
+        it), the MPS directories, the claim's entry."""
         c = self.config
         for d in claim.devices:
             if d.mps is not None and d.shared:
@@ -562,20 +597,20 @@ class NodeDriver:
         def wants(inventory: Inventory, held: Mapping[str, str]) -> Mapping[int, MigTarget]:
             owners = self.owners.read()
             kept = {  # a shared slice stays while another claim shares it
-                d.device for d in claim.devices if d.shared and owners.sharing(_held(d), but=uid)
+                d.device for d in claim.devices if d.shared and owners.sharing(d, but=uid)
             }
             return release_wants(inventory, claim.devices, me, kept)
 
         def record(inventory: Inventory, done: bool) -> None:
-            if done:
-                self.owners.update(lambda o: o.without(uid))
+            if done:  # the slices are gone: the claim holds nothing, its files are left
+                self.owners.update(lambda o: _released(o, uid), self._view)
 
         change = WantedChange(me, wants, me, record, deadline, lock_when_idle=False)
         self._run(change)
         spec = cdi.spec_file(c.cdi_dir, c.driver, uid)
         try:
             # The spec, and the temporary file of a write of it cut short by a kill: nothing
-            # else knows that file is the claim's (the checkpoint entry goes last, below).
+            # else knows that file is the claim's (its entry in the record goes last, below).
             for path in (spec, *interrupted_writes(spec)):
                 path.unlink(missing_ok=True)
             shutil.rmtree(self.config.plugin_dir / "mps" / uid, ignore_errors=False)
@@ -589,11 +624,19 @@ class NodeDriver:
         self._update(uid, None)
 
 
-def _held(d: PreparedDevice) -> Held:
-    """What `d` holds in the ownership record (its MIG UUID once made)."""
-    if not d.is_mig:
-        return Held(d.gpu_uuid, shared=d.shared)
-    return Held(d.gpu_uuid, d.placement_start, d.placement_size, d.profile_id, shared=d.shared)
+def _dropped(owners: Owners, uid: str) -> Owners:
+    return owners.without(uid) if uid in owners.claims else owners
+
+
+def _released(owners: Owners, uid: str) -> Owners:
+    """The claim `uid` once its slices are gone: `unpreparing`, holding nothing, until its CDI
+    spec and directories are removed too (a claim known from traces only goes at once)."""
+    claim = owners.claims.get(uid)
+    if claim is None:
+        return owners
+    if claim.state is None:
+        return owners.without(uid)
+    return owners.with_claim(uid, replace(claim, state=UNPREPARING, devices=()))
 
 
 def share_key(d: PreparedDevice) -> ShareKey:

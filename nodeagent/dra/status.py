@@ -28,8 +28,8 @@ import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from nodeagent.dra.checkpoint import PreparedDevice
 from nodeagent.dra.claims import CONFIG_API_VERSION
+from nodeagent.state.held import PreparedDevice
 
 KIND = "DeviceStatus"
 READY = "Ready"

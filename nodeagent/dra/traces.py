@@ -4,14 +4,17 @@ checkpoints and MPS roots, the claims' CDI specs, the claims the API server allo
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nodeagent.base.errors import AgentError, ConfigError
+from nodeagent.base.files import read_regular
+from nodeagent.base.jsontext import NotJson, parse_json
+from nodeagent.base.shapes import Shape, problem
 from nodeagent.dra import cdi
+from nodeagent.dra.checkpoint import Checkpoint
 from nodeagent.dra.checkpoint import load as load_checkpoint
 from nodeagent.dra.devices import DeviceRef, parse_device_name
 from nodeagent.dra.shares import SHARE_SUFFIX
@@ -19,15 +22,14 @@ from nodeagent.nvml import Inventory, NvmlSession
 from nodeagent.nvml.inventory import Gpu
 from nodeagent.settings import Dra
 from nodeagent.settings.groups import DEFAULT_KUBELET_PLUGINS
+from nodeagent.state.held import PreparedClaim, PreparedDevice, on_gpu
 from nodeagent.state.owners import (
     CLAIM,
-    ClaimOwner,
-    Held,
+    MAX_FILE_BYTES,
     Owners,
     OwnerStore,
     inventory_reader,
     owners_path,
-    read_trace,
 )
 from nodeagent.state.snapshot import Holder
 
@@ -59,6 +61,21 @@ class Evidence:
         """The record rebuilt from these traces (OwnerStore's `evidence`)."""
         return rebuild(self, inventory)
 
+    def upgrade(self, before: Owners) -> Owners:
+        """A version-1 ownership record with the DRA checkpoints of before folded into it
+        (OwnerStore's `upgrade`): each claim a checkpoint holds comes with its state,
+        devices and CDI ids; the record's other claims stay, held from their traces. A
+        checkpoint that cannot be read leaves the record uncertain."""
+        claims = dict(before.claims)
+        problems = []
+        for d in self.plugin_dirs:
+            try:
+                claims.update(_driven(load_checkpoint(d / "checkpoint.json"), self.driver))
+            except ConfigError as err:
+                problems.append(str(err))
+        uncertain = "; ".join(problems) if problems else before.uncertain
+        return Owners(claims, before.config, uncertain, before.version)
+
 
 def _unique(paths: Iterable[Path]) -> tuple[Path, ...]:
     return tuple(dict.fromkeys(paths))
@@ -76,7 +93,7 @@ def evidence_of(
 def rebuild(evidence: Evidence, inventory: Inventory | None) -> Owners:
     """The claims' devices as the node shows them. A source that exists but cannot be read
     makes the record uncertain (every destroy refused)."""
-    claims: dict[str, ClaimOwner] = {}
+    claims: dict[str, PreparedClaim] = {}
     problems: list[str] = []
     for d in evidence.plugin_dirs:
         try:
@@ -84,20 +101,7 @@ def rebuild(evidence: Evidence, inventory: Inventory | None) -> Owners:
         except ConfigError as err:
             problems.append(str(err))
             continue
-        for uid, c in checkpoint.claims.items():
-            devices = tuple(
-                Held(
-                    p.gpu_uuid,
-                    p.placement_start,
-                    p.placement_size,
-                    p.profile_id,
-                    p.mig_uuid,
-                    p.shared,
-                )
-                for p in c.devices
-                if not p.admin
-            )
-            claims[uid] = ClaimOwner(c.namespace, c.name, devices)
+        claims.update(_driven(checkpoint, evidence.driver))  # the driver's claims, whole
         _mps_roots(d / "mps", inventory, claims, problems)
     for d in evidence.cdi_dirs:
         _cdi_specs(d, evidence.driver, inventory, claims, problems)
@@ -108,9 +112,20 @@ def rebuild(evidence: Evidence, inventory: Inventory | None) -> Owners:
     return Owners(claims)
 
 
-def _add(claims: dict[str, ClaimOwner], uid: str, held: Held) -> None:
-    owner = claims.get(uid) or ClaimOwner("", "")
-    if held not in owner.devices:
+def _driven(checkpoint: Checkpoint, driver: str) -> dict[str, PreparedClaim]:
+    """A checkpoint's claims, each with the driver whose plugin directory holds it (one of
+    before did not say)."""
+    return {u: c if c.driver else replace(c, driver=driver) for u, c in checkpoint.claims.items()}
+
+
+def _where(d: PreparedDevice) -> tuple[str, int | None, int | None, bool]:
+    return d.gpu_uuid, d.placement_start, d.profile_id, d.shared
+
+
+def _add(claims: dict[str, PreparedClaim], uid: str, held: PreparedDevice) -> None:
+    """`held` into the claim's devices, unless a trace read earlier found it there."""
+    owner = claims.get(uid) or PreparedClaim("", "")
+    if all(_where(d) != _where(held) for d in owner.devices):
         claims[uid] = replace(owner, devices=(*owner.devices, held))
 
 
@@ -124,20 +139,21 @@ def _listdir(path: Path, problems: list[str]) -> list[str]:
         return []
 
 
-def _held(gpu: Gpu, ref: DeviceRef) -> Held | None:
+def _held(gpu: Gpu, ref: DeviceRef, device: str) -> PreparedDevice | None:
     """What a device name holds of `gpu`: the GPU, or its profile's placement (None: the GPU
     has no such placement); a share device's, shared."""
     if not ref.is_mig:
-        return Held(gpu.uuid, shared=ref.shared)
+        return on_gpu(gpu.index, gpu.uuid, device=device, shared=ref.shared)
     profile = gpu.profile_by_id(ref.profile_id or 0)
     at = next((p for p in (profile.placements if profile else ()) if p.start == ref.start), None)
     if at is None:
         return None
-    return Held(gpu.uuid, at.start, at.size, ref.profile_id, shared=ref.shared)
+    placement = (at.start, at.size, ref.profile_id or 0)
+    return on_gpu(gpu.index, gpu.uuid, placement, device=device, shared=ref.shared)
 
 
 def _mps_roots(
-    root: Path, inventory: Inventory | None, claims: dict[str, ClaimOwner], problems: list[str]
+    root: Path, inventory: Inventory | None, claims: dict[str, PreparedClaim], problems: list[str]
 ) -> None:
     """mps/<uid>/<device>: a claim's MPS daemon holds that device's GPU."""
     gpus = {g.index: g for g in inventory.gpus} if inventory is not None else {}
@@ -150,56 +166,85 @@ def _mps_roots(
             if gpu is None:
                 problems.append(f"MPS root {root / uid / device} names a GPU this node lacks")
                 continue
-            _add(claims, uid, _held(gpu, ref) or Held(gpu.uuid))
+            _add(claims, uid, _held(gpu, ref, device) or on_gpu(gpu.index, gpu.uuid))
 
 
 def _cdi_specs(
     root: Path,
     driver: str,
     inventory: Inventory | None,
-    claims: dict[str, ClaimOwner],
+    claims: dict[str, PreparedClaim],
     problems: list[str],
 ) -> None:
     """A claim's CDI spec names the GPU or MIG UUIDs it hands its containers."""
     prefix = f"{cdi.vendor(driver)}-{cdi.CLASS}_"
-    parents: dict[str, str] = {}
-    slices: dict[str, tuple[str, int, int, int]] = {}
+    parents: dict[str, Gpu] = {}
+    slices: dict[str, tuple[Gpu, tuple[int, int, int]]] = {}
     if inventory is not None:
         for g in inventory.gpus:
-            parents[g.uuid] = g.uuid
+            parents[g.uuid] = g
             for s in g.slices:
                 if s.mig_uuid:
-                    slices[s.mig_uuid] = (g.uuid, s.placement.start, s.placement.size, s.profile_id)
+                    slices[s.mig_uuid] = (g, (s.placement.start, s.placement.size, s.profile_id))
     for name in _listdir(root, problems):
         if not (name.startswith(prefix) and name.endswith(".json")):
             continue
         uid = name[len(prefix) : -len(".json")]
         try:
-            spec = json.loads(read_trace(root / name, "a CDI spec") or "")
-            envs = [
-                (e, str(dev.get("name", "")).endswith(SHARE_SUFFIX))
-                for dev in spec["devices"]
-                for e in dev["containerEdits"].get("env", [])
-                if isinstance(e, str) and e.startswith("NVIDIA_VISIBLE_DEVICES=")
-            ]
-        except (OSError, ValueError, TypeError, KeyError, AttributeError, ConfigError) as err:
+            envs = _cdi_envs(root / name)
+        except ConfigError as err:
             problems.append(f"CDI spec {root / name} is unreadable ({err})")
             continue
         for env, shared in envs:
             uuid = env.split("=", 1)[1]
             if uuid in slices:
-                gpu, start, size, profile = slices[uuid]
-                _add(claims, uid, Held(gpu, start, size, profile, uuid, shared))
+                gpu, placement = slices[uuid]
+                _add(claims, uid, on_gpu(gpu.index, gpu.uuid, placement, uuid, shared=shared))
             elif uuid in parents:
-                _add(claims, uid, Held(uuid, shared=shared))
+                _add(claims, uid, on_gpu(parents[uuid].index, uuid, shared=shared))
             elif uuid.startswith("MIG-"):
                 problems.append(f"CDI spec {root / name} names {uuid}, a MIG device not here")
+
+
+_CDI_SHAPE: Shape = {"devices": [{"name": str, "containerEdits": {"env": [object]}}]}
+
+
+def _cdi_envs(path: Path) -> list[tuple[str, bool]]:
+    """The NVIDIA_VISIBLE_DEVICES values of a CDI spec's devices, each with whether its device
+    is a share. Raises ConfigError saying what the file is instead of a CDI spec (the reason
+    only: the caller names the file)."""
+    raw = read_regular(path, "a CDI spec", MAX_FILE_BYTES)
+    if raw is None:
+        raise ConfigError("it is gone")
+    try:
+        spec = parse_json(raw)
+    except NotJson as err:
+        raise ConfigError(f"it is {err}") from err
+    found = problem(spec, _CDI_SHAPE)
+    if found is not None:
+        field, how = found
+        raise ConfigError(f"it {how}" if field == "the object" else f"its {field} {how}")
+    assert isinstance(spec, dict)
+    if not isinstance(spec.get("devices"), list):
+        raise ConfigError("it has no devices")
+    envs = []
+    for dev in spec["devices"]:
+        edits = dev.get("containerEdits")
+        if edits is None:
+            raise ConfigError(f"device {dev.get('name')!r} has no containerEdits")
+        shared = str(dev.get("name", "")).endswith(SHARE_SUFFIX)
+        envs += [
+            (e, shared)
+            for e in edits.get("env") or ()
+            if isinstance(e, str) and e.startswith("NVIDIA_VISIBLE_DEVICES=")
+        ]
+    return envs
 
 
 def _api_claims(
     api: Callable[[], Mapping[str, AllocatedClaim]],
     inventory: Inventory | None,
-    claims: dict[str, ClaimOwner],
+    claims: dict[str, PreparedClaim],
     problems: list[str],
 ) -> None:
     """The claims the scheduler allocated here hold their devices (a slice not made yet is
@@ -216,7 +261,7 @@ def _api_claims(
             gpu = gpus.get(ref.gpu) if ref is not None else None
             if ref is None or gpu is None:
                 continue  # another driver's naming, or a GPU this node lacks: nothing held here
-            held = _held(gpu, ref)
+            held = _held(gpu, ref, device)
             if held is None:
                 continue
             _add(claims, uid, held)
@@ -242,7 +287,8 @@ def owner_store(session: NvmlSession, dra: Dra, lock_path: Path | None) -> Owner
     missing from the DRA traces in `dra`'s directories and the default ones."""
     plugin_dirs = (dra.plugin_path, DEFAULT_KUBELET_PLUGINS / dra.driver)
     evidence = evidence_of(dra.driver, plugin_dirs, (dra.cdi_dir,))
-    return OwnerStore(owners_path(lock_path), evidence, inventory_reader(session))
+    path = owners_path(lock_path)
+    return OwnerStore(path, evidence, inventory_reader(session), upgrade=evidence.upgrade)
 
 
 def with_api(store: OwnerStore, api: Callable[[], Mapping[str, AllocatedClaim]]) -> None:

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 from nodeagent.base.errors import AgentError
 from nodeagent.dra.cdi import CLAIM_ENV
-from nodeagent.dra.checkpoint import PreparedDevice
 from nodeagent.mps.control import proc_file
 from nodeagent.mps.settings import parse_size
 from nodeagent.mps.shares import Stall
+from nodeagent.state.held import PreparedDevice
 
 WITHIN = "WithinShare"
 OVER_THREADS = "OverThreadShare"

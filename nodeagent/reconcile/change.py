@@ -117,6 +117,8 @@ class Changer:
             log.info("hook.done", hook=name)
 
     def apply(self, run: Run) -> None:
+        if run.mig_plan.operations and self.owners is not None:
+            self.owners.check()  # before the MPS daemon lets go of a GPU, too
         change = run.mps_change
         enabling = {i for i, d in (run.desired or {}).items() if d.mig_enabled}
         if change.action in ("stop", "restart") and enabling & set(self.mps.serving):
@@ -139,7 +141,8 @@ class Changer:
     def _apply_mig(self, run: Run) -> None:
         """Under the NVML lock (the MIG writer lock held since pause): read again, plan again
         (another writer may have acted between plan and lock; cheap), refuse unknown holders,
-        record a claim's owners with the GPUs as planned, execute; the config's slices are
+        check that the ownership record can be written, record a claim's owners with the GPUs as
+        planned, execute; the config's slices are
         the config's. A claim that planned nothing took no lock when `lock_when_idle` is off:
         one that now needs an operation is refused (MigError), nothing changed."""
         with self.store.session.lock, self._applying():
@@ -149,6 +152,8 @@ class Changer:
             if current.operations and not run.locked:
                 who = scope.name if scope is not None else "the change"
                 raise MigError(f"{who}: the GPUs changed while it was planned; try again")
+            if current.operations and self.owners is not None:
+                self.owners.check()  # written after the operations: refused before them
             if scope is not None and scope.record is not None:
                 scope.record(snap.inventory, False)
             if current.operations:

@@ -1,11 +1,8 @@
-"""Who owns each GPU and MIG slice of the node: one record that every path reads before it
-destroys anything (the reconcile pipeline, for the node label and the settings; `nodeagent mig
-apply|sharing apply`; the DRA driver).
-
-    {"version": 1, "config": "all-balanced",
-     "claims": {"<uid>": {"namespace": "speech", "name": "asr-0",
-                          "devices": [{"gpu_uuid": "GPU-..", "start": 3, "size": 1,
-                                       "profile_id": 19, "mig_uuid": "MIG-.."}]}}}
+"""Who holds each GPU and MIG slice of the node: one record (nodeagent.state.record), the one
+authority for claims, that every path reads before it destroys anything (the reconcile
+pipeline, for the node label and the settings; `nodeagent mig apply|sharing apply`; an agent
+without `--dra`; the DRA driver, which keeps its claims' states in it and writes its
+kubelet-facing checkpoint as a view of it, nodeagent.dra.checkpoint).
 
 A DRA claim owns the whole GPUs and the MIG slices (by GPU and placement) it was prepared with;
 `config` names the MIG config the pipeline applied last; every other slice is foreign (made by
@@ -13,146 +10,40 @@ hand or by another tool). Nobody but its claim's unprepare destroys a claim's sl
 
 The record lives beside the node-wide MIG writer lock (`owners.json` in the run directory, or
 beside the emulator's state file), so every writer finds the same one whatever its DRA settings
-say, and it is written only under that lock. When it is missing or cannot be read, it is
-rebuilt from what is on the node (`evidence`: the DRA driver's checkpoints, its claims' CDI
-specs and MPS roots, the claims the API server allocated here; nodeagent.dra.traces). A
-source that exists but cannot be read leaves the rebuilt record `uncertain`: then every GPU
-and slice counts as held, and every destroy is refused with one sentence saying why. Nothing
-is guessed.
+say. Each change is one read-modify-write under the record's own lock (`.owners.json.lock`, an
+flock, held for that alone, after the MIG writer lock where both are held). When the record
+is missing or cannot be read (a checksum that does not match included), it is rebuilt from
+what is on the node (`evidence`: the DRA driver's checkpoints, its claims' CDI specs and MPS
+roots, the claims the API server allocated here; nodeagent.dra.traces). A source that exists
+but cannot be read leaves the rebuilt record `uncertain`: then every GPU and slice counts as
+held, and every destroy is refused with one sentence saying why. An uncertain record that is
+written keeps saying so, and is rebuilt again at each read until its sources can be read.
+Nothing is guessed. A record of before the fold (version 1) has the DRA checkpoints of
+before folded into it as it is read (`upgrade`), and is sealed at the next write.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import fcntl
+import os
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from nodeagent.base.errors import ConfigError
-from nodeagent.base.files import atomic_write_text, read_regular
+from nodeagent.base.files import atomic_write_text, kind_of, open_lock_file, read_regular
 from nodeagent.base.logs import get_logger
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
-from nodeagent.state.snapshot import Allocations, Holder, Holders
+from nodeagent.state.held import PreparedClaim
+from nodeagent.state.record import CLAIM, VERSION, Owners, holder, parse
+from nodeagent.state.snapshot import Allocations, Holders
 
 log = get_logger("nodeagent.owners")
-VERSION = 1
 OWNERS_NAME = "owners.json"
-CLAIM = "claim"
-
-
-@dataclass(frozen=True)
-class Held:
-    """One device a claim holds: a whole GPU (no placement) or a MIG slice at a placement;
-    `shared`: its MPS share (nodeagent.dra.shares), which the other claims sharing the same
-    GPU or slice hold too."""
-
-    gpu_uuid: str
-    start: int | None = None
-    size: int | None = None
-    profile_id: int | None = None
-    mig_uuid: str | None = None
-    shared: bool = False
-
-    def same_share(self, other: Held) -> bool:
-        """Whether both are shares of one device (the GPU, or one profile at one placement)."""
-        return (
-            self.shared
-            and other.shared
-            and (self.gpu_uuid, self.start, self.profile_id)
-            == (other.gpu_uuid, other.start, other.profile_id)
-        )
-
-    @property
-    def is_mig(self) -> bool:
-        return self.start is not None
-
-
-@dataclass(frozen=True)
-class ClaimOwner:
-    namespace: str
-    name: str
-    devices: tuple[Held, ...] = ()
-
-    def holder(self, uid: str) -> Holder:
-        """The claim by name; by UID where only its traces named it (a rebuilt record)."""
-        if not self.name:
-            return Holder("", f"with UID {uid}", "", kind=CLAIM)
-        return Holder(self.namespace, self.name, "", kind=CLAIM)
-
-
-@dataclass(frozen=True)
-class Owners:
-    claims: Mapping[str, ClaimOwner] = field(default_factory=dict)
-    config: str | None = None
-    uncertain: str | None = None  # why the owners are unknown: every destroy is refused
-
-    def with_claim(self, uid: str, owner: ClaimOwner) -> Owners:
-        return replace(self, claims={**self.claims, uid: owner})
-
-    def without(self, uid: str) -> Owners:
-        return replace(self, claims={k: v for k, v in self.claims.items() if k != uid})
-
-    def holders(self, inventory: Inventory | None) -> dict[str, Holder]:
-        """{GPU or MIG UUID: its holder}. A claim's slice still being made has no MIG UUID in
-        the record: the slice at its placement is found in `inventory`. An uncertain record
-        holds every GPU and slice of `inventory`."""
-        held: dict[str, Holder] = {}
-        gpus = {g.uuid: g for g in inventory.gpus} if inventory is not None else {}
-        if self.uncertain is not None:
-            unknown = Holder("", "", "", kind=f"an unknown owner ({self.uncertain})")
-            for g in gpus.values():
-                held[g.uuid] = unknown
-                held.update({s.mig_uuid: unknown for s in g.slices if s.mig_uuid})
-        for uid, owner in sorted(self.claims.items()):
-            for d in owner.devices:
-                uuid = d.mig_uuid if d.is_mig else d.gpu_uuid
-                gpu = gpus.get(d.gpu_uuid)
-                if d.is_mig and gpu is not None:
-                    there = next(
-                        (
-                            s
-                            for s in gpu.slices
-                            if s.placement.start == d.start and s.profile_id == d.profile_id
-                        ),
-                        None,
-                    )
-                    uuid = there.mig_uuid if there is not None else uuid
-                if uuid:
-                    held.setdefault(uuid, owner.holder(uid))
-        return held
-
-    def owner_of(
-        self, gpu_uuid: str, start: int, size: int, but: str = "", share: Held | None = None
-    ) -> str | None:
-        """The claim (other than `but`) holding any of those memory slices of that GPU; a
-        claim holding the same share as `share` does not count (shares of a device coexist)."""
-        for uid, owner in self.claims.items():
-            for d in owner.devices:
-                if uid == but or d.gpu_uuid != gpu_uuid:
-                    continue
-                if share is not None and d.same_share(share):
-                    continue
-                if not d.is_mig:
-                    return f"claim {owner.namespace}/{owner.name}"
-                assert d.start is not None and d.size is not None
-                if start < d.start + d.size and d.start < start + size:
-                    return f"claim {owner.namespace}/{owner.name}"
-        return None
-
-    def sharing(self, share: Held, but: str) -> list[str]:
-        """The claims (other than `but`) holding the same share as `share`, by name."""
-        return [
-            f"claim {o.namespace}/{o.name}"
-            for uid, o in sorted(self.claims.items())
-            if uid != but and any(d.same_share(share) for d in o.devices)
-        ]
-
-    def to_json(self) -> str:
-        claims = {uid: asdict(c) for uid, c in sorted(self.claims.items())}
-        data = {"version": VERSION, "config": self.config, "claims": claims}
-        return json.dumps(data, indent=1, sort_keys=True) + "\n"
+MAX_FILE_BYTES = 4 << 20  # as every input file the agent reads
+__all__ = ["CLAIM", "OWNERS_NAME", "OwnerStore", "Owners", "PreparedClaim", "holder"]
 
 
 def owners_path(lock_path: Path | None) -> Path | None:
@@ -160,103 +51,76 @@ def owners_path(lock_path: Path | None) -> Path | None:
     return None if lock_path is None else lock_path.with_name(OWNERS_NAME)
 
 
-def _parse(text: str, path: Path) -> Owners:
-    """Raises ConfigError for anything but a version-1 record with well-typed fields."""
-    try:
-        data = json.loads(text)
-        if not isinstance(data, dict) or data.get("version") != VERSION:
-            raise ValueError(f"not a version {VERSION} record")
-        config = data.get("config")
-        if config is not None and not isinstance(config, str):
-            raise ValueError("'config' is not a string")
-        if not isinstance(data.get("claims"), dict):
-            raise ValueError("'claims' is not a mapping")
-        claims = {}
-        for uid, raw in data["claims"].items():
-            devices = []
-            for d in raw["devices"]:
-                held = Held(**d)
-                if not isinstance(held.gpu_uuid, str) or not isinstance(held.shared, bool):
-                    raise ValueError(f"claim {uid}: a device is malformed")
-                if not all(
-                    v is None or (isinstance(v, int) and not isinstance(v, bool))
-                    for v in (held.start, held.size, held.profile_id)
-                ):
-                    raise ValueError(f"claim {uid}: a device is malformed")
-                devices.append(held)
-            if not isinstance(raw["namespace"], str) or not isinstance(raw["name"], str):
-                raise ValueError(f"claim {uid}: namespace and name must be strings")
-            claims[str(uid)] = ClaimOwner(raw["namespace"], raw["name"], tuple(devices))
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
-        raise ConfigError(f"ownership record {path} is unreadable ({err})") from err
-    return Owners(claims, config)
-
-
-MAX_FILE_BYTES = 4 << 20  # as every input file the agent reads
-
-
-def read_trace(path: Path, what: str) -> str | None:
-    """A record or trace file's text, None when absent: a regular file only, read without
-    blocking and bounded (a FIFO or a device there never hangs a reader). Raises ConfigError
-    for anything but a regular file or one it cannot read (UnreadableFile), UnicodeDecodeError
-    (a ValueError) for bytes that are not UTF-8."""
-    data = read_regular(path, what, MAX_FILE_BYTES)
-    return None if data is None else data.decode()
+def _load(path: Path) -> Owners | None:
+    """The record at `path`, None when there is none. Raises ConfigError (UnreadableFile
+    included) for anything but a regular file holding a record."""
+    raw = read_regular(path, "the ownership record", MAX_FILE_BYTES)
+    return None if raw is None else parse(raw, path)
 
 
 class OwnerStore:
     """The record, read and written by every path. `path` None: kept in memory (an emulator
-    in one process). Writers hold the MIG writer lock; reads may happen any time (a write is
-    one atomic rename)."""
+    in one process). Reads may happen any time (a write is one atomic rename); changes go
+    through `update`, one read-modify-write under the record's lock."""
 
     def __init__(
         self,
         path: Path | None,
         evidence: Callable[[Inventory | None], Owners],
         inventory: Callable[[], Inventory] | None = None,
+        upgrade: Callable[[Owners], Owners] | None = None,
     ) -> None:
         self.path = path
         self.evidence = evidence  # rebuilds the record from the node's traces
         self.inventory = inventory
+        self.upgrade = upgrade  # folds the records of before into a version-1 record
         self._memory: Owners | None = None
         self._lock = threading.Lock()
+        self._updating = threading.Lock()  # one read-modify-write at a time in this process
         self._said: tuple[str, tuple[str, ...], str | None] | None = None  # the last warning
 
     def read(self) -> Owners:
-        """The record; rebuilt from the node when missing or unreadable (see the module)."""
+        """The record; rebuilt from the node when missing, unreadable or uncertain (see the
+        module). The rebuild reads the GPUs outside every lock of the record."""
         with self._lock:
-            if self.path is None:
-                if self._memory is None:
-                    self._memory = self._rebuilt("there is none yet")
-                return self._memory
+            found, why, kept = self._file()
+        if found is not None:
+            return found
+        rebuilt = self._rebuilt(why)
+        if self.path is None and self._memory is None:
+            self._memory = rebuilt  # an emulator in one process: rebuilt once
+        return rebuilt if kept is None else _settled(kept, rebuilt)
+
+    def _file(self) -> tuple[Owners | None, str, Owners | None]:
+        """The record as written when it can be trusted as it is; else None, why not, and
+        the uncertain record written (to be settled against the traces). Never rebuilds."""
+        if self.path is None:
+            current = self._memory
+            if current is None:
+                return None, "there is none yet", None
+        else:
             try:
-                text = read_trace(self.path, "the ownership record")
-            except OSError as err:
-                return self._rebuilt(f"cannot read {self.path}: {err.strerror}")
-            except ConfigError as err:  # not a regular file
-                return self._rebuilt(str(err))
-            except ValueError as err:  # not UTF-8
-                return self._rebuilt(f"{self.path} is not text: {err}")
-            if text is None:
-                return self._rebuilt(f"{self.path} does not exist")
-            try:
-                return _parse(text, self.path)
+                current = _load(self.path)
             except ConfigError as err:
-                return self._rebuilt(str(err))
+                return None, str(err), None
+            if current is None:
+                return None, f"{self.path} does not exist", None
+            if current.version == 1 and self.upgrade is not None:
+                current = self.upgrade(current)
+        if current.uncertain is not None:
+            return None, f"{self.path} was written uncertain ({current.uncertain})", current
+        return current, "", None
 
     def ensure(self) -> Owners:
         """Write the record when there is none or it is unreadable (the DRA driver starting,
         before its first claim): rebuilt once from the node, so that claims prepared later are
         never mistaken for a lost record's traces. An uncertain rebuild is not written."""
         owners = self.read()
-        if self.path is not None and owners.uncertain is None:
-            try:
-                text = read_trace(self.path, "the ownership record")
-                current = _parse(text, self.path) if text is not None else None
-            except (OSError, ValueError, ConfigError):
-                current = None
-            if current != owners:
-                self.write(owners)
+        if owners.uncertain is None:
+            with self._lock:
+                current, _why, _kept = self._file()
+            if current != owners or (current is not None and current.version == 1):
+                self.update(lambda _o: owners)
         return owners
 
     def _rebuilt(self, why: str) -> Owners:
@@ -269,16 +133,70 @@ class OwnerStore:
             log.warning("owners.rebuilt", reason=why, claims=list(said[1]), uncertain=said[2])
         return owners
 
-    def write(self, owners: Owners) -> None:
-        """Replace the record (the caller holds the MIG writer lock). An uncertain record is
-        never written: its uncertainty is rebuilt at every read until the sources are
-        readable. Raises ConfigError when the file cannot be written."""
-        owners = replace(owners, uncertain=None) if owners.uncertain is None else owners
+    def check(self) -> None:
+        """Raise ConfigError when the record could not be written: its path holds anything but
+        a regular file (a folder, a FIFO, a socket, a symbolic link, dangling or in a loop).
+        Asked before a change's first NVML operation, so that a change that would record its
+        owners afterwards is refused with nothing changed, not failed with the GPUs changed."""
+        if self.path is None:
+            return
+        try:
+            kind = kind_of(os.lstat(self.path).st_mode)
+        except FileNotFoundError:
+            return
+        except OSError as err:
+            raise ConfigError(
+                f"cannot look at the ownership record {self.path}: {err.strerror}; nothing was"
+                " changed"
+            ) from err
+        if kind is not None:
+            raise ConfigError(
+                f"the ownership record {self.path} is {kind}, not a regular file; nothing was"
+                " changed: move it aside (the record is rebuilt from the node's claims)"
+            )
+
+    def update(
+        self, change: Callable[[Owners], Owners], then: Callable[[Owners], None] | None = None
+    ) -> Owners:
+        """Read, change, write: one read-modify-write under the record's lock; `then` hears of
+        the record as it stands then, still under it (the DRA checkpoint, its view, follows it
+        in order). A record that must be rebuilt first is rebuilt outside the lock. Raises
+        ConfigError when the file cannot be written, or `change`'s error (nothing written)."""
+        base: Owners | None = None
+        while True:
+            with self._writing():
+                with self._lock:
+                    found, _why, _kept = self._file()
+                found = found if found is not None else base
+                if found is not None:
+                    owners = change(found)
+                    if owners is not found or found.version != VERSION:
+                        self._write(owners)  # a change that changes nothing writes nothing
+                    if then is not None:
+                        then(owners)
+                    return owners
+            base = self.read()  # the rebuild reads the GPUs: never under the record's lock
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        with self._updating:
+            if self.path is None:
+                yield
+                return
+            self.check()
+            lock = self.path.with_name(f".{self.path.name}.lock")
+            fd = open_lock_file(lock, "the ownership record's lock")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # held for one read and one write
+                yield
+            finally:
+                os.close(fd)  # drops the flock
+
+    def _write(self, owners: Owners) -> None:
+        """Replace the record. Raises ConfigError when the file cannot be written."""
         with self._lock:
             if self.path is None:
                 self._memory = owners
-                return
-            if owners.uncertain is not None:
                 return
             try:
                 atomic_write_text(self.path, owners.to_json(), mode=0o600)
@@ -287,11 +205,16 @@ class OwnerStore:
                     f"cannot write the ownership record {self.path}: {err.strerror}"
                 ) from err
 
-    def update(self, change: Callable[[Owners], Owners]) -> Owners:
-        """Read, change, write (under the MIG writer lock, held by the caller)."""
-        owners = change(self.read())
-        self.write(owners)
-        return owners
+    def write(self, owners: Owners) -> None:
+        """Replace the record with `owners` (one update)."""
+        self.update(lambda _o: owners)
+
+
+def _settled(kept: Owners, rebuilt: Owners) -> Owners:
+    """An uncertain record read again: its own claims (which win) and those the traces show
+    now; certain once the traces can all be read."""
+    claims = {**rebuilt.claims, **kept.claims}
+    return Owners(claims, kept.config, rebuilt.uncertain)
 
 
 def holders_of(store: OwnerStore, inventory: Callable[[], Inventory]) -> dict[str, Any]:
@@ -321,8 +244,8 @@ def with_owners(
         need = owners.uncertain is not None or any(
             d.is_mig and not d.mig_uuid for c in owners.claims.values() for d in c.devices
         )
-        for uuid, holder in owners.holders(inventory() if need else None).items():
-            pods.setdefault(uuid, holder)
+        for uuid, who in owners.holders(inventory() if need else None).items():
+            pods.setdefault(uuid, who)
         return pods
 
     return both

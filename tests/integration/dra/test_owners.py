@@ -26,7 +26,7 @@ def _prepared(dra_node: DraNode) -> None:
 def test_the_record_sits_beside_the_lock_and_names_the_claim(dra_node: DraNode) -> None:
     _prepared(dra_node)
     record = (dra_node.root / OWNERS_NAME).read_text()
-    assert '"uid-1"' in record and '"asr"' in record and '"start": 3' in record
+    assert '"uid-1"' in record and '"asr"' in record and '"placement_start": 3' in record
 
 
 def test_mig_apply_spares_the_claim_without_its_checkpoint(dra_node: DraNode, cli: Cli) -> None:
@@ -180,3 +180,52 @@ def test_unprepare_never_waits_behind_a_writer_and_prepare_keeps_its_deadline(
         assert time.monotonic() - began < 3
     assert load(dra_node.checkpoint).claims == {}
     assert dra_node.layout(0) == []
+
+
+def test_a_checkpoint_that_cannot_be_written_never_fails_a_claim(dra_node: DraNode) -> None:
+    # The checkpoint is the ownership record's view: the record decides, /readyz says why.
+    dra_node.checkpoint.unlink(missing_ok=True)
+    dra_node.checkpoint.mkdir()
+    _prepared(dra_node)
+    assert dra_node.layout(0) == [("1g.18gb", 3)]
+    problem = dra_node.node.problem()
+    assert problem is not None and "is a directory" in problem, problem
+
+
+def test_a_record_that_cannot_be_written_refuses_a_claim_before_any_nvml_call(
+    dra_node: DraNode,
+) -> None:
+    record = dra_node.root / OWNERS_NAME
+    record.unlink()
+    record.mkdir()
+    claim = dra_node.add_claim(allocated_claim("asr", "uid-1", {"gpu": "gpu-0-mig-1g18gb-19-3"}))
+
+    error = dra_node.kubelet.prepare([claim])["uid-1"].error
+
+    assert f"the ownership record {record} is a folder" in error, error
+    assert dra_node.layout(0) == []  # nothing was made
+    assert not list(dra_node.cdi_dir.glob("*uid-1*"))
+
+
+def test_a_second_driver_on_the_node_never_takes_the_firsts_claims(dra_node: DraNode) -> None:
+    import dataclasses
+
+    from nodeagent.agent.factory import dra_driver
+    from nodeagent.dra.node import NodeConfig
+    from nodeagent.settings import Settings
+    from tests.support.dra import no_reset
+
+    _prepared(dra_node)
+    other = "other.example.com"
+    settings = Settings()
+    settings = dataclasses.replace(settings, dra=dataclasses.replace(settings.dra, driver=other))
+    config = NodeConfig(other, "node-1", dra_node.root / "q", dra_node.root / "cdi-q")
+    lock = dra_node.state.with_name(f".{dra_node.state.name}.lock")
+    second = dra_driver(dra_node.session, settings, config, no_reset, lock)
+
+    assert second.prepared_claims() == {} and second.waiting() == {}
+    second.unprepare("uid-1")  # not its claim: nothing undone
+    assert dra_node.layout(0) == [("1g.18gb", 3)]
+    assert load(config.checkpoint).claims == {}
+    assert set(load(dra_node.checkpoint).claims) == {"uid-1"}
+    assert set(dra_node.node.prepared_claims()) == {"uid-1"}

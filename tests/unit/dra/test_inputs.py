@@ -139,7 +139,7 @@ def test_the_claim_text_helper_reads_back(tmp_path: Path) -> None:
     ("text", "error"),
     [
         ("{", "is not JSON"),
-        ('{"version": 2, "claims": {}}', "is not a version 1 checkpoint"),
+        ('{"version": 3, "claims": {}}', "is not a version 2 checkpoint"),
         ('{"version": 1, "claims": []}', "'claims' is not a mapping"),
         ('{"version": 1, "claims": {"u": {"namespace": "n"}}}', "claim u is malformed"),
         ('{"version": 1, "claims": {"u": [1, 2]}}', "claim u is malformed"),

@@ -12,7 +12,9 @@ from nodeagent.dra.traces import AllocatedClaim, evidence_of, rebuild
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
-from nodeagent.state.owners import ClaimOwner, Held, Owners, OwnerStore
+from nodeagent.state.held import PREPARING, PreparedClaim
+from nodeagent.state.owners import Owners, OwnerStore
+from tests.support.records import held, owned
 
 DRIVER = "gpu.nodeagent.io"
 
@@ -28,7 +30,7 @@ def _node() -> NvmlSession:
 
 def test_a_written_record_reads_back_equal(tmp_path: Path) -> None:
     store = OwnerStore(tmp_path / "owners.json", evidence_of(DRIVER, (), ()))
-    owners = Owners({"u": ClaimOwner("ns", "c", (Held("GPU-1"), Held("GPU-2", 3, 1, 19)))}, "x")
+    owners = Owners({"u": owned("ns", "c", (held("GPU-1"), held("GPU-2", 3, 1, 19)))}, "x")
     store.write(owners)
     assert store.read() == owners
 
@@ -97,7 +99,7 @@ def test_an_api_that_cannot_answer_makes_the_record_uncertain() -> None:
 
 def test_a_record_in_memory_is_kept_between_reads() -> None:
     store = OwnerStore(None, evidence_of(DRIVER, (), ()))
-    store.update(lambda o: o.with_claim("u", ClaimOwner("n", "c", (Held("GPU-1"),))))
+    store.update(lambda o: o.with_claim("u", owned("n", "c", (held("GPU-1"),))))
     assert set(store.read().claims) == {"u"}
     store.update(lambda o: o.without("u"))
     assert store.read().claims == {}
@@ -113,3 +115,23 @@ def test_a_fifo_as_record_or_trace_never_hangs_the_reader(tmp_path: Path) -> Non
     store = OwnerStore(tmp_path / "owners.json", evidence_of(DRIVER, (), (cdi,)))
     owners = store.read()  # a blocking open of either FIFO would hang here
     assert owners.uncertain is not None and "a FIFO, not a file" in owners.uncertain
+
+
+def test_an_uncertain_record_keeps_its_claims_and_says_so_until_its_traces_read(
+    tmp_path: Path,
+) -> None:
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    spec = cdi / "k8s.gpu.nodeagent.io-claim_u1.json"
+    spec.write_text("{half a spec")
+    store = OwnerStore(tmp_path / "owners.json", evidence_of(DRIVER, (), (cdi,)))
+    claim = PreparedClaim("n", "c", PREPARING, (held("GPU-1"),))
+
+    store.update(lambda o: o.with_claim("u2", claim))  # written, uncertain as it is
+
+    owners = store.read()
+    assert owners.uncertain is not None and "is unreadable" in owners.uncertain
+    assert owners.claims["u2"] == claim
+    spec.unlink()  # the trace fixed: the record is certain again, its claim kept
+    owners = store.read()
+    assert owners.uncertain is None and owners.claims == {"u2": claim}

@@ -15,7 +15,8 @@ from nodeagent.base.errors import ConfigError
 from nodeagent.dra.claims import Mps, claimed_devices, share_mps
 from nodeagent.dra.devices import DeviceRef, parse_device_name, resource_slices
 from nodeagent.dra.shares import binary_quantity
-from nodeagent.state.owners import ClaimOwner, Held, Owners
+from nodeagent.state.owners import Owners
+from tests.support.records import held, owned
 from tests.unit.dra.test_devices import DRIVER, inventory
 
 SM, MEMORY = f"{DRIVER}/sm", f"{DRIVER}/memory"
@@ -217,26 +218,26 @@ def test_a_share_takes_no_mps_config_and_admin_access_no_limits() -> None:
 def test_shares_of_one_device_coexist_in_the_ownership_record_an_exclusive_holder_does_not() -> (
     None
 ):
-    share = Held("GPU-a", shared=True)
-    slice_share = Held("GPU-a", 6, 1, 19, shared=True)
+    share = held("GPU-a", shared=True)
+    slice_share = held("GPU-a", 6, 1, 19, shared=True)
     owners = Owners(
         {
-            "u1": ClaimOwner("ns", "one", (share,)),
-            "u2": ClaimOwner("ns", "two", (Held("GPU-b"),)),
-            "u3": ClaimOwner("ns", "three", (Held("GPU-c", 6, 1, 19, shared=True),)),
+            "u1": owned("ns", "one", (share,)),
+            "u2": owned("ns", "two", (held("GPU-b"),)),
+            "u3": owned("ns", "three", (held("GPU-c", 6, 1, 19, shared=True),)),
         }
     )
     assert owners.owner_of("GPU-a", 0, 8, but="u9", share=share) is None  # another share
     assert owners.owner_of("GPU-a", 0, 8, but="u9") == "claim ns/one"  # the whole GPU
     assert owners.owner_of("GPU-a", 6, 1, but="u9", share=slice_share) == "claim ns/one"
     assert (
-        owners.owner_of("GPU-b", 0, 8, but="u9", share=Held("GPU-b", shared=True)) == "claim ns/two"
+        owners.owner_of("GPU-b", 0, 8, but="u9", share=held("GPU-b", shared=True)) == "claim ns/two"
     )
     assert (
-        owners.owner_of("GPU-c", 6, 1, but="u9", share=Held("GPU-c", 6, 1, 19, shared=True)) is None
+        owners.owner_of("GPU-c", 6, 1, but="u9", share=held("GPU-c", 6, 1, 19, shared=True)) is None
     )
     assert (
-        owners.owner_of("GPU-c", 6, 1, but="u9", share=Held("GPU-c", 6, 1, 20, shared=True))
+        owners.owner_of("GPU-c", 6, 1, but="u9", share=held("GPU-c", 6, 1, 20, shared=True))
         == "claim ns/three"
     )
     assert owners.sharing(share, but="u9") == ["claim ns/one"]
