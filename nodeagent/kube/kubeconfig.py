@@ -208,7 +208,7 @@ class ExecPlugin:
             status = json.loads(out)["status"]
             if not isinstance(status, dict):
                 raise TypeError
-        except (ValueError, KeyError, TypeError) as err:
+        except (ValueError, KeyError, TypeError, RecursionError) as err:
             raise KubeError(
                 f"kubeconfig exec plugin {self.command} did not answer an ExecCredential"
             ) from err

@@ -9,17 +9,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from nodeagent.base.jsontext import NotJson, parse_json
+
 ANNOTATION_PREFIX = "nodeagent.io/"
 OWNED_LABELS = ANNOTATION_PREFIX + "owned-labels"
 
 
 def owned_before(node: dict[str, Any]) -> set[str]:
     raw = (node.get("metadata", {}).get("annotations") or {}).get(OWNED_LABELS)
-    try:
-        keys = json.loads(raw) if raw else []
-    except ValueError:
+    if not isinstance(raw, str) or not raw:
         return set()
-    return {k for k in keys if isinstance(k, str)}
+    try:  # anybody may write an annotation: deep nesting, a number, bytes that are not JSON
+        keys = parse_json(raw.encode("utf-8", "surrogatepass"))
+    except NotJson:
+        return set()
+    return {k for k in keys if isinstance(k, str)} if isinstance(keys, list) else set()
 
 
 def label_patch(

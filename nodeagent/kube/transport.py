@@ -202,6 +202,9 @@ def json_lines(response: Any) -> Iterator[dict[str, Any]]:
         *lines, pending = pending.split(b"\n")
         for line in lines:
             if line.strip():
-                event = json.loads(line)
+                try:
+                    event = json.loads(line)
+                except RecursionError:  # a line of deep nesting: the caller's ValueError
+                    raise ValueError("a watch event nested too deeply to read") from None
                 if isinstance(event, dict):
                     yield event
