@@ -74,7 +74,7 @@ def serve(name: str, body: bytes) -> None:
     """Start candidate `name` on a free loopback port; print RSS before/after and the port."""
     raise_fd_limit()
     # What the agent imports anyway, out of the figure: the candidates' own cost remains.
-    import nodeagent.logs
+    import nodeagent.base.logs
     import prometheus_client  # noqa: F401
 
     import nodeagent.metrics.webconfig
