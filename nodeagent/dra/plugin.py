@@ -23,6 +23,7 @@ from nodeagent.dra.sharewatch import ShareWatch
 from nodeagent.dra.slices import GateWatch, SlicePublisher
 from nodeagent.dra.taints import DeviceFault, device_faults, device_names, with_taints
 from nodeagent.kube.api import KubeSettings, make_api_client
+from nodeagent.kube.reconnect import Reconnect
 from nodeagent.mig.wanted import MigEngine
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.settings import Settings
@@ -50,7 +51,9 @@ class DraPlugin:
         owners: OwnerStore,
         stop: threading.Event | None = None,
         stats: Stats | None = None,
+        reconnect: Reconnect | None = None,
     ) -> None:
+        """`reconnect`: the agent's, shared with its Node watch (nodeagent.kube.reconnect)."""
         d = settings.dra
         self.driver = d.driver
         self.devices = d.devices
@@ -64,7 +67,7 @@ class DraPlugin:
                     f"dra.devices (--dra-devices, NODEAGENT_DRA_DEVICES) names GPU"
                     f" {', '.join(map(str, missing))}; this node has GPUs {have}"
                 )
-        self.api = DraApi(make_api_client(kube), kube, stop)
+        self.api = DraApi(make_api_client(kube), kube, stop, reconnect)
         config = NodeConfig(
             driver=d.driver,
             pool=kube.node_name,
