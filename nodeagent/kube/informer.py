@@ -11,8 +11,8 @@ expired again in a loop: 605 `get nodes` in the first minute after an outage). A
 lists again, once: a second 410 straight after a list waits a jittered backoff first.
 
 A pass that fails (KubeError: the API server down, or an error answer) makes the next one wait
-first, a jittered backoff that grows with each failure in a row; the pass of any informer of
-the agent that gets an answer ends the others' waits (nodeagent.kube.reconnect). So after an
+first, a jittered backoff that grows with each failure in a row; the first answer to an
+informer of the agent that had failed ends the others' waits (nodeagent.kube.reconnect). So after an
 outage a node comes back to the API server at a random moment of the backoff, not at the
 moments every other node does, and each collection is listed once.
 
@@ -128,10 +128,13 @@ class Informer(Generic[T]):
             raise
 
     def _answered(self) -> None:
+        """This informer's pass got an answer. After its own failures that says the API server
+        is back (the others' waits end); a watch that never failed says nothing of another's
+        failures (a 403 on the claims alone keeps its own backoff)."""
         if self.failures:
             self.failures = 0
             log.info("kube.reconnected", resource=self.source.resource)
-        self.reconnect.answered()
+            self.reconnect.answered()
 
     def _pass(self, relist: Callable[[], None]) -> None:
         if self.version is None:
