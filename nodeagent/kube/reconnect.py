@@ -10,11 +10,11 @@ same moments (1, 3, 7, 15, 31, 61 s after it went away) and came back to it in o
 watch workers now wait 1 s of their own (nodeagent.agent.service.WATCH_BACKOFF_SECONDS); with
 the jitter, a fleet's return is spread over the cap.
 
-The first pass of the node that gets an answer (`answered`) ends the other informers' pauses:
-the API server is back, so each of them watches again at once (and relists once when its watch
-expired: 410), instead of waiting out its own backoff. A claim made during the outage is then
-seen as soon as the first of the node's watches is back. `interrupt` (the agent stops) ends
-every pause too.
+The first answer to an informer after its own failures (`answered`) ends the other informers'
+pauses: the API server is back, so each of them watches again at once (and relists once when
+its watch expired: 410), instead of waiting out its own backoff. A claim made during the outage
+is then seen as soon as the first of the node's watches is back. `interrupt` (the agent stops)
+ends every pause too.
 """
 
 from __future__ import annotations
