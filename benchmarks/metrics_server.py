@@ -74,9 +74,9 @@ def serve(name: str, body: bytes) -> None:
     """Start candidate `name` on a free loopback port; print RSS before/after and the port."""
     raise_fd_limit()
     # What the agent imports anyway, out of the figure: the candidates' own cost remains.
-    import nodeagent.base.logs
     import prometheus_client  # noqa: F401
 
+    import nodeagent.base.logs
     import nodeagent.metrics.webconfig
     import nodeagent.settings  # noqa: F401
 

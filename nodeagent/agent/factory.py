@@ -72,6 +72,7 @@ if TYPE_CHECKING:  # Kubernetes is imported only when asked for
     from nodeagent.kube.api import KubeSettings, NodeApi
     from nodeagent.kube.clients import GpuClients
     from nodeagent.kube.controller import KubeReporter, NodeLabelDesire, NodeView, NodeWatcher
+    from nodeagent.kube.reconnect import Reconnect
 
 log = get_logger("nodeagent.agent.factory")
 
@@ -262,11 +263,16 @@ class NodeEdges:
             ensure_node,
         )
         from nodeagent.kube.nodefeature import NodeFeatureSink, PodRef
+        from nodeagent.kube.reconnect import Reconnect
 
         s = self.settings()
         k = s.kube
         kube_settings = self.kube_settings()
-        api = NodeApi(make_api_client(kube_settings, self.stop), kube_settings, self.stop)
+        # One way back after an outage for all the agent's watches (nodeagent.kube.reconnect).
+        reconnect = Reconnect()
+        api = NodeApi(
+            make_api_client(kube_settings, self.stop), kube_settings, self.stop, reconnect
+        )
         view = NodeView()
         view.update(ensure_node(api))
         desire = NodeLabelDesire(view, k.mig_config_label)
@@ -282,11 +288,13 @@ class NodeEdges:
             KubeReporter(api, view, desire),
             sinks,
             NodeWatcher(api, view, wake, self.stop),
-            self._dra(s, kube_settings, pipeline) if s.dra.enabled else None,
+            self._dra(s, kube_settings, pipeline, reconnect) if s.dra.enabled else None,
         )
         return self.parts
 
-    def _dra(self, s: Settings, kube_settings: KubeSettings, pipeline: Pipeline) -> DraDriver:
+    def _dra(
+        self, s: Settings, kube_settings: KubeSettings, pipeline: Pipeline, reconnect: Reconnect
+    ) -> DraDriver:
         """The DRA kubelet plugin beside the device-plugin path: its MIG changes run through
         the agent's pipeline, its claims go into the ownership record that the pipeline reads
         (both count as busy)."""
@@ -294,8 +302,9 @@ class NodeEdges:
         from nodeagent.dra.driver import DraDriver
 
         dra = DraDriver(
-            self.session, s, kube_settings, pipeline, self.owners, self.stop, self.dra_stats
-        )
+            self.session, s, kube_settings, pipeline, self.owners, self.stop, self.dra_stats,
+            reconnect,
+        )  # fmt: skip
         # A lost ownership record is rebuilt from the claims allocated here too.
         with_api(self.owners, allocated_here(dra.api, s.dra.driver))
         return dra

@@ -50,6 +50,8 @@ if TYPE_CHECKING:  # Kubernetes is imported only when asked for
 
 log = get_logger("nodeagent.agent.service")
 STOP_SECONDS = 4.0  # how long stop() waits for idle workers (SIGTERM exits within 5 s)
+# The watch workers' own backoff after a failed pass: the informer waits the jittered one.
+WATCH_BACKOFF_SECONDS = 1.0
 # Workers that wait for the NVML lock during a MIG change.
 NVML_READERS = ("refresh", "gpm", "mps-probe", "dra-publish", "dra-bind")
 
@@ -298,9 +300,13 @@ class Agent:
             )  # fmt: skip
             from nodeagent.dra.binding import INTERVAL_SECONDS
 
+            # The watches' backoff after a failure is their own, jittered (the informer's
+            # pause: nodeagent.kube.reconnect); the worker's, the same on every node, stays 1 s.
+            # A pass is a watch of watch-timeout, after a pause and a list that retries.
             workers.append(
                 worker("dra-bind", dra.bind, lambda: INTERVAL_SECONDS, self.stop_event,
-                       max_backoff_seconds=30)
+                       busy_allowance_seconds=kube.watch_timeout_seconds * 1.5 + 120,
+                       max_backoff_seconds=WATCH_BACKOFF_SECONDS)
             )  # fmt: skip
         if watcher is not None:
             workers.append(
@@ -310,7 +316,7 @@ class Agent:
                     lambda: 0.0,
                     self.stop_event,
                     busy_allowance_seconds=kube.watch_timeout_seconds * 1.5 + 120,
-                    max_backoff_seconds=30,
+                    max_backoff_seconds=WATCH_BACKOFF_SECONDS,
                 )
             )
         for each in workers:

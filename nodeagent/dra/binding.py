@@ -59,7 +59,9 @@ class Binder:
         self.driver = node.config.driver
         self.pool = node.config.pool
         self.clock = clock
-        self.informer = Informer(claims_source(api), checked_claim, self, api.stop_event)
+        self.informer = Informer(
+            claims_source(api), checked_claim, self, api.stop_event, reconnect=api.reconnect
+        )
         self._waiting: dict[str, PreparedClaim] = {}  # the checkpoint's, read before a list
 
     @property
@@ -71,9 +73,7 @@ class Binder:
         """The worker's pass: a list when there is none to watch from (the first pass, or the
         watch expired), then a watch of the claims until the API server ends it. Raises
         KubeError (the worker backs off), ConfigError (an unreadable checkpoint)."""
-        if self.informer.version is None:
-            self.cycle()
-        self.informer.run()
+        self.informer.run(relist=self.cycle)
 
     def cycle(self) -> None:
         """One list: every claim allocated here bound, every claim made here but no longer

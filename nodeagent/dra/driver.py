@@ -24,6 +24,7 @@ from nodeagent.dra.slices import GateWatch, SlicePublisher
 from nodeagent.dra.taints import DeviceFault, device_faults, device_names, with_taints
 from nodeagent.dra.users import PodUsers
 from nodeagent.kube.api import KubeSettings, make_api_client
+from nodeagent.kube.reconnect import Reconnect
 from nodeagent.mig.wanted import MigEngine
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.settings import Settings
@@ -51,7 +52,9 @@ class DraDriver:
         owners: OwnerStore,
         stop: threading.Event | None = None,
         stats: Stats | None = None,
+        reconnect: Reconnect | None = None,
     ) -> None:
+        """`reconnect`: the agent's, shared with its Node watch (nodeagent.kube.reconnect)."""
         d = settings.dra
         self.driver = d.driver
         self.devices = d.devices
@@ -65,7 +68,7 @@ class DraDriver:
                     f"dra.devices (--dra-devices, NODEAGENT_DRA_DEVICES) names GPU"
                     f" {', '.join(map(str, missing))}; this node has GPUs {have}"
                 )
-        self.api = DraApi(make_api_client(kube), kube, stop)
+        self.api = DraApi(make_api_client(kube), kube, stop, reconnect)
         config = NodeConfig(
             driver=d.driver,
             pool=kube.node_name,

@@ -35,6 +35,7 @@ from tenacity import (
 from nodeagent.base.errors import KubeError
 from nodeagent.base.logs import get_logger
 from nodeagent.kube.kubeconfig import configure, configure_in_cluster
+from nodeagent.kube.reconnect import Reconnect
 from nodeagent.kube.transport import (
     ApiException,
     BadAnswer,
@@ -173,7 +174,11 @@ class NodeApi:
     """The agent's own Node and what happens on it."""
 
     def __init__(
-        self, transport: Transport, settings: KubeSettings, stop: threading.Event | None = None
+        self,
+        transport: Transport,
+        settings: KubeSettings,
+        stop: threading.Event | None = None,
+        reconnect: Reconnect | None = None,
     ) -> None:
         self.transport = transport
         self.settings = settings
@@ -181,6 +186,8 @@ class NodeApi:
         # Retries end when the agent stops: SIGTERM during an API outage exits at once.
         self.stop_event = stop or threading.Event()
         self._watch: Any = None  # the open response of the running watch
+        # The informers' way back after an outage: one for the agent, shared by its APIs.
+        self.reconnect = reconnect or Reconnect()
         # Told every Node this API's patches stored (the watch's view keeps them: its own
         # patches coming back through the watch are then no news).
         self.on_node_patched: Callable[[dict[str, Any]], object] | None = None
@@ -189,8 +196,14 @@ class NodeApi:
         self.patching = threading.RLock()
 
     def interrupt(self) -> None:
-        """End a watch blocked in its read (from another thread, when the agent stops): shut
-        the response's socket down (urllib3 >= 2.3); the watch then ends as a dropped one."""
+        """The agent stops: end a watch blocked in its read (`end_watch`) and an informer's
+        wait to reconnect (nodeagent.kube.reconnect)."""
+        self.reconnect.interrupt()
+        self.end_watch()
+
+    def end_watch(self) -> None:
+        """End a watch blocked in its read (from another thread): shut the response's socket
+        down (urllib3 >= 2.3); the watch then ends as a dropped one."""
         shutdown = getattr(self._watch, "shutdown", None)
         if callable(shutdown):
             with contextlib.suppress(Exception):
@@ -342,6 +355,10 @@ class NodeApi:
         except ValueError as err:
             raise KubeError(f"Kubernetes API: watch {what}: not JSON: {err}") from err
         except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError) as err:
+            if response is None and not self.stop_event.is_set():
+                # Dropped before any answer: a failure (backed off), not a watch that ended.
+                said = _describe(err, self._host, timeout * 1.5 + 1)
+                raise KubeError(f"Kubernetes API: watch {what} failed: {said}") from err
             log.debug("watch.ended", reason=type(err).__name__)
         except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as err:
             # The watch could not start (the API server is down): the caller backs off.

@@ -326,7 +326,11 @@ class NodeWatcher:
         # clients' labels) is in the view from its answer: it wakes nothing when it comes back.
         api.on_node_patched = view.update
         self.informer = Informer(
-            Source("nodes", api.list_node, api.watch_node), read_node, self, stop
+            Source("nodes", api.list_node, api.watch_node),
+            read_node,
+            self,
+            stop,
+            reconnect=api.reconnect,
         )
 
     @property

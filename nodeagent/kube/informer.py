@@ -10,6 +10,12 @@ older than a restarted API server's watch cache, expires at once, and the pass l
 expired again in a loop: 605 `get nodes` in the first minute after an outage). A 410 Gone
 lists again, once: a second 410 straight after a list waits a jittered backoff first.
 
+A pass that fails (KubeError: the API server down, or an error answer) makes the next one wait
+first, a jittered backoff that grows with each failure in a row; the first answer to an
+informer of the agent that had failed ends the others' waits (nodeagent.kube.reconnect). So after an
+outage a node comes back to the API server at a random moment of the backoff, not at the
+moments every other node does, and each collection is listed once.
+
 Every object is read on its own (`read`, which checks the JSON shape of the fields its
 reader uses: nodeagent.base.shapes): one that cannot be read is skipped, said once (a warning
 `kube.object_skipped` and nodeagent_kube_objects_skipped_total) and never fails the pass, the
@@ -25,9 +31,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from nodeagent.base.errors import KubeError
 from nodeagent.base.logs import get_logger
 from nodeagent.base.shapes import Unreadable
 from nodeagent.kube.api import WatchExpired
+from nodeagent.kube.reconnect import Reconnect
 from nodeagent.metrics.kube import KUBE_SKIPPED, ObjectKey, SkippedObjects
 
 log = get_logger("nodeagent.kube")
@@ -88,8 +96,11 @@ class Informer(Generic[T]):
         stop: threading.Event,
         skipped: SkippedObjects = KUBE_SKIPPED,
         jitter: Callable[[float], float] = lambda cap: random.uniform(0.0, cap),
+        reconnect: Reconnect | None = None,
     ) -> None:
         self.source = source
+        self.reconnect = reconnect or Reconnect()
+        self.failures = 0  # passes in a row that failed (KubeError)
         self.read = read
         self.handler = handler
         self.stop_event = stop
@@ -98,24 +109,50 @@ class Informer(Generic[T]):
         self.version: str | None = None  # of the last list, event or bookmark: watched from
         self.lists = 0
         self.expired = 0  # watches that ended in 410 Gone
-        self._fresh = False  # listed, and no event since: a 410 now would loop
+        self._fresh = False  # listed, and the watch since has not run: a 410 now would loop
 
-    def run(self) -> None:
-        """One pass: a list if there is no version to watch from, then a watch until the API
-        server ends it. Raises KubeError (the worker backs off)."""
+    def run(self, relist: Callable[[], None] | None = None) -> None:
+        """One pass: after a failed one, the jittered wait (nodeagent.kube.reconnect); a list
+        (`relist`, by default `self.relist`) if there is no version to watch from; then a watch
+        until the API server ends it. Raises KubeError (the worker counts it)."""
+        if self.failures:
+            self.reconnect.pause(self.failures)
         if self.stop_event.is_set():
             return
+        try:
+            self._pass(relist or self.relist)
+        except KubeError:
+            self.failures += 1
+            self._fresh = False  # a 410 after the server was gone is no relist loop
+            self.reconnect.failed()
+            raise
+
+    def _answered(self) -> None:
+        """This informer's pass got an answer. After its own failures that says the API server
+        is back (the others' waits end); a watch that never failed says nothing of another's
+        failures (a 403 on the claims alone keeps its own backoff)."""
+        if self.failures:
+            self.failures = 0
+            log.info("kube.reconnected", resource=self.source.resource)
+            self.reconnect.answered()
+
+    def _pass(self, relist: Callable[[], None]) -> None:
         if self.version is None:
-            self.relist()
+            relist()
+            self._answered()
         try:
             for kind, obj in self.source.watch(self.version):
+                self._answered()
                 if self.stop_event.is_set():
                     return
                 self.version = version_of(obj) or self.version
                 self._fresh = False
                 if kind in CHANGES:
                     self._changed(kind, obj)
+            self._answered()  # ended by the server (its timeout) or dropped after its answer
+            self._fresh = False
         except WatchExpired:
+            self._answered()
             self.expired += 1
             if self._fresh:  # expired straight after a list: the server is not caught up
                 self._back_off()

@@ -12,7 +12,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 DEVICE_CLASSES = REPO / "daemonset" / "components" / "dra" / "deviceclasses.yaml"
-K8S = REPO.parent / "shared" / "k8s"
+# Beside the checkout; NODEAGENT_K8S_DIR names it for a worktree elsewhere (../wt/<name>).
+K8S = Path(os.environ.get("NODEAGENT_K8S_DIR") or REPO.parent / "shared" / "k8s")
 PORTS = {  # up.sh's variables and their defaults
     "K8S_ETCD_PORT": 23790,
     "K8S_ETCD_PEER_PORT": 23800,

@@ -1,0 +1,88 @@
+"""The informers' pauses after failed passes (nodeagent.kube.reconnect): full jitter up to a
+ceiling that doubles with each failure, ended early when the API server is back."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from nodeagent.base.errors import KubeError
+from nodeagent.kube.informer import Informer, Source
+from nodeagent.kube.reconnect import Reconnect
+
+
+@pytest.mark.parametrize(
+    ("failures", "ceiling"), [(0, 0), (1, 1), (2, 2), (3, 4), (5, 16), (6, 30), (40, 30)]
+)
+def test_a_pause_is_a_random_wait_up_to_the_doubling_ceiling(failures: int, ceiling: float) -> None:
+    delays = [Reconnect().delay(failures) for _ in range(200)]
+    assert all(0 <= d <= ceiling for d in delays)
+    if ceiling:
+        assert len(set(delays)) > 150  # drawn, not the same wait on every node
+        assert max(delays) > ceiling * 0.8 and min(delays) < ceiling * 0.2
+
+
+@pytest.mark.parametrize("ending", ["answered", "interrupt"])
+def test_a_pause_ends_when_another_informer_is_answered_or_the_agent_stops(ending: str) -> None:
+    reconnect = Reconnect(first_seconds=60, max_seconds=60)
+    reconnect.failed()
+    threading.Timer(0.2, getattr(reconnect, ending)).start()
+    began = time.monotonic()
+    reconnect.pause(3)
+    assert time.monotonic() - began < 5
+
+
+def test_a_pause_after_a_new_failure_waits_again() -> None:
+    reconnect = Reconnect(first_seconds=60, max_seconds=60)
+    reconnect.failed()
+    reconnect.answered()
+    reconnect.failed()  # down again: the earlier answer ends no pause
+    pausing = threading.Thread(target=reconnect.pause, args=(1,))
+    pausing.start()
+    pausing.join(0.3)
+    assert pausing.is_alive()
+    reconnect.interrupt()
+    pausing.join(5)
+    assert not pausing.is_alive()
+
+
+class _Kept:
+    def listed(self, objects: Sequence[Any]) -> None:
+        pass
+
+    def changed(self, kind: str, obj: Any) -> None:
+        pass
+
+
+def _informer(source: Source, reconnect: Reconnect, stop: threading.Event) -> Informer[Any]:
+    return Informer(source, lambda obj: obj, _Kept(), stop, reconnect=reconnect)
+
+
+def test_a_watch_that_never_failed_does_not_end_a_failing_ones_pause() -> None:
+    """Only the API server coming back ends the pauses: the Node's healthy watch says nothing
+    of the claims' own failure (a 403 on them alone keeps their backoff)."""
+    reconnect, stop = Reconnect(first_seconds=60, max_seconds=60), threading.Event()
+
+    def refused(version: str | None) -> Iterator[tuple[str, Any]]:
+        raise KubeError("Kubernetes API: watch resourceclaims failed: HTTP 403 Forbidden")
+        yield  # a generator, as a watch is
+
+    def events(version: str | None) -> Iterator[tuple[str, Any]]:
+        yield "MODIFIED", {"metadata": {"name": "n1", "resourceVersion": "7"}}
+
+    failing = _informer(Source("resourceclaims", lambda: ([], "1"), refused), reconnect, stop)
+    healthy = _informer(Source("nodes", lambda: ([], "1"), events), reconnect, stop)
+    with pytest.raises(KubeError):
+        failing.run()
+    pausing = threading.Thread(target=failing.run)
+    pausing.start()
+    healthy.run()  # answered, never failed
+    pausing.join(0.5)
+    assert pausing.is_alive()  # still in its pause
+    stop.set()
+    reconnect.interrupt()
+    pausing.join(5)
