@@ -104,6 +104,8 @@ def test_an_xid_on_a_gpu_taints_it_and_its_slices_and_clears_by_itself(
     agent: tuple[Agent, Cluster, SimulatedNvml], short_root: Path
 ) -> None:
     _, cluster, lib = agent
+    # GPU 1's entries once published (under load the agent may not have written them yet)
+    cluster.wait(lambda: len(devices(cluster, 1)) == 26, what="gpu-1 published", timeout=10)
     untouched = devices(cluster, 1)
     kubelet = FakeDraKubelet(short_root / "reg")
     kubelet.register(DRIVER)
