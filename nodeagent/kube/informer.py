@@ -119,12 +119,13 @@ class Informer(Generic[T]):
             self.reconnect.pause(self.failures)
         if self.stop_event.is_set():
             return
+        began = self.reconnect.answers
         try:
             self._pass(relist or self.relist)
         except KubeError:
             self.failures += 1
             self._fresh = False  # a 410 after the server was gone is no relist loop
-            self.reconnect.failed()
+            self.reconnect.failed(began)
             raise
 
     def _answered(self) -> None:

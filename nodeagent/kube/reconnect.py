@@ -38,6 +38,7 @@ class Reconnect:
         self._back = threading.Event()
         self._lock = threading.Lock()
         self.down = False  # a pass failed, and none was answered since
+        self.answers = 0  # answers after failures so far: a pass notes it when it begins
 
     def delay(self, failures: int) -> float:
         """The pause before the pass after `failures` failed ones in a row (0: none)."""
@@ -47,9 +48,15 @@ class Reconnect:
         state.attempt_number = failures
         return float(self.wait(state))
 
-    def failed(self) -> None:
-        """A pass could not reach the API server: pauses from now wait their whole time."""
+    def failed(self, began: int | None = None) -> None:
+        """A pass could not reach the API server: pauses from now wait their whole time.
+        `began`: `answers` when that pass began. Where another informer's pass was answered
+        since (the server came back while this pass's request was under way: its 503 or
+        its broken connection is of before), the API server is back: nothing is re-armed,
+        and the next pause ends at once."""
         with self._lock:
+            if began is not None and began != self.answers:
+                return
             self.down = True
             self._back.clear()
 
@@ -58,6 +65,7 @@ class Reconnect:
         with self._lock:
             if self.down:
                 self.down = False
+                self.answers += 1
                 self._back.set()
 
     def pause(self, failures: int) -> float:

@@ -37,7 +37,9 @@ def _binder(dra_node: DraNode) -> Binder:
 
 
 def _conditions(dra_node: DraNode, name: str) -> dict[str, tuple[str, str]]:
-    (entry,) = dra_node.claim("speech", name)["status"]["devices"]
+    """The claim's device conditions ({} while its status has none yet: a wait polls on)."""
+    entries = dra_node.claim("speech", name)["status"].get("devices") or [{"conditions": []}]
+    (entry,) = entries
     return {c["type"]: (c["status"], c["reason"]) for c in entry["conditions"]}
 
 

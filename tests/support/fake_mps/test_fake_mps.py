@@ -163,8 +163,9 @@ def test_a_killed_daemon_hangs_its_clients_up_and_takes_its_server_along(
     daemon: FakeMpsDaemon, clients: list[FakeMpsClient]
 ) -> None:
     daemon.start()
-    a, b = _client(daemon, clients), _client(daemon, clients, uid=OTHER)
-    server = a.answer()["server"]
+    a = _client(daemon, clients)
+    server = a.answer()["server"]  # a's server first: else b's user could have it (a race)
+    b = _client(daemon, clients, uid=OTHER)
     daemon.wait_log(f"NEW CLIENT {b.pid} from user {OTHER}")
     os.kill(daemon.pid(), signal.SIGKILL)
     assert a.wait() == 1 and b.wait() == 1  # the waiting one too

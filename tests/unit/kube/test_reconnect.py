@@ -50,6 +50,29 @@ def test_a_pause_after_a_new_failure_waits_again() -> None:
     assert not pausing.is_alive()
 
 
+def test_a_pass_that_began_before_another_was_answered_does_not_arm_the_pause_again() -> None:
+    """Both watches fail in the outage; the claims watch's next request is under way (its 503,
+    or its dropped connection, is of before) when the Node watch is answered: its failure
+    says nothing new, and its next pause ends at once (found under load: it waited its whole
+    backoff, ~21 s, as before the shared way back)."""
+    reconnect = Reconnect(first_seconds=60, max_seconds=60)
+    reconnect.failed()
+    began = reconnect.answers  # the claims watch's pass begins
+    reconnect.answered()  # the Node watch is back
+    reconnect.failed(began)  # the claims watch's request, sent before, fails now
+    started = time.monotonic()
+    reconnect.pause(3)
+    assert time.monotonic() - started < 1
+    # A pass that began after the answer and fails is a new outage: it waits again.
+    reconnect.failed(reconnect.answers)
+    pausing = threading.Thread(target=reconnect.pause, args=(1,))
+    pausing.start()
+    pausing.join(0.3)
+    assert pausing.is_alive()
+    reconnect.interrupt()
+    pausing.join(5)
+
+
 class _Kept:
     def listed(self, objects: Sequence[Any]) -> None:
         pass
