@@ -63,6 +63,10 @@ class Binder:
             claims_source(api), checked_claim, self, api.stop_event, reconnect=api.reconnect
         )
         self._waiting: dict[str, PreparedClaim] = {}  # the checkpoint's, read before a list
+        # The claims this binder said ready while they stay allocated here: a watch event of
+        # before that write (it can come after the kubelet's prepare and unprepare, under
+        # load) shows the binding still unsettled, and must not make the slices again.
+        self._settled: set[str] = set()
 
     @property
     def version(self) -> str | None:
@@ -90,6 +94,7 @@ class Binder:
         for claim in claims:
             if binding_results(claim, self.driver, self.pool):
                 self._bind(claim)
+        self._settled &= allocated
         for uid, record in self._waiting.items():
             if uid not in allocated:
                 self._release(uid, f"{record.namespace}/{record.name}")
@@ -102,6 +107,7 @@ class Binder:
             self._bind(claim)
         elif not here:
             uid = str((claim.get("metadata") or {}).get("uid"))
+            self._settled.discard(uid)  # allocated here again later: a binding of its own
             record = self.node.waiting().get(uid)
             if record is not None:
                 self._release(uid, f"{record.namespace}/{record.name}")
@@ -109,6 +115,8 @@ class Binder:
     def _bind(self, claim: dict[str, Any]) -> None:
         meta = claim.get("metadata") or {}
         if meta.get("deletionTimestamp") or binding_settled(claim, self.driver, self.pool):
+            return
+        if str(meta.get("uid")) in self._settled:  # an event of before our own status write
             return
         ref = ClaimRef(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
         deadline = self.clock() + MAKE_SECONDS
@@ -120,6 +128,7 @@ class Binder:
             return
         data = {d.device: device_data(d) for d in made}
         if self.reports.binding(ref, claim, data, "", self.clock() + MAKE_SECONDS):
+            self._settled.add(ref.uid)
             log.info("dra.binding_ready", claim=str(ref), devices=sorted(data))
 
     def _release(self, uid: str, name: str) -> None:

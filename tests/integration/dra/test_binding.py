@@ -168,3 +168,26 @@ def test_the_worker_lists_once_then_binds_what_the_watch_brings(dra_node: DraNod
         if "resourceclaims" in str(r.url) and "watch" not in str(r.url) and r.method == "GET"
     ]  # fmt: skip
     assert len(lists) == 1  # one list; the rest came over the watch
+
+
+def test_an_event_of_before_the_ready_write_makes_nothing_after_the_unprepare(
+    dra_node: DraNode,
+) -> None:
+    """Under load the watch can bring the claim as the scheduler allocated it (unsettled) after
+    the binder said it ready, the kubelet prepared it and unprepared it: the binder made its
+    slices once and does not make them again (found on the real scheduler: a slice left)."""
+    claim = dra_node.add_claim(_waited_on("asr", "uid-a"))
+    before = dra_node.claim("speech", "asr")  # as the scheduler left it: not yet settled
+    binder = _binder(dra_node)
+    binder.cycle()
+    assert dra_node.layout() == [("1g.18gb", 6)]
+    assert dra_node.kubelet.prepare([claim])["uid-a"].error == ""
+    assert dra_node.kubelet.unprepare([claim]) == {"uid-a": ""}
+    assert dra_node.layout() == []
+    binder.changed("MODIFIED", before)  # the event of before, late
+    assert dra_node.layout() == [] and _owned(dra_node) == set()
+    # Deallocated, then allocated here again: a binding of its own.
+    gone = {**before, "status": {}}
+    binder.changed("MODIFIED", gone)
+    binder.changed("MODIFIED", before)
+    assert dra_node.layout() == [("1g.18gb", 6)]
