@@ -440,9 +440,12 @@ class NodeDriver:
         return self._mps_stopper(uid, d).control.daemon_pid()
 
     @contextmanager
-    def _share(self, key: ShareKey) -> Iterator[list[tuple[str, PreparedDevice]]]:
+    def _share(
+        self, key: ShareKey, prepared_only: bool = False
+    ) -> Iterator[list[tuple[str, PreparedDevice]]]:
         """The key's server held for one claim; yields the claims on it now (uid, device), as
-        the ownership record has them: the one record of which claims are its clients."""
+        the ownership record has them: the one record of which claims are its clients
+        (`prepared_only`: those prepared, not one under way)."""
         with self._share_guard:
             lock = self._share_locks.setdefault(key.name, threading.Lock())
         with lock:
@@ -450,6 +453,7 @@ class NodeDriver:
             yield [
                 (uid, d)
                 for uid, c in sorted(claims.items())
+                if not prepared_only or c.state == PREPARED
                 for d in c.devices
                 if d.shared and d.mps is not None and share_key(d) == key
             ]
@@ -476,15 +480,10 @@ class NodeDriver:
         clients lost their server. The claims on other servers are not touched."""
         out = []
         for key in self.share_clients():
-            with self._share(key) as on:
-                prepared = self._prepared(on)
+            with self._share(key, prepared_only=True) as prepared:
                 if self.shares.revive(key, [_client(u, d) for u, d in prepared]):
                     out += [(u, d.device) for u, d in prepared]
         return out
-
-    def _prepared(self, on: list[tuple[str, PreparedDevice]]) -> list[tuple[str, PreparedDevice]]:
-        claims = self._recorded()
-        return [(u, d) for u, d in on if u in claims and claims[u].state == PREPARED]
 
     def _join_share(self, uid: str, d: PreparedDevice) -> PreparedDevice:
         """A share claim becomes a client of its device's one server (started by the first
