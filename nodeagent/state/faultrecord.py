@@ -16,6 +16,7 @@ from pathlib import Path
 
 from nodeagent.base.errors import AgentError
 from nodeagent.base.files import atomic_write_text, read_regular
+from nodeagent.base.jsontext import NotJson, parse_json
 from nodeagent.base.logs import get_logger
 
 log = get_logger("nodeagent.state.faults")
@@ -77,7 +78,7 @@ class FaultRecord:
             return []
         try:
             found, recorded_boot = _parse(data)
-        except (ValueError, TypeError, RecursionError, UnicodeDecodeError):
+        except (NotJson, ValueError, TypeError):
             log.warning(
                 "faults.record_unreadable",
                 path=str(self.path),
@@ -114,7 +115,7 @@ class FaultRecord:
 
 
 def _parse(data: bytes) -> tuple[list[Waiting], str | None]:
-    raw = json.loads(data.decode("utf-8"))
+    raw = parse_json(data)  # the one reader of the agent's own records: never RecursionError
     if not isinstance(raw, dict) or raw.get("version") != VERSION:
         raise ValueError("not a version 1 record")
     boot = raw.get("boot_id")
