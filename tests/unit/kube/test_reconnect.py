@@ -41,13 +41,7 @@ def test_a_pause_after_a_new_failure_waits_again() -> None:
     reconnect.failed()
     reconnect.answered()
     reconnect.failed()  # down again: the earlier answer ends no pause
-    pausing = threading.Thread(target=reconnect.pause, args=(1,))
-    pausing.start()
-    pausing.join(0.3)
-    assert pausing.is_alive()
-    reconnect.interrupt()
-    pausing.join(5)
-    assert not pausing.is_alive()
+    _waits_until_interrupted(reconnect)
 
 
 def test_a_pass_that_began_before_another_was_answered_does_not_arm_the_pause_again() -> None:
@@ -65,12 +59,18 @@ def test_a_pass_that_began_before_another_was_answered_does_not_arm_the_pause_ag
     assert time.monotonic() - started < 1
     # A pass that began after the answer and fails is a new outage: it waits again.
     reconnect.failed(reconnect.answers)
+    _waits_until_interrupted(reconnect)
+
+
+def _waits_until_interrupted(reconnect: Reconnect) -> None:
+    """A pause begun now is still waiting 0.3 s on, and ends once the agent stops."""
     pausing = threading.Thread(target=reconnect.pause, args=(1,))
     pausing.start()
     pausing.join(0.3)
     assert pausing.is_alive()
     reconnect.interrupt()
     pausing.join(5)
+    assert not pausing.is_alive()
 
 
 class _Kept:
