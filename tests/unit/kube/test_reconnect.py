@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+from tenacity import wait_fixed
 
 from nodeagent.base.errors import KubeError
 from nodeagent.kube.informer import Informer, Source
@@ -63,7 +64,9 @@ def test_a_pass_that_began_before_another_was_answered_does_not_arm_the_pause_ag
 
 
 def _waits_until_interrupted(reconnect: Reconnect) -> None:
-    """A pause begun now is still waiting 0.3 s on, and ends once the agent stops."""
+    """A pause begun now is still waiting 0.3 s on, and ends once the agent stops. Its wait
+    is made a fixed 60 s: a random one up to 60 s is under 0.3 s one time in 200."""
+    reconnect.wait = wait_fixed(60)
     pausing = threading.Thread(target=reconnect.pause, args=(1,))
     pausing.start()
     pausing.join(0.3)
