@@ -39,7 +39,8 @@ from pathlib import Path
 from nodeagent.base.errors import AgentError, MpsError
 from nodeagent.base.files import read_regular
 from nodeagent.base.logs import get_logger
-from nodeagent.mps.control import MpsControl, limit_holds, process_alive
+from nodeagent.base.units import decimal
+from nodeagent.mps.control import MpsControl, limit_holds, no_link, process_alive
 from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.settings import Limits, MpsSettings, mps_size, parse_size
 
@@ -149,6 +150,7 @@ class ShareServers:
         daemon and on every server it runs. Raises MpsError; a daemon this call started is
         stopped again when it fails."""
         ceiling = Ceiling.of(clients)
+        no_link(self.where(key), "MPS share server folder")
         daemon = self._daemon(key, ceiling)
         daemon.start()  # adopts a running daemon: its servers and clients keep running
         try:
@@ -179,10 +181,7 @@ class ShareServers:
                 control.command(f"set_device_pinned_mem_limit {server} 0 {size}")
             got = control.command(f"get_active_thread_percentage {server}")
             problems = []
-            try:
-                if float(got) != float(pct):
-                    problems.append(f"thread percentage {got}, wanted {pct}")
-            except ValueError:
+            if decimal(got) != float(pct):  # ASCII digits only: float() takes others
                 problems.append(f"thread percentage {got!r}, wanted {pct}")
             if ceiling.pinned_memory_bytes:
                 text = control.command(f"get_device_pinned_mem_limit {server} 0")
