@@ -46,7 +46,7 @@ from nodeagent.mps.settings import Limits, MpsSettings, mps_size, parse_size
 
 log = get_logger("nodeagent.mps")
 CONTROL_LOG_BYTES = 16 << 20  # the daemon's log of one device's clients
-_NEW_CLIENT = re.compile(r"NEW CLIENT (\d+) from user (\d+)")
+_NEW_CLIENT = re.compile(r"NEW CLIENT ([0-9]{1,10}) from user ([0-9]{1,10})\b")  # ASCII only
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.integration.dra.test_share_servers import servers, share
-from tests.integration.dra.test_share_users import nothing_of, prepare
+from tests.integration.dra.test_share_users import add_pod, container, nothing_of, prepare
 from tests.support.dra import DraNode, allocated_claim, mps_config
 
 kmock = pytest.importorskip("kmock")
@@ -132,3 +132,31 @@ def test_a_share_servers_folders_are_never_followed_through_a_link(
                           " where it points): remove it")  # fmt: skip
     assert list(outside.iterdir()) == []  # nothing of the daemon's was written there
     assert nothing_of(dra_node, "uid-asr") and dra_node.node.owners.read().claims == {}
+
+
+@pytest.mark.parametrize("name", ["gpu-\u0660-mps", "gpu-0-mps\n", "gpu-00-mps", "gpu-²-mps"])
+def test_another_name_for_gpu_0s_share_device_starts_no_second_daemon(
+    dra_node: DraNode, name: str
+) -> None:
+    """Read with \\d and $, 'gpu-\u0660-mps' and 'gpu-0-mps\\n' were GPU 0's share device under
+    another name: a second MPS daemon on GPU 0 beside the first."""
+    assert prepare(dra_node, SHARE) == {"uid-asr": ""}
+    other = share("tts", "uid-tts", name, 30, "8Gi")
+    error = prepare(dra_node, other)["uid-tts"]
+    assert error == f"claim speech/tts: device {name!r} is not one gpu.nodeagent.io publishes"
+    assert [p.name for p in servers(dra_node)] == ["gpu-0-mps-u0"]
+    assert nothing_of(dra_node, "uid-tts")
+
+
+@pytest.mark.parametrize("user", [-1, 2**31, 2**63, 10**30])
+def test_a_run_as_user_that_is_no_uid_is_refused(dra_node: DraNode, user: int) -> None:
+    """Each got an MPS daemon of its own (gpu-0-mps-u-1, -u2147483648, ...)."""
+    claim = share("asr", "uid-asr", "gpu-0-mps", 30, "8Gi")
+    add_pod(dra_node, claim, "asr-0", [container("asr", user)])
+    error = prepare(dra_node, claim)["uid-asr"]
+    assert error == (
+        f"claim speech/asr: pod speech/asr-0: container asr runs as user {user}, not a uid (a"
+        " whole number 0-2147483647); the kubelet could not run it, and its MPS server could"
+        " not run as it"
+    )
+    left_nothing(dra_node, "uid-asr")
