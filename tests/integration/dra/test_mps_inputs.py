@@ -87,9 +87,11 @@ NOT_ASCII = (
         (SHARE, "get_server_list", "٤٢\n".encode(),
          "the MPS control program answered 'get_server_list' with '٤٢', not a process id (ASCII"
          " digits)"),
+        (SHARE, "get_default_device_pinned_mem_limit", ("1" * 5000 + "G\n").encode(),
+         "MPS limits did not hold: pinned memory limit of MPS device 0 is unset, wanted 8192M"),
     ],
     ids=["share-not-utf8", "own-not-utf8", "share-not-ascii", "own-not-ascii",
-         "servers-not-utf8", "servers-not-ascii"],
+         "servers-not-utf8", "servers-not-ascii", "limit-of-5000-digits"],
 )  # fmt: skip
 def test_answers_it_cannot_read_refuse_the_claim_and_the_undo_leaves_nothing(
     dra_node: DraNode,
