@@ -111,13 +111,13 @@ def consumers(claim: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> li
             user = pod_user if user is None else user
             for entry in _obj(c.get("resources")).get("claims") or []:
                 if entry.get("name") in names:
-                    out.append(Consumer(where, str(c.get("name")), entry.get("request"), user))
                     if user is not None and not 0 <= user <= MAX_UID:  # no uid: refused
                         raise ConfigError(
                             f"pod {where}: container {c.get('name')} runs as user {quoted(user)},"
                             f" not a uid (a whole number 0-{MAX_UID}); the kubelet could not"
                             " run it, and its MPS server could not run as it"
                         )
+                    out.append(Consumer(where, str(c.get("name")), entry.get("request"), user))
     return out
 
 
