@@ -57,9 +57,10 @@ def _expected(shape: Shape) -> str:
         return "an object"
     if isinstance(shape, list):
         return "a list"
-    if isinstance(shape, tuple):
-        return " or ".join(sorted({_NAMES.get(t, t.__name__) for t in shape}))
-    return _NAMES.get(shape, shape.__name__)
+    types = shape if isinstance(shape, tuple) else (shape,)
+    # An int field holding 1000.0 "is a number, not a whole number" (never "not a number").
+    names = {"a whole number" if t is int else _NAMES.get(t, t.__name__) for t in types}
+    return " or ".join(sorted(names))
 
 
 def _fits(value: object, types: tuple[type, ...]) -> bool:

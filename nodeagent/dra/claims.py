@@ -36,6 +36,7 @@ from typing import Any
 
 from nodeagent.base.errors import ConfigError
 from nodeagent.base.shapes import MapOf, Shape, check
+from nodeagent.base.units import MAX_DIGITS, whole_number
 from nodeagent.dra.devices import DeviceRef, parse_device_name
 from nodeagent.dra.shares import MEMORY_CAPACITY, SM_CAPACITY
 
@@ -43,7 +44,8 @@ CONFIG_API_VERSION = "gpu.nodeagent.io/v1"
 MPS_KIND = "MpsConfig"
 SHARE_KIND = "MpsShare"
 MAX_UID = (1 << 31) - 1
-_QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
+# ASCII digits, a bounded count (nodeagent.base.units.MAX_DIGITS), nothing after the unit.
+_QUANTITY = re.compile(rf"([0-9]{{1,{MAX_DIGITS}}})(Ki|Mi|Gi|Ti|K|M|G|T)?")
 _UNITS = {
     None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
     "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
@@ -122,9 +124,9 @@ def checked_ref(namespace: object, name: object, uid: object) -> ClaimRef:
 
 def parse_quantity(text: object, what: str) -> int:
     """A Kubernetes quantity of bytes ('16Gi', '500M', '1073741824') -> bytes."""
-    m = _QUANTITY.match(str(text).strip()) if isinstance(text, str | int) else None
+    m = _QUANTITY.fullmatch(str(text)) if isinstance(text, str | int) else None
     if m is None or int(m.group(1)) == 0:
-        raise ConfigError(f"{what} {text!r} is not a quantity of bytes like 16Gi or 500M")
+        raise ConfigError(f"{what} {quoted(text)} is not a quantity of bytes like 16Gi or 500M")
     return int(m.group(1)) * _UNITS[m.group(2)]
 
 
@@ -168,9 +170,9 @@ def share_mps(result: Mapping[str, Any], driver: str, where: str) -> Mps:
             " feature gate off on kube-apiserver or kube-scheduler?)"
         )
     problems = []
-    pct = int(sm) if isinstance(sm, str) and sm.isdigit() else None
+    pct = whole_number(sm, 3)
     if pct is None or not 1 <= pct <= 100:
-        problems.append(f"{SM_CAPACITY} {sm!r} is not a whole percentage 1-100")
+        problems.append(f"{SM_CAPACITY} {quoted(sm)} is not a whole percentage 1-100")
     pinned = 0
     try:
         pinned = parse_quantity(memory, MEMORY_CAPACITY)
@@ -280,7 +282,7 @@ def claimed_devices(claim: Mapping[str, Any], driver: str, pool: str) -> list[Cl
         request, device = str(result.get("request", "")), str(result.get("device", ""))
         ref = parse_device_name(device)
         if ref is None:
-            raise ConfigError(f"{where}: device {device!r} is not one {driver} publishes")
+            raise ConfigError(f"{where}: device {quoted(device)} is not one {driver} publishes")
         admin = result.get("adminAccess") is True
         mps: Mps | None = None
         user: int | None = None

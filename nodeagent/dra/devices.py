@@ -45,8 +45,12 @@ MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_DEVICES_PER_SLICE = 64  # ResourceSliceMaxDevicesWithAdvancedFeatures
 SLICE_READY = "SliceReady"  # binding condition types, each prefixed with the driver's name
 SLICE_FAILED = "SliceFailed"
-MIG_NAME = re.compile(r"^gpu-(\d+)-mig-[a-z0-9-]+-(\d+)-(\d+)(-mps)?$")
-GPU_NAME = re.compile(r"^gpu-(\d+)(-mps)?$")
+# Each number as this driver writes it: ASCII digits, no leading zero, a bounded count (a name
+# read with \d or $ takes an Arabic-Indic zero and 'gpu-0\n': other names for GPU 0); read with
+# fullmatch.
+_N = "(0|[1-9][0-9]{0,8})"
+MIG_NAME = re.compile(rf"gpu-{_N}-mig-[a-z0-9-]+-{_N}-{_N}(-mps)?")
+GPU_NAME = re.compile(rf"gpu-{_N}(-mps)?")
 SHARES = ("none", "gpus", "mig")  # dra.mps-shares: which devices have a share device
 CAPACITIES = (  # (capacity name, counter name)
     ("memory", "memory"),
@@ -112,9 +116,9 @@ def counter_set_name(gpu: int) -> str:
 def parse_device_name(name: str) -> DeviceRef | None:
     """The GPU (and MIG profile id and placement start) a device name stands for; None for a
     name this driver never publishes."""
-    if m := GPU_NAME.match(name):
+    if m := GPU_NAME.fullmatch(name):
         return DeviceRef(int(m.group(1)), shared=bool(m.group(2)))
-    if m := MIG_NAME.match(name):
+    if m := MIG_NAME.fullmatch(name):
         return DeviceRef(int(m.group(1)), int(m.group(2)), int(m.group(3)), bool(m.group(4)))
     return None
 

@@ -48,6 +48,7 @@ def intents(
             raise ConfigError(f"device {c.device}: GPU {c.ref.gpu} is not one this driver manages")
         mps = None if c.mps is None else c.mps.to_dict()
         if not c.ref.is_mig:
+            _fits(c, gpu.memory_total_bytes, f"GPU {gpu.index}")
             out.append(
                 PreparedDevice(
                     c.request, c.pool, c.device, gpu.index, gpu.uuid, mps=mps, admin=c.admin,
@@ -63,6 +64,7 @@ def intents(
         )
         if profile is None or at is None:
             raise ConfigError(f"device {c.device}: GPU {gpu.index} has no such profile placement")
+        _fits(c, profile.memory_bytes, f"a {profile.name} slice")
         # A retry keeps the first answer, unless the slice is gone since (a reboot): then
         # this claim makes it.
         existed = slice_at(gpu, profile.id, at.start) is not None or c.admin
@@ -76,6 +78,18 @@ def intents(
             )
         )  # fmt: skip
     return out
+
+
+def _fits(c: ClaimedDevice, memory_bytes: int, what: str) -> None:
+    """A share's memory is at most its device's (the scheduler hands out no more than the
+    share device's capacity). Raises ConfigError."""
+    pinned = c.mps.pinned_memory_bytes if c.mps is not None and c.ref.shared else None
+    if pinned is not None and pinned > memory_bytes:
+        raise ConfigError(
+            f"device {c.device}: its share's memory ({pinned >> 20} MiB) is more than {what}"
+            f" has ({memory_bytes >> 20} MiB); the scheduler hands out no more than the device's"
+            " memory capacity"
+        )
 
 
 def slice_at(gpu: Gpu, profile_id: int, start: int) -> Slice | None:

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from nodeagent.base.errors import ConfigError
 from nodeagent.base.logs import get_logger
 from nodeagent.base.shapes import Shape, check
-from nodeagent.dra.claims import SHARE_KIND, ClaimedDevice
+from nodeagent.dra.claims import MAX_UID, SHARE_KIND, ClaimedDevice, quoted
 
 log = get_logger("nodeagent.dra")
 API_SHARE = 0.5  # of the time left before the prepare's deadline, at most, for the pods' list
@@ -111,6 +111,12 @@ def consumers(claim: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> li
             user = pod_user if user is None else user
             for entry in _obj(c.get("resources")).get("claims") or []:
                 if entry.get("name") in names:
+                    if user is not None and not 0 <= user <= MAX_UID:  # no uid: refused
+                        raise ConfigError(
+                            f"pod {where}: container {c.get('name')} runs as user {quoted(user)},"
+                            f" not a uid (a whole number 0-{MAX_UID}); the kubelet could not"
+                            " run it, and its MPS server could not run as it"
+                        )
                     out.append(Consumer(where, str(c.get("name")), entry.get("request"), user))
     return out
 

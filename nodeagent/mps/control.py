@@ -15,6 +15,7 @@ from pathlib import Path
 from nodeagent.base.errors import ConfigError, MpsError
 from nodeagent.base.files import FileTooLarge, UnreadableFile, read_regular
 from nodeagent.base.logs import get_logger
+from nodeagent.base.units import decimal, whole_number
 
 NO_DAEMON = "Cannot find MPS control daemon process"
 ALREADY_RUNNING = "An instance of this daemon is already running"
@@ -40,13 +41,13 @@ class MpsControl:
 
     def command(self, line: str) -> str:
         """Send one command; return the answer (stripped). Raises MpsError when the daemon is
-        not there, the control program fails, or the round trip exceeds the timeout."""
+        not there, the control program fails, its answer is not UTF-8 text, or the round trip
+        exceeds the timeout."""
         try:
             proc = subprocess.run(
                 [self.binary],
-                input=line + "\n",
+                input=(line + "\n").encode(),
                 capture_output=True,
-                text=True,
                 env=self.env(),
                 timeout=self.timeout_seconds,
             )
@@ -56,22 +57,33 @@ class MpsControl:
             ) from err
         except OSError as err:
             raise self._cannot_run(err) from err
-        answer = proc.stdout.strip()
+        answer = _text(line, proc.stdout).strip()
         if proc.returncode != 0:
-            raise MpsError(
-                f"MPS control {line!r} failed: {answer or proc.stderr.strip() or proc.returncode}"
-            )
+            said = answer or proc.stderr.decode(errors="replace").strip()[:_SHOWN]
+            raise MpsError(f"MPS control {line!r} failed: {said or proc.returncode}")
         return answer
+
+    def percentage(self, line: str) -> float:
+        """The answer to `line` read as a percentage ('25.0'). Raises MpsError as `command`
+        does, and when the answer is not ASCII digits with an optional fraction."""
+        answer = self.command(line)
+        value = decimal(answer)
+        if value is None:
+            raise MpsError(
+                f"the MPS control program answered {line!r} with {_shown(answer)}, not a percentage"
+            )
+        return value
 
     def server_pids(self) -> list[int]:
         """The pids of the daemon's MPS servers (`get_server_list`). Raises MpsError as
-        `command` does."""
-        return _pids(self.command("get_server_list"))
+        `command` does, and when a line of the answer is not a pid (_pids)."""
+        return _pids("get_server_list", self.command("get_server_list"))
 
     def client_pids(self, server: int) -> list[int]:
-        """The pids of the clients of MPS server `server` (`get_client_list <server>`).
-        Raises MpsError as `command` does."""
-        return _pids(self.command(f"get_client_list {server}"))
+        """The pids of the clients of MPS server `server` (`get_client_list <server>`; none
+        when that server is gone). Raises MpsError as server_pids does."""
+        line = f"get_client_list {server}"
+        return _pids(line, self.command(line))
 
     def _cannot_run(self, err: OSError) -> MpsError:
         """Why the control program did not run, in words (never an OSError's repr)."""
@@ -85,8 +97,10 @@ class MpsControl:
         return MpsError(f"cannot run {self.binary}: {err.strerror or 'it failed to start'}")
 
     def start_daemon(self, visible_devices: str) -> None:
-        """`nvidia-cuda-mps-control -d` with the pipe/log directories and CUDA_VISIBLE_DEVICES."""
-        for folder in (self.pipe_dir, self.log_dir):
+        """`nvidia-cuda-mps-control -d` with the pipe/log directories and CUDA_VISIBLE_DEVICES.
+        Raises MpsError (a pipe or log folder that is a link: no_link)."""
+        for folder, what in ((self.pipe_dir, "pipe"), (self.log_dir, "log")):
+            no_link(folder, f"MPS {what} folder")
             try:
                 folder.mkdir(parents=True, exist_ok=True)
             except OSError as err:
@@ -95,7 +109,6 @@ class MpsControl:
             proc = subprocess.run(
                 [self.binary, "-d"],
                 capture_output=True,
-                text=True,
                 env=self.env(visible_devices),
                 timeout=max(self.timeout_seconds, 10),
             )
@@ -107,7 +120,7 @@ class MpsControl:
                 f" {max(self.timeout_seconds, 10):g} s"
             ) from err
         if proc.returncode != 0:
-            text = (proc.stdout + proc.stderr).strip()
+            text = (proc.stdout + proc.stderr).decode(errors="replace").strip()[: _SHOWN * 4]
             raise MpsError(f"the MPS control daemon did not start: {text or proc.returncode}")
 
     def daemon_devices(self, pid: int) -> list[str] | None:
@@ -134,10 +147,13 @@ class MpsControl:
         stale: it is removed with a warning and that process is left alone. Raises ConfigError
         when the pid file is not a regular file."""
         path = self.pipe_dir / PID_FILE
+        if self.pipe_dir.is_symlink():  # another daemon's folder, perhaps: never ours
+            return None
         try:
             data = read_regular(path, "the MPS control daemon's pid file", 64)
-            pid = int(data.decode().strip()) if data is not None else 0
-        except (UnreadableFile, FileTooLarge, ValueError):
+            text = data.decode(errors="replace").strip() if data is not None else ""
+            pid = whole_number(text, PID_DIGITS) or 0
+        except (UnreadableFile, FileTooLarge):
             return None
         if pid <= 0 or not process_alive(pid):
             return None
@@ -152,8 +168,53 @@ class MpsControl:
         return None
 
 
-def _pids(answer: str) -> list[int]:
-    return [int(x) for x in answer.split() if x.isdigit()]
+def no_link(folder: Path, what: str) -> None:
+    """Raise MpsError when `folder` is a symbolic link: a daemon's folder is never followed
+    through one (its pipe, log and pid file would be written, and another daemon found,
+    where it points)."""
+    if folder.is_symlink():
+        raise MpsError(
+            f"the {what} {folder} is a symbolic link; nodeagent does not follow it (the"
+            " daemon's files would be written where it points): remove it"
+        )
+
+
+_SHOWN = 64  # characters of an answer an error quotes
+PID_DIGITS = 10  # a Linux pid is below 2^22 (pid_max); a 32-bit one has at most 10 digits
+
+
+def _shown(answer: str) -> str:
+    return repr(answer if len(answer) <= _SHOWN else answer[: _SHOWN - 1] + "…")
+
+
+def _text(line: str, data: bytes) -> str:
+    """The control program's answer to `line` as text. Raises MpsError when it is not UTF-8."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError as err:
+        raise MpsError(
+            f"the MPS control program answered {line!r} with bytes that are not UTF-8 text"
+            f" ({data[err.start : err.start + 8]!r} at byte {err.start})"
+        ) from err
+
+
+def _pids(line: str, answer: str) -> list[int]:
+    """A pid list, one per line: `get_server_list`'s, `get_client_list`'s (whose `Server <pid>
+    not found` says the server is gone: no clients). Raises MpsError for any other line,
+    digits that are not ASCII among them."""
+    if answer.startswith("Server ") and answer.endswith(" not found"):
+        return []
+    out = []
+    for item in answer.split("\n"):
+        pid = whole_number(item.strip(), PID_DIGITS)
+        if pid is not None and pid > 0:
+            out.append(pid)
+        elif item.strip():
+            raise MpsError(
+                f"the MPS control program answered {line!r} with {_shown(item.strip())}, not a"
+                " process id (ASCII digits)"
+            )
+    return out
 
 
 def limit_holds(got: int | None, want: int) -> bool:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from nodeagent.base.errors import AgentError, MpsError
 from nodeagent.base.files import atomic_write_text, remove_regular
 from nodeagent.base.logs import get_logger
+from nodeagent.base.units import decimal
 from nodeagent.mps.control import MpsControl, limit_holds, parent_pid, process_alive
 from nodeagent.mps.settings import Limits, MpsSettings, mps_size, parse_size
 
@@ -142,11 +143,7 @@ class MpsDaemon:
 
     def read_back(self) -> tuple[float | None, dict[int, int | None]]:
         """The daemon's default thread percentage and pinned limit per MPS device index."""
-        pct_text = self.control.command("get_default_active_thread_percentage")
-        try:
-            pct: float | None = float(pct_text)
-        except ValueError:
-            pct = None
+        pct = decimal(self.control.command("get_default_active_thread_percentage"))
         pinned: dict[int, int | None] = {}
         for device in sorted(self.limits.pinned_bytes) or range(self._device_count()):
             text = self.control.command(f"get_default_device_pinned_mem_limit {device}")
@@ -183,9 +180,9 @@ class MpsDaemon:
     def probe(self) -> bool:
         """A bounded round trip to the daemon."""
         try:
-            float(self.control.command("get_default_active_thread_percentage"))
+            self.control.percentage("get_default_active_thread_percentage")
             return True
-        except (AgentError, ValueError):
+        except AgentError:
             return False
 
     def restart(self) -> None:
@@ -215,6 +212,9 @@ class MpsDaemon:
             # Only the daemon's own children are ever killed: the list is the daemon's word.
             listed = self.control.server_pids()
             servers = [s for s in listed if parent_pid(s) == pid]
+        except AgentError as err:  # an answer it cannot read: still told to quit
+            log.warning("mps.servers_unknown", error=str(err))
+        try:
             self.control.command("quit")
         except AgentError as err:
             log.warning("mps.quit_failed", error=str(err))

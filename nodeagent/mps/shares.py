@@ -39,13 +39,14 @@ from pathlib import Path
 from nodeagent.base.errors import AgentError, MpsError
 from nodeagent.base.files import read_regular
 from nodeagent.base.logs import get_logger
-from nodeagent.mps.control import MpsControl, limit_holds, process_alive
+from nodeagent.base.units import decimal
+from nodeagent.mps.control import MpsControl, limit_holds, no_link, process_alive
 from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.settings import Limits, MpsSettings, mps_size, parse_size
 
 log = get_logger("nodeagent.mps")
 CONTROL_LOG_BYTES = 16 << 20  # the daemon's log of one device's clients
-_NEW_CLIENT = re.compile(r"NEW CLIENT (\d+) from user (\d+)")
+_NEW_CLIENT = re.compile(r"NEW CLIENT ([0-9]{1,10}) from user ([0-9]{1,10})\b")  # ASCII only
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,7 @@ class ShareServers:
         daemon and on every server it runs. Raises MpsError; a daemon this call started is
         stopped again when it fails."""
         ceiling = Ceiling.of(clients)
+        no_link(self.where(key), "MPS share server folder")
         daemon = self._daemon(key, ceiling)
         daemon.start()  # adopts a running daemon: its servers and clients keep running
         try:
@@ -179,10 +181,7 @@ class ShareServers:
                 control.command(f"set_device_pinned_mem_limit {server} 0 {size}")
             got = control.command(f"get_active_thread_percentage {server}")
             problems = []
-            try:
-                if float(got) != float(pct):
-                    problems.append(f"thread percentage {got}, wanted {pct}")
-            except ValueError:
+            if decimal(got) != float(pct):  # ASCII digits only: float() takes others
                 problems.append(f"thread percentage {got!r}, wanted {pct}")
             if ceiling.pinned_memory_bytes:
                 text = control.command(f"get_device_pinned_mem_limit {server} 0")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.base.errors import ConfigError
+from nodeagent.base.units import is_digits as _digits  # ASCII digits, at most 18
 from nodeagent.settings.groups import DEFAULT_METRICS_ADDRESS
 
 # -- parsers: raw value (YAML scalar or the text of a variable/flag) -> typed value ----------
@@ -56,11 +57,6 @@ def _show(raw: Any) -> str:
 
 FLOOR_SECONDS = 0.01  # shorter would spin a core (and hold the NVML lock) for nothing
 CEILING_SECONDS = 7 * 86400.0  # longer overflows socket timeouts and is surely a typo
-
-
-def _digits(text: str) -> bool:
-    """ASCII digits only: str.isdigit() also accepts '²', which int() refuses."""
-    return text.isascii() and text.isdigit()
 
 
 def seconds(minimum: float = 0.0, inclusive: bool = False) -> Parser:

@@ -23,11 +23,12 @@ SHAPE: Shape = {
         ([], ("the object", "is a list, not an object")),
         ({"metadata": []}, ("metadata", "is a list, not an object")),
         ({"metadata": {"labels": {"a": 1}}}, ("metadata.labels.a", "is a number, not a string")),
-        ({"metadata": {"generation": True}}, ("metadata.generation", "is true or false, not a number")),
+        ({"metadata": {"generation": True}}, ("metadata.generation", "is true or false, not a whole number")),
+        ({"metadata": {"generation": 1000.0}}, ("metadata.generation", "is a number, not a whole number")),
         ({"items": "abc"}, ("items", "is a string, not a list")),
         ({"items": [{}, "x"]}, ("items[1]", "is a string, not an object")),
         ({"items": [{"admin": "yes"}]}, ("items[0].admin", "is a string, not true or false")),
-        ({"items": [{"size": 1.5}]}, ("items[0].size", "is a number, not a number or a string")),
+        ({"items": [{"size": 1.5}]}, ("items[0].size", "is a number, not a string or a whole number")),
     ],
 )  # fmt: skip
 def test_the_first_wrong_field_is_named(value: Any, found: tuple[str, str] | None) -> None:

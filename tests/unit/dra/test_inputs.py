@@ -10,7 +10,7 @@ import pytest
 
 from nodeagent.base.errors import ConfigError
 from nodeagent.dra.checkpoint import PREPARED, Checkpoint, PreparedClaim, PreparedDevice, load, save
-from nodeagent.dra.claims import Mps, claimed_devices, parse_quantity
+from nodeagent.dra.claims import Mps, claimed_devices, parse_quantity, quoted
 from nodeagent.dra.devices import DeviceRef
 from nodeagent.settings import load as load_settings
 
@@ -167,3 +167,56 @@ def test_checkpoint_round_trip(tmp_path: Path) -> None:
     assert load(tmp_path / "missing.json") == Checkpoint()
     assert cp.holder_of(0, 2, 1) == cp.claims["u"]
     assert cp.holder_of(0, 3, 4) is None and cp.holder_of(0, 2, 1, but="u") is None
+
+
+LONG = "1" * 5000  # int() of it fails: Python's limit on converting long digit strings
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["gpu-\u0660", "gpu-\u0660-mps", "gpu-0-mps\n", "gpu-0\n", "gpu-00", "gpu-00-mps", "gpu-²",
+     f"gpu-{LONG}", "gpu-0-mig-1g18gb-١٩-0", "gpu-0-mig-1g18gb-19-0\n", f"gpu-0-mig-1g-19-{LONG}"],
+)  # fmt: skip
+def test_a_device_name_is_read_as_this_driver_writes_it(device: str) -> None:
+    """ASCII digits without a leading zero, nothing after: 'gpu-\u0660-mps' or 'gpu-0-mps\\n' would
+    be GPU 0's share device under another name (another MPS daemon's key)."""
+    with pytest.raises(ConfigError) as info:
+        claimed_devices(claim(device), DRIVER, "n")
+    assert str(info.value) == f"claim ns/c: device {quoted(device)} is not one {DRIVER} publishes"
+
+
+def share_claim(sm: object, memory: object) -> dict[str, Any]:
+    obj = claim("gpu-0-mps")
+    (result,) = obj["status"]["allocation"]["devices"]["results"]
+    result["consumedCapacity"] = {f"{DRIVER}/sm": sm, f"{DRIVER}/memory": memory}
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("sm", "memory", "words"),
+    [
+        ("²", "8Gi", "sm '²' is not a whole percentage 1-100"),
+        ("٢٠", "8Gi", "sm '٢٠' is not a whole percentage 1-100"),
+        ("20\n", "8Gi", "sm '20\\n' is not a whole percentage 1-100"),
+        (LONG, "8Gi", "sm '11111111111111111111111111111111111111111111111111111111111111…"
+                      " is not a whole percentage 1-100"),
+        ("0100", "8Gi", "sm '0100' is not a whole percentage 1-100"),
+        ("20", "٨Gi", "memory '٨Gi' is not a quantity of bytes like 16Gi or 500M"),
+        ("20", "²Gi", "memory '²Gi' is not a quantity of bytes like 16Gi or 500M"),
+        ("20", "8Gi\n", "memory '8Gi\\n' is not a quantity of bytes like 16Gi or 500M"),
+        ("20", LONG + "Gi", "memory '111111111111111111111111111111111111111111111111111111111111"),
+    ],
+)  # fmt: skip
+def test_consumed_capacity_is_ascii_digits_of_a_bounded_count(
+    sm: object, memory: object, words: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        claimed_devices(share_claim(sm, memory), DRIVER, "n")
+    text = str(info.value)
+    assert text.startswith("claim ns/c: gpu-0-mps's consumed capacity: ")
+    assert words in text and len(text) < 300
+
+
+def test_consumed_capacity_as_the_scheduler_writes_it() -> None:
+    (device,) = claimed_devices(share_claim("20", "8Gi"), DRIVER, "n")
+    assert device.mps == Mps(20, 8 << 30)

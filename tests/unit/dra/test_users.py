@@ -85,7 +85,15 @@ def test_the_share_user(pods: list[Any], device: ClaimedDevice, user: int | None
         ([pod(c("a", 0))], claimed(user=1000),
          "its MpsShare config names user 1000 but container a of pod ns/p runs as 0"),
         ([pod(c("a", "1000"))], claimed(),
-         "pod ns/p: spec.containers[0].securityContext.runAsUser is a string, not a number"),
+         "pod ns/p: spec.containers[0].securityContext.runAsUser is a string, not a whole number"),
+        ([pod(c("a", 1000.0))], claimed(),
+         "pod ns/p: spec.containers[0].securityContext.runAsUser is a number, not a whole number"),
+        ([pod(c("a", -1))], claimed(),
+         "pod ns/p: container a runs as user -1, not a uid (a whole number 0-2147483647)"),
+        ([pod(c("a"), user=2**31)], claimed(),
+         "pod ns/p: container a runs as user 2147483648, not a uid"),
+        ([pod(c("a", 2**63))], claimed(), "container a runs as user 9223372036854775808, not a uid"),
+        ([pod(c("a", 10**30))], claimed(user=1000), "runs as user 1000000000000000000000000000000,"),
     ],
 )  # fmt: skip
 def test_what_is_refused(pods: list[Any], device: ClaimedDevice, words: str) -> None:
