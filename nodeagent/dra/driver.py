@@ -26,6 +26,7 @@ from nodeagent.dra.users import PodUsers
 from nodeagent.kube.api import KubeSettings, make_api_client
 from nodeagent.kube.reconnect import Reconnect
 from nodeagent.mig.wanted import MigEngine
+from nodeagent.mps.regimes import MpsRegimes
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.settings import Settings
 from nodeagent.state.faults import Fault, FaultKey
@@ -53,8 +54,10 @@ class DraDriver:
         stop: threading.Event | None = None,
         stats: Stats | None = None,
         reconnect: Reconnect | None = None,
+        regimes: MpsRegimes | None = None,
     ) -> None:
-        """`reconnect`: the agent's, shared with its Node watch (nodeagent.kube.reconnect)."""
+        """`reconnect`: the agent's, shared with its Node watch (nodeagent.kube.reconnect);
+        `regimes`: its MPS manager's (a share server and its daemon exclude each other)."""
         d = settings.dra
         self.driver = d.driver
         self.devices = d.devices
@@ -76,8 +79,11 @@ class DraDriver:
             cdi_dir=d.cdi_dir,
             gpus=d.devices,
             mps_control=settings.mps.control,
+            share_sm_limit=d.mps_share_sm_limit,
         )
-        self.node = NodeDriver(session, config, engine, owners, stats, users=PodUsers(self.api))
+        self.node = NodeDriver(
+            session, config, engine, owners, stats, users=PodUsers(self.api), regimes=regimes
+        )
         self.board = HealthBoard()
         where = sockets(settings)
         self.server = KubeletPluginServer(self.node, self.api, d.driver, where, self.board)
