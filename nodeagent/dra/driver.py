@@ -124,7 +124,6 @@ class DraDriver:
         same; True when something was written. Where the API server drops the counters
         (nodeagent.dra.slices.GateWatch), only devices that cannot overlap
         (nodeagent.dra.nocounters). Raises KubeError."""
-        self.shares.tick(inventory)  # the share servers kept up and watched (never raises)
         slices = self._slices(inventory, self.gate.counters_dropped())
         faulty = device_faults(slices, faults or {}, fatal_kinds)
         self._say(faulty)
@@ -132,6 +131,11 @@ class DraDriver:
         if self.publisher.taints_dropped:  # the API server drops them: said once, left out
             return self.publisher.publish(slices)
         return self.publisher.publish(with_taints(slices, faulty, self.driver))
+
+    def watch_shares(self) -> None:
+        """One look of the share watch (nodeagent.dra.sharewatch), on a worker of its own:
+        the share servers kept up, their clients watched. Never raises."""
+        self.shares.tick()
 
     def bind(self) -> None:
         """One pass of the binding watcher (nodeagent.dra.binding): the claims listed if need

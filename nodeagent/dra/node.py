@@ -223,7 +223,8 @@ class NodeDriver:
             )
         return None
 
-    def _inventory(self) -> Inventory:
+    def inventory(self) -> Inventory:
+        """The node's GPUs as NVML has them now (under the session's lock)."""
         with self.session.lock:
             return read_inventory(self.session)
 
@@ -268,7 +269,7 @@ class NodeDriver:
             claimed = claimed_devices(claim, c.driver, c.pool, c.share_sm_limit)
             if self.users is not None:
                 claimed = self.users.resolve(claim, claimed, deadline)
-            wanted = intents(self._inventory(), claimed, before.devices if before else (), c.gpus)
+            wanted = intents(self.inventory(), claimed, before.devices if before else (), c.gpus)
             wanted = self._joining(ref.uid, wanted, claims)
         except AgentError:
             if before is not None:  # a retry that is refused now holds nothing
@@ -334,7 +335,7 @@ class NodeDriver:
                 return list(before.devices)
             claimed = claimed_devices(claim, c.driver, c.pool, c.share_sm_limit)
             previous = before.devices if before else ()
-            wanted = intents(self._inventory(), claimed, previous, c.gpus)
+            wanted = intents(self.inventory(), claimed, previous, c.gpus)
             record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted), (), c.driver)
             try:
                 done = self._run(self._change(ref, record, deadline))
@@ -420,7 +421,7 @@ class NodeDriver:
         """What of a prepared claim is no longer there (None: all of it is)."""
         if not cdi.spec_file(self.config.cdi_dir, self.config.driver, uid).exists():
             return "its CDI spec"
-        gpus = {g.index: g for g in self._inventory().gpus}
+        gpus = {g.index: g for g in self.inventory().gpus}
         for d in claim.devices:
             if d.is_mig:
                 gpu = gpus.get(d.gpu)

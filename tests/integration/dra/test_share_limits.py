@@ -222,3 +222,27 @@ def test_a_limit_over_100_is_refused(dra_node: DraNode, tmp_path: Path) -> None:
     assert servers(dra_node) == []
     with pytest.raises(ConfigError):
         dra_node.node.prepare(ClaimRef("speech", "asr", "uid-o"), dra_node.claim("speech", "asr"))
+
+
+def test_the_share_watch_keeps_the_servers_up_on_its_own(
+    dra_node: DraNode, fake_mps_control: str
+) -> None:
+    """The watch reads the GPUs itself (its own worker, no slice publish behind it): a killed
+    server is started again at its next look, and its claims say so."""
+    import os
+    import signal
+
+    from nodeagent.dra.sharewatch import ShareWatch
+    from tests.integration.dra.test_share_servers import _wait_gone
+
+    watch = ShareWatch(dra_node.node)
+    assert watch.tick() == []  # no share claim: nothing read, nothing said
+    prepared(dra_node, share("asr", "uid-w", "gpu-0-mps", 30, "8Gi"))
+    (root,) = servers(dra_node)
+    pid = control_of(root, fake_mps_control).daemon_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    _wait_gone(pid)
+    watch._next = 0.0
+    assert [(f.claim, f.reason) for f in watch.tick()] == [("uid-w", "ServerRestarted")]
+    assert control_of(root, fake_mps_control).daemon_pid() not in (None, pid)
