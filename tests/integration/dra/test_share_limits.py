@@ -70,6 +70,17 @@ def test_a_request_alone_bursts_to_the_whole_gpu_and_memory_stays_at_the_request
     emb = recorded_mps(dra_node, "uid-emb")
     assert (emb["sm_limit_percent"], emb["priority"]) == (100, "low")
     assert recorded_mps(dra_node, "uid-asr")["priority"] == "normal"
+    # What the claim got, in its status.devices entry: request, limit, memory, priority.
+    (entry,) = dra_node.claim("speech", "emb")["status"]["devices"]
+    assert entry["data"]["mps"] == {
+        "threadPercentage": 20, "smLimitPercent": 100, "pinnedMemoryBytes": 4 << 30,
+        "priority": "low",
+    }  # fmt: skip
+    (ready,) = [c for c in entry["conditions"] if c["type"] == "Ready"]
+    assert (
+        "20 % of its SMs requested, up to 100 %, 4096 MiB pinned memory, low priority"
+        in (ready["message"])
+    )
 
 
 def test_the_server_ceiling_is_the_largest_limit_and_follows_the_claims_left(
