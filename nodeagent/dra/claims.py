@@ -14,7 +14,7 @@ Anything else (an unknown key, a bad value, an MPS config on a MIG slice) is an 
 names the claim, and nothing is prepared for it.
 
 An MPS share device (nodeagent.dra.shares: allowMultipleAllocations, KEP-5075) takes no
-MpsConfig: its limits are what the scheduler gave the claim, the result's `consumedCapacity`
+MpsConfig: its request is what the scheduler gave the claim, the result's `consumedCapacity`
 (`<driver>/sm` percent -> threadPercentage, `<driver>/memory` bytes -> pinnedMemory), and the
 result's `shareID` tells the claims that share it apart. The share claims on one device are
 the clients of one MPS server (nodeagent.mps.shares), and an MPS server runs as one user: a
