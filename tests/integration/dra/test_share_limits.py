@@ -7,7 +7,6 @@ pipeline's device-plugin daemon and a share server never run on one GPU together
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -220,10 +219,21 @@ def test_a_restarted_driver_knows_the_share_servers_it_adopts(
 
 
 def test_an_mps_share_config_without_a_user_keeps_the_pods_user(dra_node: DraNode) -> None:
-    prepared(dra_node, capped(share("asr", "uid-s", "gpu-0-mps", 30, "8Gi"), smLimit=50))
-    assert [p.name for p in servers(dra_node)] == ["gpu-0-mps-u0"]
-    spec = json.loads(cdi.spec_file(dra_node.cdi_dir, DRIVER, "uid-s").read_text())
-    assert spec["devices"][0]["name"] == "uid-s-gpu-0-mps"
+    """An MpsShare that sets only smLimit and priority says no user: the pods' runAsUser
+    decides it as before (nodeagent.dra.users), and the limit and priority stay."""
+    from tests.integration.dra.test_share_users import add_pod, container
+
+    claim = capped(share("asr", "uid-s", "gpu-0-mps", 30, "8Gi"), smLimit=50, priority="low")
+    add_pod(dra_node, claim, "asr-0", [container("asr")], pod_user=1000)
+    prepared(dra_node, claim)
+    assert [p.name for p in servers(dra_node)] == ["gpu-0-mps-u1000"]
+    env = env_of(dra_node, "uid-s")
+    assert (env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], env["CUDA_MPS_CLIENT_PRIORITY"]) == (
+        "50",
+        "1",
+    )
+    mps = recorded_mps(dra_node, "uid-s")
+    assert (mps["user"], mps["sm_limit_percent"], mps["priority"]) == (1000, 50, "low")
 
 
 def test_a_limit_over_100_is_refused(dra_node: DraNode, tmp_path: Path) -> None:
