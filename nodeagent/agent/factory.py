@@ -303,7 +303,7 @@ class NodeEdges:
 
         dra = DraDriver(
             self.session, s, kube_settings, pipeline, self.owners, self.stop, self.dra_stats,
-            reconnect,
+            reconnect, pipeline.mps.regimes,
         )  # fmt: skip
         # A lost ownership record is rebuilt from the claims allocated here too.
         with_api(self.owners, allocated_here(dra.api, s.dra.driver))
@@ -458,6 +458,9 @@ def dra_driver(
     pipeline = command_pipeline(
         session, settings, reset, lock_path, allocations=pods, owners=owners
     )
-    node = NodeDriver(session, config, pipeline, owners, stats, users=users)
+    config = dataclasses.replace(config, share_sm_limit=settings.dra.mps_share_sm_limit)
+    node = NodeDriver(
+        session, config, pipeline, owners, stats, users=users, regimes=pipeline.mps.regimes
+    )
     node.start()
     return node

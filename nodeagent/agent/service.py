@@ -53,7 +53,7 @@ STOP_SECONDS = 4.0  # how long stop() waits for idle workers (SIGTERM exits with
 # The watch workers' own backoff after a failed pass: the informer waits the jittered one.
 WATCH_BACKOFF_SECONDS = 1.0
 # Workers that wait for the NVML lock during a MIG change.
-NVML_READERS = ("refresh", "gpm", "mps-probe", "dra-publish", "dra-bind")
+NVML_READERS = ("refresh", "gpm", "mps-probe", "dra-publish", "dra-bind", "dra-shares")
 
 
 class Current:
@@ -299,6 +299,12 @@ class Agent:
                        lambda: self.settings.dra.health_interval_seconds, self.stop_event)
             )  # fmt: skip
             from nodeagent.dra.binding import INTERVAL_SECONDS
+            from nodeagent.dra.sharewatch import WATCH_SECONDS
+
+            # The share servers kept up and their clients watched, on their own interval.
+            workers.append(
+                worker("dra-shares", dra.watch_shares, lambda: WATCH_SECONDS, self.stop_event)
+            )
 
             # The watches' backoff after a failure is their own, jittered (the informer's
             # pause: nodeagent.kube.reconnect); the worker's, the same on every node, stays 1 s.

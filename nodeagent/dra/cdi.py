@@ -9,7 +9,10 @@ MIG device by UUID (NVIDIA_VISIBLE_DEVICES, which the NVIDIA container toolkit t
 device nodes and driver mounts, as it does for the device plugin) and, for an MPS share, point
 the clients at the MPS daemon serving the claim, with the claim's own limits as client
 environment (an MpsConfig's daemon is the claim's own; a share device's is the device's one
-server for all its share claims, nodeagent.mps.shares, and NODEAGENT_MPS_CLAIM names the claim).
+server for all its share claims, nodeagent.mps.shares, and NODEAGENT_MPS_CLAIM names the claim):
+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is the claim's SM **limit** (a share's smLimit, default 100;
+not its request, which is what the scheduler counted), CUDA_MPS_PINNED_DEVICE_MEM_LIMIT its
+memory (hard), and for a share CUDA_MPS_CLIENT_PRIORITY its priority (0 normal, 1 low).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from nodeagent.mps.claims import ClaimLimits
 from nodeagent.state.held import PreparedDevice
 
 CDI_VERSION = "0.6.0"
@@ -54,12 +58,13 @@ def _edits(device: PreparedDevice, claim_uid: str) -> dict[str, Any]:
     edits: dict[str, Any] = {"env": env}
     if device.mps:
         pipe = str(device.mps["pipe_dir"])
+        limits = ClaimLimits.of(device.mps)
         env.append(f"CUDA_MPS_PIPE_DIRECTORY={pipe}")
-        env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={device.mps['thread_percentage']}")
-        pinned = device.mps.get("pinned_memory_bytes")
-        if pinned:
-            env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={int(pinned) >> 20}M")
+        env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={limits.limit_percent}")
+        if limits.memory_bytes:
+            env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={limits.memory_bytes >> 20}M")
         if device.shared:  # one server for the device's claims: whose client is this
+            env.append(f"CUDA_MPS_CLIENT_PRIORITY={limits.client_priority}")
             env.append(f"{CLAIM_ENV}={claim_uid}")
         edits["mounts"] = [
             {"hostPath": pipe, "containerPath": pipe, "options": ["rbind", "rw"]},

@@ -14,7 +14,7 @@ Anything else (an unknown key, a bad value, an MPS config on a MIG slice) is an 
 names the claim, and nothing is prepared for it.
 
 An MPS share device (nodeagent.dra.shares: allowMultipleAllocations, KEP-5075) takes no
-MpsConfig: its limits are what the scheduler gave the claim, the result's `consumedCapacity`
+MpsConfig: its request is what the scheduler gave the claim, the result's `consumedCapacity`
 (`<driver>/sm` percent -> threadPercentage, `<driver>/memory` bytes -> pinnedMemory), and the
 result's `shareID` tells the claims that share it apart. The share claims on one device are
 the clients of one MPS server (nodeagent.mps.shares), and an MPS server runs as one user: a
@@ -24,14 +24,23 @@ different users on one device are time-sliced against each other):
 
     apiVersion: gpu.nodeagent.io/v1
     kind: MpsShare
-    user: 1000               # the uid the claim's containers run as (their image's USER)
+    user: 1000               # optional: the uid the claim's containers run as (their image's USER)
+    smLimit: 60              # optional: the SM ceiling of its clients, request-100 (a percent)
+    priority: low            # optional: normal (default) | low: CUDA_MPS_CLIENT_PRIORITY 0 | 1
+
+A share's consumed `sm` is its **request**: what the scheduler counts (at most 100 per device).
+Its **limit** is the SM ceiling its clients get (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): the
+claim's MpsShare `smLimit`, else its DeviceClass's (a config from the class), else the node's
+`dra.mps-share-sm-limit` (default 100: a share bursts into the idle GPU). A node default below
+a claim's request gives that claim its request. Memory stays a hard limit equal to the request.
+An `smLimit` below the request, or above 100, is refused.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nodeagent.base.errors import ConfigError
@@ -52,13 +61,19 @@ _UNITS = {
 }  # fmt: skip
 
 
+PRIORITIES = ("normal", "low")  # an MpsShare's priority: CUDA_MPS_CLIENT_PRIORITY 0 | 1
+
+
 @dataclass(frozen=True)
 class Mps:
-    """An MPS share: the clients' active thread percentage and pinned memory limit."""
+    """An MPS share: the clients' active thread percentage (a share's request) and pinned
+    memory limit; a share's SM limit (its clients' ceiling) and priority."""
 
     thread_percentage: int
     pinned_memory_bytes: int | None = None
     user: int | None = None  # a share's: the uid of its clients (its MPS server's user)
+    sm_limit_percent: int | None = None  # a share's: its clients' SM ceiling (request-100)
+    priority: str | None = None  # a share's: normal | low
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -67,7 +82,29 @@ class Mps:
         }
         if self.user is not None:
             out["user"] = self.user
+        if self.sm_limit_percent is not None:
+            out["sm_limit_percent"] = self.sm_limit_percent
+        if self.priority is not None:
+            out["priority"] = self.priority
         return out
+
+
+@dataclass(frozen=True)
+class ShareConfig:
+    """An MpsShare config: each field None where it says nothing (a later config's word on
+    it, or the node's default, stands)."""
+
+    user: int | None = None
+    sm_limit_percent: int | None = None
+    priority: str | None = None
+
+    def over(self, earlier: ShareConfig) -> ShareConfig:
+        """This config's fields over `earlier`'s (a claim's over its class's)."""
+        return ShareConfig(
+            earlier.user if self.user is None else self.user,
+            earlier.sm_limit_percent if self.sm_limit_percent is None else self.sm_limit_percent,
+            earlier.priority if self.priority is None else self.priority,
+        )
 
 
 @dataclass(frozen=True)
@@ -187,24 +224,49 @@ def share_mps(result: Mapping[str, Any], driver: str, where: str) -> Mps:
     return Mps(pct, pinned >> 20 << 20)
 
 
-def parse_share(params: Mapping[str, Any], where: str) -> int:
-    """An MpsShare's parameters -> the uid. Raises ConfigError naming every problem."""
-    problems = [f"unknown key {k!r}" for k in sorted(set(params) - {"apiVersion", "kind", "user"})]
-    user = params.get("user")
-    if isinstance(user, bool) or not isinstance(user, int) or not 0 <= user <= MAX_UID:
+def parse_share(params: Mapping[str, Any], where: str) -> ShareConfig:
+    """An MpsShare's parameters (`user`, `smLimit`, `priority`, each optional) -> ShareConfig.
+    Raises ConfigError naming every problem."""
+    known = {"apiVersion", "kind", "user", "smLimit", "priority"}
+    problems = [f"unknown key {k!r}" for k in sorted(set(params) - known)]
+    user, limit, priority = params.get("user"), params.get("smLimit"), params.get("priority")
+    if user is not None and (
+        isinstance(user, bool) or not isinstance(user, int) or not 0 <= user <= MAX_UID
+    ):
         problems.append(f"user must be a uid, a whole number 0-{MAX_UID}, not {quoted(user)}")
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100
+    ):
+        problems.append(f"smLimit must be a whole percentage 1-100, not {quoted(limit)}")
+    if priority is not None and priority not in PRIORITIES:
+        problems.append(f"priority must be normal or low, not {quoted(priority)}")
     if problems:
         raise ConfigError(f"{where}: {SHARE_KIND}: " + "; ".join(problems))
-    assert isinstance(user, int)
-    return user
+    return ShareConfig(user, limit, priority)
+
+
+def share_limits(mps: Mps, config: ShareConfig, default_limit: int, where: str, device: str) -> Mps:
+    """A share's Mps (its request from the consumed capacity) with its user, its SM limit
+    (the configs', else `default_limit`, never below the request) and its priority. Raises
+    ConfigError when a config's smLimit is below the request."""
+    limit = config.sm_limit_percent
+    if limit is not None and limit < mps.thread_percentage:
+        raise ConfigError(
+            f"{where}: {device}: smLimit {limit} is below the claim's request of"
+            f" {mps.thread_percentage} % of the SMs; a limit is between the request and 100"
+        )
+    if limit is None:
+        limit = max(default_limit, mps.thread_percentage)
+    priority = config.priority or "normal"
+    return replace(mps, user=config.user, sm_limit_percent=limit, priority=priority)
 
 
 def _configs(
     allocation: Mapping[str, Any], driver: str, where: str
-) -> list[tuple[set[str], Mps | int]]:
-    """(requests it applies to (empty: all), Mps or an MpsShare's uid) for each of this
-    driver's opaque configs; class configs first, then the claim's, so the claim's win."""
-    out: list[tuple[int, set[str], Mps | int]] = []
+) -> list[tuple[set[str], Mps | ShareConfig]]:
+    """(requests it applies to (empty: all), Mps or ShareConfig) for each of this driver's
+    opaque configs; class configs first, then the claim's, so the claim's win."""
+    out: list[tuple[int, set[str], Mps | ShareConfig]] = []
     for entry in (allocation.get("devices") or {}).get("config") or []:
         opaque = entry.get("opaque") or {}
         if opaque.get("driver") != driver:
@@ -264,10 +326,13 @@ def checked_claim(obj: object, what: str = "a ResourceClaim") -> dict[str, Any]:
     return obj
 
 
-def claimed_devices(claim: Mapping[str, Any], driver: str, pool: str) -> list[ClaimedDevice]:
-    """This node's devices in the claim's allocation, each with its MPS share if one applies.
-    Raises ConfigError when the claim is not allocated, names a device this driver never
-    published, or its config is bad (Unreadable: a field it reads has the wrong JSON type)."""
+def claimed_devices(
+    claim: Mapping[str, Any], driver: str, pool: str, default_sm_limit: int = 100
+) -> list[ClaimedDevice]:
+    """This node's devices in the claim's allocation, each with its MPS share if one applies
+    (a share's SM limit `default_sm_limit` where no config sets one). Raises ConfigError when
+    the claim is not allocated, names a device this driver never published, or its config is
+    bad (Unreadable: a field it reads has the wrong JSON type)."""
     claim = checked_claim(claim)
     meta = claim.get("metadata") or {}
     where = f"claim {meta.get('namespace')}/{meta.get('name')}"
@@ -285,18 +350,18 @@ def claimed_devices(claim: Mapping[str, Any], driver: str, pool: str) -> list[Cl
             raise ConfigError(f"{where}: device {quoted(device)} is not one {driver} publishes")
         admin = result.get("adminAccess") is True
         mps: Mps | None = None
-        user: int | None = None
+        share: ShareConfig | None = None
         for requests, candidate in configs if not admin else ():
             # A subrequest ('gpu/small') matches a config naming its request ('gpu').
             if not requests or request in requests or request.split("/", 1)[0] in requests:
                 if isinstance(candidate, Mps):
                     mps = candidate
                 else:
-                    user = candidate
-        if user is not None and not ref.shared:
+                    share = candidate.over(share or ShareConfig())
+        if share is not None and not ref.shared:
             raise ConfigError(
-                f"{where}: {device} is not an MPS share device; an {SHARE_KIND} config names"
-                " the user of a share device's clients (a -mps device)"
+                f"{where}: {device} is not an MPS share device; an {SHARE_KIND} config (user,"
+                " smLimit, priority) applies to a share device's clients (a -mps device)"
             )
         if mps is not None and ref.shared:
             raise ConfigError(
@@ -310,8 +375,7 @@ def claimed_devices(claim: Mapping[str, Any], driver: str, pool: str) -> list[Cl
             )
         if ref.shared and not admin:
             mps = share_mps(result, driver, where)
-            if user is not None:
-                mps = Mps(mps.thread_percentage, mps.pinned_memory_bytes, user)
+            mps = share_limits(mps, share or ShareConfig(), default_sm_limit, where, device)
             if any(c.device == device for c in out):
                 raise ConfigError(
                     f"{where}: {device} is given to two of its requests; a claim gets one MPS"

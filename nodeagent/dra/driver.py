@@ -26,6 +26,7 @@ from nodeagent.dra.users import PodUsers
 from nodeagent.kube.api import KubeSettings, make_api_client
 from nodeagent.kube.reconnect import Reconnect
 from nodeagent.mig.wanted import MigEngine
+from nodeagent.mps.regimes import MpsRegimes
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.settings import Settings
 from nodeagent.state.faults import Fault, FaultKey
@@ -53,8 +54,10 @@ class DraDriver:
         stop: threading.Event | None = None,
         stats: Stats | None = None,
         reconnect: Reconnect | None = None,
+        regimes: MpsRegimes | None = None,
     ) -> None:
-        """`reconnect`: the agent's, shared with its Node watch (nodeagent.kube.reconnect)."""
+        """`reconnect`: the agent's, shared with its Node watch (nodeagent.kube.reconnect);
+        `regimes`: its MPS manager's (a share server and its daemon exclude each other)."""
         d = settings.dra
         self.driver = d.driver
         self.devices = d.devices
@@ -76,8 +79,11 @@ class DraDriver:
             cdi_dir=d.cdi_dir,
             gpus=d.devices,
             mps_control=settings.mps.control,
+            share_sm_limit=d.mps_share_sm_limit,
         )
-        self.node = NodeDriver(session, config, engine, owners, stats, users=PodUsers(self.api))
+        self.node = NodeDriver(
+            session, config, engine, owners, stats, users=PodUsers(self.api), regimes=regimes
+        )
         self.board = HealthBoard()
         where = sockets(settings)
         self.server = KubeletPluginServer(self.node, self.api, d.driver, where, self.board)
@@ -118,7 +124,6 @@ class DraDriver:
         same; True when something was written. Where the API server drops the counters
         (nodeagent.dra.slices.GateWatch), only devices that cannot overlap
         (nodeagent.dra.nocounters). Raises KubeError."""
-        self.shares.tick(inventory)  # the share servers kept up and watched (never raises)
         slices = self._slices(inventory, self.gate.counters_dropped())
         faulty = device_faults(slices, faults or {}, fatal_kinds)
         self._say(faulty)
@@ -126,6 +131,11 @@ class DraDriver:
         if self.publisher.taints_dropped:  # the API server drops them: said once, left out
             return self.publisher.publish(slices)
         return self.publisher.publish(with_taints(slices, faulty, self.driver))
+
+    def watch_shares(self) -> None:
+        """One look of the share watch (nodeagent.dra.sharewatch), on a worker of its own:
+        the share servers kept up, their clients watched. Never raises."""
+        self.shares.tick()
 
     def bind(self) -> None:
         """One pass of the binding watcher (nodeagent.dra.binding): the claims listed if need

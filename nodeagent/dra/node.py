@@ -24,7 +24,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -54,16 +54,15 @@ from nodeagent.dra.status import device_data
 from nodeagent.dra.users import PodUsers
 from nodeagent.mig.select import MigTarget
 from nodeagent.mig.wanted import ChangeDone, MigEngine, WantedChange
-from nodeagent.mps.daemon import MpsDaemon
-from nodeagent.mps.settings import Limits, MpsSettings, validate
-from nodeagent.mps.shares import ShareClient, ShareKey, ShareServers
+from nodeagent.mps.claims import ClaimDaemons, ClaimDevice, ClaimLimits
+from nodeagent.mps.regimes import MpsRegimes
+from nodeagent.mps.shares import ShareKey, ShareServers
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.state.held import PreparedDevice
 from nodeagent.state.owners import Owners, OwnerStore
 
 log = get_logger("nodeagent.dra")
 CHECKPOINT_NAME = "checkpoint.json"
-SHARES_DIR = "mps-shared"  # <plugin dir>/mps-shared/<device>-u<uid>/{pipe,log}: share servers
 
 
 @dataclass(frozen=True)
@@ -76,6 +75,7 @@ class NodeConfig:
     cdi_dir: Path
     gpus: Collection[int] | None = None  # None: every GPU
     mps_control: str = "nvidia-cuda-mps-control"
+    share_sm_limit: int = 100  # dra.mps-share-sm-limit: a share's SM limit where none is set
 
     @property
     def checkpoint(self) -> Path:
@@ -134,18 +134,18 @@ class NodeDriver:
         engine: MigEngine,
         owners: OwnerStore,
         stats: Stats | None = None,
-        shares: ShareServers | None = None,
         users: PodUsers | None = None,
+        regimes: MpsRegimes | None = None,
     ) -> None:
+        """`regimes`: the agent's, shared with its MPS manager (a share server and the
+        device-plugin path's daemon exclude each other on a GPU)."""
         self.session = session
         self.config = config
         self.engine = engine
         self.owners = owners
         self.stats = stats
-        self.shares = shares or ShareServers(config.plugin_dir / SHARES_DIR, config.mps_control)
+        self.daemons = ClaimDaemons(config.plugin_dir, config.mps_control, regimes)
         self.users = users  # a share claim's user from its pods' runAsUser (None: not read)
-        self._share_guard = threading.Lock()
-        self._share_locks: dict[str, threading.Lock] = {}  # one claim at a time per server
         self._guard = threading.Lock()
         self._claims: dict[str, threading.Lock] = {}  # one call per claim at a time
 
@@ -158,6 +158,12 @@ class NodeDriver:
         claim's CDI spec write: its unprepare removes it)."""
         self.owners.ensure()
         self.owners.update(lambda o: o, self._first_view)
+        self.daemons.adopt(self.share_clients())
+
+    @property
+    def shares(self) -> ShareServers:
+        """The share servers (their clients and stalls, for the watch)."""
+        return self.daemons.servers
 
     def _first_view(self, owners: Owners) -> None:
         """The view at start, under the record's lock (every checkpoint write holds it: none
@@ -217,7 +223,8 @@ class NodeDriver:
             )
         return None
 
-    def _inventory(self) -> Inventory:
+    def inventory(self) -> Inventory:
+        """The node's GPUs as NVML has them now (under the session's lock)."""
         with self.session.lock:
             return read_inventory(self.session)
 
@@ -259,10 +266,10 @@ class NodeDriver:
             # drops a checkpoint of an earlier boot.
             log.warning("dra.prepare_again", claim=str(ref), gone=gone)
         try:
-            claimed = claimed_devices(claim, c.driver, c.pool)
+            claimed = claimed_devices(claim, c.driver, c.pool, c.share_sm_limit)
             if self.users is not None:
                 claimed = self.users.resolve(claim, claimed, deadline)
-            wanted = intents(self._inventory(), claimed, before.devices if before else (), c.gpus)
+            wanted = intents(self.inventory(), claimed, before.devices if before else (), c.gpus)
             wanted = self._joining(ref.uid, wanted, claims)
         except AgentError:
             if before is not None:  # a retry that is refused now holds nothing
@@ -326,9 +333,9 @@ class NodeDriver:
                 and self._gone(ref.uid, before) is None
             ):
                 return list(before.devices)
-            claimed = claimed_devices(claim, c.driver, c.pool)
+            claimed = claimed_devices(claim, c.driver, c.pool, c.share_sm_limit)
             previous = before.devices if before else ()
-            wanted = intents(self._inventory(), claimed, previous, c.gpus)
+            wanted = intents(self.inventory(), claimed, previous, c.gpus)
             record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted), (), c.driver)
             try:
                 done = self._run(self._change(ref, record, deadline))
@@ -414,7 +421,7 @@ class NodeDriver:
         """What of a prepared claim is no longer there (None: all of it is)."""
         if not cdi.spec_file(self.config.cdi_dir, self.config.driver, uid).exists():
             return "its CDI spec"
-        gpus = {g.index: g for g in self._inventory().gpus}
+        gpus = {g.index: g for g in self.inventory().gpus}
         for d in claim.devices:
             if d.is_mig:
                 gpu = gpus.get(d.gpu)
@@ -425,38 +432,23 @@ class NodeDriver:
                 return f"the MPS daemon of {d.device}"
         return None
 
-    def _mps_stopper(self, uid: str, d: PreparedDevice) -> MpsDaemon:
-        """The claim's MPS daemon for `d`, as far as asking for its pid or stopping it goes."""
-        root = self.mps_root(uid, d.device)
-        settings = MpsSettings(
-            devices=(d.gpu,), pipe_dir=root / "pipe", log_dir=root / "log",
-            ready_file=root / "ready", control_binary=self.config.mps_control,
-        )  # fmt: skip
-        return MpsDaemon(settings, Limits(100, {}, d.gpu_uuid))
-
     def _mps_pid(self, uid: str, d: PreparedDevice) -> int | None:
-        if d.shared:
-            return self.shares.pid(share_key(d))
-        return self._mps_stopper(uid, d).control.daemon_pid()
+        return self.daemons.pid(claim_device(uid, d))
 
-    @contextmanager
-    def _share(
-        self, key: ShareKey, prepared_only: bool = False
-    ) -> Iterator[list[tuple[str, PreparedDevice]]]:
-        """The key's server held for one claim; yields the claims on it now (uid, device), as
-        the ownership record has them: the one record of which claims are its clients
-        (`prepared_only`: those prepared, not one under way)."""
-        with self._share_guard:
-            lock = self._share_locks.setdefault(key.name, threading.Lock())
-        with lock:
-            claims = self._recorded()
-            yield [
-                (uid, d)
-                for uid, c in sorted(claims.items())
+    def _mates(self, prepared_only: bool = False) -> Callable[[ShareKey], list[ClaimDevice]]:
+        """The claims on a share server now, as the ownership record has them: the one
+        record of which claims are its clients (`prepared_only`: not one under way)."""
+
+        def on(key: ShareKey) -> list[ClaimDevice]:
+            return [
+                claim_device(uid, d)
+                for uid, c in sorted(self._recorded().items())
                 if not prepared_only or c.state == PREPARED
                 for d in c.devices
                 if d.shared and d.mps is not None and share_key(d) == key
             ]
+
+        return on
 
     def share_clients(self) -> dict[ShareKey, list[tuple[str, PreparedDevice]]]:
         """Every share server that should run, with its claims (prepared ones)."""
@@ -478,71 +470,19 @@ class NodeDriver:
         """Each share server that should run and does not (crashed, killed) started again
         with its ceiling; returns the (claim UID, device) of the claims it serves: their
         clients lost their server. The claims on other servers are not touched."""
-        out = []
-        for key in self.share_clients():
-            with self._share(key, prepared_only=True) as prepared:
-                if self.shares.revive(key, [_client(u, d) for u, d in prepared]):
-                    out += [(u, d.device) for u, d in prepared]
-        return out
-
-    def _join_share(self, uid: str, d: PreparedDevice) -> PreparedDevice:
-        """A share claim becomes a client of its device's one server (started by the first
-        claim on it); its own limits go to its containers (nodeagent.dra.cdi)."""
-        assert d.mps is not None
-        key = share_key(d)
-        with self._share(key) as on:
-            clients = [_client(u, m) for u, m in on if u != uid] + [_client(uid, d)]
-            server = self.shares.serve(key, clients)
-        return replace(d, mps={**d.mps, "pipe_dir": str(server.pipe_dir), "server": key.name})
-
-    def _leave_share(self, uid: str, d: PreparedDevice) -> None:
-        key = share_key(d)
-        with self._share(key) as on:
-            self.shares.leave(key, [_client(u, m) for u, m in on if u != uid])
+        return self.daemons.revive(self.share_clients(), self._mates(prepared_only=True))
 
     def _start_mps(self, uid: str, d: PreparedDevice, inventory: Inventory) -> PreparedDevice:
+        """The claim's daemon for `d` (a share: its device's one server, started by the
+        first claim on it); its own limits go to its containers (nodeagent.dra.cdi)."""
         if d.mps is None:
             return d
-        if d.shared:
-            return self._join_share(uid, d)
-        root = self.mps_root(uid, d.device)
-        self._mps_daemon(d, root, inventory).start()  # adopts the daemon of an earlier try
-        return replace(d, mps={**d.mps, "pipe_dir": str(root / "pipe")})
+        made = self.daemons.start(claim_device(uid, d), self._mates(), inventory)
+        return replace(d, mps={**d.mps, **made})
 
     def mps_root(self, uid: str, device: str) -> Path:
-        """The claim's MPS daemon for one device: <plugin dir>/mps/<uid>/<device>/{pipe,log}."""
-        return self.config.plugin_dir / "mps" / uid / device
-
-    def _mps_daemon(self, d: PreparedDevice, root: Path, inventory: Inventory) -> MpsDaemon:
-        """The claim's own MPS control daemon for `d`, with the claim's limits: its
-        MpsConfig's, or a share device's consumed capacity. Raises ConfigError."""
-        assert d.mps is not None
-        pinned = d.mps.get("pinned_memory_bytes")
-        if d.is_mig:  # a share of a MIG slice: the daemon sees that MIG device only
-            settings = MpsSettings(
-                devices=(d.gpu,), thread_percentage=int(d.mps["thread_percentage"]),
-                pipe_dir=root / "pipe", log_dir=root / "log", ready_file=root / "ready",
-                control_binary=self.config.mps_control,
-            )  # fmt: skip
-            limits = Limits(
-                int(d.mps["thread_percentage"]),
-                {0: int(pinned)} if pinned else {},
-                d.mig_uuid or "",
-            )
-            return MpsDaemon(settings, limits)
-        settings = MpsSettings(
-            devices=(d.gpu,),
-            thread_percentage=int(d.mps["thread_percentage"]),
-            pinned_memory={d.gpu: f"{int(pinned) >> 20}M"} if pinned else {},
-            pipe_dir=root / "pipe",
-            log_dir=root / "log",
-            ready_file=root / "ready",
-            control_binary=self.config.mps_control,
-        )
-        limits = validate(settings, inventory)
-        if not pinned:  # no limit asked: none set (validate's default is memory / replicas)
-            limits = Limits(limits.thread_percentage, {}, limits.visible_devices)
-        return MpsDaemon(settings, limits)
+        """The claim's own MPS daemon for one device: <plugin dir>/mps/<uid>/<device>/{pipe,log}."""
+        return self.daemons.claim_dir(uid) / device
 
     def _write_cdi(self, uid: str, devices: list[PreparedDevice]) -> None:
         path = cdi.spec_file(self.config.cdi_dir, self.config.driver, uid)
@@ -587,10 +527,8 @@ class NodeDriver:
         it), the MPS directories, the claim's entry."""
         c = self.config
         for d in claim.devices:
-            if d.mps is not None and d.shared:
-                self._leave_share(uid, d)
-            elif d.mps is not None:
-                self._mps_stopper(uid, d).stop()
+            if d.mps is not None:
+                self.daemons.stop(claim_device(uid, d), self._mates())
         me = f"claim {claim.namespace}/{claim.name}"
 
         def wants(inventory: Inventory, held: Mapping[str, str]) -> Mapping[int, MigTarget]:
@@ -612,7 +550,7 @@ class NodeDriver:
             # else knows that file is the claim's (its entry in the record goes last, below).
             for path in (spec, *interrupted_writes(spec)):
                 path.unlink(missing_ok=True)
-            shutil.rmtree(self.config.plugin_dir / "mps" / uid, ignore_errors=False)
+            shutil.rmtree(self.daemons.claim_dir(uid), ignore_errors=False)
         except FileNotFoundError:
             pass
         except OSError as err:
@@ -638,17 +576,16 @@ def _released(owners: Owners, uid: str) -> Owners:
     return owners.with_claim(uid, replace(claim, state=UNPREPARING, devices=()))
 
 
-def share_key(d: PreparedDevice) -> ShareKey:
-    """The share server of a share device: the device its clients see, and their user."""
+def claim_device(uid: str, d: PreparedDevice) -> ClaimDevice:
+    """A recorded MPS device as its daemon's owner takes it, its limits read once."""
     assert d.mps is not None
     uuid = d.mig_uuid if d.is_mig and d.mig_uuid else d.gpu_uuid
-    return ShareKey(d.device, d.gpu, uuid, int(d.mps.get("user") or 0))
+    return ClaimDevice(uid, d.device, d.gpu, uuid, d.is_mig, d.shared, ClaimLimits.of(d.mps))
 
 
-def _client(uid: str, d: PreparedDevice) -> ShareClient:
-    assert d.mps is not None
-    pinned = d.mps.get("pinned_memory_bytes")
-    return ShareClient(uid, int(d.mps["thread_percentage"]), int(pinned) if pinned else None)
+def share_key(d: PreparedDevice) -> ShareKey:
+    """The share server of a share device: the device its clients see, and their user."""
+    return claim_device("", d).key
 
 
 def _answer(claim: PreparedClaim) -> list[Prepared]:

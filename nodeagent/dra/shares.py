@@ -4,10 +4,11 @@ what a share device offers, as the scheduler reads it. Pure.
 A share device has `allowMultipleAllocations: true` and two capacities, each with a request
 policy, that the scheduler hands out per allocation and writes into the allocation result as
 `consumedCapacity` (with a `shareID` of its own): `<driver>/sm`, the percentage of the device's
-SMs (the claim's MPS active thread percentage), and `<driver>/memory`, bytes (its MPS pinned
-device memory limit). Every capacity of a multi-allocatable device is consumed by each
-allocation (a capacity without a request policy defaults to all of it), so a share device has
-no other capacity. nodeagent.dra.claims turns an allocation's consumed capacity into limits.
+SMs (the claim's request: its clients' MPS ceiling is its limit, nodeagent.dra.claims), and
+`<driver>/memory`, bytes (its MPS pinned device memory limit). Every capacity of a
+multi-allocatable device is consumed by each allocation (a capacity without a request policy
+defaults to all of it), so a share device has no other capacity. nodeagent.dra.claims turns an
+allocation's consumed capacity into limits.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 SHARE_SUFFIX = "-mps"  # a share device is its twin's name plus this
-SM_CAPACITY = "sm"  # percent of the device's SMs: a share's MPS active thread percentage
+SM_CAPACITY = "sm"  # percent of the device's SMs: a share's request (the scheduler counts it)
 MEMORY_CAPACITY = "memory"  # bytes: a share's MPS pinned device memory limit
 SM_DEFAULT_PERCENT = 25  # what a claim that names no capacity gets
 SM_STEP_PERCENT = 5  # a request is rounded up to a multiple of this

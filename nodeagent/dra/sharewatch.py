@@ -1,5 +1,6 @@
-"""The share servers kept and watched, every few seconds (nodeagent.dra.watch says what is
-looked at): a server that died is started again (nodeagent.dra.node.NodeDriver.check_shares),
+"""The share servers kept and watched, every WATCH_SECONDS by a worker of their own (the
+agent's `dra-shares`, beside the slice publisher's `dra-publish`; nodeagent.dra.watch says what
+is looked at): a server that died is started again (nodeagent.dra.node.NodeDriver.check_shares),
 and each share claim's state goes, when it changes, into
 
     its status.devices entry   condition ShareLimits: True WithinShare, or False with the reason
@@ -74,14 +75,20 @@ class ShareWatch:
     restarted: dict[tuple[str, str], float] = field(default_factory=dict)
     _next: float = 0.0
 
-    def tick(self, inventory: Inventory) -> list[Finding]:
-        """At most every WATCH_SECONDS: keep the servers up, look at their clients, say what
-        changed. Never raises (a failure is logged and tried at the next tick)."""
+    def tick(self, inventory: Inventory | None = None) -> list[Finding]:
+        """At most every WATCH_SECONDS: keep the servers up, look at their clients (with
+        `inventory`'s per-process memory; None: read from NVML now, only while there are share
+        claims), say what changed. Never raises (a failure is logged and tried at the next
+        tick)."""
         now = self.clock()
         if now < self._next:
             return []
         self._next = now + WATCH_SECONDS
         try:
+            if inventory is None:
+                if not self.node.share_clients() and not self.said:
+                    return []
+                inventory = self.node.inventory()
             return self._tick(inventory, now)
         except AgentError as err:
             log.warning("dra.share_watch_failed", error=str(err))

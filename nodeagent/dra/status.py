@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from nodeagent.dra.claims import CONFIG_API_VERSION
+from nodeagent.mps.claims import ClaimLimits
 from nodeagent.state.held import PreparedDevice
 
 KIND = "DeviceStatus"
@@ -55,6 +56,10 @@ def device_data(d: PreparedDevice) -> dict[str, Any]:
         mps: dict[str, Any] = {"threadPercentage": int(d.mps["thread_percentage"])}
         if d.mps.get("pinned_memory_bytes"):
             mps["pinnedMemoryBytes"] = int(d.mps["pinned_memory_bytes"])
+        if d.shared:  # a share: its request above, its clients' ceiling and priority here
+            limits = ClaimLimits.of(d.mps)
+            mps["smLimitPercent"] = limits.limit_percent
+            mps["priority"] = limits.priority
         data["mps"] = mps
     if d.admin:
         data["adminAccess"] = True
@@ -79,6 +84,11 @@ def describe(data: Mapping[str, Any]) -> str:
         mps = data.get("mps") or {}
         pinned = mps.get("pinnedMemoryBytes")
         limit = f", {int(pinned) >> 20} MiB pinned memory" if pinned else ""
+        if mps.get("smLimitPercent") is not None:
+            return (
+                f"an MPS share of {on}: {mps.get('threadPercentage')} % of its SMs requested, up"
+                f" to {mps.get('smLimitPercent')} %{limit}, {mps.get('priority')} priority"
+            )
         return f"an MPS share of {on}: {mps.get('threadPercentage')} % of its SMs{limit}"
     return f"{on}, whole"
 

@@ -1,12 +1,13 @@
 """The share claims watched: what each client of a share server does, attributed to its claim.
 
-A share server's limits are its ceiling (the largest share on the device: nodeagent.mps.shares);
+A share server's limits are its ceiling (the largest limit on the device: nodeagent.mps.shares);
 a claim's own limits are client environment, which a client can rewrite. So the driver looks
 at every client the daemon lists, with NVML's per-process memory, and attributes each to its
 claim by the NODEAGENT_MPS_CLAIM its CDI spec gave it (read from /proc/<pid>/environ, the
 environment the process was started with). A claim is over its share when one of its clients
 
-    asks for more threads      CUDA_MPS_ACTIVE_THREAD_PERCENTAGE above the claim's share, or unset
+    asks for more threads      CUDA_MPS_ACTIVE_THREAD_PERCENTAGE above the claim's SM limit
+                               (not its request: a share may burst up to its limit), or unset
     asks for more memory       CUDA_MPS_PINNED_DEVICE_MEM_LIMIT above the claim's, or unset
     uses more memory           NVML's used memory of the process above the claim's memory share
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 from nodeagent.base.errors import AgentError
 from nodeagent.dra.cdi import CLAIM_ENV
+from nodeagent.mps.claims import ClaimLimits
 from nodeagent.mps.control import proc_file
 from nodeagent.mps.settings import parse_size
 from nodeagent.mps.shares import Stall
@@ -73,21 +75,22 @@ def _percent(text: str | None) -> float | None:
 
 
 def _over(d: PreparedDevice, env: Mapping[str, str], used: int | None) -> tuple[str, str] | None:
-    """Why one client of `d`'s claim is over the claim's share (None: it is not)."""
+    """Why one client of `d`'s claim is over the claim's limits (None: it is not)."""
     assert d.mps is not None
-    share = int(d.mps["thread_percentage"])
+    limits = ClaimLimits.of(d.mps)
+    ceiling = limits.limit_percent
     pct = _percent(env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))
-    if pct is None or pct > share:
+    if pct is None or pct > ceiling:
         asked = "no limit" if pct is None else f"{pct:g} %"
-        return OVER_THREADS, f"asks for {asked} of the SMs, its share is {share} %"
-    memory = d.mps.get("pinned_memory_bytes")
+        return OVER_THREADS, f"asks for {asked} of the SMs, its limit is {ceiling} %"
+    memory = limits.memory_bytes
     if memory:
         pinned = _pinned(env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"))
-        if pinned is None or pinned > int(memory):
+        if pinned is None or pinned > memory:
             asked = "no memory limit" if pinned is None else f"{pinned >> 20} MiB"
-            return OVER_MEMORY, f"asks for {asked}, its share is {int(memory) >> 20} MiB"
-        if used is not None and used > int(memory):
-            return OVER_MEMORY, f"uses {used >> 20} MiB, its share is {int(memory) >> 20} MiB"
+            return OVER_MEMORY, f"asks for {asked}, its share is {memory >> 20} MiB"
+        if used is not None and used > memory:
+            return OVER_MEMORY, f"uses {used >> 20} MiB, its share is {memory >> 20} MiB"
     return None
 
 

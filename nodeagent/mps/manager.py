@@ -25,6 +25,7 @@ from nodeagent.mps.layout import (
     same_filesystem,
     shm_size_kib,
 )
+from nodeagent.mps.regimes import MpsRegimes
 from nodeagent.mps.settings import Limits, MpsSettings
 
 log = get_logger("nodeagent.mps")
@@ -60,8 +61,12 @@ class MpsManager:
     """The agent's MPS daemon. Every change and every probe holds `lock`: the health probe
     never restarts a daemon the pipeline is stopping or replacing."""
 
-    def __init__(self, compute: ComputeModes | None = None) -> None:
+    def __init__(
+        self, compute: ComputeModes | None = None, regimes: MpsRegimes | None = None
+    ) -> None:
         self.compute = compute
+        # The GPUs of this daemon and of the DRA share servers: never both on one GPU.
+        self.regimes = regimes or MpsRegimes()
         self.daemon: MpsDaemon | None = None
         self.started_by_us = False
         self.status: MpsStatus | None = None
@@ -123,10 +128,13 @@ class MpsManager:
             return MpsChange("none", intent)
 
     def apply(self, change: MpsChange) -> None:
-        """Do `change`; raises MpsError (a daemon this call started is stopped again)."""
+        """Do `change`; raises MpsError (a daemon this call started is stopped again; a GPU
+        of a DRA share server: nothing is done)."""
         if change.action == "none":
             return
         with self.lock:
+            if change.intent is not None and change.action in ("adopt", "start", "restart"):
+                self.regimes.pipeline(change.intent.settings.devices)
             if change.action == "adopt" and change.intent is not None:
                 self.daemon = MpsDaemon(change.intent.settings, change.intent.limits, self.compute)
                 self.started_by_us = False
@@ -138,6 +146,7 @@ class MpsManager:
                 log.info("mps.stopped_for_change", reason=change.reason or change.action)
                 self.daemon, self.status, self.started_by_us = None, None, False
             if change.action == "stop":
+                self.regimes.pipeline(())
                 return
             assert change.intent is not None
             if change.action == "limits" and self.daemon is not None:
@@ -158,9 +167,13 @@ class MpsManager:
                 log.info("mps.limits", percentage=change.intent.limits.thread_percentage)
             else:
                 daemon = MpsDaemon(change.intent.settings, change.intent.limits, self.compute)
-                self._prepare(change.intent.settings)
-                adopted = self._adoptable(daemon)
-                self.status = daemon.start()  # read just now
+                try:
+                    self._prepare(change.intent.settings)
+                    adopted = self._adoptable(daemon)
+                    self.status = daemon.start()  # read just now
+                except BaseException:
+                    self.regimes.pipeline(())  # none runs: the GPUs are free for share servers
+                    raise
                 self.daemon, self.started_by_us = daemon, not adopted
 
     def _running_as_wanted(self, intent: MpsIntent) -> bool:
@@ -247,6 +260,7 @@ class MpsManager:
                 return
             if stop_daemon:
                 self.daemon.stop()
+                self.regimes.pipeline(())
             else:
                 log.info("mps.left_running", pid=self.daemon.control.daemon_pid())
             self.daemon = None

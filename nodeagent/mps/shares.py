@@ -1,6 +1,10 @@
 """The MPS share servers: one MPS control daemon per device and user group for the DRA share
-claims on it, beside the device-plugin path's daemon (nodeagent.mps.manager), both owned by the
-one change engine (nodeagent.reconcile.pipeline.Pipeline.shares).
+claims on it. Who starts what: the DRA driver prepares a claim and calls the claims' one owner
+of MPS daemons (nodeagent.mps.claims.ClaimDaemons), which starts, joins, stops and revives these
+servers (and a claim's own daemon for an MpsConfig); the share watch's worker
+(nodeagent.dra.sharewatch) asks it to start again a server that died. The device-plugin path's
+daemon is another regime, the reconcile pipeline's (nodeagent.mps.manager); the two never run
+on one GPU (nodeagent.mps.regimes: the later one is refused).
 
 Three processes of one MPS daemon run concurrently; three daemons on one GPU are three CUDA
 contexts that the GPU time-slices (measured on an H200: 2.05 s each against 6.59 s each for the
@@ -11,21 +15,22 @@ mig`) are the clients of one daemon:
 
 The first claim prepared on the device starts it; later claims join it; it stops after the
 last of them goes. Each claim's limits reach its containers as client environment
-(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: nodeagent.dra.cdi), which
-can only lower what the daemon allows. The daemon's own limits are the **ceiling**: the largest
-share among its claims (threads and memory apart), set as its defaults and on every server it
-runs (`set_active_thread_percentage <server>`, `set_device_pinned_mem_limit <server> 0`), and
-read back. A client can never take more than the ceiling; one that rewrites its environment to
-ask for more than its own share (up to the ceiling) is what the claims' watch reports
+(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE: its SM limit; CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: its
+memory; CUDA_MPS_CLIENT_PRIORITY: nodeagent.dra.cdi), which can only lower what the daemon
+allows. The daemon's own limits are the **ceiling**: the largest limit among its claims
+(threads and memory apart), set as its defaults and on every server it runs
+(`set_active_thread_percentage <server>`, `set_device_pinned_mem_limit <server> 0`), and read
+back. A client can never take more than the ceiling; one that rewrites its environment to ask
+for more than its own limit (up to the ceiling) is what the claims' watch reports
 (nodeagent.dra.watch).
 
 An MPS server runs as one uid, and a client of another uid waits without a word until the
 first uid's clients are gone. So the group (a uid) is part of the key: claims of different
 users on one device get separate daemons, which the GPU time-slices against each other.
 
-Which claims are the clients of which daemon is not kept here: the caller (the DRA driver)
-passes them in from its one record of claims, so a restarted agent adopts each daemon as it
-finds it (nothing is restarted under running clients) and sets the same ceiling again.
+Which claims are the clients of which daemon is not kept here: the caller passes them in from
+the DRA driver's one record of claims, so a restarted agent adopts each daemon as it finds it
+(nothing is restarted under running clients) and sets the same ceiling again.
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ class ShareKey:
 
 @dataclass(frozen=True)
 class ShareClient:
-    """One claim among a server's clients, with the share the scheduler gave it."""
+    """One claim among a server's clients, with its limits (its SM limit, not its request)."""
 
     claim: str  # the claim's UID
     thread_percentage: int
@@ -75,7 +80,7 @@ class ShareClient:
 
 @dataclass(frozen=True)
 class Ceiling:
-    """What the daemon allows any one client: the largest share among its claims."""
+    """What the daemon allows any one client: the largest limit among its claims."""
 
     thread_percentage: int
     pinned_memory_bytes: int | None

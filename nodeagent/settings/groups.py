@@ -171,6 +171,8 @@ class Dra:
     binding_conditions: bool = True
     # a share claim's client over its share: report (condition, Event, metric) or end-client too
     mps_share_enforce: str = "report"
+    # a share claim's SM limit (its clients' ceiling) where neither it nor its class sets one
+    mps_share_sm_limit: int = 100
 
     @property
     def plugin_path(self) -> Path:

@@ -272,6 +272,11 @@ SPECS: tuple[Spec, ...] = (
           "an MPS share claim's client over its share (it asks for more SMs or memory than its"
           " claim has, or uses more memory): report (a ShareLimits condition on the claim, an"
           " Event, a metric) or end-client (also SIGKILL that client)"),
+    _spec("dra", "mps-share-sm-limit", "NODEAGENT_DRA_MPS_SHARE_SM_LIMIT",
+          "--dra-mps-share-sm-limit", integer(1, 100),
+          "an MPS share claim's SM limit in percent (its clients' ceiling) where neither its"
+          " MpsShare config nor its DeviceClass's sets smLimit; never below the claim's request"
+          " (100: a share bursts into the idle GPU)"),
 )  # fmt: skip
 BY_KEY = {s.dotted: s for s in SPECS}
 SETTINGS_FILE_ENV = "NODEAGENT_CONFIG"

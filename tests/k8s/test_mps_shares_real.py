@@ -4,8 +4,10 @@ put on one share device while their capacity requests fit (each claim with a sha
 consumedCapacity of its own), the next one left pending, the share device's exclusive twin
 kept from anybody while a share is allocated; then nodeagent's driver prepares the claims on
 the emulated node as the clients of ONE MPS daemon per device (nodeagent.mps.shares), each
-claim's consumed capacity its own client limits in its CDI spec, the daemon's limits the
-ceiling (read back from the (fake) daemon), which stops after the last claim's unprepare."""
+claim's consumed capacity its request, its limit (MpsShare smLimit, default 100) its clients'
+SM ceiling in its CDI spec, the daemon's limits the largest limit (read back from the (fake)
+daemon), which stops after the last claim's unprepare. The scheduler counts requests only:
+limits that sum past 100 % do not let a fourth request in."""
 
 from __future__ import annotations
 
@@ -181,21 +183,22 @@ def test_three_30_percent_shares_fit_one_gpu_a_fourth_waits(
         for c in claims:
             _prepare(driver, c)
         # One MPS server for the three claims (nodeagent.mps.shares), three limit sets in
-        # three CDI specs; the daemon's limits are the ceiling (the largest share: 30 %).
+        # three CDI specs; the daemon's limits are the ceiling (the largest limit: no smLimit
+        # anywhere, the default, 100 %: each 30 % request bursts into the idle GPU).
         (root,) = _share_roots(short_tmp / "p")
         gpu = read_inventory(session).gpus[0]
-        assert _limits(fake_mps_control, root) == (30.0, 16 << 30)
+        assert _limits(fake_mps_control, root) == (100.0, 16 << 30)
         assert _visible(fake_mps_control, root) == gpu.uuid
         envs = [_spec_env(short_tmp / "cdi", c["metadata"]["uid"]) for c in claims]
         assert {e["CUDA_MPS_PIPE_DIRECTORY"] for e in envs} == {str(root / "pipe")}
         assert [(e["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], e["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"])
-                for e in envs] == [("30", "0=16384M")] * 3  # fmt: skip
+                for e in envs] == [("100", "0=16384M")] * 3  # fmt: skip
         assert [e["NODEAGENT_MPS_CLAIM"] for e in envs] == [c["metadata"]["uid"] for c in claims]
         pid = MpsControl(fake_mps_control, root / "pipe", root / "log").daemon_pid()
 
         driver.unprepare(claims[0]["metadata"]["uid"])  # the others keep the daemon
         assert MpsControl(fake_mps_control, root / "pipe", root / "log").daemon_pid() == pid
-        assert _limits(fake_mps_control, root) == (30.0, 16 << 30)
+        assert _limits(fake_mps_control, root) == (100.0, 16 << 30)
     finally:
         _quit_all(fake_mps_control, short_tmp / "p")
         session.close()
@@ -246,7 +249,7 @@ def test_two_claims_share_one_mig_slice_and_its_one_daemon(
         (made,) = read_inventory(session).gpus[0].slices  # one slice, made by the first
         assert made.placement.start == start and made.mig_uuid
         (root,) = _share_roots(short_tmp / "p")  # one MPS server on the slice, for both
-        assert _limits(fake_mps_control, root) == (50.0, 8 << 30)
+        assert _limits(fake_mps_control, root) == (100.0, 8 << 30)  # the default limit
         assert _visible(fake_mps_control, root) == made.mig_uuid
         envs = [_spec_env(short_tmp / "cdi", c["metadata"]["uid"]) for c in claims]
         assert {e["CUDA_MPS_PIPE_DIRECTORY"] for e in envs} == {str(root / "pipe")}
@@ -260,3 +263,81 @@ def test_two_claims_share_one_mig_slice_and_its_one_daemon(
     finally:
         _quit_all(fake_mps_control, short_tmp / "p")
         session.close()
+
+
+def _limited_template(name: str, sm: int, memory: str, limit: int) -> dict[str, Any]:
+    """A share template of `sm` percent and `memory`, its claims capped by an MpsShare smLimit
+    of `limit` (the claim's own opaque config: the scheduler copies it into the allocation)."""
+    return {
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {
+            "requests": [{"name": "share", "exactly": {
+                "deviceClassName": f"mps.{DRIVER}",
+                "selectors": [{"cel": {"expression":
+                    f'device.attributes["{DRIVER}"].shareOf == "gpu"'}}],
+                "capacity": {"requests": {SM: str(sm), MEMORY: memory}},
+            }}],
+            "config": [{"requests": ["share"], "opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": "gpu.nodeagent.io/v1", "kind": "MpsShare", "smLimit": limit}}}],
+        }}},
+    }  # fmt: skip
+
+
+def test_requests_are_what_the_scheduler_counts_limits_summing_past_100_let_no_fourth_in(
+    api_client: Any, namespace: str, short_tmp: Path, fake_mps_control: str
+) -> None:
+    from kubernetes import client
+
+    core, res = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
+    state = short_tmp / "sim.json"
+    session = NvmlSession(SimulatedNvml(parse_spec("h200"), state))
+    node = _node(api_client, session, "gpus")
+    # Three requests of 30 %, each limited at 60 %: the limits sum to 180 %.
+    res.create_namespaced_resource_claim_template(
+        namespace, _limited_template("burst-30", 30, "16Gi", 60)
+    )
+    pods = ["asr", "tts", "emb"]
+    for pod in pods:
+        core.create_namespaced_pod(
+            namespace, _pod(pod, node, {"resourceClaimTemplateName": "burst-30"})
+        )
+    claims = _wait(
+        "3 claims allocated",
+        lambda: all(c := [_claim_of(api_client, namespace, p) for p in pods]) and c,
+    )
+    results = [_result(c) for c in claims]
+    assert {r["device"] for r in results} == {"gpu-0-mps"}, results
+    assert all(r["consumedCapacity"] == {SM: "30", MEMORY: "16Gi"} for r in results), results
+
+    # A fourth request of 30 % does not fit the 10 % left, whatever the limits say.
+    core.create_namespaced_pod(
+        namespace, _pod("rerank", node, {"resourceClaimTemplateName": "burst-30"})
+    )
+    _wait("rerank unschedulable", lambda: _unschedulable(api_client, namespace, "rerank"))
+    assert _claim_of(api_client, namespace, "rerank") is None
+    pending = core.read_namespaced_pod("rerank", namespace)
+    assert pending.status.phase == "Pending"
+
+    config = NodeConfig(
+        DRIVER, node, short_tmp / "p", short_tmp / "cdi", mps_control=fake_mps_control
+    )
+    driver = dra_driver(
+        session, Settings(), config, lambda i: None, state.with_name(".sim.json.lock")
+    )
+    try:
+        for c in claims:
+            _prepare(driver, c)
+        # Each client's ceiling is its limit, the server's the largest limit; memory stays
+        # at the request.
+        (root,) = _share_roots(short_tmp / "p")
+        envs = [_spec_env(short_tmp / "cdi", c["metadata"]["uid"]) for c in claims]
+        assert [(e["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], e["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"])
+                for e in envs] == [("60", "0=16384M")] * 3  # fmt: skip
+        assert _limits(fake_mps_control, root) == (60.0, 16 << 30)
+        for c in claims:
+            driver.unprepare(c["metadata"]["uid"])
+        assert _share_roots(short_tmp / "p") == []
+    finally:
+        _quit_all(fake_mps_control, short_tmp / "p")
+        session.close()
+    assert _unschedulable(api_client, namespace, "rerank")

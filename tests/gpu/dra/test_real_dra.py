@@ -15,9 +15,15 @@ import pytest
 from nodeagent.dra.devices import gpu_devices, resource_slices
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml
+from nodeagent.sim.models import MODEL_NAMES, load_model
 
 pytestmark = pytest.mark.gpu
-MODELS = {"NVIDIA H200": "h200"}
+
+
+def emulator_model(name: str) -> str | None:
+    """The emulator's model of a card by the name NVML gives it ('NVIDIA H100 80GB HBM3' ->
+    'h100-80gb'), among every model the emulator has; None: it models no such card."""
+    return next((key for key in MODEL_NAMES if load_model(key).name == name), None)
 
 
 def test_slices_validate(real_inventory: Inventory) -> None:
@@ -30,7 +36,7 @@ def test_slices_validate(real_inventory: Inventory) -> None:
 
 def test_devices_match_the_emulators_model(real_inventory: Inventory) -> None:
     real = real_inventory.gpus[0]
-    model = MODELS.get(real.name)
+    model = emulator_model(real.name)
     if model is None:
         pytest.skip(f"no emulator model for {real.name}")
     session = NvmlSession(SimulatedNvml([model]))

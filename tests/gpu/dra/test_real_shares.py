@@ -1,10 +1,12 @@
 """MPS shares on the real GPU (issue 38 items 1, 2 and 4 with NVIDIA's nvidia-cuda-mps-control
 and real CUDA clients): the share claims on GPU 0 are the clients of ONE control daemon whose
-defaults are the ceiling (the largest share); each client's own environment lowers its limits;
+defaults are the ceiling (the largest limit); each client's own environment lowers its limits;
 a client that rewrote its environment is capped at the ceiling by MPS and reported by the watch;
 a restarted driver adopts the daemon under running clients; an unprepare leaves the others
 running; a killed daemon is started again with the same ceiling and a new client works on it.
-No NVML write is made (MIG stays as it is). Every daemon is quit and every client ended."""
+Issue 45: a share's request is what the scheduler counts and its limit its clients' ceiling, so
+a claim of request 20 with the default limit (100) sees every SM, and one capped by its
+MpsShare smLimit sees its cap. No NVML write is made (MIG stays as it is). Every daemon is quit and every client ended."""
 
 from __future__ import annotations
 
@@ -87,7 +89,13 @@ def node(session: NvmlSession, real_inventory: Inventory) -> Iterator[tuple[Node
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _claim(uid: str, sm: int, memory: str) -> dict[str, Any]:
+def _claim(uid: str, sm: int, memory: str, **share: Any) -> dict[str, Any]:
+    """A share claim of `sm` percent and `memory`, with an MpsShare config of `share` (smLimit,
+    priority) when given."""
+    config = [
+        {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.nodeagent.io/v1", "kind": "MpsShare", **share}}}
+    ] if share else []  # fmt: skip
     result = {
         "request": "gpu", "driver": DRIVER, "pool": "gpu-node", "device": DEVICE,
         "shareID": f"share-{uid}",
@@ -95,7 +103,7 @@ def _claim(uid: str, sm: int, memory: str) -> dict[str, Any]:
     }  # fmt: skip
     return {
         "metadata": {"name": uid, "namespace": "voice", "uid": uid},
-        "status": {"allocation": {"devices": {"results": [result], "config": []}}},
+        "status": {"allocation": {"devices": {"results": [result], "config": config}}},
     }
 
 
@@ -163,8 +171,8 @@ def test_share_claims_share_one_real_daemon_through_adoption_unprepare_and_a_cra
 ) -> None:
     driver, root, binary = node
     shares = {"a": (40, "16Gi"), "b": (20, "4Gi"), "c": (20, "4Gi")}
-    for uid, (sm, memory) in shares.items():
-        driver.prepare(ClaimRef("voice", uid, uid), _claim(uid, sm, memory))
+    for uid, (sm, memory) in shares.items():  # each capped at its request
+        driver.prepare(ClaimRef("voice", uid, uid), _claim(uid, sm, memory, smLimit=sm))
     (server,) = sorted(p for p in (root / "p" / "mps-shared").iterdir() if p.is_dir())
     control = MpsControl(binary, server / "pipe", server / "log")
     pid = control.daemon_pid()
@@ -281,3 +289,58 @@ def test_a_client_of_another_user_waiting_behind_the_server_is_reported(
             stranger.kill()
             stranger.wait()
     driver.unprepare("a")
+
+
+def _full_sms() -> int:
+    """The SMs a CUDA process sees without MPS: the whole GPU's."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
+    code = "import torch; print(torch.cuda.get_device_properties(0).multi_processor_count)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=base, capture_output=True, text=True, timeout=120,
+        check=True,
+    )  # fmt: skip
+    return int(out.stdout.strip())
+
+
+def test_a_request_alone_bursts_to_every_sm_and_a_capped_share_sees_its_cap(
+    node: tuple[NodeDriver, Path, str],
+) -> None:
+    """Request 20 with the default limit: its client sees all the SMs (the scheduler counted
+    20 %, the idle GPU lends the rest). Request 20 capped by smLimit 40: its client sees about
+    40 % of them. A low-priority share's client runs with CUDA_MPS_CLIENT_PRIORITY=1. The one
+    server's ceiling is the largest limit, 100."""
+    driver, root, binary = node
+    full = _full_sms()
+    driver.prepare(ClaimRef("voice", "burst", "burst"), _claim("burst", 20, "8Gi"))
+    driver.prepare(ClaimRef("voice", "capped", "capped"), _claim("capped", 20, "8Gi", smLimit=40))
+    driver.prepare(ClaimRef("voice", "low", "low"), _claim("low", 20, "8Gi", priority="low"))
+    envs = {uid: _env(root, uid) for uid in ("burst", "capped", "low")}
+    assert {u: e[PCT] for u, e in envs.items()} == {"burst": "100", "capped": "40", "low": "100"}
+    assert {u: e["CUDA_MPS_CLIENT_PRIORITY"] for u, e in envs.items()} == {
+        "burst": "0", "capped": "0", "low": "1"
+    }  # fmt: skip
+    (server,) = sorted(p for p in (root / "p" / "mps-shared").iterdir() if p.is_dir())
+    control = MpsControl(binary, server / "pipe", server / "log")
+    assert _defaults(control) == (100.0, 8 << 30)  # the largest limit, read back
+    clients: list[Client] = []
+    try:
+        burst = Client(envs["burst"], 1)
+        capped = Client(envs["capped"], 1)
+        low = Client(envs["low"], 1)
+        clients += [burst, capped, low]
+        print(
+            f"\nSMs seen: whole GPU {full}, request 20 default limit {burst.sms}, request 20"
+            f" smLimit 40 {capped.sms}, request 20 priority low {low.sms}"
+        )
+        assert burst.sms == full  # the default limit: the whole GPU
+        assert low.sms == full
+        # MPS hands out SMs by TPC (2 SMs), rounding the percentage: about 40 % of them.
+        assert capped.sms < full
+        assert abs(capped.sms - full * 40 / 100) <= 4, (capped.sms, full)
+        assert [c.works() for c in clients] == ["ok"] * 3
+    finally:
+        for c in clients:
+            c.end()
+    for uid in ("burst", "capped", "low"):
+        driver.unprepare(uid)
+    assert _wait(lambda: not (root / "p" / "mps-shared" / server.name).exists(), 10)

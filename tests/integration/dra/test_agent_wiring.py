@@ -39,6 +39,10 @@ def test_one_pipeline_from_build_to_run_with_kube_and_dra(short_root: Path) -> N
         report = built.last_report
         assert report is not None and report.result == "success", report
         assert cluster.labels(NODE)["nvidia.com/gpu.count"] == "2"  # published by that pipeline
+        # One MPS regime per GPU: the DRA share servers and the pipeline's daemon share a referee.
+        assert agent.dra.node.daemons.regimes is built.mps.regimes
+        # The share watch has a worker of its own, not the slice publisher's tick.
+        assert agent.workers["dra-shares"].is_alive()
     finally:
         agent.stop()
         cluster.close()

@@ -32,6 +32,15 @@ def share(name: str, uid: str, device: str, sm: int, memory: str) -> dict[str, A
     return claim
 
 
+def capped(claim: dict[str, Any], **params: Any) -> dict[str, Any]:
+    """`claim` with an MpsShare config of its own (smLimit, priority, user)."""
+    claim["status"]["allocation"]["devices"].setdefault("config", []).append(
+        {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.nodeagent.io/v1", "kind": "MpsShare", **params}}}
+    )  # fmt: skip
+    return claim
+
+
 def env_of(node: DraNode, uid: str) -> dict[str, str]:
     spec = json.loads(cdi.spec_file(node.cdi_dir, DRIVER, uid).read_text())
     (device,) = spec["devices"]
@@ -76,11 +85,11 @@ def servers(node: DraNode) -> list[Path]:
 def test_three_share_claims_on_one_gpu_have_one_daemon_and_three_limit_sets(
     dra_node: DraNode, fake_mps_control: str
 ) -> None:
-    claims = prepared(
+    claims = prepared(  # each capped at its request: the ceilings of today's study
         dra_node,
-        share("asr", "uid-asr", "gpu-0-mps", 40, "16Gi"),
-        share("tts", "uid-tts", "gpu-0-mps", 30, "8Gi"),
-        share("emb", "uid-emb", "gpu-0-mps", 20, "4Gi"),
+        capped(share("asr", "uid-asr", "gpu-0-mps", 40, "16Gi"), smLimit=40),
+        capped(share("tts", "uid-tts", "gpu-0-mps", 30, "8Gi"), smLimit=30),
+        capped(share("emb", "uid-emb", "gpu-0-mps", 20, "4Gi"), smLimit=20),
     )
     (root,) = servers(dra_node)
     assert root.name == "gpu-0-mps-u0"
@@ -119,8 +128,8 @@ def test_two_claims_sharing_one_mig_slice_have_one_daemon_on_that_slice(
     device = "gpu-0-mig-1g18gb-19-2-mps"
     claims = prepared(
         dra_node,
-        share("tts-0", "uid-t0", device, 50, "8Gi"),
-        share("tts-1", "uid-t1", device, 25, "4Gi"),
+        capped(share("tts-0", "uid-t0", device, 50, "8Gi"), smLimit=50),
+        capped(share("tts-1", "uid-t1", device, 25, "4Gi"), smLimit=25),
     )
     (made,) = dra_node.inventory().gpus[0].slices
     (root,) = servers(dra_node)
@@ -144,8 +153,8 @@ def test_a_restarted_driver_adopts_the_daemon_and_a_killed_one_is_started_again(
 ) -> None:
     prepared(
         dra_node,
-        share("asr", "uid-a", "gpu-1-mps", 30, "8Gi"),
-        share("tts", "uid-b", "gpu-1-mps", 30, "8Gi"),
+        capped(share("asr", "uid-a", "gpu-1-mps", 30, "8Gi"), smLimit=30),
+        capped(share("tts", "uid-b", "gpu-1-mps", 30, "8Gi"), smLimit=30),
     )
     (root,) = servers(dra_node)
     control = control_of(root, fake_mps_control)
@@ -231,8 +240,8 @@ def test_a_client_asking_for_more_than_its_share_is_reported_on_its_claim_within
 
     claims = prepared(
         dra_node,
-        share("asr", "uid-ok", "gpu-0-mps", 30, "8Gi"),
-        share("tts", "uid-greedy", "gpu-0-mps", 30, "8Gi"),
+        capped(share("asr", "uid-ok", "gpu-0-mps", 30, "8Gi"), smLimit=30),
+        capped(share("tts", "uid-greedy", "gpu-0-mps", 30, "8Gi"), smLimit=30),
     )
     honest = _client(env_of(dra_node, "uid-ok"))
     # A client that rewrote its environment to ask for the whole GPU: MPS caps it at the
@@ -272,7 +281,7 @@ def test_a_client_asking_for_more_than_its_share_is_reported_on_its_claim_within
         assert greedy_condition["status"] == "False"
         assert greedy_condition["reason"] == "OverThreadShare"
         assert (
-            f"client {greedy.pid} asks for 100 % of the SMs, its share is 30 %"
+            f"client {greedy.pid} asks for 100 % of the SMs, its limit is 30 %"
             in (greedy_condition["message"])
         )
         (ok_condition,) = conditions["uid-ok"]

@@ -192,7 +192,8 @@ def _claim(device: str, config: bool = False, admin: bool = False) -> dict[str, 
 @pytest.mark.parametrize("device", ["gpu-0-mps", "gpu-0-mig-1g18gb-19-6-mps"])
 def test_a_share_devices_claim_carries_its_limits_and_share_id(device: str) -> None:
     (claimed,) = claimed_devices(_claim(device), DRIVER, "n")
-    assert claimed.mps == Mps(30, 16 << 30)
+    # The request is what the scheduler counted; no smLimit anywhere: the node's default, 100.
+    assert claimed.mps == Mps(30, 16 << 30, None, 100, "normal")
     assert claimed.share_id == "51c8227b-e764-44f8-93c7-a543b6b4d047"
     assert claimed.ref.shared
 
@@ -259,3 +260,60 @@ def test_the_share_device_docs_dra_md_shows_is_what_an_h200_publishes() -> None:
     (counters,) = shown["consumesCounters"]
     (all_counters,) = published["consumesCounters"]
     assert counters["counters"].items() <= all_counters["counters"].items()
+
+
+def _share_config(source: str, **params: Any) -> dict[str, Any]:
+    return {"source": source, "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "gpu.nodeagent.io/v1", "kind": "MpsShare", **params}}}  # fmt: skip
+
+
+def _limited(*configs: dict[str, Any], default: int = 100) -> Mps | None:
+    claim = _claim("gpu-0-mps")
+    claim["status"]["allocation"]["devices"]["config"] = list(configs)
+    (claimed,) = claimed_devices(claim, DRIVER, "n", default)
+    return claimed.mps
+
+
+@pytest.mark.parametrize(
+    ("configs", "default", "limit", "priority", "user"),
+    [
+        ([], 100, 100, "normal", None),  # a request alone bursts into the idle GPU
+        ([], 60, 60, "normal", None),  # the node's default
+        ([], 20, 30, "normal", None),  # a node default below the request: the request
+        ([_share_config("FromClass", smLimit=50)], 100, 50, "normal", None),
+        # The claim's word over its class's, field by field.
+        ([_share_config("FromClass", smLimit=50, priority="low"),
+          _share_config("FromClaim", smLimit=70, user=1000)], 100, 70, "low", 1000),
+        ([_share_config("FromClaim", smLimit=30)], 100, 30, "normal", None),  # limit = request
+        ([_share_config("FromClaim", priority="low")], 80, 80, "low", None),
+    ],
+)  # fmt: skip
+def test_a_shares_limit_comes_from_its_claim_then_its_class_then_the_node(
+    configs: list[dict[str, Any]], default: int, limit: int, priority: str, user: int | None
+) -> None:
+    assert _limited(*configs, default=default) == Mps(30, 16 << 30, user, limit, priority)
+
+
+@pytest.mark.parametrize(
+    ("params", "said"),
+    [
+        ({"smLimit": 20}, "gpu-0-mps: smLimit 20 is below the claim's request of 30 % of the SMs"),
+        ({"smLimit": 101}, "smLimit must be a whole percentage 1-100, not 101"),
+        ({"smLimit": "60"}, "smLimit must be a whole percentage 1-100, not '60'"),
+        ({"smLimit": True}, "smLimit must be a whole percentage 1-100, not True"),
+        ({"priority": "high"}, "priority must be normal or low, not 'high'"),
+        ({"burst": 1}, "unknown key 'burst'"),
+    ],
+)
+def test_a_bad_share_limit_is_refused_in_one_sentence(params: dict[str, Any], said: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        _limited(_share_config("FromClaim", **params))
+    assert said in str(err.value)
+    assert str(err.value).startswith("claim a/b: ") and "\n" not in str(err.value)
+
+
+def test_a_share_config_on_a_device_that_is_no_share_is_refused() -> None:
+    claim = _claim("gpu-0")
+    claim["status"]["allocation"]["devices"]["config"] = [_share_config("FromClaim", smLimit=50)]
+    with pytest.raises(ConfigError, match="gpu-0 is not an MPS share device"):
+        claimed_devices(claim, DRIVER, "n")

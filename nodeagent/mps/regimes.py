@@ -1,0 +1,71 @@
+"""Which MPS daemon runs on each GPU: the device-plugin path's (nodeagent.mps.manager, one
+daemon for the GPUs of `mps.devices`) or the DRA share servers (nodeagent.mps.claims), never
+both. Two MPS daemons on one GPU are two CUDA contexts the GPU time-slices against each other
+(measured on an H200: 6.59 s each against 2.05 s for the same work under one daemon), so the
+later one is refused with a sentence naming the other, and nothing of it is started.
+
+One object per agent, shared by its MPS manager and its DRA driver (the agent's factory wires
+it); the share servers that outlived an agent restart are registered again when the driver
+starts (nodeagent.mps.claims.ClaimDaemons.adopt).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Collection
+
+from nodeagent.base.errors import MpsError
+
+PIPELINE = "the device-plugin path's MPS daemon (mps.devices)"
+
+
+class MpsRegimes:
+    """The GPUs of the pipeline's daemon and of each share server, under one lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pipeline: frozenset[int] = frozenset()
+        self._shares: dict[str, int] = {}  # share server name -> its GPU
+
+    def pipeline(self, gpus: Collection[int]) -> None:
+        """The pipeline's daemon serves `gpus` from now (none: it stopped). Raises MpsError
+        naming a share server on one of them (nothing is taken then)."""
+        with self._lock:
+            taken = sorted((g, n) for n, g in self._shares.items() if g in set(gpus))
+            if taken:
+                gpu, name = taken[0]
+                raise MpsError(
+                    f"GPU {gpu} runs the DRA MPS share server {name}; {PIPELINE} is not"
+                    f" started beside it (two MPS daemons on one GPU are time-sliced against"
+                    f" each other): it waits until the share claims on GPU {gpu} are gone, or"
+                    " leave that GPU out of mps.devices"
+                )
+            self._pipeline = frozenset(gpus)
+
+    def share(self, gpu: int, server: str) -> None:
+        """The share server `server` runs on `gpu` from now. Raises MpsError when the
+        pipeline's daemon serves that GPU (nothing is taken then)."""
+        with self._lock:
+            if gpu in self._pipeline:
+                raise MpsError(
+                    f"GPU {gpu} runs {PIPELINE}; the DRA MPS share server {server} is not"
+                    " started beside it (two MPS daemons on one GPU are time-sliced against"
+                    f" each other): leave GPU {gpu} out of mps.devices or of dra.devices"
+                )
+            self._shares[server] = gpu
+
+    def adopt(self, gpu: int, server: str) -> None:
+        """A share server found running (an agent restart): registered whatever runs."""
+        with self._lock:
+            self._shares[server] = gpu
+
+    def share_gone(self, server: str) -> None:
+        with self._lock:
+            self._shares.pop(server, None)
+
+    def pipeline_gpus(self) -> frozenset[int]:
+        with self._lock:
+            return self._pipeline
+
+
+__all__ = ["PIPELINE", "MpsRegimes"]
