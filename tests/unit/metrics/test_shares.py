@@ -15,8 +15,10 @@ from nodeagent.dra.cdi import CLAIM_ENV
 from nodeagent.dra.watch import held_below, share_views
 from nodeagent.metrics.dra import DraStats
 from nodeagent.metrics.shares import ShareCollector, ShareUsage, ShareView
-from nodeagent.nvml import NvmlSession
-from nodeagent.sim import SimulatedNvml, parse_spec
+from nodeagent.nvml import NvmlSession, Placement, read_inventory
+from nodeagent.nvml.codes import NOT_SUPPORTED
+from nodeagent.nvml.write import MigWriter
+from nodeagent.sim import Fault, FaultPlan, SimulatedNvml, parse_spec
 from nodeagent.state.held import PreparedDevice
 from nodeagent.state.sampling import UtilizationSampler
 from nodeagent.state.snapshot import Store
@@ -33,10 +35,12 @@ def view(claim: str, request: int, clients: tuple[int, ...] | None, **kw: object
     return replace(base, **kw)  # type: ignore[arg-type]
 
 
-def scrape(loads: dict[int, float], views: list[ShareView]) -> CollectorRegistry:
+def scrape(
+    loads: dict[int, float], views: list[ShareView], faults: FaultPlan | None = None
+) -> CollectorRegistry:
     """An H100 running an MPS server and two clients at `loads`, sampled as the refresh worker
     does, the share watch's `views` published, and the collector registered."""
-    lib = SimulatedNvml(parse_spec("h100-80gb"))
+    lib = SimulatedNvml(parse_spec("h100-80gb"), faults=faults)
     lib.attach("0", SERVER, 66 * MIB, load=loads[SERVER])
     lib.attach("0", ASR, 4096 * MIB, load=loads[ASR], mps_client=True)
     lib.attach("0", TTS, 1024 * MIB, load=loads[TTS], mps_client=True)
@@ -73,6 +77,14 @@ def test_a_client_burst_is_attributed_to_its_claim_with_request_limit_and_memory
     assert get(registry, "held_below_request", "asr") == 0
 
 
+def test_a_driver_without_the_mps_list_still_gives_memory_from_the_compute_list() -> None:
+    fault = Fault(function="nvmlDeviceGetMPSComputeRunningProcesses", error=NOT_SUPPORTED)
+    views = [view("asr", 30, (ASR,)), view("tts", 20, (TTS,))]
+    registry = scrape({SERVER: 0.0, ASR: 0.6, TTS: 0.3}, views, FaultPlan([fault]))
+    assert get(registry, "memory_used_bytes", "asr") == 4096 * MIB
+    assert get(registry, "sm_achieved_percent", "tts") == 30
+
+
 def test_sm_use_on_the_server_is_no_claims_so_achieved_is_left_out() -> None:
     registry = scrape({SERVER: 0.9, ASR: 0.0, TTS: 0.0}, [view("asr", 30, (ASR,))])
     assert get(registry, "sm_achieved_percent", "asr") is None
@@ -89,9 +101,30 @@ def test_a_client_that_names_no_claim_leaves_use_out_but_request_and_limit_in() 
 
 
 def test_a_share_of_a_mig_device_has_memory_but_no_achieved() -> None:
-    registry = scrape({SERVER: 0.0, ASR: 0.5, TTS: 0.0}, [view("asr", 30, (ASR,), mig=True)])
-    assert get(registry, "sm_achieved_percent", "asr") is None
-    assert get(registry, "memory_used_bytes", "asr") == 4096 * MIB
+    """NVML has no per-process utilization under MIG; the MIG device lists its MPS clients."""
+    lib = SimulatedNvml(parse_spec("h200"))
+    session = NvmlSession(lib)
+    writer = MigWriter(session)
+    writer.set_mig_mode(0, True)
+    gi = writer.create_gpu_instance(0, 19, Placement(3, 1))
+    writer.create_compute_instance(0, gi, 1, 0, full=True)
+    (uuid,) = [s.mig_uuid for s in read_inventory(session).gpus[0].slices]
+    assert uuid is not None
+    lib.attach(uuid, SERVER, 66 * MIB)
+    lib.attach(uuid, ASR, 3072 * MIB, load=0.5, mps_client=True)
+    store = Store(session, time.time)
+    snap = store.observe()
+    UtilizationSampler(session, store).tick()
+    assert store.utilization.mps_clients == {0: {ASR: 3072 * MIB}}
+    stats = DraStats(lambda: store.utilization)
+    device = "gpu-0-mig-1g18gb-19-3-mps"
+    stats.set_shares([view("asr", 30, (ASR,), mig=True, device=device)], snap.inventory)
+    registry = CollectorRegistry()
+    registry.register(ShareCollector(stats))
+    labels = {"claim": "asr", "namespace": "speech", "device": device}
+    assert registry.get_sample_value("nodeagent_dra_share_memory_used_bytes", labels) == 3 << 30
+    assert registry.get_sample_value("nodeagent_dra_share_sm_achieved_percent", labels) is None
+    assert registry.get_sample_value("nodeagent_dra_share_sm_request_percent", labels) == 30
 
 
 def test_views_place_clients_by_their_claim_and_read_an_old_record_s_limit_as_its_request() -> None:
