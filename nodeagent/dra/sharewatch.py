@@ -19,6 +19,7 @@ only says so. The claims on other servers are never touched.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -105,11 +106,12 @@ class ShareWatch:
         claims = self.node.prepared_claims()
         out: list[Finding] = []
         views: list[ShareView] = []
+        environ = functools.cache(environ_of)  # one read a client a look, for both uses
         for key, on in self.node.share_clients().items():
             pids = self.node.shares.clients(key)
             stalls = self.node.shares.stalls(key)
-            views += share_views(on, pids, environ_of, claims)
-            for f in findings(on, pids, used, environ_of, stalls):
+            views += share_views(on, pids, environ, claims)
+            for f in findings(on, pids, used, environ, stalls):
                 since = self.restarted.get((f.claim, f.device))
                 if since is not None and now - since > RESTART_HOLD_SECONDS:
                     del self.restarted[(f.claim, f.device)]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from nodeagent.base.errors import AgentError
 from nodeagent.dra.cdi import CLAIM_ENV
 from nodeagent.metrics.shares import ShareUsage, ShareView
-from nodeagent.mps.control import proc_file
+from nodeagent.mps.control import proc_file, process_alive
 from nodeagent.mps.settings import parse_size
 from nodeagent.mps.shares import Stall
 from nodeagent.state.held import PreparedDevice
@@ -165,14 +165,17 @@ def share_views(
     clients: Iterable[int],
     environ: Callable[[int], Mapping[str, str] | None],
     claims: Mapping[str, tuple[str, str]],
+    alive: Callable[[int], bool] = process_alive,
 ) -> list[ShareView]:
     """Each claim of one server (`on`) with its clients (by their NODEAGENT_MPS_CLAIM); no
-    claim has clients known while one of the server's names none of them."""
+    claim has clients known while one of the server's names none of them, or runs with an
+    environment that cannot be read."""
     mine: dict[str, list[int]] = {uid: [] for uid, _ in on}
     placed = True
     for pid in clients:
         env = environ(pid)
-        if env is None:  # gone meanwhile
+        if env is None:  # gone meanwhile, or not ours to read
+            placed = placed and not alive(pid)
             continue
         claim = env.get(CLAIM_ENV, "")
         if claim in mine:

@@ -125,7 +125,8 @@ class ShareCollector:
 
     def collect(self) -> Iterator[Metric]:
         usage, below = self.shares.share_usage()
-        yield from families(usage, below)
+        if usage:  # no share claim: no families (as a destroyed slice stops appearing)
+            yield from families(usage, below)
 
 
 def families(usage: Sequence[ShareUsage], below: frozenset[str]) -> list[Metric]:

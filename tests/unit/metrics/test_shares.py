@@ -137,12 +137,16 @@ def test_views_place_clients_by_their_claim_and_read_an_old_record_s_limit_as_it
     ]
     env = {1: {CLAIM_ENV: "uid-a"}, 2: {CLAIM_ENV: "uid-b"}, 3: {CLAIM_ENV: "uid-a"}}
     claims = {"uid-a": ("speech", "asr"), "uid-b": ("speech", "emb")}
-    a, b = share_views(on, [1, 2, 3, 4], env.get, claims)  # 4: gone meanwhile
+    a, b = share_views(on, [1, 2, 3, 4], env.get, claims, alive=lambda pid: False)  # 4: gone
     assert (a.name, a.request_percent, a.limit_percent, a.memory_request_bytes, a.clients) == (
         "asr", 30, 30, 8 << 30, (1, 3)
     )  # fmt: skip
     assert (b.name, b.limit_percent, b.priority, b.clients) == ("emb", 100, "low", (2,))
-    env[4] = {}  # a client that names no claim: any of them may have started it
+    # A client that runs but whose environment cannot be read, or one that names no claim:
+    # any claim of the server may have started it.
+    unread = share_views(on, [1, 2, 4], env.get, claims, alive=lambda pid: True)
+    assert [v.clients for v in unread] == [None, None]
+    env[4] = {}
     assert [v.clients for v in share_views(on, [1, 2, 4], env.get, claims)] == [None, None]
 
 
