@@ -74,6 +74,16 @@ def _memory(inventory: Inventory) -> dict[int, dict[int, int | None]]:
     return out
 
 
+def _used(pid: int, mps: Mapping[int, int | None], listed: Mapping[int, int | None]) -> int | None:
+    """A client's memory: NVML's MPS list first, where it says; then the compute list; 0 for
+    a client on neither (it holds none on the device); None where NVML does not say."""
+    if mps.get(pid) is not None:
+        return mps[pid]
+    if pid in listed:
+        return listed[pid]
+    return None if pid in mps else 0
+
+
 def _attributed(gpu: int, views: Sequence[ShareView], util: ProcessUtilization) -> bool:
     """Whether the GPU's per-process samples split SM use among MPS clients: every process
     with SM use in them is a known client (of NVML's MPS list or of a share)."""
@@ -99,8 +109,8 @@ def measure(
         used: int | None = None
         achieved: float | None = None
         if v.clients is not None:
-            known = {**memory.get(v.gpu, {}), **util.mps_clients.get(v.gpu, {})}
-            sizes = [known.get(pid, 0) for pid in v.clients]  # not on the GPU: holds none
+            listed, mps = memory.get(v.gpu, {}), util.mps_clients.get(v.gpu, {})
+            sizes = [_used(pid, mps, listed) for pid in v.clients]
             used = None if any(n is None for n in sizes) else sum(n or 0 for n in sizes)
             if not v.mig and attributed[v.gpu]:
                 samples = util.by_gpu[v.gpu]
