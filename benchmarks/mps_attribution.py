@@ -9,8 +9,10 @@ for a few seconds, and reads through nodeagent's own NVML reads, every half seco
     nvmlDeviceGetComputeRunningProcesses     every compute process and its memory
 
 It prints one row per pid (the server, each client) and writes the same table as JSON to
---out/mps_attribution.json. The verdict: `clients` when the clients' pids carry SM use,
-`server` when only the server's does, `none` when no pid does. The daemon is always sent
+--out/mps_attribution.json. The verdict: `clients` when only the clients' pids carry SM use
+(nodeagent_dra_share_sm_achieved_percent works on this driver), `server` when only the
+server's does, `both` when both do (the metric stays absent: SM use on the server cannot be
+split among claims), `none` when no pid does. The daemon is always sent
 `quit` at the end, on an error too; no GPU mode or clock is changed. Takes about 20 s.
 
     python3 benchmarks/mps_attribution.py --out /tmp/probe [--gpu 0] [--seconds 8]
@@ -184,7 +186,10 @@ def main() -> int:
         })  # fmt: skip
     on_clients = any(t["sm_max_percent"] > 0 for t in table if t["role"].startswith("client"))
     on_server = any(t["sm_max_percent"] > 0 for t in table if t["role"] == "server")
-    verdict = "clients" if on_clients else "server" if on_server else "none"
+    verdict = {
+        (True, False): "clients", (False, True): "server", (True, True): "both",
+        (False, False): "none",
+    }[(on_clients, on_server)]  # fmt: skip
     print(f"{'pid':>8} {'role':<13} {'samples':>7} {'sm mean':>8} {'sm max':>7}"
           f" {'compute MiB':>12} {'MPS MiB':>8}")  # fmt: skip
     for t in table:
