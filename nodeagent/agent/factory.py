@@ -37,6 +37,7 @@ from nodeagent.metrics.health import HealthCollector
 from nodeagent.metrics.kube import KUBE_REQUESTS, KubeCollector
 from nodeagent.metrics.mps import MpsCollector
 from nodeagent.metrics.pods import PodCollector
+from nodeagent.metrics.shares import ShareCollector
 from nodeagent.metrics.sharing import SharingCollector
 from nodeagent.metrics.slices import SliceCollector
 from nodeagent.metrics.utilization import UtilizationCollector
@@ -113,7 +114,8 @@ def build_agent(
     current = Current(settings)
     stop = threading.Event()
     store = Store(session, clock)
-    stats, dra_stats = AgentStats(), DraStats()
+    # The share claims are measured against the utilization sampler's values.
+    stats, dra_stats = AgentStats(), DraStats(lambda: store.utilization)
     mps = MpsManager(ComputeModeWriter(session))
     # Who owns each slice, read by every path that changes MIG (nodeagent.state.owners).
     owners = owner_store(session, settings.dra, lock_path)
@@ -184,6 +186,7 @@ def collectors(
         # with --kube / --dra only: the golden expositions of an agent without them stay
         *([KubeCollector(KUBE_REQUESTS)] if settings.kube.enabled else []),
         *([DraCollector(dra_stats)] if settings.dra.enabled else []),
+        *([ShareCollector(dra_stats)] if settings.dra.enabled else []),
     ]
 
 

@@ -5,10 +5,13 @@ and each share claim's state goes, when it changes, into
 
     its status.devices entry   condition ShareLimits: True WithinShare, or False with the reason
                                (OverThreadShare, OverMemoryShare, ServerRestarted,
-                               WaitingForOtherUser) and one sentence naming the client
+                               WaitingForOtherUser, HeldBelowRequest) and one sentence naming
+                               the client (or the claim that took its SMs)
     an Event on the claim      Warning when it goes over (or its server restarted), Normal back
     the metrics                nodeagent_dra_share_findings_total{reason},
-                               nodeagent_dra_shares_over_limit (claims now over)
+                               nodeagent_dra_shares_over_limit (claims now over),
+                               nodeagent_dra_share_held_below_request{claim} (and each
+                               share's request, limit and use: nodeagent.metrics.shares)
 
 With `dra.mps-share-enforce: end-client` a client over its claim's share is also ended
 (SIGKILL: an MPS client cannot be asked to give back SMs or memory); `report` (the default)
@@ -17,6 +20,7 @@ only says so. The claims on other servers are never touched.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -29,6 +33,7 @@ from nodeagent.base.logs import get_logger
 from nodeagent.dra.claims import ClaimRef
 from nodeagent.dra.node import NodeDriver
 from nodeagent.dra.watch import (
+    BELOW,
     OVER_MEMORY,
     OVER_THREADS,
     RESTARTED,
@@ -36,12 +41,16 @@ from nodeagent.dra.watch import (
     Finding,
     environ_of,
     findings,
+    held_below,
+    share_views,
 )
+from nodeagent.metrics.shares import ShareUsage, ShareView
 from nodeagent.nvml import Inventory
 
 log = get_logger("nodeagent.dra")
 WATCH_SECONDS = 2.0  # a claim over its share is said within this (and the write's time)
 RESTART_HOLD_SECONDS = 60.0  # how long ServerRestarted stays on a claim
+BELOW_LOOKS = 3  # HeldBelowRequest is said after this many looks in a row find it
 ENFORCE = ("report", "end-client")
 
 
@@ -60,6 +69,8 @@ class Events(Protocol):
 class Counts(Protocol):
     def share_finding(self, reason: str) -> None: ...
     def set_shares_over(self, count: int) -> None: ...
+    def set_shares(self, views: list[ShareView], inventory: Inventory) -> list[ShareUsage]: ...
+    def set_shares_below(self, claims: frozenset[str]) -> None: ...
 
 
 @dataclass
@@ -73,6 +84,7 @@ class ShareWatch:
     kill: Callable[[int], None] = lambda pid: os.kill(pid, signal.SIGKILL)
     said: dict[tuple[str, str], str] = field(default_factory=dict)  # reason last written
     restarted: dict[tuple[str, str], float] = field(default_factory=dict)
+    below: dict[str, int] = field(default_factory=dict)  # claim UID -> looks in a row
     _next: float = 0.0
 
     def tick(self, inventory: Inventory | None = None) -> list[Finding]:
@@ -100,10 +112,13 @@ class ShareWatch:
         used = _memory(inventory)
         claims = self.node.prepared_claims()
         out: list[Finding] = []
+        views: list[ShareView] = []
+        environ = functools.cache(environ_of)  # one read a client a look, for both uses
         for key, on in self.node.share_clients().items():
             pids = self.node.shares.clients(key)
             stalls = self.node.shares.stalls(key)
-            for f in findings(on, pids, used, environ_of, stalls):
+            views += share_views(on, pids, environ, claims)
+            for f in findings(on, pids, used, environ, stalls):
                 since = self.restarted.get((f.claim, f.device))
                 if since is not None and now - since > RESTART_HOLD_SECONDS:
                     del self.restarted[(f.claim, f.device)]
@@ -111,14 +126,31 @@ class ShareWatch:
                     f = Finding(f.claim, f.device, RESTARTED, "its MPS server died and was"
                                 " started again: its clients lost their server")  # fmt: skip
                 out.append(f)
+        out = self._below(out, views, inventory)
         for f in out:
             self._say(f, claims.get(f.claim))
         if self.stats is not None:
-            self.stats.set_shares_over(sum(1 for f in out if not f.ok))
+            self.stats.set_shares_over(sum(1 for f in out if not f.ok and f.reason != BELOW))
         live = {(f.claim, f.device) for f in out}
         for gone in set(self.said) - live:
             del self.said[gone]
         return out
+
+    def _below(
+        self, out: list[Finding], views: list[ShareView], inventory: Inventory
+    ) -> list[Finding]:
+        """The claims within their share but held below their request for BELOW_LOOKS looks
+        in a row, as HeldBelowRequest (the metrics get the views measured)."""
+        if self.stats is None:
+            return out
+        found = held_below(self.stats.set_shares(views, inventory))
+        self.below = {uid: self.below.get(uid, 0) + 1 for uid in found}
+        said = {uid for uid, n in self.below.items() if n >= BELOW_LOOKS}
+        self.stats.set_shares_below(frozenset(said))
+        return [
+            Finding(f.claim, f.device, BELOW, found[f.claim]) if f.ok and f.claim in said else f
+            for f in out
+        ]
 
     def _say(self, f: Finding, claim: tuple[str, str] | None) -> None:
         if f.reason in (OVER_THREADS, OVER_MEMORY) and self.enforce() == "end-client":

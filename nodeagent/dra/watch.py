@@ -12,9 +12,13 @@ environment the process was started with). A claim is over its share when one of
     uses more memory           NVML's used memory of the process above the claim's memory share
 
 A client that names no claim of its server (its environment was replaced) is counted on every
-claim of the server, since any of them may have started it. A client of another user waiting
-behind the server (nodeagent.mps.shares.Stall) is reported on the claims of the server it
-waits behind. Pure: the readers come in as arguments.
+claim of the server, since any of them may have started it. Where NVML attributes SM use to
+MPS clients (nodeagent.metrics.shares), a claim is also held below its request
+(HeldBelowRequest) when its clients are busy yet get less than its request while another claim
+on the GPU takes more than its own and the GPU is full: MPS limits are ceilings, nothing
+reserves a request. A client of another user waiting behind the server
+(nodeagent.mps.shares.Stall) is reported on the claims of the server it waits behind.
+Pure: the readers come in as arguments.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from dataclasses import dataclass
 
 from nodeagent.base.errors import AgentError
 from nodeagent.dra.cdi import CLAIM_ENV
+from nodeagent.metrics.shares import ShareUsage, ShareView
 from nodeagent.mps.claims import ClaimLimits
-from nodeagent.mps.control import proc_file
+from nodeagent.mps.control import proc_file, process_alive
 from nodeagent.mps.settings import parse_size
 from nodeagent.mps.shares import Stall
 from nodeagent.state.held import PreparedDevice
@@ -35,6 +40,9 @@ OVER_THREADS = "OverThreadShare"
 OVER_MEMORY = "OverMemoryShare"
 RESTARTED = "ServerRestarted"
 WAITING = "WaitingForOtherUser"
+BELOW = "HeldBelowRequest"
+BELOW_MARGIN_PERCENT = 5  # short of the request by more than one SM step (dra.shares)
+FULL_PERCENT = 90  # the shares on a GPU keep this much of it busy: no idle SMs to lend
 CONDITION = "ShareLimits"  # the condition type in the claim's status.devices entry
 
 
@@ -152,4 +160,65 @@ def environ_of(pid: int) -> dict[str, str] | None:
         key, sep, value = item.partition(b"=")
         if sep:
             out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def share_views(
+    on: Sequence[tuple[str, PreparedDevice]],
+    clients: Iterable[int],
+    environ: Callable[[int], Mapping[str, str] | None],
+    claims: Mapping[str, tuple[str, str]],
+    alive: Callable[[int], bool] = process_alive,
+) -> list[ShareView]:
+    """Each claim of one server (`on`) with its clients (by their NODEAGENT_MPS_CLAIM); no
+    claim has clients known while one of the server's names none of them, or runs with an
+    environment that cannot be read."""
+    mine: dict[str, list[int]] = {uid: [] for uid, _ in on}
+    placed = True
+    for pid in clients:
+        env = environ(pid)
+        if env is None:  # gone meanwhile, or not ours to read
+            placed = placed and not alive(pid)
+            continue
+        claim = env.get(CLAIM_ENV, "")
+        if claim in mine:
+            mine[claim].append(pid)
+        else:
+            placed = False
+    out = []
+    for uid, d in on:
+        assert d.mps is not None
+        limits = ClaimLimits.of(d.mps)
+        namespace, name = claims.get(uid, ("", uid))
+        view = ShareView(
+            uid, namespace, name, d.device, d.gpu, d.is_mig, limits.request_percent,
+            limits.limit_percent, limits.memory_bytes, limits.priority,
+            tuple(mine[uid]) if placed else None,
+        )  # fmt: skip
+        out.append(view)
+    return out
+
+
+def held_below(usage: Sequence[ShareUsage]) -> dict[str, str]:
+    """{claim UID: why} of the claims held below their request in this look (see above)."""
+    by_gpu: dict[int, list[tuple[ShareUsage, float]]] = {}
+    for u in usage:
+        if u.achieved_percent is not None:
+            by_gpu.setdefault(u.view.gpu, []).append((u, u.achieved_percent))
+    out = {}
+    for shares in by_gpu.values():
+        if sum(a for _, a in shares) < FULL_PERCENT:
+            continue
+        for u, got in shares:
+            v = u.view
+            over = [(o.view, a) for o, a in shares if o is not u and a > o.view.request_percent]
+            if 0 < got < v.request_percent - BELOW_MARGIN_PERCENT and over:
+                o, took = max(over, key=lambda x: x[1] - x[0].request_percent)
+                out[v.claim] = (
+                    f"its clients got {got:.0f} % of the SMs, below its request of"
+                    f" {v.request_percent} %, while claim {o.namespace}/{o.name} took {took:.0f} %"
+                    f" (request {o.request_percent} %): MPS limits are ceilings, a request is"
+                    " not reserved; a lower smLimit on the other claim, or priority low on it,"
+                    " leaves this one room"
+                )
     return out

@@ -12,6 +12,8 @@ which yields nothing until the driver is serving (DRA off: never).
     nodeagent_dra_status_writes_total{result}               counter (claims' status.devices)
     nodeagent_dra_slice_writes_total                        counter
     nodeagent_dra_partitionable_devices                     gauge (1 counters kept, 0 dropped)
+
+Each share claim's request, limit and what it got: nodeagent.metrics.shares (set_shares).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +31,9 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
+
+from nodeagent.metrics.shares import ShareUsage, ShareView, measure
+from nodeagent.state.snapshot import Inventory, ProcessUtilization
 
 # A prepare is milliseconds (a slice there, an MPS daemon adopted) to tens of seconds (a MIG
 # mode change, an NVML create on a busy GPU); the kubelet gives up after 45 s.
@@ -61,7 +66,10 @@ class _Histogram:
 class DraStats:
     """What the DRA driver did; thread-safe (the kubelet's calls run side by side)."""
 
-    def __init__(self) -> None:
+    def __init__(self, utilization: Callable[[], ProcessUtilization] | None = None) -> None:
+        """`utilization`: the utilization sampler's latest values (the store's), which the
+        share claims are measured against; None: shares are shown unmeasured."""
+        self.utilization = utilization
         self.lock = threading.Lock()
         self.prepares: dict[tuple[str, str], _Histogram] = {}
         self.unprepares: dict[tuple[str, str], _Histogram] = {}
@@ -74,6 +82,26 @@ class DraStats:
         self.slices: tuple[int, bool | None] | None = None
         self.share_findings: Counter[str] = Counter()
         self.shares_over = 0
+        self.shares: tuple[ShareUsage, ...] = ()
+        self.shares_below: frozenset[str] = frozenset()
+
+    def set_shares(self, views: Sequence[ShareView], inventory: Inventory) -> list[ShareUsage]:
+        """The share watch's claims, measured against the latest samples: shown by the
+        metrics and returned (the watch's HeldBelowRequest reads them)."""
+        util = self.utilization() if self.utilization is not None else ProcessUtilization()
+        usage = measure(views, util, inventory)
+        with self.lock:
+            self.shares = tuple(usage)
+        return usage
+
+    def set_shares_below(self, claims: frozenset[str]) -> None:
+        """The claim UIDs held below their request now."""
+        with self.lock:
+            self.shares_below = claims
+
+    def share_usage(self) -> tuple[Sequence[ShareUsage], frozenset[str]]:
+        with self.lock:
+            return self.shares, self.shares_below
 
     def share_finding(self, reason: str) -> None:
         with self.lock:

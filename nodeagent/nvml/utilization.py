@@ -1,5 +1,6 @@
 """Utilization that needs no GPM (so also on Ampere: A100, A30, A800): per GPU
-(nvmlDeviceGetUtilizationRates) and per process (nvmlDeviceGetProcessUtilization).
+(nvmlDeviceGetUtilizationRates) and per process (nvmlDeviceGetProcessUtilization); and which
+processes are MPS clients (nvmlDeviceGetMPSComputeRunningProcesses), with their memory.
 
 Neither works on a MIG-enabled GPU: NVML's header (nvml.h, both functions) says "On MIG-enabled
 GPUs, querying device utilization rates / process utilization is not currently supported", and
@@ -14,6 +15,8 @@ from typing import Any
 from nodeagent.base.errors import NvmlError
 from nodeagent.nvml.codes import FUNCTION_NOT_FOUND, NOT_FOUND, NOT_SUPPORTED, SUCCESS
 from nodeagent.nvml.session import NvmlSession, gpu_handle
+
+MpsClients = dict[int, int | None]  # pid -> device memory used in bytes (None: NVML does not say)
 
 # pynvml raises NVMLError(SUCCESS) when the sizing call finds nothing to size: no samples.
 _UNSUPPORTED = (NOT_SUPPORTED, FUNCTION_NOT_FOUND)
@@ -120,3 +123,21 @@ class ProcessUtilizationReader:
         """Ask GPU `uuid` again from its first sample (its MIG mode changed)."""
         self._last.pop(uuid, None)
         self._unsupported.discard(uuid)
+
+
+def read_mps_clients(session: NvmlSession, handle: Any, context: str = "") -> MpsClients | None:
+    """The MPS clients running on a GPU or MIG device (`handle`), by pid, with the device memory
+    each uses; None where NVML does not list them (NOT_SUPPORTED, or a driver without the
+    call) or the read failed (counted in the session's errors). The MPS server itself is not
+    listed: on a real H200 nvmlDeviceGetComputeRunningProcesses lists the server and its
+    clients, this call the clients only (../shared/fixtures/mps/h200-control-protocol.md).
+    nvidia-smi equivalent: the `M+C` rows of `nvidia-smi`'s process table."""
+    procs = session.sensor(
+        "nvmlDeviceGetMPSComputeRunningProcesses",
+        handle,
+        context=context,
+        absent=(FUNCTION_NOT_FOUND,),
+    )
+    if procs is None:
+        return None
+    return {int(p.pid): None if p.usedGpuMemory is None else int(p.usedGpuMemory) for p in procs}

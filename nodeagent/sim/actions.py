@@ -21,8 +21,12 @@ from nodeagent.sim.state import CiState, GiState, GpuState, ProcessState
 class UserActions(SimBase):
     # -- outside NVML: what a user or the hardware does -------------------------------------
 
-    def attach(self, device: str, pid: int, memory_bytes: int, load: float = 1.0) -> str:
-        """Start an emulated process on a GPU (index or UUID) or MIG device (MIG UUID).
+    def attach(
+        self, device: str, pid: int, memory_bytes: int, load: float = 1.0, mps_client: bool = False
+    ) -> str:
+        """Start an emulated process on a GPU (index or UUID) or MIG device (MIG UUID);
+        `mps_client`: a client of an MPS server (nvmlDeviceGetMPSComputeRunningProcesses
+        lists it; attach the server as a process of its own).
 
         Returns a description of where it runs. Raises SimError for a pid out of range or
         already attached, an unknown device, a full GPU with MIG enabled, or memory over what
@@ -63,6 +67,7 @@ class UserActions(SimBase):
                     gi_id=gi.id if gi else None,
                     ci_id=ci.id if ci else None,
                     load=load,
+                    mps_client=mps_client,
                 )
             )
         where = f"GPU {gpu.index}" + (f" GI {gi.id} CI {ci.id}" if gi and ci else "")

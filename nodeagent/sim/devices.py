@@ -173,11 +173,25 @@ class DeviceCalls(SimBase):
 
     @nvml_call()
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        return self._process_infos(self._device_processes(handle))
+
+    nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
+
+    @nvml_call()
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        # The clients only, as a real H200 lists them; the server is in the compute list.
+        return self._process_infos([p for p in self._device_processes(handle) if p.mps_client])
+
+    nvmlDeviceGetMPSComputeRunningProcesses_v3 = nvmlDeviceGetMPSComputeRunningProcesses
+
+    def _device_processes(self, handle: Any) -> list[Any]:
         if _decode(handle)[0] == _KIND_MIG:
             gpu, _, gi, ci = self._mig_target(handle)
-            procs = self._processes_on(gpu.index, gi.id, ci.id)
-        else:
-            procs = self._processes_on(self._gpu(handle)[0].index)
+            return self._processes_on(gpu.index, gi.id, ci.id)
+        return self._processes_on(self._gpu(handle)[0].index)
+
+    @staticmethod
+    def _process_infos(procs: list[Any]) -> list[Any]:
         out = []
         for p in procs:
             info = pynvml.c_nvmlProcessInfo_v3_t()
@@ -186,8 +200,6 @@ class DeviceCalls(SimBase):
             info.computeInstanceId = NO_ID if p.ci_id is None else p.ci_id
             out.append(pynvml.nvmlStructToFriendlyObject(info))
         return out
-
-    nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
 
     @nvml_call()
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:

@@ -45,6 +45,7 @@ class ProcessState:
     gi_id: int | None = None
     ci_id: int | None = None
     load: float = 1.0
+    mps_client: bool = False  # a client of an MPS server (its server is a process of its own)
 
 
 XID_LOG = 64  # the newest XIDs a GPU keeps for event sets that have not read them yet

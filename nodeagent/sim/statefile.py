@@ -241,7 +241,7 @@ def _gpu(raw: Any, index: int) -> GpuState:
 
 def _process(raw: Any, index: int) -> ProcessState:
     where = f"processes[{index}]"
-    _object(raw, where, ("pid", "gpu", "memory_bytes"), ("gi_id", "ci_id", "load"))
+    _object(raw, where, ("pid", "gpu", "memory_bytes"), ("gi_id", "ci_id", "load", "mps_client"))
     ids = {}
     for key, allowed in (("gi_id", GI_IDS), ("ci_id", CI_IDS)):
         value = raw.get(key)
@@ -256,6 +256,7 @@ def _process(raw: Any, index: int) -> ProcessState:
         gi_id=ids["gi_id"],
         ci_id=ids["ci_id"],
         load=float(load),
+        mps_client=_flag(raw.get("mps_client", False), f"{where}.mps_client"),
     )
 
 

@@ -8,6 +8,10 @@ As the real driver does, a query returns only processes with non-zero utilizatio
 newer than the caller's `lastSeenTimeStamp` (NOT_FOUND when there is none), and NOT_SUPPORTED
 on a MIG-enabled GPU or a MIG device (nvml.h: "On MIG-enabled GPUs, querying process
 utilization is not currently supported"), on every model (A100, A30, H100, H200, ...).
+
+MPS clients are sampled like any process, by their own load: whether a real driver puts an MPS
+client's SM use on the client or on its server is what benchmarks/mps_attribution.py measures;
+a test that wants the server to carry it gives the server the load and the clients none.
 """
 
 from __future__ import annotations

@@ -26,9 +26,11 @@ from nodeagent.nvml.inventory import Slice
 from nodeagent.nvml.session import gpu_handle
 from nodeagent.nvml.utilization import (
     MAX_SAMPLE_PERIOD_US,
+    MpsClients,
     ProcessSample,
     ProcessUtilizationReader,
     idle_sample,
+    read_mps_clients,
 )
 from nodeagent.state.faultrecord import FaultRecord
 from nodeagent.state.faults import FaultKey, FaultTracker
@@ -297,7 +299,9 @@ class UtilizationSampler:
     """Per-process utilization of every GPU without MIG: one nvmlDeviceGetProcessUtilization
     per GPU, run by the refresh worker after each new snapshot (never by a scrape, never on a
     loop of its own). MIG-enabled GPUs are not asked: NVML has no per-process utilization
-    there. `clock` is the wall clock NVML dates its samples by (CPU time, microseconds)."""
+    there. With it, the MPS clients of every GPU and MIG device
+    (nvmlDeviceGetMPSComputeRunningProcesses), which tell an MPS server's clients from the
+    server. `clock` is the wall clock NVML dates its samples by (CPU time, microseconds)."""
 
     def __init__(self, session: NvmlSession, store: Store, clock: Clock = time.time) -> None:
         self.session = session
@@ -313,9 +317,13 @@ class UtilizationSampler:
         if snap is None:
             return
         by_gpu: dict[int, dict[int, ProcessSample]] = {}
+        mps: dict[int, MpsClients] = {}
         previous = self.store.utilization.by_gpu
         with self.session.lock:
             for gpu in snap.inventory.gpus:
+                clients = self._mps_clients(gpu.index, gpu.slices if gpu.mig_current else None)
+                if clients is not None:
+                    mps[gpu.index] = clients
                 if self._mig.get(gpu.uuid, gpu.mig_current) != gpu.mig_current:
                     self.reader.forget(gpu.uuid)
                 self._mig[gpu.uuid] = gpu.mig_current
@@ -330,7 +338,24 @@ class UtilizationSampler:
                     samples = {pid: s for pid, s in old.items() if s.timestamp_us}
                 idle = {p.pid: idle_sample(p.pid) for p in gpu.processes if p.pid not in samples}
                 by_gpu[gpu.index] = {**idle, **samples}
-        self.store.publish_utilization(ProcessUtilization(by_gpu))
+        self.store.publish_utilization(ProcessUtilization(by_gpu, mps))
+
+    def _mps_clients(self, index: int, slices: tuple[Slice, ...] | None) -> MpsClients | None:
+        """The MPS clients of GPU `index` (`slices` None) or of its MIG devices; None when
+        NVML lists none of them (not supported, or every read failed)."""
+        if slices is None:
+            return read_mps_clients(
+                self.session, gpu_handle(self.session, index), context=f"GPU {index}"
+            )
+        found: MpsClients | None = None
+        for s in slices:
+            handle = None if s.mig_uuid is None else mig_handle(self.session, s.mig_uuid)
+            if handle is None:  # no CI yet, or destroyed since the snapshot
+                continue
+            clients = read_mps_clients(self.session, handle, context=f"MIG device {s.mig_uuid}")
+            if clients is not None:
+                found = {**(found or {}), **clients}
+        return found
 
     def _too_soon(self, uuid: str) -> bool:
         newest = self.reader.newest(uuid)

@@ -114,9 +114,12 @@ class GpmValues:
 @dataclass(frozen=True)
 class ProcessUtilization:
     """Per GPU without MIG, per pid: the process's newest utilization sample since the last
-    refresh (all 0 for a running process NVML sent none for: it was idle)."""
+    refresh (all 0 for a running process NVML sent none for: it was idle). `mps_clients`: per
+    GPU, the MPS clients on it or on its MIG devices, by pid, with the device memory each
+    uses (None: NVML does not say); a GPU whose MPS clients NVML does not list is absent."""
 
     by_gpu: Mapping[int, Mapping[int, ProcessSample]] = field(default_factory=dict)
+    mps_clients: Mapping[int, Mapping[int, int | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,11 @@ PENDING = {
     "nodeagent_gpu_last_xid", "nodeagent_gpu_ecc_errors_total", "nodeagent_gpu_row_remap_pending",
     "nodeagent_gpu_row_remap_failure", "nodeagent_gpu_pcie_replay_total",
     "nodeagent_slice_pod_info", "nodeagent_gpu_pod_info",
+    # The MPS share claims: only with --dra (the monitored nodes run without it).
+    *(f"nodeagent_dra_share_{m}" for m in (
+        "sm_request_percent", "sm_limit_percent", "sm_achieved_percent", "memory_request_bytes",
+        "memory_used_bytes", "held_below_request",
+    )),
 }  # fmt: skip
 NOT_OURS = {"up", "kube_node_labels"}  # Prometheus' own, kube-state-metrics'
 NAME = re.compile(r"\b(nodeagent_[a-z0-9_]+|up|kube_node_labels)\b(?!\s*\()")
