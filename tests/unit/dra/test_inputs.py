@@ -219,4 +219,5 @@ def test_consumed_capacity_is_ascii_digits_of_a_bounded_count(
 
 def test_consumed_capacity_as_the_scheduler_writes_it() -> None:
     (device,) = claimed_devices(share_claim("20", "8Gi"), DRIVER, "n")
-    assert device.mps == Mps(20, 8 << 30)
+    # the request as the scheduler wrote it; the limit the node's default (100), normal priority
+    assert device.mps == Mps(20, 8 << 30, sm_limit_percent=100, priority="normal")
