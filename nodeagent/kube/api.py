@@ -40,6 +40,7 @@ from nodeagent.kube.transport import (
     ApiException,
     BadAnswer,
     Configuration,
+    LineTooLong,
     Transport,
     describe_failure,
     json_lines,
@@ -352,6 +353,8 @@ class NodeApi:
             raise KubeError(
                 f"Kubernetes API: watch {what} failed: {_describe(err, self._host)}"
             ) from err
+        except LineTooLong as err:
+            raise KubeError(f"Kubernetes API: watch {what} failed: {err}") from err
         except ValueError as err:
             raise KubeError(f"Kubernetes API: watch {what}: not JSON: {err}") from err
         except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError) as err:

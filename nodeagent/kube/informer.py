@@ -16,6 +16,14 @@ informer of the agent that had failed ends the others' waits (nodeagent.kube.rec
 outage a node comes back to the API server at a random moment of the backoff, not at the
 moments every other node does, and each collection is listed once.
 
+A watch that ends within SHORT_WATCH_SECONDS with no event (no change, no bookmark) is a failure
+too, as client-go's reflector calls it a "very short watch": an API server, or a proxy in front
+of it, that answers a watch with 200 and an empty body made the agent watch again at once, some
+1,500-2,000 requests a second from every node. Its pass raises ShortWatch (a KubeError, the
+worker counts it), and the next pass first waits the same jittered backoff, growing with each
+such watch in a row until a watch delivers an event or lasts; the API server answered, so it
+says nothing of an outage to the other informers (their pauses are theirs).
+
 Every object is read on its own (`read`, which checks the JSON shape of the fields its
 reader uses: nodeagent.base.shapes): one that cannot be read is skipped, said once (a warning
 `kube.object_skipped` and nodeagent_kube_objects_skipped_total) and never fails the pass, the
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -44,6 +53,11 @@ T_contra = TypeVar("T_contra", contravariant=True)
 CHANGES = ("ADDED", "MODIFIED", "DELETED")
 RELIST_BACKOFF_SECONDS = 1.0  # the first relist after a relist; doubled each time, jittered
 RELIST_BACKOFF_MAX_SECONDS = 60.0
+SHORT_WATCH_SECONDS = 1.0  # a watch that ends sooner with no event is a failure (client-go's)
+
+
+class ShortWatch(KubeError):
+    """A watch ended within SHORT_WATCH_SECONDS with no event: the next pass backs off."""
 
 
 @dataclass(frozen=True)
@@ -97,8 +111,11 @@ class Informer(Generic[T]):
         skipped: SkippedObjects = KUBE_SKIPPED,
         jitter: Callable[[float], float] = lambda cap: random.uniform(0.0, cap),
         reconnect: Reconnect | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.source = source
+        self.clock = clock
+        self.short = 0  # watches in a row that ended at once with no event (ShortWatch)
         self.reconnect = reconnect or Reconnect()
         self.failures = 0  # passes in a row that failed (KubeError)
         self.read = read
@@ -117,11 +134,15 @@ class Informer(Generic[T]):
         until the API server ends it. Raises KubeError (the worker counts it)."""
         if self.failures:
             self.reconnect.pause(self.failures)
+        elif self.short:  # the server answered: only a stop ends this wait
+            self.stop_event.wait(self.reconnect.delay(self.short))
         if self.stop_event.is_set():
             return
         began = self.reconnect.answers
         try:
             self._pass(relist or self.relist)
+        except ShortWatch:
+            raise
         except KubeError:
             self.failures += 1
             self._fresh = False  # a 410 after the server was gone is no relist loop
@@ -141,8 +162,11 @@ class Informer(Generic[T]):
         if self.version is None:
             relist()
             self._answered()
+        began, events = self.clock(), 0
         try:
             for kind, obj in self.source.watch(self.version):
+                events += 1
+                self.short = 0
                 self._answered()
                 if self.stop_event.is_set():
                     return
@@ -152,6 +176,8 @@ class Informer(Generic[T]):
                     self._changed(kind, obj)
             self._answered()  # ended by the server (its timeout) or dropped after its answer
             self._fresh = False
+            if not events:
+                self._ended_empty(self.clock() - began)
         except WatchExpired:
             self._answered()
             self.expired += 1
@@ -159,6 +185,19 @@ class Informer(Generic[T]):
                 self._back_off()
             self.version = None  # listed again at the next pass
             log.info("watch.expired", resource=self.source.resource, expired=self.expired)
+
+    def _ended_empty(self, seconds: float) -> None:
+        """A watch ended after `seconds` with no event. Raises ShortWatch when that was
+        within SHORT_WATCH_SECONDS (not when the agent stops: its watch is ended on purpose)."""
+        if seconds >= SHORT_WATCH_SECONDS or self.stop_event.is_set():
+            self.short = 0
+            return
+        self.short += 1
+        raise ShortWatch(
+            f"Kubernetes API: watch {self.source.resource} ended after {seconds:.2f} s with no"
+            f" event (a very short watch: the API server, or a proxy before it, ends watches at"
+            f" once); watching again after a backoff ({self.short} in a row)"
+        )
 
     def _back_off(self) -> None:
         cap = min(RELIST_BACKOFF_SECONDS * 2 ** min(self.expired, 16), RELIST_BACKOFF_MAX_SECONDS)
