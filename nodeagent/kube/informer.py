@@ -208,15 +208,7 @@ class Informer(Generic[T]):
         next watch starts from the list's resourceVersion. Raises KubeError."""
         objects, version = self.source.list()
         self.lists += 1
-        read: list[T] = []
-        keys = set()
-        for obj in objects:
-            keys.add(object_key(self.source.resource, obj))
-            item = self._read(obj)
-            if item is not None:
-                read.append(item)
-        for gone in self.skipped.listed(self.source.resource, keys):
-            log.info("kube.object_gone", resource=gone[0], namespace=gone[1], name=gone[2])
+        read = read_list(self.source.resource, objects, self.read, self.skipped)
         self.version, self._fresh = version, True
         self.handler.listed(read)
 
@@ -230,18 +222,50 @@ class Informer(Generic[T]):
 
     def _read(self, obj: object, said: bool = True) -> T | None:
         """`obj` as `read` makes it, or None (skipped: said once while it stays unreadable)."""
-        key = object_key(self.source.resource, obj)
-        try:
-            if not isinstance(obj, dict):
-                raise Unreadable(f"a {self.source.resource} object is not a JSON object", "")
-            item = self.read(obj)
-        except Unreadable as err:
-            if said and self.skipped.skipped(key, err.field or "the object"):
-                log.warning(
-                    "kube.object_skipped",
-                    resource=key[0], namespace=key[1], name=key[2], error=str(err),
-                )  # fmt: skip
-            return None
-        if self.skipped.readable(key):
-            log.info("kube.object_readable", resource=key[0], namespace=key[1], name=key[2])
-        return item
+        return read_object(self.source.resource, obj, self.read, self.skipped, said)
+
+
+def read_list(
+    resource: str,
+    objects: Sequence[object],
+    read: Callable[[dict[str, Any]], T],
+    skipped: SkippedObjects = KUBE_SKIPPED,
+) -> list[T]:
+    """The objects of a full list of `resource` that `read` can read (each other one skipped,
+    said once); a skipped object the list lacks is said gone."""
+    out: list[T] = []
+    keys = set()
+    for obj in objects:
+        keys.add(object_key(resource, obj))
+        item = read_object(resource, obj, read, skipped)
+        if item is not None:
+            out.append(item)
+    for gone in skipped.listed(resource, keys):
+        log.info("kube.object_gone", resource=gone[0], namespace=gone[1], name=gone[2])
+    return out
+
+
+def read_object(
+    resource: str,
+    obj: object,
+    read: Callable[[dict[str, Any]], T],
+    skipped: SkippedObjects = KUBE_SKIPPED,
+    said: bool = True,
+) -> T | None:
+    """`obj` as `read` makes it, or None: skipped (a warning `kube.object_skipped` and
+    nodeagent_kube_objects_skipped_total, said once while it stays unreadable)."""
+    key = object_key(resource, obj)
+    try:
+        if not isinstance(obj, dict):
+            raise Unreadable(f"a {resource} object is not a JSON object", "")
+        item = read(obj)
+    except Unreadable as err:
+        if said and skipped.skipped(key, err.field or "the object"):
+            log.warning(
+                "kube.object_skipped",
+                resource=key[0], namespace=key[1], name=key[2], error=str(err),
+            )  # fmt: skip
+        return None
+    if skipped.readable(key):
+        log.info("kube.object_readable", resource=key[0], namespace=key[1], name=key[2])
+    return item
