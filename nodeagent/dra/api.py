@@ -10,7 +10,7 @@ from typing import Any
 from nodeagent.base.errors import KubeError
 from nodeagent.base.shapes import Shape, Unreadable, check
 from nodeagent.kube.api import MERGE_PATCH, NodeApi, _none_on, _path
-from nodeagent.kube.informer import read_list
+from nodeagent.kube.objects import read_list
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIM = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
