@@ -220,7 +220,7 @@ def json_lines(response: Any, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[
             start = end + 1
             if len(pending) > max_line_bytes:
                 raise _too_long(max_line_bytes)
-            event = _event(bytes(pending))
+            event = _event(pending)
             pending.clear()
             if event is not None:
                 yield event
@@ -250,7 +250,7 @@ def _too_long(max_line_bytes: int) -> LineTooLong:
     )
 
 
-def _event(line: bytes) -> dict[str, Any] | None:
+def _event(line: bytes | bytearray) -> dict[str, Any] | None:
     """The event of one line; None for a blank line or JSON that is no object."""
     if not line.strip():
         return None
