@@ -146,3 +146,9 @@ def test_a_prepare_that_read_its_claim_before_the_unprepare_prepares_nothing(
     assert dra_node.layout(0) == []  # no slice made for a claim that is gone
     assert load(dra_node.checkpoint).claims == {}
     assert not list(dra_node.cdi_dir.glob("*uid-late*"))
+    # A prepare that begins after the unprepare is the kubelet's new ask: it prepares.
+    dra_node.add_claim(dict(as_read))
+    assert not dra_node.kubelet.prepare([claim])[claim.uid].error
+    assert dra_node.layout(0) == [("2g.35gb", 0)]
+    assert dra_node.kubelet.unprepare([claim]) == {claim.uid: ""}
+    assert dra_node.layout(0) == []
