@@ -7,10 +7,37 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from nodeagent.base.errors import KubeError
+from nodeagent.base.shapes import Shape, Unreadable, check
 from nodeagent.kube.api import MERGE_PATCH, NodeApi, _none_on, _path
+from nodeagent.kube.objects import read_list
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIM = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
+# The fields of a ResourceSlice the publisher reads (nodeagent.dra.slices).
+SLICE: Shape = {
+    "metadata": {"name": str},
+    "spec": {
+        "driver": str, "nodeName": str,
+        "pool": {"name": str, "generation": int, "resourceSliceCount": int},
+        "devices": [{"bindingConditions": list, "taints": list, "consumesCounters": list}],
+        "sharedCounters": [dict],
+    },
+}  # fmt: skip
+
+
+def read_slice(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj`, once it has a name, a spec, and the fields the publisher reads have their JSON
+    types. Raises Unreadable."""
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    what = f"resourceslice {name}" if isinstance(name, str) and name else "a ResourceSlice"
+    check(obj, SLICE, what)
+    if what == "a ResourceSlice":
+        raise Unreadable(f"{what} has no metadata.name", "metadata.name")
+    if obj.get("spec") is None:
+        raise Unreadable(f"{what} has no spec", "spec")
+    return obj
 
 
 class DraApi(NodeApi):
@@ -19,14 +46,11 @@ class DraApi(NodeApi):
     def list_slices(self, driver: str) -> list[dict[str, Any]]:
         """This node's ResourceSlices of `driver` (filtered here too, whatever the server did)."""
         query = {"fieldSelector": f"spec.driver={driver},spec.nodeName={self.name}"}
-        result = self._call(
-            "list resourceslices", lambda: self._request("GET", SLICES, query=query)
-        )
+        items, _ = self.list_objects("resourceslices", SLICES, query)
         return [
             s
-            for s in (result or {}).get("items", [])
-            if s.get("spec", {}).get("driver") == driver
-            and s.get("spec", {}).get("nodeName") == self.name
+            for s in read_list("resourceslices", items, read_slice)
+            if s["spec"].get("driver") == driver and s["spec"].get("nodeName") == self.name
         ]
 
     def create_slice(self, body: dict[str, Any]) -> None:
@@ -165,32 +189,42 @@ class DraApi(NodeApi):
                 "sharedCounters": [{"name": "probe", "counters": {"probe": {"value": "1"}}}],
             },
         }
+        what = "probe resourceslice counters"
         answer = self._call(
-            "probe resourceslice counters",
-            lambda: self._request("POST", SLICES, body=body, query={"dryRun": "All"}),
+            what, lambda: self._request("POST", SLICES, body=body, query={"dryRun": "All"})
         )
-        return bool(((answer or {}).get("spec") or {}).get("sharedCounters"))
+        return bool(_stored(what, answer)["spec"].get("sharedCounters"))
 
     # -- writes read back: what the server stored (its DRAPartitionableDevices gate) ---------
 
     def create_slice_stored(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """`create_slice`, answering the ResourceSlice as the server stored it; None when it
         exists already (an earlier attempt got through before its connection dropped)."""
-        name = body["metadata"]["name"]
-        stored: dict[str, Any] | None = self._call(
-            f"create resourceslice {name}",
-            _none_on(409, lambda: self._request("POST", SLICES, body=body)),
-        )
-        return stored
+        what = f"create resourceslice {body['metadata']['name']}"
+        stored = self._call(what, _none_on(409, lambda: self._request("POST", SLICES, body=body)))
+        return None if stored is None else _stored(what, stored)
 
     def patch_slice_stored(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """`patch_slice`, answering the ResourceSlice as the server stored it."""
         path = SLICES + _path("/{name}", name=name)
-        stored: dict[str, Any] = self._call(
-            f"patch resourceslice {name}",
-            lambda: self._request("PATCH", path, body=body, content_type=MERGE_PATCH),
+        what = f"patch resourceslice {name}"
+        return _stored(
+            what,
+            self._call(
+                what, lambda: self._request("PATCH", path, body=body, content_type=MERGE_PATCH)
+            ),
         )
-        return stored
+
+
+def _stored(what: str, answer: object) -> dict[str, Any]:
+    """The ResourceSlice a write's answer holds. Raises KubeError when it cannot be read (the
+    publish fails, said in one sentence, and the next one writes again)."""
+    try:
+        if not isinstance(answer, dict):
+            raise Unreadable("the answer is no ResourceSlice object", "")
+        return read_slice(answer)
+    except Unreadable as err:
+        raise KubeError(f"Kubernetes API: {what}: the answer cannot be read: {err}") from None
 
 
 def _node_of(pod: object) -> object:

@@ -49,6 +49,7 @@ from nodeagent.dra.checkpoint import (
     save,
 )
 from nodeagent.dra.claims import ClaimRef, claimed_devices
+from nodeagent.dra.inflight import InFlight, Superseded, Ticket
 from nodeagent.dra.intents import intents, prepare_wants, release_wants, slice_at
 from nodeagent.dra.status import device_data
 from nodeagent.dra.users import PodUsers
@@ -151,6 +152,7 @@ class NodeDriver:
         self.users = users  # a share claim's user from its pods' runAsUser (None: not read)
         self._guard = threading.Lock()
         self._claims: dict[str, threading.Lock] = {}  # one call per claim at a time
+        self.inflight = InFlight()  # the kubelet's prepares under way (nodeagent.dra.inflight)
 
     def start(self) -> None:
         """Before the first claim: the ownership record is written now if there is none (or
@@ -234,16 +236,28 @@ class NodeDriver:
     # -- prepare ------------------------------------------------------------------------------
 
     def prepare(
-        self, ref: ClaimRef, claim: Mapping[str, Any], deadline: float | None = None
+        self,
+        ref: ClaimRef,
+        claim: Mapping[str, Any],
+        deadline: float | None = None,
+        ticket: Ticket | None = None,
     ) -> list[Prepared]:
         """Make the claim's devices ready. `deadline` (time.monotonic) bounds the wait for the
-        MIG writer lock. Raises ConfigError (a bad claim), SliceInUse (a device overlaps a busy
-        slice or another claim's), LockHeld, NvmlError, MpsError, AgentError; whatever it
-        raises, the claim holds nothing afterwards."""
+        MIG writer lock; `ticket` (`inflight.prepare`, taken before `claim` was read) says
+        whether an unprepare came since. Raises ConfigError (a bad claim), SliceInUse (a device
+        overlaps a busy slice or another claim's), Superseded (an unprepare came since the
+        ticket), LockHeld, NvmlError, MpsError, AgentError; whatever it raises, the claim holds
+        nothing afterwards."""
         began = time.monotonic()
         kind = "gpu"
         try:
             with self._claim(ref.uid):
+                if ticket is not None and ticket.unprepared:
+                    raise Superseded(
+                        f"{ref} was unprepared while this prepare read it (the claim was"
+                        " deleted, or the kubelet let go of it): nothing was prepared; the"
+                        " kubelet asks again if a pod still needs it"
+                    )
                 prepared, kind = self._prepare(ref, claim, deadline)
         except AgentError as err:
             if self.stats is not None:
@@ -504,6 +518,7 @@ class NodeDriver:
         MpsError, AgentError (a file that cannot be removed)."""
         began = time.monotonic()
         kind = "gpu"
+        self.inflight.unprepared(uid)  # a prepare that read the claim before: refused
         try:
             with self._claim(uid):
                 claim = self.owners.read().claims.get(uid)

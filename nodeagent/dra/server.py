@@ -42,6 +42,7 @@ from nodeagent.base.logs import get_logger
 from nodeagent.dra.api import DraApi
 from nodeagent.dra.claims import ClaimRef, checked_claim, checked_ref, quoted
 from nodeagent.dra.health import RESEND_SECONDS, HealthBoard, Reading
+from nodeagent.dra.inflight import Superseded
 from nodeagent.dra.node import NodeDriver
 from nodeagent.dra.reports import StatusReports
 from nodeagent.kubelet.proto import (
@@ -168,19 +169,21 @@ class DraService:
         try:
             ref = checked_ref(claim.namespace, claim.name, claim.uid)
             where = str(ref)
-            budget = (deadline - time.monotonic()) * API_SHARE
-            obj = self.api.read_claim(ref.namespace, ref.name, budget_seconds=max(0.1, budget))
-            if obj is None:
-                raise KubeError(f"{ref} does not exist")
-            obj = checked_claim(obj, str(ref))  # one that cannot be read: its own answer
-            uid = (obj.get("metadata") or {}).get("uid")
-            if uid != ref.uid:
-                raise KubeError(f"{ref} has UID {quoted(uid)}, not {ref.uid}: it was replaced")
-            read = ref, obj
-            prepared = self.node.prepare(ref, obj, deadline)
+            # The ticket before the read: an unprepare from now on supersedes this prepare.
+            with self.node.inflight.prepare(ref.uid) as ticket:
+                budget = (deadline - time.monotonic()) * API_SHARE
+                obj = self.api.read_claim(ref.namespace, ref.name, budget_seconds=max(0.1, budget))
+                if obj is None:
+                    raise KubeError(f"{ref} does not exist")
+                obj = checked_claim(obj, str(ref))  # one that cannot be read: its own answer
+                uid = (obj.get("metadata") or {}).get("uid")
+                if uid != ref.uid:
+                    raise KubeError(f"{ref} has UID {quoted(uid)}, not {ref.uid}: it was replaced")
+                read = ref, obj
+                prepared = self.node.prepare(ref, obj, deadline, ticket)
         except AgentError as err:
             log.warning("dra.prepare_failed", claim=where, error=str(err))
-            if read is not None:
+            if read is not None and not isinstance(err, Superseded):  # unprepared: cleared
                 self.reports.failed(*read, str(err), deadline)
             return self.pb.NodePrepareResourceResponse(error=_about(where, str(err)))
         except Exception as err:  # a bug: this claim's answer, not the whole call's

@@ -120,15 +120,15 @@ class SlicePublisher:
         wanted = list(wanted)
         if self._published == wanted:
             return False
+        # Each read through its shape (DraApi.read_slice): one that cannot be read is skipped
+        # and said once, as in every list the agent reads.
         existing = {s["metadata"]["name"]: s for s in self.api.list_slices(self.driver)}
-        generations = [
-            int(s["spec"].get("pool", {}).get("generation", 0)) for s in existing.values()
-        ]
-        top = max(generations, default=0)
+        pools = {name: s["spec"].get("pool") or {} for name, s in existing.items()}
+        top = max((int(p.get("generation") or 0) for p in pools.values()), default=0)
         same = set(existing) == {w.name for w in wanted} and all(
             _matters(existing[w.name]["spec"]) == _matters(w.spec)
-            and existing[w.name]["spec"].get("pool", {}).get("generation") == top
-            and existing[w.name]["spec"].get("pool", {}).get("resourceSliceCount") == len(wanted)
+            and pools[w.name].get("generation") == top
+            and pools[w.name].get("resourceSliceCount") == len(wanted)
             for w in wanted
         )
         if same:
@@ -152,12 +152,12 @@ class SlicePublisher:
                 stored = self.api.create_slice_stored(body)
             self.writes += 1
             sent = _has_counters(w.spec)
-            if sent and stored is not None and not _has_counters(stored.get("spec") or {}):
+            if sent and stored is not None and not _has_counters(stored["spec"]):
                 self._dropped(w.name)
                 return True  # nothing remembered: the next publish writes again
             for field in (BINDING, TAINTS):
                 if stored is not None and _carries(w.spec, field):
-                    self._kept(field, _carries(stored.get("spec") or {}, field), w.name)
+                    self._kept(field, _carries(stored["spec"], field), w.name)
         for name in sorted(set(existing) - {w.name for w in wanted}):
             self.api.delete_slice(name)
             self.writes += 1

@@ -34,12 +34,15 @@ from tenacity import (
 
 from nodeagent.base.errors import KubeError
 from nodeagent.base.logs import get_logger
+from nodeagent.base.shapes import MapOf, Shape, check
 from nodeagent.kube.kubeconfig import configure, configure_in_cluster
+from nodeagent.kube.objects import read_list
 from nodeagent.kube.reconnect import Reconnect
 from nodeagent.kube.transport import (
     ApiException,
     BadAnswer,
     Configuration,
+    LineTooLong,
     Transport,
     describe_failure,
     json_lines,
@@ -154,6 +157,25 @@ def _path(template: str, **params: str) -> str:
 def _name(obj: object) -> object:
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     return meta.get("name") if isinstance(meta, dict) else None
+
+
+# The fields of a pod that the GPU clients' pause reads (nodeagent.kube.clients).
+POD: Shape = {
+    "metadata": {
+        "name": str, "namespace": str, "labels": MapOf(str),
+        "ownerReferences": [{"kind": str, "controller": bool}],
+    },
+    "spec": {"nodeName": str, "nodeSelector": MapOf(str)},
+}  # fmt: skip
+
+
+def read_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """`pod`, once the fields read of it have their JSON types (its metadata and spec objects,
+    empty where absent). Raises Unreadable."""
+    meta = pod.get("metadata")
+    where = f"{meta.get('namespace')}/{meta.get('name')}" if isinstance(meta, dict) else ""
+    check(pod, POD, f"pod {where}".rstrip())
+    return {**pod, "metadata": pod.get("metadata") or {}, "spec": pod.get("spec") or {}}
 
 
 def _none_on(status: int, call: Callable[[], T]) -> Callable[[], T | None]:
@@ -352,6 +374,8 @@ class NodeApi:
             raise KubeError(
                 f"Kubernetes API: watch {what} failed: {_describe(err, self._host)}"
             ) from err
+        except LineTooLong as err:
+            raise KubeError(f"Kubernetes API: watch {what} failed: {err}") from err
         except ValueError as err:
             raise KubeError(f"Kubernetes API: watch {what}: not JSON: {err}") from err
         except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError) as err:
@@ -397,21 +421,16 @@ class NodeApi:
         """The pods on this node (as plain JSON), those whose labels match `selector` if given."""
         label_selector = ",".join(f"{k}={v}" for k, v in sorted((selector or {}).items()))
         query = {"fieldSelector": f"spec.nodeName={self.name}", "labelSelector": label_selector}
-        result = self._call(
-            "list pods",
-            lambda: self._request(
-                "GET", "/api/v1/pods", query={k: v for k, v in query.items() if v}
-            ),
-        )
+        items, _ = self.list_objects("pods", "/api/v1/pods", {k: v for k, v in query.items() if v})
         pods = []
-        for pod in (result or {}).get("items", []):
-            labels = pod.get("metadata", {}).get("labels") or {}
+        for pod in read_list("pods", items, read_pod):
+            labels = pod["metadata"].get("labels") or {}
             # Filter here too: the selectors are what matters, whatever the server did.
-            if pod.get("spec", {}).get("nodeName") == self.name and all(
+            if pod["spec"].get("nodeName") == self.name and all(
                 labels.get(k) == v for k, v in (selector or {}).items()
             ):
                 pods.append(pod)
-        return list(pods)
+        return pods
 
     def pods_on_node(self, selector: dict[str, str]) -> list[tuple[str, str]]:
         """(namespace, name) of the pods on this node whose labels match `selector`."""

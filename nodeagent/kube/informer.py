@@ -16,6 +16,14 @@ informer of the agent that had failed ends the others' waits (nodeagent.kube.rec
 outage a node comes back to the API server at a random moment of the backoff, not at the
 moments every other node does, and each collection is listed once.
 
+A watch that ends within SHORT_WATCH_SECONDS with no event (no change, no bookmark) is a failure
+too, as client-go's reflector calls it a "very short watch": an API server, or a proxy in front
+of it, that answers a watch with 200 and an empty body made the agent watch again at once, some
+1,500-2,000 requests a second from every node. Its pass raises ShortWatch (a KubeError, the
+worker counts it), and the next pass first waits the same jittered backoff, growing with each
+such watch in a row until a watch delivers an event or lasts; the API server answered, so it
+says nothing of an outage to the other informers (their pauses are theirs).
+
 Every object is read on its own (`read`, which checks the JSON shape of the fields its
 reader uses: nodeagent.base.shapes): one that cannot be read is skipped, said once (a warning
 `kube.object_skipped` and nodeagent_kube_objects_skipped_total) and never fails the pass, the
@@ -27,16 +35,17 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from nodeagent.base.errors import KubeError
 from nodeagent.base.logs import get_logger
-from nodeagent.base.shapes import Unreadable
 from nodeagent.kube.api import WatchExpired
+from nodeagent.kube.objects import object_key, read_list, read_object
 from nodeagent.kube.reconnect import Reconnect
-from nodeagent.metrics.kube import KUBE_SKIPPED, ObjectKey, SkippedObjects
+from nodeagent.metrics.kube import KUBE_SKIPPED, SkippedObjects
 
 log = get_logger("nodeagent.kube")
 T = TypeVar("T")
@@ -44,6 +53,11 @@ T_contra = TypeVar("T_contra", contravariant=True)
 CHANGES = ("ADDED", "MODIFIED", "DELETED")
 RELIST_BACKOFF_SECONDS = 1.0  # the first relist after a relist; doubled each time, jittered
 RELIST_BACKOFF_MAX_SECONDS = 60.0
+SHORT_WATCH_SECONDS = 1.0  # a watch that ends sooner with no event is a failure (client-go's)
+
+
+class ShortWatch(KubeError):
+    """A watch ended within SHORT_WATCH_SECONDS with no event: the next pass backs off."""
 
 
 @dataclass(frozen=True)
@@ -67,18 +81,6 @@ class Handler(Protocol[T_contra]):
         """One watched change: ADDED, MODIFIED or DELETED."""
 
 
-def object_key(resource: str, obj: object) -> ObjectKey:
-    """(resource, namespace, name) of `obj`, as far as its metadata says."""
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    meta = meta if isinstance(meta, dict) else {}
-    namespace, name = meta.get("namespace"), meta.get("name")
-    return (
-        resource,
-        namespace if isinstance(namespace, str) else "",
-        name if isinstance(name, str) else "",
-    )
-
-
 def version_of(obj: object) -> str | None:
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     version = meta.get("resourceVersion") if isinstance(meta, dict) else None
@@ -97,8 +99,11 @@ class Informer(Generic[T]):
         skipped: SkippedObjects = KUBE_SKIPPED,
         jitter: Callable[[float], float] = lambda cap: random.uniform(0.0, cap),
         reconnect: Reconnect | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.source = source
+        self.clock = clock
+        self.short = 0  # watches in a row that ended at once with no event (ShortWatch)
         self.reconnect = reconnect or Reconnect()
         self.failures = 0  # passes in a row that failed (KubeError)
         self.read = read
@@ -117,11 +122,15 @@ class Informer(Generic[T]):
         until the API server ends it. Raises KubeError (the worker counts it)."""
         if self.failures:
             self.reconnect.pause(self.failures)
+        elif self.short:  # the server answered: only a stop ends this wait
+            self.stop_event.wait(self.reconnect.delay(self.short))
         if self.stop_event.is_set():
             return
         began = self.reconnect.answers
         try:
             self._pass(relist or self.relist)
+        except ShortWatch:
+            raise
         except KubeError:
             self.failures += 1
             self._fresh = False  # a 410 after the server was gone is no relist loop
@@ -141,8 +150,11 @@ class Informer(Generic[T]):
         if self.version is None:
             relist()
             self._answered()
+        began, events = self.clock(), 0
         try:
             for kind, obj in self.source.watch(self.version):
+                events += 1
+                self.short = 0
                 self._answered()
                 if self.stop_event.is_set():
                     return
@@ -152,6 +164,8 @@ class Informer(Generic[T]):
                     self._changed(kind, obj)
             self._answered()  # ended by the server (its timeout) or dropped after its answer
             self._fresh = False
+            if not events:
+                self._ended_empty(self.clock() - began)
         except WatchExpired:
             self._answered()
             self.expired += 1
@@ -159,6 +173,19 @@ class Informer(Generic[T]):
                 self._back_off()
             self.version = None  # listed again at the next pass
             log.info("watch.expired", resource=self.source.resource, expired=self.expired)
+
+    def _ended_empty(self, seconds: float) -> None:
+        """A watch ended after `seconds` with no event. Raises ShortWatch when that was
+        within SHORT_WATCH_SECONDS (not when the agent stops: its watch is ended on purpose)."""
+        if seconds >= SHORT_WATCH_SECONDS or self.stop_event.is_set():
+            self.short = 0
+            return
+        self.short += 1
+        raise ShortWatch(
+            f"Kubernetes API: watch {self.source.resource} ended after {seconds:.2f} s with no"
+            f" event (a very short watch: the API server, or a proxy before it, ends watches at"
+            f" once); watching again after a backoff ({self.short} in a row)"
+        )
 
     def _back_off(self) -> None:
         cap = min(RELIST_BACKOFF_SECONDS * 2 ** min(self.expired, 16), RELIST_BACKOFF_MAX_SECONDS)
@@ -169,15 +196,7 @@ class Informer(Generic[T]):
         next watch starts from the list's resourceVersion. Raises KubeError."""
         objects, version = self.source.list()
         self.lists += 1
-        read: list[T] = []
-        keys = set()
-        for obj in objects:
-            keys.add(object_key(self.source.resource, obj))
-            item = self._read(obj)
-            if item is not None:
-                read.append(item)
-        for gone in self.skipped.listed(self.source.resource, keys):
-            log.info("kube.object_gone", resource=gone[0], namespace=gone[1], name=gone[2])
+        read = read_list(self.source.resource, objects, self.read, self.skipped)
         self.version, self._fresh = version, True
         self.handler.listed(read)
 
@@ -191,18 +210,4 @@ class Informer(Generic[T]):
 
     def _read(self, obj: object, said: bool = True) -> T | None:
         """`obj` as `read` makes it, or None (skipped: said once while it stays unreadable)."""
-        key = object_key(self.source.resource, obj)
-        try:
-            if not isinstance(obj, dict):
-                raise Unreadable(f"a {self.source.resource} object is not a JSON object", "")
-            item = self.read(obj)
-        except Unreadable as err:
-            if said and self.skipped.skipped(key, err.field or "the object"):
-                log.warning(
-                    "kube.object_skipped",
-                    resource=key[0], namespace=key[1], name=key[2], error=str(err),
-                )  # fmt: skip
-            return None
-        if self.skipped.readable(key):
-            log.info("kube.object_readable", resource=key[0], namespace=key[1], name=key[2])
-        return item
+        return read_object(self.source.resource, obj, self.read, self.skipped, said)

@@ -9,13 +9,16 @@ from typing import Any
 
 import pytest
 
-from nodeagent.dra.api import DraApi
+from nodeagent.base.errors import KubeError
+from nodeagent.base.shapes import Unreadable
+from nodeagent.dra.api import DraApi, read_slice
 from nodeagent.dra.devices import resource_slices
 from nodeagent.dra.slices import SlicePublisher
 from nodeagent.kube.api import KubeSettings, make_api_client
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
+from tests.support.cli import captured_logs
 from tests.support.cluster import Cluster, is_write
 from tests.support.dra import DRIVER, NODE, dra_cluster
 
@@ -115,3 +118,50 @@ def test_only_this_drivers_slices_on_this_node_are_touched(cluster: Cluster) -> 
     assert publisher.publish(resource_slices(inventory("h200"), NODE, DRIVER, gpus={0}))
     assert publisher.publish([])  # none wanted: this driver's go, the other's stay
     assert list(slices(cluster)) == ["node-1-gpu.nvidia.com-x"]
+
+
+def _list_with(cluster: Cluster, *extra: Any) -> None:
+    """The API server answers every list of the slices with `extra` before the slices it
+    holds (a buggy server, a proxy, or an emulator)."""
+
+    def answer() -> dict[str, Any]:
+        held = [o.raw for (res, _, _), o in list(cluster.km.objects.items())
+                if res == SLICES and not o.deleted]  # fmt: skip
+        return {"metadata": {"resourceVersion": "1"}, "items": [*extra, *held]}
+
+    cluster.on_loop(lambda: cluster.km["list", SLICES] << answer)
+
+
+def test_slices_that_cannot_be_read_are_skipped_and_said_once(cluster: Cluster) -> None:
+    """Items that are not objects failed every publish with Python's words ('str' object has
+    no attribute 'get') and a traceback in the log; now each list is read through the shapes
+    every other list is read through."""
+    foreign = {"metadata": {"name": "node-1-x"}, "spec": "a string"}
+    old = {"metadata": {"name": "node-1-y"}, "spec": {"driver": DRIVER, "nodeName": NODE,
+                                                      "pool": {"generation": "7"}}}  # fmt: skip
+    _list_with(cluster, "garbage", 5, foreign, old)
+    with captured_logs("warning") as logs:
+        assert publish(cluster, inventory("h200x2"))
+        assert len(slices(cluster)) == 3
+        assert not publish(cluster, inventory("h200x2"))  # a restart: found as wanted
+    skipped = sorted(e["error"] for e in logs if e["event"] == "kube.object_skipped")
+    assert skipped == [
+        "a resourceslices object is not a JSON object",
+        "resourceslice node-1-x: spec is a string, not an object",
+        "resourceslice node-1-y: spec.pool.generation is a string, not a number",
+    ], skipped  # the two items that are not objects share a key: said once
+    with pytest.raises(Unreadable, match=r"^a ResourceSlice has no metadata\.name$"):
+        read_slice({"spec": {}})
+
+
+def test_a_write_answer_that_cannot_be_read_fails_the_publish_in_words(cluster: Cluster) -> None:
+    bad = {"metadata": {"name": f"{NODE}-gpu-nodeagent-io-counters-0"}, "spec": {"devices": "x"}}
+    cluster.on_loop(lambda: cluster.km["post", SLICES] << bad)
+    publisher = SlicePublisher(api(cluster), DRIVER)
+    with pytest.raises(KubeError) as err:
+        publisher.publish(resource_slices(inventory("h200"), NODE, DRIVER, gpus={0}))
+    assert str(err.value) == (
+        f"Kubernetes API: create resourceslice {NODE}-gpu-nodeagent-io-counters-0: the answer cannot"
+        f" be read: resourceslice {NODE}-gpu-nodeagent-io-counters-0: spec.devices is a string, not"
+        " a list"
+    )

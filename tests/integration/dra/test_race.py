@@ -4,8 +4,10 @@ and the GPU holds exactly the winner's slice."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +21,7 @@ from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
-from tests.support.dra import DraNode, allocated_claim, no_reset, node_config
+from tests.support.dra import CLAIMS, DraNode, allocated_claim, no_reset, node_config
 from tests.support.fake_kubelet.dra import PrepareResult
 
 PAIRS = [
@@ -102,3 +104,51 @@ def test_two_drivers_sharing_the_node_never_both_win(short_root: Path) -> None:
     want = ("4g.71gb", 0) if winner == "a" else ("1g.18gb", 3)
     assert [(s.profile, s.placement.start) for s in slices] == [want]
     assert "holds memory slices" in results["b" if winner == "a" else "a"].error
+
+
+def test_a_prepare_that_read_its_claim_before_the_unprepare_prepares_nothing(
+    dra_node: DraNode,
+) -> None:
+    """The kubelet's prepare reads its claim; the claim is deleted and the kubelet unprepares
+    it (nothing prepared yet: done) before the prepare goes on. Before, the prepare then made
+    the slice and recorded the claim after its unprepare, and nothing ever undid it."""
+    as_read = allocated_claim("late", "uid-late", {"g": "gpu-0-mig-2g35gb-14-0"})
+    claim = dra_node.add_claim(dict(as_read))
+    read, go_on = threading.Event(), threading.Event()
+
+    async def slow_read() -> dict[str, object]:
+        """The claim as it was read, answered once the test lets the read go on."""
+        read.set()
+        while not go_on.is_set():
+            await asyncio.sleep(0.01)
+        return as_read
+
+    def is_the_read(request: Any) -> bool:
+        method = str(getattr(request.method, "value", request.method)).upper()
+        return method == "GET" and request.url.path.endswith("/resourceclaims/late")
+
+    cluster = dra_node.cluster
+    cluster.on_loop(lambda: cluster.km[is_the_read][0:1] << slow_read)
+    results: dict[str, PrepareResult] = {}
+    preparing = threading.Thread(target=lambda: results.update(dra_node.kubelet.prepare([claim])))
+    preparing.start()
+    assert read.wait(30), "the prepare did not read its claim"
+    del cluster.km.objects[CLAIMS, "speech", "late"]  # deleted: the kubelet unprepares
+    assert dra_node.kubelet.unprepare([claim]) == {claim.uid: ""}
+    go_on.set()
+    preparing.join(60)
+
+    assert results[claim.uid].error == (
+        "claim speech/late was unprepared while this prepare read it (the claim was deleted, or"
+        " the kubelet let go of it): nothing was prepared; the kubelet asks again if a pod still"
+        " needs it"
+    )
+    assert dra_node.layout(0) == []  # no slice made for a claim that is gone
+    assert load(dra_node.checkpoint).claims == {}
+    assert not list(dra_node.cdi_dir.glob("*uid-late*"))
+    # A prepare that begins after the unprepare is the kubelet's new ask: it prepares.
+    dra_node.add_claim(dict(as_read))
+    assert not dra_node.kubelet.prepare([claim])[claim.uid].error
+    assert dra_node.layout(0) == [("2g.35gb", 0)]
+    assert dra_node.kubelet.unprepare([claim]) == {claim.uid: ""}
+    assert dra_node.layout(0) == []

@@ -12,7 +12,7 @@ import pytest
 from nodeagent.base.errors import KubeError
 from nodeagent.kube.api import KubeSettings, NodeApi, make_api_client
 from tests.support.cli import captured_logs
-from tests.support.cluster import NODES, Cluster, kmock
+from tests.support.cluster import NODES, PODS, Cluster, kmock
 
 NODE = "n1"
 
@@ -77,3 +77,25 @@ def test_a_stop_ends_the_retries(cluster: Cluster) -> None:
     with pytest.raises(KubeError, match="HTTP 503"):
         api.get_node()  # returns (with the last error) instead of retrying for an hour
     assert stop.is_set()
+
+
+def test_pods_that_cannot_be_read_are_skipped_and_said_once(cluster: Cluster) -> None:
+    """The pods on the node (the GPU clients' pause reads them) go through the same shapes as
+    every list the agent reads: items that are not objects, or labels that are a list, failed
+    the whole read with Python's words."""
+    cluster.add_pod("gpu", "app-1", NODE, {"app": "x"})
+    pod = {"metadata": {"name": "app-1", "namespace": "gpu", "labels": {"app": "x"}},
+           "spec": {"nodeName": NODE}}  # fmt: skip
+    odd = {"metadata": {"name": "odd", "namespace": "gpu", "labels": ["app"]},
+           "spec": {"nodeName": NODE}}  # fmt: skip
+    answer = {"metadata": {"resourceVersion": "1"}, "items": ["garbage", odd, pod]}
+    cluster.on_loop(lambda: cluster.km["list", PODS] << answer)
+    api = _api(cluster)
+    with captured_logs("warning") as logs:
+        assert api.pods_on_node({"app": "x"}) == [("gpu", "app-1")]
+        assert api.pods_on_node({"app": "x"}) == [("gpu", "app-1")]
+    skipped = sorted(e["error"] for e in logs if e["event"] == "kube.object_skipped")
+    assert skipped == [
+        "a pods object is not a JSON object",
+        "pod gpu/odd: metadata.labels is a list, not an object",
+    ], skipped

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from nodeagent.kube.nodelabels import OWNED_LABELS, owned_before
-from nodeagent.kube.transport import json_lines
+from nodeagent.kube.transport import LineTooLong, json_lines
 
 DEEP = "[" * 100_000 + "]" * 100_000
 
@@ -48,3 +48,13 @@ def test_a_watch_line_nested_too_deeply_is_a_value_error_the_watch_says_in_words
     assert next(events) == {"type": "ADDED", "object": {}}
     with pytest.raises(ValueError, match="nested too deeply"):
         next(events)
+
+
+def test_a_watch_line_is_joined_across_chunks_and_ends_the_watch_past_its_bound() -> None:
+    split = _Stream(b'{"type": "ADD', b'ED", "object": {}}\n{"type": "MOD', b'IFIED"}\n\n')
+    assert [e["type"] for e in json_lines(split)] == ["ADDED", "MODIFIED"]
+    good = b'{"type": "ADDED", "object": {}}\n'
+    endless = json_lines(_Stream(good + b"x" * 40, b"x" * 40, b"x" * 40), max_line_bytes=100)
+    assert next(endless) == {"type": "ADDED", "object": {}}
+    with pytest.raises(LineTooLong, match="over 100 bytes"):
+        next(endless)

@@ -12,7 +12,7 @@ import pytest
 from tenacity import wait_fixed
 
 from nodeagent.base.errors import KubeError
-from nodeagent.kube.informer import Informer, Source
+from nodeagent.kube.informer import Informer, ShortWatch, Source
 from nodeagent.kube.reconnect import Reconnect
 
 
@@ -112,3 +112,61 @@ def test_a_watch_that_never_failed_does_not_end_a_failing_ones_pause() -> None:
     stop.set()
     reconnect.interrupt()
     pausing.join(5)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _watching(clock: _Clock, seconds: float, *events: tuple[str, Any]) -> Source:
+    """A source whose watches deliver `events` and end `seconds` after they began."""
+
+    def watch(version: str | None) -> Iterator[tuple[str, Any]]:
+        yield from events
+        clock.now += seconds
+
+    return Source("nodes", lambda: ([], "1"), watch)
+
+
+def test_a_watch_that_ends_at_once_with_no_event_fails_and_the_next_waits() -> None:
+    """client-go's "very short watch": an API server (or a proxy) answering every watch with
+    200 and an empty body made the agent watch again at once, 1,500-2,000 times a second."""
+    reconnect, stop, clock = Reconnect(), threading.Event(), _Clock()
+    informer = Informer(_watching(clock, 0.2), lambda o: o, _Kept(), stop,
+                        reconnect=reconnect, clock=clock)  # fmt: skip
+    with pytest.raises(ShortWatch) as err:
+        informer.run()
+    assert str(err.value) == (
+        "Kubernetes API: watch nodes ended after 0.20 s with no event (a very short watch: the"
+        " API server, or a proxy before it, ends watches at once); watching again after a"
+        " backoff (1 in a row)"
+    )
+    assert informer.failures == 0 and not reconnect.down  # the server answered: no outage
+    reconnect.wait = wait_fixed(60)
+    pausing = threading.Thread(target=informer.run)
+    pausing.start()
+    pausing.join(0.3)
+    assert pausing.is_alive()  # the next pass waits its backoff before it watches
+    stop.set()  # the agent stops: the wait ends
+    pausing.join(5)
+    assert not pausing.is_alive()
+
+
+@pytest.mark.parametrize(
+    ("seconds", "events"),
+    [(1.0, ()), (0.0, (("BOOKMARK", {"metadata": {"resourceVersion": "9"}}),))],
+    ids=["a-second-with-no-event", "a-bookmark-at-once"],
+)
+def test_a_watch_that_lasts_or_delivers_is_no_failure(
+    seconds: float, events: tuple[tuple[str, Any], ...]
+) -> None:
+    clock = _Clock()
+    informer = Informer(_watching(clock, seconds, *events), lambda o: o, _Kept(), threading.Event(),
+                        clock=clock)  # fmt: skip
+    informer.run()
+    informer.run()
+    assert informer.short == 0 and informer.failures == 0
