@@ -10,6 +10,8 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from nodeagent.base.errors import ConfigError
 from nodeagent.dra.devices import resource_slices
@@ -233,3 +235,29 @@ def test_workload_file_keys_reach_the_claim() -> None:
     )
     (w,) = wf.workloads
     assert (w.compute_limit, w.compute_priority) == (0.5, "low")
+
+
+SHARED = st.lists(
+    st.builds(
+        lambda i, gib, compute, replicas: W(f"w{i}", gib, "shared", replicas, compute=compute),
+        st.integers(0, 10**6),
+        st.integers(1, 40),
+        st.one_of(st.none(), st.integers(1, 100).map(lambda n: n / 100)),
+        st.integers(1, 3),
+    ),
+    min_size=1,
+    max_size=5,
+    unique_by=lambda w: w.name,
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(SHARED)
+def test_any_planned_shares_fit_the_devices_as_the_scheduler_counts(ws: list[Workload]) -> None:
+    inv = INVENTORY
+    plan, docs = _docs(inv, ws)
+    assert sum(t.replicas for t in templates(plan, ws, inv.gpus)) == len(plan.placed)
+    check_the_node_holds_the_claims(inv, ws, plan)
+
+
+INVENTORY = inventory("h200x2")
