@@ -255,7 +255,7 @@ SHARED = st.lists(
 @given(SHARED)
 def test_any_planned_shares_fit_the_devices_as_the_scheduler_counts(ws: list[Workload]) -> None:
     inv = INVENTORY
-    plan, docs = _docs(inv, ws)
+    plan, _ = _docs(inv, ws)
     assert sum(t.replicas for t in templates(plan, ws, inv.gpus)) == len(plan.placed)
     check_the_node_holds_the_claims(inv, ws, plan)
 
