@@ -6,6 +6,7 @@ name no template can carry."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -93,3 +94,22 @@ def test_names_no_template_can_carry_are_one_sentence(
     res = _plan(cli, tmp_path, text)
     assert_one_error(res, 2, "workloads 'ASR' and 'asr' both make the claim template name 'asr'")
     assert res.stdout == ""  # nothing half-written
+
+
+def test_names_with_line_separators_stay_in_their_comments(
+    cli: Callable[..., Result], tmp_path: Path
+) -> None:
+    """YAML takes U+2028/2029 as line breaks: a name shown raw in a comment would end it and
+    put the rest into the document. Shown escaped; the template name is made of its letters."""
+    workloads = {
+        "version": "nodeagent/v1",
+        "workloads": [
+            {"name": "a\u2028b: c", "memory": "10G", "isolation": "shared", "compute": 0.6},
+            {"name": "x\u2029- y", "memory": "4G", "isolation": "shared", "compute": 0.3},
+        ],
+    }
+    res = _plan(cli, tmp_path, json.dumps(workloads))
+    assert res.returncode == 0, res.stderr
+    docs = [d for d in yaml.safe_load_all(res.stdout) if d]
+    assert [d["metadata"]["name"] for d in docs] == ["a-b--c", "x---y"]
+    assert "# a\\u2028b: c: 1 of 1 replicas, each an MPS share" in res.stdout
