@@ -6,9 +6,13 @@ node's GPUs (read through NVML, or the emulator with --simulate). Changes nothin
                      `nodeagent sharing apply -f FILE -c NAME` applies it as it is
 --output mig-parted  the same as a mig-parted v1 config (when no GPU uses MPS)
 --output json        everything: assignment, per-GPU sharing, report, both configs
+--output dra         the DRA side: a ResourceClaimTemplate per workload (an MPS share sized
+                     from its compute and memory, a MIG slice or a whole GPU), planned with
+                     share requests rounded up as the scheduler counts them: `kubectl apply`
 
 Exit 0 when every replica is placed; 1 when some are not (the plan is printed all the same,
-then one line on stderr naming the resource that ran out); 2 for a bad workload file.
+then one line on stderr naming the resource that ran out); 2 for a bad workload file (with
+--output dra also for workload names that make no claim template name, or the same one).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ DEFAULT_NAME = "planned"
 
 
 def cmd_plan(ctx: Context) -> int:
+    from nodeagent.dra.shares import SM_STEP_PERCENT
     from nodeagent.nvml import read_inventory
     from nodeagent.planner.planner import plan_node
     from nodeagent.planner.render import (
@@ -52,10 +57,12 @@ def cmd_plan(ctx: Context) -> int:
             flush=True,
         )
     began = time.monotonic()
-    plan = plan_node(inventory, workloads.workloads)
+    output = ctx.args.output
+    # The scheduler counts a DRA share's sm request in steps: plan with the rounded requests.
+    step = SM_STEP_PERCENT if output == "dra" else 1
+    plan = plan_node(inventory, workloads.workloads, step)
     if progress:
         print(f"planned in {time.monotonic() - began:.2f} s", file=sys.stderr)
-    output = ctx.args.output
     if output == "json":
         print_json(report(plan, name))
     elif output == "yaml":
@@ -69,10 +76,15 @@ def cmd_plan(ctx: Context) -> int:
                 " use --output yaml (the nodeagent/v1 sharing config)"
             )
         sys.stdout.write(text)
+    elif output == "dra":
+        from nodeagent.dra.plans import render_claims
+
+        driver = ctx.settings.dra.driver
+        sys.stdout.write(render_claims(plan, workloads.workloads, inventory.gpus, driver))
     else:
         for line in summary_lines(plan):
             print(line)
-    short = shortfall(plan, workloads.workloads, inventory.gpus)
+    short = shortfall(plan, workloads.workloads, inventory.gpus, step)
     if short is not None:  # the plan is printed all the same; a script sees the exit code
         print(f"nodeagent: {short}", file=sys.stderr)
         return 1
@@ -89,5 +101,7 @@ def add_plan_parser(sub: Any) -> None:
     p.add_argument(
         "--name", default=DEFAULT_NAME, help=f"name of the planned config (default {DEFAULT_NAME})"
     )
-    p.add_argument("--output", "-o", choices=("text", "yaml", "json", "mig-parted"), default="text")
-    p.set_defaults(func=cmd_plan, groups=("node",))
+    p.add_argument(
+        "--output", "-o", choices=("text", "yaml", "json", "mig-parted", "dra"), default="text"
+    )
+    p.set_defaults(func=cmd_plan, groups=("node", "dra"))

@@ -37,6 +37,7 @@ class Demand:
     isolation: str
     priority: int
     count: int
+    step: int = 1  # an MPS client's percentage is a multiple of this (a DRA share's: 5)
 
     def sms_on(self, gpu_sms: int | None) -> int | None:
         """SMs it needs on a GPU of `gpu_sms` SMs; None when that cannot be known."""
@@ -47,12 +48,19 @@ class Demand:
         return 0
 
     def percent_on(self, gpu_sms: int | None) -> int | None:
-        """The MPS thread percentage it needs (0: no need given)."""
+        """The MPS thread percentage it needs (0: no need given), rounded up to a multiple of
+        `step`; with a step above 1 at least one step (a DRA share asks for at least that)."""
         if self.compute is not None:
-            return -(-round(self.compute * 10**6) * 100 // 10**6)
-        if self.sms is not None:
-            return -(-self.sms * 100 // gpu_sms) if gpu_sms else None
-        return 0
+            percent = -(-round(self.compute * 10**6) * 100 // 10**6)
+        elif self.sms is not None:
+            if not gpu_sms:
+                return None
+            percent = -(-self.sms * 100 // gpu_sms)
+        else:
+            percent = 0
+        if self.step == 1:
+            return percent
+        return max(self.step, -(-percent // self.step) * self.step)
 
 
 @dataclass(frozen=True)

@@ -83,10 +83,11 @@ class NodePlan:
 
 
 def demand_classes(
-    workloads: Sequence[Workload],
+    workloads: Sequence[Workload], percent_step: int = 1
 ) -> tuple[tuple[Demand, ...], list[list[Workload]]]:
     """Alike workloads (memory, compute, isolation, priority) become one class: the search
-    runs over classes, the replicas go back to workloads in file order."""
+    runs over classes, the replicas go back to workloads in file order. `percent_step`: each
+    MPS client's percentage is rounded up to a multiple of it (Demand.step)."""
     keys: dict[tuple[object, ...], int] = {}
     members: list[list[Workload]] = []
     for w in workloads:
@@ -98,18 +99,22 @@ def demand_classes(
     demands = tuple(
         Demand(
             ws[0].memory_mib, ws[0].compute, ws[0].sms, ws[0].isolation, ws[0].priority,
-            sum(w.replicas for w in ws),
+            sum(w.replicas for w in ws), percent_step,
         )
         for ws in members
     )  # fmt: skip
     return demands, members
 
 
-def plan_node(inventory: Inventory, workloads: Sequence[Workload]) -> NodePlan:
-    """The best plan for these workloads on this node (see nodeagent.planner.search)."""
+def plan_node(
+    inventory: Inventory, workloads: Sequence[Workload], percent_step: int = 1
+) -> NodePlan:
+    """The best plan for these workloads on this node (see nodeagent.planner.search). With a
+    `percent_step` above 1 the MPS clients' compute needs count rounded up to a multiple of it
+    (at least one step each), as the scheduler counts DRA shares."""
     gpus = sorted(inventory.gpus, key=lambda g: g.index)
     views = [GpuView.of(g) for g in gpus]
-    demands, members = demand_classes(workloads)
+    demands, members = demand_classes(workloads, percent_step)
     solution = solve(views, demands)
     queues = [[(w.name, r) for w in ws for r in range(w.replicas)] for ws in members]
     clients = [sum(o.vec) for o in solution.options if o.mode == "mps"]

@@ -170,11 +170,14 @@ def _dump(doc: dict[str, Any]) -> str:
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
 
 
-def shortfall(plan: NodePlan, workloads: Sequence[Workload], gpus: Sequence[Gpu]) -> str | None:
+def shortfall(
+    plan: NodePlan, workloads: Sequence[Workload], gpus: Sequence[Gpu], percent_step: int = 1
+) -> str | None:
     """One line for a plan that leaves replicas out (None when all are placed), naming the
     resource that ran out: a replica bigger than any place, the GPUs (exclusive replicas), the
-    GPUs' memory, their compute, or else the MIG layouts (memory and compute would do in
-    total, but no layout of the slices holds them all)."""
+    GPUs' memory, their compute (shared replicas' needs rounded up to `percent_step` percent,
+    as the plan counted them), or else the MIG layouts (memory and compute would do in total,
+    but no layout of the slices holds them all)."""
     if not plan.not_placed:
         return None
     left = sum(n.replicas for n in plan.not_placed)
@@ -183,7 +186,7 @@ def shortfall(plan: NodePlan, workloads: Sequence[Workload], gpus: Sequence[Gpu]
     too_big = [n.workload for n in plan.not_placed if n.reason.startswith("too big")]
     memory_mib = sum(g.memory_total_bytes for g in gpus) >> 20
     need_mib = sum(w.replicas * w.memory_mib for w in workloads)
-    compute = sum(w.replicas * w.compute for w in workloads if w.compute is not None)
+    compute = sum(w.replicas * _counted(w, percent_step) for w in workloads if w.compute)
     exclusive = sum(w.replicas for w in workloads if w.isolation == "exclusive")
     if too_big:
         why = f"{', '.join(printable(n) for n in too_big)}: bigger than any slice or GPU here"
@@ -202,3 +205,11 @@ def shortfall(plan: NodePlan, workloads: Sequence[Workload], gpus: Sequence[Gpu]
             " slices holds every replica"
         )
     return f"{head}; ran out of {why}"
+
+
+def _counted(w: Workload, percent_step: int) -> float:
+    """The compute need of one replica as the plan counts it (a shared one's in steps)."""
+    assert w.compute is not None
+    if w.isolation != "shared" or percent_step == 1:
+        return w.compute
+    return -(-round(w.compute * 10**6) * 100 // (10**6 * percent_step)) * percent_step / 100

@@ -9,10 +9,15 @@
         compute: 0.4              # optional: fraction of a whole GPU (0 < x <= 1), or
         sms: 40                   # optional: streaming multiprocessors (not both)
         priority: 10              # optional integer, default 0; higher is placed first
+        compute-limit: 0.6        # shared only, optional: its MPS share's SM ceiling, a
+                                  #   fraction (compute..1; default 1: bursts into idle SMs)
+        compute-priority: low     # shared only, optional: normal | low (MPS client priority)
 
 `mig`: a MIG slice of its own. `shared`: may share a GPU with others through MPS (a thread
 percentage from its compute need, a pinned memory limit), or take a MIG slice or a whole GPU
-alone. `exclusive`: a whole GPU (MIG off). All errors of a file are raised together. Pure.
+alone. `exclusive`: a whole GPU (MIG off). `compute-limit` and `compute-priority` do not move
+the plan: they go into the DRA share claims `nodeagent plan -o dra` writes (an MpsShare's
+`smLimit` and `priority`). All errors of a file are raised together. Pure.
 """
 
 from __future__ import annotations
@@ -34,7 +39,11 @@ from nodeagent.mps.settings import parse_size
 
 VERSION = "nodeagent/v1"
 ISOLATIONS = ("mig", "shared", "exclusive")
-KEYS = ("name", "replicas", "memory", "isolation", "compute", "sms", "priority")
+KEYS = (
+    "name", "replicas", "memory", "isolation", "compute", "sms", "priority", "compute-limit",
+    "compute-priority",
+)  # fmt: skip
+COMPUTE_PRIORITIES = ("normal", "low")
 MAX_REPLICAS = 4096
 MAX_WORKLOADS = 256
 
@@ -51,6 +60,8 @@ class Workload:
     compute: float | None = None  # fraction of a whole GPU
     sms: int | None = None
     mark: Mark | None = None
+    compute_limit: float | None = None  # shared: its MPS share's SM ceiling, a fraction
+    compute_priority: str | None = None  # shared: normal | low
 
     @property
     def memory_mib(self) -> int:
@@ -142,17 +153,34 @@ def _workload(node: yaml.Node, errors: _Errors, what: str) -> Workload | None:
     memory = _memory(fields, node, errors, what)
     isolation = _isolation(fields, node, errors, what)
     priority = _integer(fields, "priority", errors, what, -(10**6), 10**6, default=0)
-    compute = _fraction(fields, errors, what)
+    compute = _fraction(fields, "compute", errors, what)
+    limit = _fraction(fields, "compute-limit", errors, what)
+    share_priority = _share_priority(fields, errors, what)
     sms = _integer(fields, "sms", errors, what, 1, 10**4, default=None)
     if "compute" in fields and "sms" in fields:
         errors.add(
             fields["sms"][0],
             f"{what}: give its compute need as 'compute' (a fraction of a GPU) or 'sms', not both",
         )
+    for key in ("compute-limit", "compute-priority"):
+        if key in fields and isolation not in (None, "shared"):
+            errors.add(
+                fields[key][0],
+                f"{what}: {key} is an MPS share's, for a shared workload; this one is {isolation}",
+            )
+    if limit is not None and compute is not None and limit < compute:
+        errors.add(
+            fields["compute-limit"][1],
+            f"{what}: compute-limit {limit:g} is below its compute {compute:g}; a limit is a"
+            " ceiling at or above the request",
+        )
     if len(errors.located) > before or name is None or memory is None or isolation is None:
         return None
     assert replicas is not None and priority is not None
-    return Workload(name, replicas, memory, isolation, priority, compute, sms, errors.mark(node))
+    return Workload(
+        name, replicas, memory, isolation, priority, compute, sms, errors.mark(node), limit,
+        share_priority,
+    )  # fmt: skip
 
 
 def _name(fields: Fields, node: yaml.Node, errors: _Errors, what: str) -> str | None:
@@ -216,16 +244,32 @@ def _isolation(fields: Fields, node: yaml.Node, errors: _Errors, what: str) -> s
     return value
 
 
-def _fraction(fields: Fields, errors: _Errors, what: str) -> float | None:
-    if "compute" not in fields:
+def _fraction(fields: Fields, key: str, errors: _Errors, what: str) -> float | None:
+    if key not in fields:
         return None
-    vnode = fields["compute"][1]
+    vnode = fields[key][1]
     value = _scalar(vnode) if isinstance(vnode, yaml.ScalarNode) else None
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 1:
         errors.add(
             vnode,
-            f"{what}: compute must be a fraction of a GPU, above 0 and at most 1 (0.25),"
+            f"{what}: {key} must be a fraction of a GPU, above 0 and at most 1 (0.25),"
             f" not {_kind(vnode)}",
         )
         return None
     return float(value)
+
+
+def _share_priority(fields: Fields, errors: _Errors, what: str) -> str | None:
+    if "compute-priority" not in fields:
+        return None
+    vnode = fields["compute-priority"][1]
+    value = _scalar(vnode) if isinstance(vnode, yaml.ScalarNode) else None
+    if value not in COMPUTE_PRIORITIES:
+        errors.add(
+            vnode,
+            f"{what}: compute-priority must be one of {', '.join(COMPUTE_PRIORITIES)},"
+            f" not {_kind(vnode)}",
+        )
+        return None
+    assert isinstance(value, str)
+    return value

@@ -174,7 +174,10 @@ def test_the_docs_mark_runnable_examples() -> None:
 
 
 def test_blocks_that_need_a_control_plane_are_on_the_page_its_test_runs() -> None:
-    """`<!-- runnable-k8s: SPEC -->` blocks run in tests/k8s/test_try_dra_page_real.py, which
-    reads docs/try-dra.md only: one marked elsewhere would never run."""
+    """`<!-- runnable-k8s: SPEC -->` blocks run in the tests/k8s test that names their page
+    (tests/k8s/test_*_page_real.py, through tests.support.pages): one marked on a page no such
+    test reads would never run."""
     marked = {page.name for page in _pages() if "<!-- runnable-k8s:" in page.read_text()}
-    assert marked == {"try-dra.md"}
+    tests = "".join(p.read_text() for p in (REPO / "tests" / "k8s").glob("test_*_page_real.py"))
+    run = set(re.findall(r'"docs" / "([\w.-]+\.md)"', tests))
+    assert marked == run == {"try-dra.md", "try-shares.md"}

@@ -37,6 +37,18 @@ def test_examples_validate_strictly(doc: dict[str, Any]) -> None:
     kubernetes_validate.validate(doc, VERSION, strict=True)
 
 
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_each_example_makes_its_namespaces_first(path: Path) -> None:
+    """`kubectl apply -f` of one example file works on a cluster without its namespaces: each
+    namespace an object names is a Namespace earlier in the same file."""
+    made: set[str] = set()
+    for doc in (d for d in yaml.safe_load_all(path.read_text()) if d):
+        if doc["kind"] == "Namespace":
+            made.add(doc["metadata"]["name"])
+        namespace = doc["metadata"].get("namespace")
+        assert namespace is None or namespace in made, f"{doc['metadata']['name']}: {namespace}"
+
+
 def test_selectors_name_attributes_the_driver_publishes() -> None:
     session = NvmlSession(SimulatedNvml(parse_spec("h200")))
     inv = read_inventory(session)

@@ -86,6 +86,11 @@ BAD = [
     ("sms-zero", _w("{name: a, memory: 1G, isolation: mig, sms: 0}"), "sms must be an integer 1-10000", "3:48"),
     ("compute-and-sms", _w("{name: a, memory: 1G, isolation: mig, compute: 0.5, sms: 3}"), "not both", "3:57"),
     ("duplicate-key", _w("{name: a, name: b, memory: 1G, isolation: mig}"), "has key 'name' twice", "3:15"),
+    ("limit-on-mig", _w("{name: a, memory: 1G, isolation: mig, compute-limit: 0.5}"), "compute-limit is an MPS share's, for a shared workload; this one is mig", "3:43"),
+    ("priority-on-exclusive", _w("{name: a, memory: 1G, isolation: exclusive, compute-priority: low}"), "compute-priority is an MPS share's, for a shared workload; this one is exclusive", "3:49"),
+    ("limit-below-compute", _w("{name: a, memory: 1G, isolation: shared, compute: 0.5, compute-limit: 0.4}"), "compute-limit 0.4 is below its compute 0.5; a limit is a ceiling at or above the request", "3:75"),
+    ("limit-big", _w("{name: a, memory: 1G, isolation: shared, compute-limit: 1.5}"), "compute-limit must be a fraction of a GPU, above 0 and at most 1", "3:61"),
+    ("share-priority-bad", _w("{name: a, memory: 1G, isolation: shared, compute-priority: high}"), "compute-priority must be one of normal, low, not str 'high'", "3:64"),
 ]  # fmt: skip
 
 
