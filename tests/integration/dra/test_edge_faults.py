@@ -49,10 +49,10 @@ def test_a_crashing_claim_is_that_claims_answer(
     b = dra_node.add_claim(allocated_claim("b", "uid-b", {"g": "gpu-0-mig-1g18gb-19-0"}))
     real = dra_node.node.prepare
 
-    def prepare(ref, claim, deadline=None):  # type: ignore[no-untyped-def]
+    def prepare(ref, claim, deadline=None, ticket=None):  # type: ignore[no-untyped-def]
         if ref.uid == "uid-a":
             raise KeyError("a bug")
-        return real(ref, claim, deadline)
+        return real(ref, claim, deadline, ticket)
 
     monkeypatch.setattr(dra_node.node, "prepare", prepare)
     answers = dra_node.kubelet.prepare([a, b])

@@ -148,7 +148,7 @@ def test_slices_that_cannot_be_read_are_skipped_and_said_once(cluster: Cluster) 
     assert skipped == [
         "a resourceslices object is not a JSON object",
         "resourceslice node-1-x: spec is a string, not an object",
-        "resourceslice node-1-y: spec.pool.generation is a string, not a number",
+        "resourceslice node-1-y: spec.pool.generation is a string, not a whole number",
     ], skipped  # the two items that are not objects share a key: said once
     with pytest.raises(Unreadable, match=r"^a ResourceSlice has no metadata\.name$"):
         read_slice({"spec": {}})
