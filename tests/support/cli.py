@@ -47,6 +47,23 @@ def stop_mps_daemon(binary: str, pipe_dir: Path, ready_file: Path) -> None:
     MpsDaemon(settings, Limits(0, {}, "")).stop(timeout_seconds=5)
 
 
+@contextlib.contextmanager
+def emulated_mps_node(
+    tmp_path: Path, binary: str, spec: str
+) -> Iterator[tuple[list[str], list[str]]]:
+    """The flags of an emulated node `spec` with its state in `tmp_path`, and of the fake MPS
+    control daemon `binary` with its root there; a daemon still running after is told to quit."""
+    from nodeagent.mps.control import MpsControl
+
+    base = ["--simulate", spec, "--sim-state", str(tmp_path / "node.json")]
+    try:
+        yield base, ["--mps-control", binary, "--mps-root", str(tmp_path / "mps")]
+    finally:
+        control = MpsControl(binary, tmp_path / "mps" / "pipe", tmp_path / "mps" / "log")
+        if control.daemon_pid() is not None:
+            control.command("quit")
+
+
 @dataclass
 class Result:
     returncode: int

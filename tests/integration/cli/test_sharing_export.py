@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nodeagent.mps.control import MpsControl
-from tests.support.cli import Result
+from tests.support.cli import Result, emulated_mps_node
 
 CONFIG = """version: nodeagent/v1
 sharing-configs:
@@ -28,16 +27,8 @@ sharing-configs:
 def node(
     cli: Callable[..., Result], tmp_path: Path, fake_mps_control: str
 ) -> Iterator[Callable[..., Result]]:
-    base = ["--simulate", "h200x4", "--sim-state", str(tmp_path / "node.json")]
-    mps = ["--mps-control", fake_mps_control, "--mps-root", str(tmp_path / "mps")]
-
-    def run(*args: str) -> Result:
-        return cli(*base, *args[:2], *mps, *args[2:])
-
-    yield run
-    control = MpsControl(fake_mps_control, tmp_path / "mps" / "pipe", tmp_path / "mps" / "log")
-    if control.daemon_pid() is not None:
-        control.command("quit")
+    with emulated_mps_node(tmp_path, fake_mps_control, "h200x4") as (base, mps):
+        yield lambda *args: cli(*base, *args[:2], *mps, *args[2:])
 
 
 def test_export_then_apply_changes_nothing(node: Callable[..., Result], tmp_path: Path) -> None:
