@@ -86,8 +86,7 @@ def add_plan_parser(sub: Any) -> None:
     p.add_argument(
         "-f", "--file", required=True, help="the workload file (nodeagent/v1); - is stdin"
     )
-    p.add_argument(
-        "--name", default=DEFAULT_NAME, help=f"name of the planned config (default {DEFAULT_NAME})"
-    )
-    p.add_argument("--output", "-o", choices=("text", "yaml", "json", "mig-parted"), default="text")
+    p.add_argument("--name", default=DEFAULT_NAME, help="name of the planned config")
+    p.add_argument("--output", "-o", choices=("text", "yaml", "json", "mig-parted"), default="text",
+                   help="output format")  # fmt: skip
     p.set_defaults(func=cmd_plan, groups=("node",))
