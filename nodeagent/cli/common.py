@@ -47,10 +47,20 @@ class Context:
         return groups
 
     def load_settings(self) -> Settings:
-        """Flags -> environment -> settings file -> defaults, for this command's groups."""
-        settings, sources = load(
-            vars(self.args), self.environ, getattr(self.args, "settings_file", None), self.groups
-        )
+        """Flags -> environment -> settings file -> defaults, for this command's groups. The
+        settings file may be a pipe the first time (`--config <(generate)`); a reload (`run`'s
+        SIGHUP) reads a regular file only: a pipe read again gives nothing, and no settings
+        would silently become the defaults. Raises ConfigError."""
+        from nodeagent.base.files import is_pipe
+
+        before = self._settings
+        if before is not None and before.file and is_pipe(before.file):
+            raise ConfigError(
+                f"settings file {before.file} is a pipe, read once when the agent started: a"
+                " reload reads a regular file; the settings stay as they were"
+            )
+        file = getattr(self.args, "settings_file", None)
+        settings, sources = load(vars(self.args), self.environ, file, self.groups)
         self._settings, self._sources = settings, sources
         return settings
 

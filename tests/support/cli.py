@@ -7,6 +7,8 @@ import atexit
 import contextlib
 import io
 import os
+import shutil
+import subprocess
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -45,6 +47,18 @@ def stop_mps_daemon(binary: str, pipe_dir: Path, ready_file: Path) -> None:
         command_timeout_seconds=2.0,
     )
     MpsDaemon(settings, Limits(0, {}, "")).stop(timeout_seconds=5)
+
+
+def bash(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`script` run by bash (-euo pipefail) in `cwd`, as a user's shell runs it (process
+    substitution included), with $NODEAGENT the command line of an emulated H200 whose state
+    is `node.json` there; no NODEAGENT_* variable of the caller's."""
+    found = shutil.which("bash")
+    assert found is not None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
+    env["NODEAGENT"] = f"{sys.executable} -m nodeagent --simulate h200 --sim-state node.json"
+    return subprocess.run([found, "-euo", "pipefail", "-c", script], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
 
 
 @contextlib.contextmanager
