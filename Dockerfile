@@ -24,8 +24,8 @@ COPY image/slim.py /src/image/slim.py
 # The nodeagent wheel and the wheels of its runtime dependencies, then the venv from those only.
 # The venv gets no pip (--without-pip) and no bytecode yet (--no-compile): image/slim.py drops
 # what nodeagent never loads (the Kubernetes client's asyncio half and aiohttp, which `pip check`
-# would now miss, on purpose), then compiles bytecode for the modules nodeagent imports, and
-# fails the build when one of them does not import.
+# would now miss, on purpose, and its typed API classes), then compiles bytecode for the modules
+# nodeagent imports, and fails the build when one of them does not import.
 RUN /build/bin/pip wheel --wheel-dir /wheels /src \
     && python3 -m venv --without-pip /opt/nodeagent \
     && /build/bin/pip --python /opt/nodeagent/bin/python install \

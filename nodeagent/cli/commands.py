@@ -10,9 +10,16 @@ import sys
 from collections.abc import Callable, Sequence
 
 from nodeagent import __version__
-from nodeagent.base.errors import AgentError
+from nodeagent.base.errors import AgentError, ConfigError
 from nodeagent.base.logs import configure_logging, printable
-from nodeagent.cli.common import Context, add_setting_flags, output_flag, print_json
+from nodeagent.cli.common import (
+    Context,
+    Parser,
+    UsageError,
+    add_setting_flags,
+    output_flag,
+    print_json,
+)
 from nodeagent.cli.dra import add_dra_parser
 from nodeagent.cli.mig import add_mig_parser
 from nodeagent.cli.migparted import read_mig_parted_variables
@@ -30,6 +37,7 @@ from nodeagent.cli.status import (
 from nodeagent.cli.stops import Stops
 
 INTERNAL_ERROR = 4
+OUTPUT_FLAGS = ("--output", "--output-format")  # -o's long names (mig's export: both)
 
 
 @functools.cache
@@ -37,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The whole command line, built once per process (about 30 ms: argparse looks up message
     catalogs and the terminal for every parser and flag). Parsing does not change it, so
     callers that parse many command lines in one process (the tests) share it."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="nodeagent",
         description="GPU node agent: MIG geometry, MPS, node labels, Prometheus metrics.",
     )
@@ -69,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = simsub.add_parser("attach", help="start an emulated process on a GPU or MIG device")
     p.add_argument("--device", required=True, help="GPU index, GPU UUID or MIG UUID")
     p.add_argument("--pid", required=True, type=int)
-    p.add_argument("--memory-mib", type=int, default=1024)
+    p.add_argument("--memory-mib", type=int, default=1024, help="GPU memory it holds, MiB")
     p.add_argument("--load", type=float, default=1.0, help="share of the SMs it keeps busy, 0-1")
     p.set_defaults(func=cmd_sim_attach)
     p = simsub.add_parser("detach", help="end an emulated process")
@@ -86,11 +94,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
     """The parsed command line, or the exit code argparse ended with (it printed why: 2 on
-    bad flags, 0 for --help and --version)."""
+    bad flags, 0 for --help and --version). A command line that asks for `--output json`
+    gets its usage error on stdout too, as every other failure: {error, reason, retry}."""
     try:
         return build_parser().parse_args(argv)
+    except UsageError as exc:
+        if wants_json(sys.argv[1:] if argv is None else argv):
+            print_json({"error": exc.message, "reason": ConfigError.reason, "retry": False})
+        return 2
     except SystemExit as exc:
         return int(exc.code) if isinstance(exc.code, int) else 2
+
+
+def wants_json(argv: Sequence[str]) -> bool:
+    """Whether a command line (one argparse refused) asks for JSON output: `--output json`,
+    `--output=json`, `-o json`, `-ojson`, or an abbreviation argparse takes (`--out json`)."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return False
+        name, eq, value = arg.partition("=")
+        if name.startswith("--o") and any(f.startswith(name) for f in OUTPUT_FLAGS):
+            value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        elif arg.startswith("-o") and not arg.startswith("--"):
+            value = arg[2:] or (argv[i + 1] if i + 1 < len(argv) else "")
+        else:
+            continue
+        if value == "json":
+            return True
+    return False
 
 
 def execute(args: argparse.Namespace, prog: str, stops: Stops | None = None) -> int:

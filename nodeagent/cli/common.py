@@ -9,13 +9,15 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from nodeagent.base.errors import ConfigError, NvmlError
 from nodeagent.base.logs import get_logger
 from nodeagent.cli.stops import Stops
 from nodeagent.nvml.codes import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND
-from nodeagent.settings import GROUPS, SPECS, Settings, Source, load
+from nodeagent.settings import GROUPS, SPECS, Settings, Source, Spec, load
+
+DEFAULTS = Settings()  # every setting's default, shown in --help
 
 MIB = 1024 * 1024
 log = get_logger("nodeagent")
@@ -45,10 +47,20 @@ class Context:
         return groups
 
     def load_settings(self) -> Settings:
-        """Flags -> environment -> settings file -> defaults, for this command's groups."""
-        settings, sources = load(
-            vars(self.args), self.environ, getattr(self.args, "settings_file", None), self.groups
-        )
+        """Flags -> environment -> settings file -> defaults, for this command's groups. The
+        settings file may be a pipe the first time (`--config <(generate)`); a reload (`run`'s
+        SIGHUP) reads a regular file only: a pipe read again gives nothing, and no settings
+        would silently become the defaults. Raises ConfigError."""
+        from nodeagent.base.files import is_pipe
+
+        before = self._settings
+        if before is not None and before.file and is_pipe(before.file):
+            raise ConfigError(
+                f"settings file {before.file} is a pipe, read once when the agent started: a"
+                " reload reads a regular file; the settings stay as they were"
+            )
+        file = getattr(self.args, "settings_file", None)
+        settings, sources = load(vars(self.args), self.environ, file, self.groups)
         self._settings, self._sources = settings, sources
         return settings
 
@@ -127,6 +139,7 @@ def output_flag(p: argparse.ArgumentParser, *choices: str) -> None:
         "-o",
         choices=choices or ("text", "json"),
         default=choices[0] if choices else "text",
+        help="output format; a failure is printed as {error, reason, retry} in JSON",
     )
 
 
@@ -144,6 +157,63 @@ def reset_for(settings: Settings, lib: Any) -> Any:
     if settings.node.simulate and hasattr(lib, "reset"):
         return lib.reset
     return command_reset()
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help with each flag's default, where it has one to say: not for a flag without a
+    value (None), a switch that is off, or an empty list (the settings' flags say theirs in
+    their help text, from the settings' defaults: `setting_default`)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        default = action.default
+        if default is None or default is False or default == [] or default == ():
+            return action.help
+        return super()._get_help_string(action)
+
+
+class UsageError(SystemExit):
+    """argparse's usage error (it printed its message and the usage): exit 2, `message` kept
+    for `--output json`."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+
+class Parser(argparse.ArgumentParser):
+    """nodeagent's parsers (its subcommands' too): defaults in --help, usage errors kept."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        try:
+            super().error(message)  # the usage and "prog: error: message" on stderr, as always
+        except SystemExit:
+            raise UsageError(message) from None
+        raise AssertionError("argparse's error() returned")  # pragma: no cover
+
+
+def setting_default(spec: Spec) -> str | None:
+    """A setting's default as its flag takes it (what the settings group's dataclass holds);
+    None where there is none to show: unset, an empty list, a switch that is off."""
+    value = getattr(getattr(DEFAULTS, spec.group), spec.field)
+    if value is None or value == "" or (spec.switch and value is False):
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, Mapping):  # NAME[=SELECTOR] items, ';'-separated
+        if not value or any(value.values()):
+            return None
+        return ";".join(value)
+    if isinstance(value, (tuple, list)):
+        if not value or not all(isinstance(v, (str, int)) for v in value):
+            return None
+        return (";" if spec.repeat else ",").join(str(v) for v in value)
+    return str(value)
 
 
 def add_setting_flags(
@@ -166,7 +236,10 @@ def add_setting_flags(
             assert spec.flag is not None
             flags = list(names.get(spec.dotted) or ([spec.short] if spec.short else []))
             flags += [] if spec.dotted in names else [spec.flag]
-            help_text = f"{spec.help} ({'; '.join(spec.env)}; {spec.dotted})"
+            default = setting_default(spec)
+            shown = f"; default: {default}" if default is not None else ""
+            help_text = f"{spec.help} ({'; '.join(spec.env)}; {spec.dotted}{shown})"
+            help_text = help_text.replace("%", "%%")  # argparse formats help with %
             kw: dict[str, Any] = {"dest": spec.dest, "default": None, "help": help_text}
             if spec.switch:
                 kw.update(action="store_const", const="true")

@@ -98,10 +98,9 @@ def add_plan_parser(sub: Any) -> None:
     p.add_argument(
         "-f", "--file", required=True, help="the workload file (nodeagent/v1); - is stdin"
     )
+    p.add_argument("--name", default=DEFAULT_NAME, help="name of the planned config")
     p.add_argument(
-        "--name", default=DEFAULT_NAME, help=f"name of the planned config (default {DEFAULT_NAME})"
-    )
-    p.add_argument(
-        "--output", "-o", choices=("text", "yaml", "json", "mig-parted", "dra"), default="text"
-    )
+        "--output", "-o", choices=("text", "yaml", "json", "mig-parted", "dra"), default="text",
+        help="output format (dra: ResourceClaimTemplates for the DRA driver)",
+    )  # fmt: skip
     p.set_defaults(func=cmd_plan, groups=("node", "dra"))

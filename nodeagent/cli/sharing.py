@@ -3,11 +3,9 @@ through the agent's own pipeline (one run), with mig-parted's flags and exit cod
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-from nodeagent.base.errors import AgentError
 from nodeagent.cli.common import Context, add_setting_flags, output_flag, print_json
 
 if TYPE_CHECKING:
@@ -36,14 +34,17 @@ def _print(ctx: Context, report: Report, dry_run: bool) -> None:
         return
     for op in report.done:
         print(describe_op(op))
-    if report.mps_change != "none":
+    if report.mps_change == "adopt":  # it runs as wanted: taken over, not changed
+        print("MPS daemon: runs as the config says, unchanged")
+    elif report.mps_change != "none":
         print(f"MPS daemon: {report.mps_change}{' (planned)' if dry_run else ''}")
     for index, (strategy, replicas) in sorted(report.sharing.items()):
         extra = f" x{replicas}" if strategy in ("mps", "time-slicing") else ""
         print(f"GPU {index}: {strategy}{extra}")
     verb = "would run" if dry_run else "ran"
     n = len(report.done)
-    print(f"sharing config {name!r}: {verb} {n} NVML operation{'s' if n != 1 else ''}")
+    unchanged = "; nothing to change" if not n and report.mps_change in ("none", "adopt") else ""
+    print(f"sharing config {name!r}: {verb} {n} NVML operation{'s' if n != 1 else ''}{unchanged}")
 
 
 def cmd_sharing_apply(ctx: Context) -> int:
@@ -89,42 +90,30 @@ def cmd_sharing_assert(ctx: Context) -> int:
 
 
 def cmd_sharing_export(ctx: Context) -> int:
-    """What each GPU offers now, as a sharing config named `current`. MPS is read from the
-    daemon in the configured MPS root; time-slicing leaves no trace on a GPU: such GPUs read
-    as whole."""
+    """What each GPU offers now, as a sharing config named `current`
+    (nodeagent.sharing.export): MPS as the daemon in the configured MPS root runs, its limits
+    read back, so that applying the export changes nothing."""
     import yaml
 
-    from nodeagent.mig.generate import export_current
-    from nodeagent.mps.control import MpsControl
+    from nodeagent.mps.daemon import MpsDaemon
     from nodeagent.mps.intent import mps_daemon_settings
+    from nodeagent.mps.settings import Limits
     from nodeagent.nvml import read_inventory
+    from nodeagent.sharing.export import RunningMps, export_sharing
 
     inventory = read_inventory(ctx.session)
-    mps = mps_daemon_settings(ctx.settings.mps, ())
-    control = MpsControl(mps.control_binary, mps.pipe_dir, mps.log_dir)
-    uuids = control.served_devices()
+    daemon = MpsDaemon(mps_daemon_settings(ctx.settings.mps, ()), Limits(0, {}, ""))
     by_uuid = {g.uuid: g.index for g in inventory.gpus}
-    mps_gpus = sorted(by_uuid[u] for u in uuids if u in by_uuid)
-    replicas = 2
-    if mps_gpus:
-        with contextlib.suppress(AgentError, ValueError, ZeroDivisionError):
-            replicas = max(
-                2, round(100 / float(control.command("get_default_active_thread_percentage")))
-            )
-    entries: list[dict[str, Any]] = []
-    mig = export_current(inventory)["current"]
-    for entry in mig:
-        if entry["mig-enabled"]:
-            entries.append(
-                {"devices": entry["devices"], "mig": {"mig-devices": entry["mig-devices"]}}
-            )
-            continue
-        whole = [i for i in entry["devices"] if i not in mps_gpus]
-        if whole:
-            entries.append({"devices": whole, "whole": {}})
-    if mps_gpus:
-        entries.append({"devices": mps_gpus, "mps": {"replicas": replicas}})
-    doc = {"version": "nodeagent/v1", "sharing-configs": {"current": entries}}
+    served = [by_uuid.get(u) for u in daemon.control.served_devices()]
+    running = RunningMps()
+    if any(i is not None for i in served):
+        pct, pinned = daemon.read_back()  # by the daemon's device order: its GPUs' order
+        running = RunningMps(
+            tuple(i for i in served if i is not None),
+            pct,
+            {i: pinned.get(n) for n, i in enumerate(served) if i is not None},
+        )
+    doc = export_sharing(inventory, running)
     sys.stdout.write(yaml.safe_dump(doc, sort_keys=False))
     return 0
 

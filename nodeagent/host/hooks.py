@@ -41,6 +41,11 @@ HOOK_NAMES = ("apply-start", "pre-apply-mode", "pre-apply-config", "apply-exit")
 HOOK_KEYS = ("command", "args", "envs", "workdir")
 STANDARD_TAG = "tag:yaml.org,2002:"
 OUTPUT_LINES = 5  # of a failing command's output, in the failure reason
+# A hook's command, args and envs together, bytes: the kernel refuses one argument over
+# 128 KiB (MAX_ARG_STRLEN) and a whole command line over ARG_MAX (2 MiB, the environment
+# included). A file whose aliases repeat a long string is bad input here, before anything
+# runs, not a hook that "could not start" (E2BIG) in the middle of a change.
+MAX_HOOK_BYTES = 128 * 1024
 
 
 class HookError(AgentError):
@@ -122,6 +127,15 @@ def _pairs(node: yaml.Node, errors: _Errors, what: str) -> list[tuple[str, yaml.
     return out
 
 
+def _too_long(texts: list[str]) -> bool:
+    size = 0
+    for text in texts:  # stops at the limit: a million aliases of one long string are cheap
+        size += len(os.fsencode(text)) + 1
+        if size > MAX_HOOK_BYTES:
+            return True
+    return False
+
+
 def _hook(node: yaml.Node, errors: _Errors, what: str) -> Hook | None:
     fields: dict[str, yaml.Node] = {}
     for name, key, value in _pairs(node, errors, what):
@@ -156,6 +170,13 @@ def _hook(node: yaml.Node, errors: _Errors, what: str) -> Hook | None:
     workdir = None
     if "workdir" in fields and not _empty(fields["workdir"]):
         workdir = _string(fields["workdir"], errors, f"{what}: workdir")
+    if _too_long([command or "", *args, *(f"{k}={v}" for k, v in envs)]):
+        errors.add(
+            node,
+            f"{what}: its command, args and envs are more than {MAX_HOOK_BYTES:,} bytes (the"
+            " kernel refuses longer command lines)",
+        )
+        return None
     if command is None:
         return None
     return Hook(command, tuple(args), tuple(envs), workdir or None, errors.at(node))
@@ -194,10 +215,12 @@ def parse_hooks(text: str, source: str) -> HooksFile:
 
 
 def load_hooks(path: str | None) -> HooksFile:
-    """Read and parse a hooks file (bounded: nodeagent.base.configfile). Raises ConfigError."""
+    """Read and parse a hooks file (bounded: nodeagent.base.configfile; a pipe too, read
+    once: `-k <(generate)`). Raises ConfigError."""
     if not path:
         raise ConfigError("no hooks file: pass --hooks-file FILE")
-    return parse_hooks(read_text(path, "hooks file"), "<stdin>" if path == "-" else path)
+    text = read_text(path, "hooks file", pipe=True)
+    return parse_hooks(text, "<stdin>" if path == "-" else path)
 
 
 # mig-parted's apply gives its hooks one variable per apply flag that has one (GetHooksEnvsMap),

@@ -39,7 +39,7 @@ from nodeagent.reconcile.ports import (
     Wanted,
 )
 from nodeagent.reconcile.report import report_of
-from nodeagent.reconcile.run import Run, plan_from
+from nodeagent.reconcile.run import Run, plan_from, unheld
 from nodeagent.settings import Settings
 from nodeagent.sharing.config import SharingFile, load_sharing_file
 from nodeagent.sharing.deviceplugin import check_served
@@ -303,7 +303,7 @@ class Pipeline:
         here, before anything changed."""
         assert run.snapshot is not None
         if run.desired is not None or run.scope is not None:
-            run.mig_plan = plan_from(run, run.snapshot)
+            run.mig_plan = plan_from(run, unheld(run.snapshot) if compare else run.snapshot)
         if run.scope is not None:
             # A claim's change: the MIG layout of its GPUs only (no MPS daemon, no offer of
             # the device plugin's); a hooks file matters only when it changes a GPU.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 
 from nodeagent.base.errors import KubeError
@@ -45,6 +46,18 @@ class Run:
     held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     locked: bool = False  # pause took the MIG writer lock
     lock_wait_seconds: float = 0.0
+
+
+def unheld(snapshot: Snapshot) -> Snapshot:
+    """`snapshot` as if no process, pod or claim held a device: what an assert plans with. It
+    asks whether the GPUs match a config (a GPU that matches needs no operation, held or not),
+    not whether the change could be made now."""
+    gpus = tuple(
+        dataclasses.replace(g, slices=tuple(dataclasses.replace(s, processes=()) for s in g.slices))
+        for g in snapshot.inventory.gpus
+    )
+    inventory = dataclasses.replace(snapshot.inventory, gpus=gpus)
+    return dataclasses.replace(snapshot, inventory=inventory, allocated={}, allocations_error=None)
 
 
 def plan_from(run: Run, snapshot: Snapshot) -> Plan:

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from nodeagent.base.logs import printable
+
 PREPARING = "preparing"
 PREPARED = "prepared"
 UNPREPARING = "unpreparing"
@@ -92,7 +94,7 @@ class PreparedClaim:
     driver: str = ""
 
     def __str__(self) -> str:
-        return f"claim {self.namespace}/{self.name}"
+        return f"claim {printable(self.namespace)}/{printable(self.name)}"  # escaped, as Holder
 
 
 def on_gpu(

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from nodeagent.base.errors import AgentError
-from nodeagent.base.logs import get_logger
+from nodeagent.base.logs import get_logger, printable
 from nodeagent.mps.daemon import MpsStatus
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.nvml.fields import DeviceFields
@@ -64,11 +64,14 @@ class Holder:
     kind: str = "pod"
 
     def __str__(self) -> str:
-        if not (self.namespace or self.pod):
+        # Names from a record or the kubelet, shown escaped: a newline in one cannot start a
+        # line of its own in a message.
+        namespace, pod = printable(self.namespace), printable(self.pod)
+        if not (namespace or pod):
             return self.kind  # no object to name: the kind says it all
-        if not self.namespace:
-            return f"{self.kind} {self.pod}"
-        return f"{self.kind} {self.namespace}/{self.pod}"
+        if not namespace:
+            return f"{self.kind} {pod}"
+        return f"{self.kind} {namespace}/{pod}"
 
 
 # Device id (GPU UUID, MIG UUID, or `<uuid>::<n>` for a replica of a shared device) -> holder.

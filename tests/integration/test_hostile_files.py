@@ -59,8 +59,15 @@ READERS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
-# the readers of `-f`, which take a pipe too (tests/integration/cli/test_pipe_inputs.py)
-PIPE_READERS = ("mig-config", "sharing-config", "workload-file")
+# the readers that take a pipe too (`-f <(generate)`: tests/integration/cli/test_pipe_inputs.py,
+# test_hooks_and_settings_input.py), and what they say of an empty one
+PIPE_READERS = {
+    "mig-config": "the file is empty",
+    "sharing-config": "the file is empty",
+    "workload-file": "the file is empty",
+    "hooks-file": "the file is empty",
+    "settings-file": "must be a mapping with version",
+}
 
 
 def _fifo(tmp: Path) -> str:
@@ -124,8 +131,8 @@ def test_hostile_file(
         assert res.returncode == 0, res.stderr
         assert "nvidia.com/gpu.machine=unknown" in res.stdout.splitlines()
     elif reader in PIPE_READERS and hostile == "fifo":
-        # `-f` takes a pipe (`-f <(generate)`): one nobody writes reads as empty, at once
-        assert_one_error(res, 2, path, "the file is empty")
+        # a pipe (`-f <(generate)`): one nobody writes reads as empty, at once
+        assert_one_error(res, 2, path, PIPE_READERS[reader])
     else:
         assert_one_error(res, 2, what, path, words)
     assert (tmp_path / "node.json").read_bytes() == before

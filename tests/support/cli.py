@@ -7,6 +7,8 @@ import atexit
 import contextlib
 import io
 import os
+import shutil
+import subprocess
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -45,6 +47,35 @@ def stop_mps_daemon(binary: str, pipe_dir: Path, ready_file: Path) -> None:
         command_timeout_seconds=2.0,
     )
     MpsDaemon(settings, Limits(0, {}, "")).stop(timeout_seconds=5)
+
+
+def bash(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`script` run by bash (-euo pipefail) in `cwd`, as a user's shell runs it (process
+    substitution included), with $NODEAGENT the command line of an emulated H200 whose state
+    is `node.json` there; no NODEAGENT_* variable of the caller's."""
+    found = shutil.which("bash")
+    assert found is not None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
+    env["NODEAGENT"] = f"{sys.executable} -m nodeagent --simulate h200 --sim-state node.json"
+    return subprocess.run([found, "-euo", "pipefail", "-c", script], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+@contextlib.contextmanager
+def emulated_mps_node(
+    tmp_path: Path, binary: str, spec: str
+) -> Iterator[tuple[list[str], list[str]]]:
+    """The flags of an emulated node `spec` with its state in `tmp_path`, and of the fake MPS
+    control daemon `binary` with its root there; a daemon still running after is told to quit."""
+    from nodeagent.mps.control import MpsControl
+
+    base = ["--simulate", spec, "--sim-state", str(tmp_path / "node.json")]
+    try:
+        yield base, ["--mps-control", binary, "--mps-root", str(tmp_path / "mps")]
+    finally:
+        control = MpsControl(binary, tmp_path / "mps" / "pipe", tmp_path / "mps" / "log")
+        if control.daemon_pid() is not None:
+            control.command("quit")
 
 
 @dataclass

@@ -4,27 +4,15 @@ file may come from a pipe (read once, bounded), for one-shot commands and the ag
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 from tests.integration.test_plan_agent import MIG_ONLY
-
-
-def _bash(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    bash = shutil.which("bash")
-    assert bash is not None
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
-    env["NODEAGENT"] = f"{sys.executable} -m nodeagent --simulate h200 --sim-state node.json"
-    return subprocess.run([bash, "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+from tests.support.cli import bash
 
 
 def test_process_substitution_feeds_every_config_flag(tmp_path: Path) -> None:
     (tmp_path / "w.yaml").write_text(MIG_ONLY)
-    proc = _bash(
+    proc = bash(
         "$NODEAGENT mig apply -f <($NODEAGENT mig generate-config) -c all-1g.18gb -o json\n"
         "$NODEAGENT mig assert -f <($NODEAGENT mig generate-config) -c all-1g.18gb\n"
         "$NODEAGENT plan -f <(cat w.yaml) -o yaml > planned.yaml\n"

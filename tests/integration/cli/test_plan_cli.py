@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nodeagent.mps.control import MpsControl
 from nodeagent.sharing.config import MpsShare, parse_sharing
-from tests.support.cli import Result, assert_one_error
+from tests.support.cli import Result, assert_one_error, emulated_mps_node
 
 VOICE = """\
 version: nodeagent/v1
@@ -35,18 +34,14 @@ workloads:
 def node(
     cli: Callable[..., Result], tmp_path: Path, fake_mps_control: str
 ) -> Iterator[Callable[..., Result]]:
-    base = ["--simulate", "h200x4", "--sim-state", str(tmp_path / "node.json")]
-    mps = ["--mps-control", fake_mps_control, "--mps-root", str(tmp_path / "mps")]
+    with emulated_mps_node(tmp_path, fake_mps_control, "h200x4") as (base, mps):
 
-    def run(*args: str) -> Result:
-        if args[0] == "sharing" and args[1] in ("apply", "assert"):
-            return cli(*base, *args, *mps)
-        return cli(*base, *args)
+        def run(*args: str) -> Result:
+            if args[0] == "sharing" and args[1] in ("apply", "assert"):
+                return cli(*base, *args, *mps)
+            return cli(*base, *args)
 
-    yield run
-    control = MpsControl(fake_mps_control, tmp_path / "mps" / "pipe", tmp_path / "mps" / "log")
-    if control.daemon_pid() is not None:
-        control.command("quit")
+        yield run
 
 
 def test_planned_sharing_config_applies_as_it_is(

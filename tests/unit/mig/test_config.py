@@ -100,6 +100,14 @@ BAD = [
         "devices must be 'all' or a list",
         "4:16",
     ),
+    # mig-parted refuses a number where the list goes (not the string "all", not a []int)
+    (
+        "devices-float",
+        _cfg("a:\n  - devices: 1.0\n    mig-enabled: false\n"),
+        "not float '1.0'",
+        "4:16",
+    ),
+    ("devices-int", _cfg("a:\n  - devices: 1\n    mig-enabled: false\n"), "not int '1'", "4:16"),
     (
         "devices-negative",
         _cfg("a:\n  - devices: [-1]\n    mig-enabled: false\n"),

@@ -144,6 +144,7 @@ BAD = [
     ("unknown-entry-key", _e("devices: all\nwhole: {}\nmig-enabled: true\n"), "unknown key 'mig-enabled'", "6:7"),
     ("missing-devices", _e("whole: {}\n"), "missing 'devices'", "4:7"),
     ("devices-bad-word", _e("devices: some\nwhole: {}\n"), "devices must be 'all' or a list", "4:16"),
+    ("devices-float", _e("devices: 1.0\nwhole: {}\n"), "devices must be 'all' or a list of GPU indices, not float '1.0'", "4:16"),
     ("devices-negative", _e("devices: [-1]\nwhole: {}\n"), "integer >= 0", "4:17"),
     ("filter-bad", _e("devices: all\ndevice-filter: A100\nwhole: {}\n"), "PCI device id", "5:22"),
     ("no-strategy", _e("devices: all\n"), "entry 1: missing the sharing: give one of mig, mps", "4:7"),
