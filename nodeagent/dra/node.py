@@ -36,7 +36,7 @@ from nodeagent.base.errors import (
     MigError,
     SliceInUse,
 )
-from nodeagent.base.files import atomic_write_text, interrupted_writes
+from nodeagent.base.files import atomic_write_text, entry_of, interrupted_writes
 from nodeagent.base.logs import get_logger
 from nodeagent.dra import cdi
 from nodeagent.dra.checkpoint import (
@@ -610,9 +610,9 @@ class NodeDriver:
         try:
             # The spec, and the temporary file of a write of it cut short by a kill: nothing
             # else knows that file is the claim's (its entry in the record goes last, below).
-            for path in (spec, *interrupted_writes(spec)):
+            for path in (entry_of(c.cdi_dir, spec.name, "the CDI spec"), *interrupted_writes(spec)):
                 path.unlink(missing_ok=True)
-            shutil.rmtree(self.config.plugin_dir / "mps" / uid, ignore_errors=False)
+            shutil.rmtree(entry_of(c.plugin_dir / "mps", uid, "the claim UID"))
         except FileNotFoundError:
             pass
         except OSError as err:
