@@ -17,7 +17,7 @@ from nodeagent.base.errors import ConfigError
 from nodeagent.base.jsontext import sealed_text
 from nodeagent.dra.checkpoint import load
 from nodeagent.state.held import PREPARED, PreparedDevice
-from nodeagent.state.owners import OwnerStore, Owners
+from nodeagent.state.owners import Owners, OwnerStore
 from nodeagent.state.record import parse
 
 SLICE = dataclasses.asdict(
