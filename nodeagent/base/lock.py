@@ -11,11 +11,12 @@ import contextlib
 import errno
 import fcntl
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from nodeagent.base.errors import AgentError, ConfigError, LockHeld
+from nodeagent.base.errors import AgentError, ConfigError, Interrupted, LockHeld
 from nodeagent.base.files import open_lock_file
 from nodeagent.base.logs import get_logger
 
@@ -55,7 +56,28 @@ def mig_writer_lock(
     if path is None:
         yield
         return
-    fd = open_lock_file(path, "the MIG writer lock")
+    with held_lock(path, "the MIG writer lock", "another MIG writer holds", timeout_seconds,
+                   sleep=sleep, clock=clock):  # fmt: skip
+        yield
+
+
+@contextlib.contextmanager
+def held_lock(
+    path: Path,
+    what: str,
+    holder_words: str,
+    timeout_seconds: float,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    stopped: Callable[[], int] = lambda: 0,
+) -> Iterator[None]:
+    """Hold the flock on `path` (`what` names it) for the body, this process's pid written in
+    it; wait up to `timeout_seconds` for another holder, giving way as soon as `stopped()`
+    names a stop signal. Raises LockHeld ("<holder_words> <path> (pid N); gave up after
+    T s"), Interrupted (exit 128 + the signal's number),
+    ConfigError (not a regular file, cannot be opened), AgentError (the system refused)."""
+    fd = open_lock_file(path, what)
     try:
         deadline = clock() + timeout_seconds
         waited = False
@@ -67,11 +89,17 @@ def mig_writer_lock(
                 if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                     raise ConfigError(f"cannot lock {path}: {err.strerror}") from err
             if not waited:
-                log.info("mig.lock.waiting", path=str(path), holder=_holder(fd))
+                log.info("lock.waiting", lock=what, path=str(path), holder=_holder(fd))
                 waited = True
+            if signum := stopped():
+                raise Interrupted(
+                    f"stopped by {signal.Signals(signum).name} while waiting for {what} {path};"
+                    " nothing was changed",
+                    signum,
+                )
             if clock() >= deadline:
                 raise LockHeld(
-                    f"another MIG writer holds {path} (pid {_holder(fd)}); gave up after"
+                    f"{holder_words} {path} (pid {_holder(fd)}); gave up after"
                     f" {timeout_seconds:g} s"
                 )
             sleep(0.05)
@@ -81,7 +109,7 @@ def mig_writer_lock(
         except OSError as err:  # a full disk: refused by the system, nothing done yet
             fcntl.flock(fd, fcntl.LOCK_UN)
             raise AgentError(
-                f"cannot write this process's pid into the MIG writer lock {path}: {err.strerror}"
+                f"cannot write this process's pid into {what} {path}: {err.strerror}"
             ) from err
         try:
             yield
