@@ -100,7 +100,7 @@ def held_lock(
             if clock() >= deadline:
                 raise LockHeld(
                     f"{holder_words} {path} (pid {_holder(fd)}); gave up after"
-                    f" {timeout_seconds:g} s"
+                    f" {round(timeout_seconds, 2):g} s"
                 )
             sleep(0.05)
         try:

@@ -176,11 +176,16 @@ class NodeDriver:
         with lock:
             yield
 
-    def _update(self, uid: str, record: PreparedClaim | None) -> None:
+    def _update(
+        self, uid: str, record: PreparedClaim | None, deadline: float | None = None
+    ) -> None:
         """Put (or drop, None) one claim in the ownership record: one read-modify-write, the
-        checkpoint (its view) written after it under the record's lock."""
+        checkpoint (its view) written after it under the record's lock, waited for until
+        `deadline` (time.monotonic; None: the store's wait)."""
         owners = self.owners.update(
-            lambda o: o.with_claim(uid, record) if record else _dropped(o, uid), self._view
+            lambda o: o.with_claim(uid, record) if record else _dropped(o, uid),
+            self._view,
+            wait_seconds=_left(deadline),
         )
         counts: dict[str, int] = {}
         for c in owners.prepared_here(self.config.driver).values():
@@ -277,7 +282,7 @@ class NodeDriver:
             ids = tuple(cdi.cdi_id(c.driver, ref.uid, d.device) for d in made)
             self._write_cdi(ref.uid, made)
             record = replace(record, state=PREPARED, devices=tuple(made), cdi_ids=ids)
-            self._update(ref.uid, record)
+            self._update(ref.uid, record, deadline)
         except BaseException as err:
             log.warning("dra.prepare_undone", claim=str(ref), error=str(err))
             try:
@@ -398,7 +403,7 @@ class NodeDriver:
 
         def record(inventory: Inventory, done: bool) -> None:
             if not done:
-                self._update(ref.uid, preparing)
+                self._update(ref.uid, preparing, deadline)
 
         return WantedChange(me, wants, ignore=me, record=record, deadline=deadline)
 
@@ -602,7 +607,8 @@ class NodeDriver:
 
         def record(inventory: Inventory, done: bool) -> None:
             if done:  # the slices are gone: the claim holds nothing, its files are left
-                self.owners.update(lambda o: _released(o, uid), self._view)
+                wait = _left(deadline)
+                self.owners.update(lambda o: _released(o, uid), self._view, wait_seconds=wait)
 
         change = WantedChange(me, wants, me, record, deadline, lock_when_idle=False)
         self._run(change)
@@ -620,7 +626,13 @@ class NodeDriver:
                 f"cannot remove what {me} left ({err.filename}: {err.strerror}); the kubelet"
                 " will ask again"
             ) from err
-        self._update(uid, None)
+        self._update(uid, None, deadline)
+
+
+def _left(deadline: float | None) -> float | None:
+    """The seconds left until `deadline` (time.monotonic), for a wait for the record's lock
+    (None: no deadline, the store's own wait)."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _dropped(owners: Owners, uid: str) -> Owners:
