@@ -10,6 +10,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +22,8 @@ import pytest
 
 from nodeagent.state.owners import OWNERS_NAME
 from tests.integration.cli.test_records_first import _apply, node  # noqa: F401 (a fixture)
+from tests.integration.cli.test_stop_signals import _start
+from tests.integration.test_sharing_convergence import CONFIGS
 from tests.support.cli import Result, assert_one_error
 
 LOCK = f".{OWNERS_NAME}.lock"
@@ -122,3 +127,63 @@ def test_writes_of_the_record_cut_short_are_swept_at_the_next_change(
     assert not any(p.exists() for p in litter)
     assert kept.read_text() == "x" and (tmp_path / LOCK).exists()
     assert '"config": "all-1g.18gb"' in (tmp_path / OWNERS_NAME).read_text()
+
+
+def test_a_stop_while_waiting_for_the_record_ends_the_wait_at_once(tmp_path: Path) -> None:
+    state = tmp_path / "node.json"
+    base = ["--simulate", "h200", "--sim-state", str(state)]
+    configs = tmp_path / "configs.yaml"
+    configs.write_text(
+        subprocess.run([sys.executable, "-m", "nodeagent", *base, "mig", "generate-config"],
+                       capture_output=True, text=True, check=True).stdout
+    )  # fmt: skip
+    logs = ["--log-level", "info", "--log-format", "json"]
+    apply = [*base, *logs, "mig", "apply", "-f", str(configs), "-c", "all-1g.18gb",
+             "--lock-timeout", "60"]  # fmt: skip
+    with held(tmp_path / LOCK):
+        proc = _start(apply)
+        assert proc.stderr is not None
+        os.set_blocking(proc.stderr.fileno(), False)
+        deadline, seen = time.monotonic() + 30, b""
+        while b'"lock.waiting"' not in seen:
+            assert proc.poll() is None and time.monotonic() < deadline, seen
+            try:
+                seen += os.read(proc.stderr.fileno(), 1 << 16)
+            except BlockingIOError:
+                time.sleep(0.05)
+        os.set_blocking(proc.stderr.fileno(), True)
+        began = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - began
+    assert proc.returncode == 143, err
+    assert took < 5, took
+    assert err.splitlines()[-1] == (
+        f"nodeagent: stopped by SIGTERM while waiting for the ownership record's lock"
+        f" {tmp_path / LOCK}; nothing was changed"
+    )
+    status = subprocess.run([sys.executable, "-m", "nodeagent", *base, "status", "-o", "json"],
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    assert [(g["mig_current"], g["slices"]) for g in json.loads(status.stdout)["gpus"]] == [
+        (False, [])
+    ]
+
+
+def test_sharing_apply_checks_the_lock_path_before_any_nvml_call(
+    cli: Callable[..., Result], tmp_path: Path, fake_mps_control: str
+) -> None:
+    (tmp_path / "sharing.yaml").write_text(CONFIGS)
+    state = tmp_path / "node.json"
+    base = ["--simulate", "h200x8", "--sim-state", str(state)]
+    mps = ["--mps-control", fake_mps_control, "--mps-root", str(tmp_path / "mps")]
+    assert cli(*base, "status").returncode == 0  # the emulator's state written
+    (tmp_path / LOCK).mkdir()
+    before = state.read_bytes()
+
+    refused = cli(*base, "sharing", "apply", "-f", str(tmp_path / "sharing.yaml"), *mps,
+                  "-c", "mixed")  # fmt: skip
+
+    assert_one_error(
+        refused, 2, f"the ownership record's lock {tmp_path / LOCK} is a folder", "nothing was"
+    )
+    assert state.read_bytes() == before
