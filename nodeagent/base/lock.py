@@ -1,5 +1,6 @@
 """The node-wide MIG writer lock: one `flock` on a file, held by `nodeagent mig apply` and by
-the agent's apply step, so two writers never interleave their NVML operations.
+the agent's apply step, so two writers never interleave their NVML operations. `held_lock` is
+its wait, shared with the ownership record's lock (nodeagent.state.owners).
 
 The holder writes its pid into the file, so a waiter that gives up can say who holds it. The
 kernel drops an flock when its holder dies, so a killed writer never leaves the node locked.

@@ -11,7 +11,12 @@ hand or by another tool). Nobody but its claim's unprepare destroys a claim's sl
 The record lives beside the node-wide MIG writer lock (`owners.json` in the run directory, or
 beside the emulator's state file), so every writer finds the same one whatever its DRA settings
 say. Each change is one read-modify-write under the record's own lock (`.owners.json.lock`, an
-flock, held for that alone, after the MIG writer lock where both are held). When the record
+flock, held for that alone, after the MIG writer lock where both are held), waited for within
+the caller's wait (mig.lock-timeout, a claim's deadline) and given up at a stop signal; a
+change checks both paths, and takes the lock once, before its first NVML operation. Under the
+lock, the temporary files of record writes a kill cut short are swept. A record whose values
+break their rules (nodeagent.state.held: a claim UID is a Kubernetes UID, a device carries its
+invariants) is not trusted, as one whose seal does not match. When the record
 is missing or cannot be read (a checksum that does not match included), it is rebuilt from
 what is on the node (`evidence`: the DRA driver's checkpoints, its claims' CDI specs and MPS
 roots, the claims the API server allocated here; nodeagent.dra.traces). A source that exists
