@@ -16,6 +16,10 @@ import pytest
 from nodeagent.base.errors import ConfigError
 from nodeagent.base.jsontext import sealed_text
 from nodeagent.dra.checkpoint import load
+from nodeagent.dra.traces import evidence_of, rebuild
+from nodeagent.nvml import NvmlSession, read_inventory
+from nodeagent.sim import SimulatedNvml
+from nodeagent.sim.models import parse_spec
 from nodeagent.state.held import PREPARED, PreparedDevice
 from nodeagent.state.owners import Owners, OwnerStore
 from nodeagent.state.record import parse
@@ -143,3 +147,17 @@ def test_a_checkpoint_read_as_a_trace_is_held_to_the_same_rules(
     said = str(refused.value)
     assert words in said and not any(p in said for p in PYTHONS), said
     json.loads(path.read_text())  # untouched
+
+
+def test_a_trace_named_by_no_kubernetes_uid_is_never_taken_into_the_record(
+    tmp_path: Path,
+) -> None:
+    session = NvmlSession(SimulatedNvml(parse_spec("h200x2")))
+    inventory = read_inventory(session)
+    gpu = inventory.gpus[1].uuid
+    spec = {"devices": [{"name": "gpu-1", "containerEdits": {"env": [
+        f"NVIDIA_VISIBLE_DEVICES={gpu}"]}}]}  # fmt: skip
+    for uid in ("..", "uid-1"):
+        (tmp_path / f"k8s.gpu.nodeagent.io-claim_{uid}.json").write_text(json.dumps(spec))
+    owners = rebuild(evidence_of("gpu.nodeagent.io", (), (tmp_path,)), inventory)
+    assert set(owners.claims) == {"uid-1"} and owners.uncertain is None
