@@ -121,7 +121,7 @@ def build_agent(
     # Who owns each slice, read by every path that changes MIG (nodeagent.state.owners).
     owners = owner_store(session, settings.dra, lock_path)
     stops = AgentStops(stop)
-    owners.wait_seconds = settings.mig.lock_timeout_seconds
+    owners.default_wait = lambda: current().mig.lock_timeout_seconds  # a reload takes effect
     owners.stopped = stops.requested  # a wait for the record's lock gives way to SIGTERM
     node = NodeEdges(session, current, stop, owners, dra_stats) if settings.kube.enabled else None
     pods = node.allocations(allocations) if node is not None else allocations
@@ -446,6 +446,7 @@ def command_pipeline(
     (nodeagent.state.owners, beside the MIG writer lock) count as held too. `stops`: the
     command's stop signals (held off while it changes the node)."""
     owners = owners or owner_store(session, settings.dra, lock_path)
+    owners.default_wait = lambda: settings.mig.lock_timeout_seconds
     if stops is not None:  # a wait for the record's lock gives way to the command's stop
         owners.stopped = stops.requested
     return Pipeline(

@@ -94,7 +94,7 @@ class OwnerStore:
         self._said: tuple[str, tuple[str, ...], str | None] | None = None  # the last warning
         # The wait for the record's lock when the caller gives none (mig.lock-timeout's
         # default); the stop signal that ends a wait at once (0: none).
-        self.wait_seconds = DEFAULT_WAIT_SECONDS
+        self.default_wait: Callable[[], float] = lambda: DEFAULT_WAIT_SECONDS
         self.stopped: Callable[[], int] = lambda: 0
 
     @property
@@ -205,7 +205,7 @@ class OwnerStore:
         wait_seconds: float | None = None,
     ) -> Owners:
         """Read, change, write: one read-modify-write under the record's lock, waited for up
-        to `wait_seconds` (default: `self.wait_seconds`); `then` hears of the record as it
+        to `wait_seconds` (default: `self.default_wait()`); `then` hears of the record as it
         stands then, still under it (the DRA checkpoint, its view, follows it in order). A
         record that must be rebuilt first is rebuilt outside the lock. Raises ConfigError when
         the file cannot be written, LockHeld when another process held the lock all that
@@ -235,7 +235,7 @@ class OwnerStore:
                 yield
                 return
             self._check_record()
-            wait = self.wait_seconds if wait_seconds is None else wait_seconds
+            wait = self.default_wait() if wait_seconds is None else wait_seconds
             with held_lock(self.lock_path, LOCK_WHAT, HOLDER_WORDS, wait, stopped=self.stopped):
                 self._sweep()
                 yield
