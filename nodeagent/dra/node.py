@@ -616,7 +616,8 @@ class NodeDriver:
         try:
             # The spec, and the temporary file of a write of it cut short by a kill: nothing
             # else knows that file is the claim's (its entry in the record goes last, below).
-            for path in (entry_of(c.cdi_dir, spec.name, "the CDI spec"), *interrupted_writes(spec)):
+            spec = entry_of(c.cdi_dir, str(spec.relative_to(c.cdi_dir)), "the CDI spec")
+            for path in (spec, *interrupted_writes(spec)):
                 path.unlink(missing_ok=True)
             shutil.rmtree(entry_of(c.plugin_dir / "mps", uid, "the claim UID"))
         except FileNotFoundError:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from nodeagent.base.errors import ConfigError
+from nodeagent.base.files import entry_of
 from nodeagent.base.jsontext import sealed_text
 from nodeagent.dra.checkpoint import load
 from nodeagent.dra.traces import evidence_of, rebuild
@@ -161,3 +162,10 @@ def test_a_trace_named_by_no_kubernetes_uid_is_never_taken_into_the_record(
         (tmp_path / f"k8s.gpu.nodeagent.io-claim_{uid}.json").write_text(json.dumps(spec))
     owners = rebuild(evidence_of("gpu.nodeagent.io", (), (tmp_path,)), inventory)
     assert set(owners.claims) == {"uid-1"} and owners.uncertain is None
+
+
+@pytest.mark.parametrize("name", ["..", ".", "", "a/../../b", "a\x00b"])
+def test_a_name_that_leaves_its_folder_names_nothing_to_remove(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ConfigError, match="is not a name within"):
+        entry_of(tmp_path, name, "the claim UID")
+    assert entry_of(tmp_path, "uid-1", "the claim UID") == tmp_path / "uid-1"
