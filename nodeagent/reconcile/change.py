@@ -36,7 +36,8 @@ class Changer:
 
     `one_shot`: a command's single run (`mig apply`): as mig-parted's apply, apply-start and
     apply-exit run around every run, not only around a change. `stops`: a command's stop
-    signals, held off while it holds the lock; the MIG change ends at the next operation.
+    signals, held off while it holds the lock, or the agent's stop; the MIG change ends at the
+    next operation.
     """
 
     def __init__(
