@@ -43,3 +43,25 @@ def test_a_recorded_uid_that_climbs_out_removes_nothing(
     assert (victim / "keep").read_text() == "mine"
     assert (dra_node.root / "p").is_dir()
     assert uid not in dra_node.node.owners.read().claims
+
+
+SHARE = {"request": "r", "pool": "node-1", "device": "gpu-0-mps", "gpu": 0, "gpu_uuid": "GPU-0",
+         "shared": True, "mps": {"thread_percentage": 25, "pinned_memory_bytes": None}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "mps",
+    [{"thread_percentage": "abc"}, {"pinned_memory_bytes": None}, {"thread_percentage": 25,
+     "user": "root"}, {"thread_percentage": 25, "pinned_memory_bytes": "1Gi"}],
+    ids=["percentage-text", "no-percentage", "user-text", "bytes-text"],
+)  # fmt: skip
+def test_the_share_watch_reads_a_garbled_share_as_no_record(
+    dra_node: DraNode, mps: dict[str, object]
+) -> None:
+    claim = {**CLAIM, "state": "prepared", "devices": [{**SHARE, "mps": mps}],
+             "cdi_ids": ["k8s.gpu.nodeagent.io/claim=u-gpu-0-mps"]}  # fmt: skip
+    payload = {"version": 2, "config": None, "uncertain": None, "claims": {"u": claim}}
+    (dra_node.root / OWNERS_NAME).write_text(sealed_text(payload))
+
+    assert dra_node.node.check_shares() == []  # the share watch's pass, every 2 s
+    assert "u" not in dra_node.node.owners.read().claims
