@@ -130,7 +130,7 @@ def test_sigterm_stops_the_agents_mig_change_between_two_operations(
     assert proc.returncode == 0 and "Traceback" not in text, text
     done = len(_events(tmp_path, "mig.operation"))
     assert 2 <= done < 15, done  # ended between two operations, not at the end of the change
-    assert took < 3, took
+    assert took < 10, took
     assert f"after {done} of 15 NVML operations" in text, text
     # Consistent: the record names no config the GPUs do not have, the lock is free, and the
     # next apply finishes the change.

@@ -157,7 +157,7 @@ def test_a_stop_while_waiting_for_the_record_ends_the_wait_at_once(tmp_path: Pat
         _out, err = proc.communicate(timeout=30)
         took = time.monotonic() - began
     assert proc.returncode == 143, err
-    assert took < 5, took
+    assert took < 10, took
     assert err.splitlines()[-1] == (
         f"nodeagent: stopped by SIGTERM while waiting for the ownership record's lock"
         f" {tmp_path / LOCK}; nothing was changed"

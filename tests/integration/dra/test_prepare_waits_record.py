@@ -24,6 +24,6 @@ def test_a_prepare_waits_for_a_held_record_no_longer_than_its_deadline(
         with pytest.raises(LockHeld, match="another process holds the ownership record's lock"):
             dra_node.node.prepare(ClaimRef("speech", "asr", "uid-1"), claim, began + 1.0)
         took = time.monotonic() - began
-    assert took < 5, took
+    assert took < 10, took
     assert dra_node.layout() == []  # no slice made
     assert "uid-1" not in dra_node.node.owners.read().claims
