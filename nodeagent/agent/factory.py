@@ -6,11 +6,14 @@ collectors), and the pipelines of the commands that change the node (`mig apply|
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import signal
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -119,6 +122,9 @@ def build_agent(
     mps = MpsManager(ComputeModeWriter(session))
     # Who owns each slice, read by every path that changes MIG (nodeagent.state.owners).
     owners = owner_store(session, settings.dra, lock_path)
+    stops = AgentStops(stop)
+    owners.default_wait = lambda: current().mig.lock_timeout_seconds  # a reload takes effect
+    owners.stopped = stops.requested  # a wait for the record's lock gives way to SIGTERM
     node = NodeEdges(session, current, stop, owners, dra_stats) if settings.kube.enabled else None
     pods = node.allocations(allocations) if node is not None else allocations
     pipeline = agent_pipeline(
@@ -135,6 +141,7 @@ def build_agent(
         reporter=node,
         clock=monotonic,
         owners=owners,
+        stops=stops,
     )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CollectorSet(collectors(store, stats, dra_stats, settings)))
@@ -167,6 +174,24 @@ def build_agent(
         stop_nvml_errors=session.report_errors(store.publish_nvml_errors),
     )
     return Agent(parts)
+
+
+class AgentStops:
+    """The agent's stop (its stop event, set on SIGTERM or SIGINT) as a command's stop
+    signals are to the pipeline (nodeagent.reconcile.ports.Stops): a MIG change ends between
+    two NVML operations, as `mig apply`'s does, and a wait for the ownership record's lock
+    ends at once. Nothing is held off: the agent's signals only set the event."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+
+    def deferred(self) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def requested(self) -> int:
+        """SIGTERM while the agent stops (every change asked, not only the first: an undo
+        after a stopped change stops too, leaving the record to say what is left)."""
+        return signal.SIGTERM if self.stop.is_set() else 0
 
 
 def collectors(
@@ -374,10 +399,12 @@ def agent_pipeline(
     on_published: Callable[[], None] = lambda: None,
     clock: Callable[[], float] = time.monotonic,
     owners: OwnerStore | None = None,
+    stops: Stops | None = None,
 ) -> Pipeline:
     """The agent's pipeline: its sinks, then the device plugin's config (when
     sharing.plugin-config-out is set), under the MIG writer lock at `lock_path`; step
-    durations measured with `clock` (the agent's one monotonic clock)."""
+    durations measured with `clock` (the agent's one monotonic clock); `stops`: the agent's
+    stop, which ends a MIG change between two NVML operations."""
     offers = Offers(store.publish_offers)  # the metrics read what each GPU offers there
     plugin = DevicePluginConfigSink(
         lambda: settings().sharing.plugin_config_out,
@@ -400,6 +427,7 @@ def agent_pipeline(
         offers=offers,
         clock=clock,
         owners=owners,
+        stops=stops,
     )
 
 
@@ -421,6 +449,9 @@ def command_pipeline(
     (nodeagent.state.owners, beside the MIG writer lock) count as held too. `stops`: the
     command's stop signals (held off while it changes the node)."""
     owners = owners or owner_store(session, settings.dra, lock_path)
+    owners.default_wait = lambda: settings.mig.lock_timeout_seconds
+    if stops is not None:  # a wait for the record's lock gives way to the command's stop
+        owners.stopped = stops.requested
     return Pipeline(
         store=Store(session, time.time),
         settings=lambda: settings,

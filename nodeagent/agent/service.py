@@ -379,8 +379,9 @@ class Agent:
         deadline = time.monotonic() + wait_seconds
         for worker in self.workers.values():
             if worker.is_alive():
-                # A reconcile in the middle of a MIG change finishes it (it is short and safe
-                # to interrupt only between NVML calls); idle workers are only waited briefly.
+                # A reconcile in the middle of a MIG change ends it at the next boundary
+                # between NVML calls (the stop event: AgentStops), where one call can take
+                # seconds (a mode change); idle workers are only waited briefly.
                 busy_apply = worker.name == "reconcile" and self.pipeline.applying
                 worker.join(20 if busy_apply else max(deadline - time.monotonic(), 0.05))
         if self.server is not None:

@@ -308,6 +308,17 @@ def open_lock_file(path: Path, what: str) -> int:
     return fd
 
 
+def entry_of(folder: Path, name: str, what: str) -> Path:
+    """`folder / name` where `name` names one entry of `folder` itself, so that removing it
+    never reaches outside `folder`. Raises ConfigError for a name with '/', a NUL byte, or
+    that is empty, '.' or '..'."""
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise ConfigError(
+            f"{what} {name!r} is not a name within {folder}; nothing there was removed"
+        )
+    return folder / name
+
+
 def remove_regular(path: Path, what: str) -> None:
     """Remove the regular file `path` if it is there. Raises ConfigError when it is anything
     else (a device node or a folder is never removed; nor is a link: it is not ours)."""

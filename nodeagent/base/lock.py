@@ -1,5 +1,6 @@
 """The node-wide MIG writer lock: one `flock` on a file, held by `nodeagent mig apply` and by
-the agent's apply step, so two writers never interleave their NVML operations.
+the agent's apply step, so two writers never interleave their NVML operations. `held_lock` is
+its wait, shared with the ownership record's lock (nodeagent.state.owners).
 
 The holder writes its pid into the file, so a waiter that gives up can say who holds it. The
 kernel drops an flock when its holder dies, so a killed writer never leaves the node locked.
@@ -11,11 +12,12 @@ import contextlib
 import errno
 import fcntl
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from nodeagent.base.errors import AgentError, ConfigError, LockHeld
+from nodeagent.base.errors import AgentError, ConfigError, Interrupted, LockHeld
 from nodeagent.base.files import open_lock_file
 from nodeagent.base.logs import get_logger
 
@@ -55,7 +57,28 @@ def mig_writer_lock(
     if path is None:
         yield
         return
-    fd = open_lock_file(path, "the MIG writer lock")
+    with held_lock(path, "the MIG writer lock", "another MIG writer holds", timeout_seconds,
+                   sleep=sleep, clock=clock):  # fmt: skip
+        yield
+
+
+@contextlib.contextmanager
+def held_lock(
+    path: Path,
+    what: str,
+    holder_words: str,
+    timeout_seconds: float,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    stopped: Callable[[], int] = lambda: 0,
+) -> Iterator[None]:
+    """Hold the flock on `path` (`what` names it) for the body, this process's pid written in
+    it; wait up to `timeout_seconds` for another holder, giving way as soon as `stopped()`
+    names a stop signal. Raises LockHeld ("<holder_words> <path> (pid N); gave up after
+    T s"), Interrupted (exit 128 + the signal's number),
+    ConfigError (not a regular file, cannot be opened), AgentError (the system refused)."""
+    fd = open_lock_file(path, what)
     try:
         deadline = clock() + timeout_seconds
         waited = False
@@ -67,12 +90,18 @@ def mig_writer_lock(
                 if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                     raise ConfigError(f"cannot lock {path}: {err.strerror}") from err
             if not waited:
-                log.info("mig.lock.waiting", path=str(path), holder=_holder(fd))
+                log.info("lock.waiting", lock=what, path=str(path), holder=_holder(fd))
                 waited = True
+            if signum := stopped():
+                raise Interrupted(
+                    f"stopped by {signal.Signals(signum).name} while waiting for {what} {path};"
+                    " nothing was changed",
+                    signum,
+                )
             if clock() >= deadline:
                 raise LockHeld(
-                    f"another MIG writer holds {path} (pid {_holder(fd)}); gave up after"
-                    f" {timeout_seconds:g} s"
+                    f"{holder_words} {path} (pid {_holder(fd)}); gave up after"
+                    f" {round(timeout_seconds, 2):g} s"
                 )
             sleep(0.05)
         try:
@@ -81,7 +110,7 @@ def mig_writer_lock(
         except OSError as err:  # a full disk: refused by the system, nothing done yet
             fcntl.flock(fd, fcntl.LOCK_UN)
             raise AgentError(
-                f"cannot write this process's pid into the MIG writer lock {path}: {err.strerror}"
+                f"cannot write this process's pid into {what} {path}: {err.strerror}"
             ) from err
         try:
             yield

@@ -36,6 +36,7 @@ from nodeagent.state.held import (
     PreparedClaim,
     PreparedDevice,
     claim_of,
+    is_uid,
 )
 
 MAX_FILE_BYTES = 4 << 20  # as every input file the agent reads
@@ -70,6 +71,8 @@ def _claim(uid: str, raw: Any, path: Path) -> PreparedClaim:
     """One claim of the file. Raises ConfigError naming the claim for a value of the wrong
     type: a claim that is half understood is not trusted to say which slices it holds."""
     try:
+        if not is_uid(uid):  # it would name a folder to remove
+            raise ValueError("its UID is not a Kubernetes UID")
         claim = claim_of(raw)
         if claim.state is None:
             raise TypeError("state is None")

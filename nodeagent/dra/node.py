@@ -36,7 +36,7 @@ from nodeagent.base.errors import (
     MigError,
     SliceInUse,
 )
-from nodeagent.base.files import atomic_write_text, interrupted_writes
+from nodeagent.base.files import atomic_write_text, entry_of, interrupted_writes
 from nodeagent.base.logs import get_logger
 from nodeagent.dra import cdi
 from nodeagent.dra.checkpoint import (
@@ -187,11 +187,16 @@ class NodeDriver:
         with lock:
             yield
 
-    def _update(self, uid: str, record: PreparedClaim | None) -> None:
+    def _update(
+        self, uid: str, record: PreparedClaim | None, deadline: float | None = None
+    ) -> None:
         """Put (or drop, None) one claim in the ownership record: one read-modify-write, the
-        checkpoint (its view) written after it under the record's lock."""
+        checkpoint (its view) written after it under the record's lock, waited for until
+        `deadline` (time.monotonic; None: the store's wait)."""
         owners = self.owners.update(
-            lambda o: o.with_claim(uid, record) if record else _dropped(o, uid), self._view
+            lambda o: o.with_claim(uid, record) if record else _dropped(o, uid),
+            self._view,
+            wait_seconds=_left(deadline),
         )
         counts: dict[str, int] = {}
         for c in owners.prepared_here(self.config.driver).values():
@@ -301,7 +306,7 @@ class NodeDriver:
             ids = tuple(cdi.cdi_id(c.driver, ref.uid, d.device) for d in made)
             self._write_cdi(ref.uid, made)
             record = replace(record, state=PREPARED, devices=tuple(made), cdi_ids=ids)
-            self._update(ref.uid, record)
+            self._update(ref.uid, record, deadline)
         except BaseException as err:
             log.warning("dra.prepare_undone", claim=str(ref), error=str(err))
             try:
@@ -422,7 +427,7 @@ class NodeDriver:
 
         def record(inventory: Inventory, done: bool) -> None:
             if not done:
-                self._update(ref.uid, preparing)
+                self._update(ref.uid, preparing, deadline)
 
         return WantedChange(me, wants, ignore=me, record=record, deadline=deadline)
 
@@ -558,7 +563,8 @@ class NodeDriver:
 
         def record(inventory: Inventory, done: bool) -> None:
             if done:  # the slices are gone: the claim holds nothing, its files are left
-                self.owners.update(lambda o: _released(o, uid), self._view)
+                wait = _left(deadline)
+                self.owners.update(lambda o: _released(o, uid), self._view, wait_seconds=wait)
 
         change = WantedChange(me, wants, me, record, deadline, lock_when_idle=False)
         self._run(change)
@@ -566,9 +572,11 @@ class NodeDriver:
         try:
             # The spec, and the temporary file of a write of it cut short by a kill: nothing
             # else knows that file is the claim's (its entry in the record goes last, below).
+            spec = entry_of(c.cdi_dir, str(spec.relative_to(c.cdi_dir)), "the CDI spec")
             for path in (spec, *interrupted_writes(spec)):
                 path.unlink(missing_ok=True)
-            shutil.rmtree(self.daemons.claim_dir(uid), ignore_errors=False)
+            own = self.daemons.claim_dir(uid)
+            shutil.rmtree(entry_of(own.parent, own.name, "the claim UID"))
         except FileNotFoundError:
             pass
         except OSError as err:
@@ -576,7 +584,13 @@ class NodeDriver:
                 f"cannot remove what {me} left ({err.filename}: {err.strerror}); the kubelet"
                 " will ask again"
             ) from err
-        self._update(uid, None)
+        self._update(uid, None, deadline)
+
+
+def _left(deadline: float | None) -> float | None:
+    """The seconds left until `deadline` (time.monotonic), for a wait for the record's lock
+    (None: no deadline, the store's own wait)."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _dropped(owners: Owners, uid: str) -> Owners:

@@ -22,7 +22,7 @@ from nodeagent.nvml import Inventory, NvmlSession
 from nodeagent.nvml.inventory import Gpu
 from nodeagent.settings import Dra
 from nodeagent.settings.groups import DEFAULT_KUBELET_PLUGINS
-from nodeagent.state.held import PreparedClaim, PreparedDevice, on_gpu
+from nodeagent.state.held import PreparedClaim, PreparedDevice, is_uid, on_gpu
 from nodeagent.state.owners import (
     CLAIM,
     MAX_FILE_BYTES,
@@ -123,7 +123,12 @@ def _where(d: PreparedDevice) -> tuple[str, int | None, int | None, bool]:
 
 
 def _add(claims: dict[str, PreparedClaim], uid: str, held: PreparedDevice) -> None:
-    """`held` into the claim's devices, unless a trace read earlier found it there."""
+    """`held` into the claim's devices, unless a trace read earlier found it there. A trace
+    whose claim UID is no Kubernetes UID (a CDI spec named `..._...json`) is none of the
+    driver's, which names its files by the kubelet's checked UIDs: it would name a folder out
+    of its own, so it is never taken into the record."""
+    if not is_uid(uid):
+        return
     owner = claims.get(uid) or PreparedClaim("", "")
     if all(_where(d) != _where(held) for d in owner.devices):
         claims[uid] = replace(owner, devices=(*owner.devices, held))

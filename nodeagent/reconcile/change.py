@@ -36,7 +36,8 @@ class Changer:
 
     `one_shot`: a command's single run (`mig apply`): as mig-parted's apply, apply-start and
     apply-exit run around every run, not only around a change. `stops`: a command's stop
-    signals, held off while it holds the lock; the MIG change ends at the next operation.
+    signals, held off while it holds the lock, or the agent's stop; the MIG change ends at the
+    next operation.
     """
 
     def __init__(
@@ -118,7 +119,9 @@ class Changer:
 
     def apply(self, run: Run) -> None:
         if run.mig_plan.operations and self.owners is not None:
-            self.owners.check()  # before the MPS daemon lets go of a GPU, too
+            # before the MPS daemon lets go of a GPU, too: the record's path and its lock's,
+            # and the lock taken once within the run's wait (held by another: refused here)
+            self.owners.check(_lock_settings(run).mig.lock_timeout_seconds)
         change = run.mps_change
         enabling = {i for i, d in (run.desired or {}).items() if d.mig_enabled}
         if change.action in ("stop", "restart") and enabling & set(self.mps.serving):
@@ -168,7 +171,8 @@ class Changer:
         writer lock, held since pause)."""
         name = run.wanted.sharing_config or run.wanted.mig_config
         if self.owners is not None and run.done and name is not None:
-            self.owners.update(lambda o: dataclasses.replace(o, config=name))
+            wait = _lock_settings(run).mig.lock_timeout_seconds
+            self.owners.update(lambda o: dataclasses.replace(o, config=name), wait_seconds=wait)
 
     @contextlib.contextmanager
     def _applying(self) -> Iterator[None]:

@@ -81,7 +81,7 @@ class Pipeline:
     on_operation: Callable[[Done], None] | None = None  # each NVML operation done
     configs: ConfigCache[MigConfigFile] = field(default_factory=lambda: mig_config_cache())
     owners: OwnerStore | None = None  # the node's ownership record (nodeagent.state.owners)
-    stops: Stops | None = None  # a command's stop signals, held off while it changes the node
+    stops: Stops | None = None  # a command's stop signals (the agent's stop): see Changer
     last_report: Report | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:

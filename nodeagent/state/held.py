@@ -12,17 +12,26 @@ nothing more)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from nodeagent.base.logs import printable
+from nodeagent.base.shapes import Shape, problem
 
 PREPARING = "preparing"
 PREPARED = "prepared"
 UNPREPARING = "unpreparing"
 STATES = (PREPARING, PREPARED, UNPREPARING)
 UNKNOWN_GPU = -1  # a device of a version-1 ownership record, which named the GPU by UUID only
+# A claim's UID as the kubelet's is checked (nodeagent.dra.claims): what the API server
+# issues (an RFC 4122 UUID) and any short token of these characters (tests and other servers
+# use them); never '/', '..' or a control character. A UID and a device name steer paths
+# (<plugin>/mps/<uid>/<device>, the claim's CDI spec): a record's are read by this rule.
+_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MAX_USER = (1 << 31) - 1  # a share's clients' uid, as a pod's runAsUser
+PRIORITIES = ("normal", "low")
 
 
 @dataclass(frozen=True)
@@ -130,6 +139,17 @@ _TYPES: dict[str, tuple[type, ...]] = {
 _NAMES = frozenset(f.name for f in fields(PreparedDevice))
 
 
+def is_uid(value: object) -> bool:
+    """Whether `value` is a claim UID by the kubelet's rule (see _TOKEN)."""
+    return isinstance(value, str) and _TOKEN.fullmatch(value) is not None and ".." not in value
+
+
+def shown(value: object) -> str:
+    """`value` for a sentence: repr'd, at most 64 characters of it."""
+    text = repr(value)
+    return text if len(text) <= 64 else text[:63] + "…"
+
+
 def typed(values: Mapping[str, Any], types: Mapping[str, tuple[type, ...]]) -> None:
     """Raise TypeError for a value of the wrong JSON type (a bool is no int here)."""
     for key, value in values.items():
@@ -147,24 +167,100 @@ def device_of(raw: Any) -> PreparedDevice:
     unknown = set(raw) - _NAMES
     if unknown:
         raise TypeError(f"unknown field {sorted(unknown)[0]!r}")
-    return PreparedDevice(**raw)
+    device = PreparedDevice(**raw)
+    check_device(device)
+    return device
+
+
+def check_device(d: PreparedDevice) -> None:
+    """Raise ValueError for a device whose fields break its invariants: a MIG device without
+    its placement, a device name that is no name, an MPS share that is not one."""
+    if d.device and (not _TOKEN.fullmatch(d.device) or ".." in d.device):
+        raise ValueError(f"device {shown(d.device)} is not a device name")
+    if d.gpu < UNKNOWN_GPU:
+        raise ValueError(f"device {d.device!r} is on GPU {d.gpu}")
+    if d.is_mig and not (
+        d.placement_start is not None
+        and d.placement_start >= 0
+        and d.placement_size is not None
+        and d.placement_size >= 1
+    ):
+        raise ValueError(f"MIG device {d.device!r} has no placement (a start and a size)")
+    if d.mps is not None:
+        problem_ = _mps_problem(d.mps)
+        if problem_ is not None:
+            raise ValueError(f"device {d.device!r}: its mps {problem_}")
+
+
+_MPS_SHAPE: dict[str, Shape] = {
+    "thread_percentage": int, "pinned_memory_bytes": int, "user": int, "pipe_dir": str,
+    "server": str, "sm_limit_percent": int, "priority": str,
+}  # fmt: skip
+
+
+def _mps_problem(mps: Mapping[str, Any]) -> str | None:
+    """What is wrong with a device's `mps` (None: nothing): a thread percentage 1-100, its
+    pinned memory bytes or null, its clients' uid; optional: an SM limit (a percentage no
+    lower than the thread percentage), a priority, the pipe folder and the server."""
+    found = problem(mps, _MPS_SHAPE)
+    if found is not None:
+        return f"{found[0]} {found[1]}"
+    unknown = set(mps) - set(_MPS_SHAPE)
+    if unknown:
+        return f"has an unknown field {sorted(unknown)[0]!r}"
+    threads = mps.get("thread_percentage")
+    if threads is None:
+        return "has no thread_percentage"
+    if not 1 <= threads <= 100:
+        return f"thread_percentage is {shown(threads)}, not a percentage from 1 to 100"
+    limit = mps.get("sm_limit_percent")
+    if limit is not None and not threads <= limit <= 100:
+        return f"sm_limit_percent is {limit}, not from thread_percentage ({threads}) to 100"
+    pinned = mps.get("pinned_memory_bytes")
+    if pinned is not None and pinned < 0:
+        return f"pinned_memory_bytes is {pinned}, not bytes"
+    user = mps.get("user")
+    if user is not None and not 0 <= user <= MAX_USER:
+        return f"user is {user}, not a uid from 0 to {MAX_USER}"
+    if mps.get("priority") not in (None, *PRIORITIES):
+        return f"priority is {shown(mps['priority'])}, not one of {', '.join(PRIORITIES)}"
+    if "\0" in str(mps.get("pipe_dir", "")):
+        return "pipe_dir holds a NUL byte"
+    return None
+
+
+_CLAIM_SHAPE: dict[str, Shape] = {
+    "namespace": str, "name": str, "state": str, "devices": [dict], "cdi_ids": [str],
+    "driver": str,
+}  # fmt: skip
 
 
 def claim_of(raw: Any, devices: Any = device_of) -> PreparedClaim:
     """A claim as a record writes it; `devices` reads each device. Raises TypeError, KeyError,
     AttributeError, ValueError for a claim that is half understood (not trusted to say which
-    slices it holds)."""
+    slices it holds), each in our words."""
+    found = problem(raw, _CLAIM_SHAPE)
+    if found is not None:
+        where, how = found
+        raise TypeError(f"it {how}" if where == "the object" else f"its {where} {how}")
     raw = dict(raw)
-    unknown = set(raw) - {"namespace", "name", "state", "devices", "cdi_ids", "driver"}
+    unknown = set(raw) - set(_CLAIM_SHAPE)
     if unknown:
         raise TypeError(f"unknown field {sorted(unknown)[0]!r}")
+    if raw.get("devices") is None:
+        raise TypeError("it has no devices")
     held = tuple(devices(d) for d in raw.pop("devices"))
-    cdi_ids = tuple(raw.pop("cdi_ids", ()))
+    cdi_ids = tuple(raw.pop("cdi_ids", None) or ())
     typed(raw, {"namespace": (str,), "name": (str,), "state": (str, type(None)), "driver": (str,)})
     state = raw.get("state")
     if state is not None and state not in STATES:
         raise TypeError(f"state is {state!r}")
     if not all(isinstance(i, str) for i in cdi_ids):
         raise TypeError(f"CDI ids {list(cdi_ids)!r}")
+    if state == PREPARED and len(cdi_ids) != len(held):
+        raise ValueError(
+            f"it is prepared with {len(held)} devices and {len(cdi_ids)} CDI ids, not one per"
+            " device"
+        )
     driver = raw.get("driver", "")
     return PreparedClaim(raw["namespace"], raw["name"], state, held, cdi_ids, driver)

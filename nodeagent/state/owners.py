@@ -11,7 +11,12 @@ hand or by another tool). Nobody but its claim's unprepare destroys a claim's sl
 The record lives beside the node-wide MIG writer lock (`owners.json` in the run directory, or
 beside the emulator's state file), so every writer finds the same one whatever its DRA settings
 say. Each change is one read-modify-write under the record's own lock (`.owners.json.lock`, an
-flock, held for that alone, after the MIG writer lock where both are held). When the record
+flock, held for that alone, after the MIG writer lock where both are held), waited for within
+the caller's wait (mig.lock-timeout, a claim's deadline) and given up at a stop signal; a
+change checks both paths, and takes the lock once, before its first NVML operation. Under the
+lock, the temporary files of record writes a kill cut short are swept. A record whose values
+break their rules (nodeagent.state.held: a claim UID is a Kubernetes UID, a device carries its
+invariants) is not trusted, as one whose seal does not match. When the record
 is missing or cannot be read (a checksum that does not match included), it is rebuilt from
 what is on the node (`evidence`: the DRA driver's checkpoints, its claims' CDI specs and MPS
 roots, the claims the API server allocated here; nodeagent.dra.traces). A source that exists
@@ -25,7 +30,6 @@ before folded into it as it is read (`upgrade`), and is sealed at the next write
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -33,7 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.base.errors import ConfigError
-from nodeagent.base.files import atomic_write_text, kind_of, open_lock_file, read_regular
+from nodeagent.base.files import (
+    atomic_write_text,
+    interrupted_writes,
+    kind_of,
+    open_lock_file,
+    read_regular,
+)
+from nodeagent.base.lock import held_lock
 from nodeagent.base.logs import get_logger
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.state.held import PreparedClaim
@@ -43,6 +54,9 @@ from nodeagent.state.snapshot import Allocations, Holders
 log = get_logger("nodeagent.owners")
 OWNERS_NAME = "owners.json"
 MAX_FILE_BYTES = 4 << 20  # as every input file the agent reads
+DEFAULT_WAIT_SECONDS = 60.0  # for the record's lock, where the caller gives no wait
+LOCK_WHAT = "the ownership record's lock"
+HOLDER_WORDS = "another process holds the ownership record's lock"
 __all__ = ["CLAIM", "OWNERS_NAME", "OwnerStore", "Owners", "PreparedClaim", "holder"]
 
 
@@ -78,6 +92,15 @@ class OwnerStore:
         self._lock = threading.Lock()
         self._updating = threading.Lock()  # one read-modify-write at a time in this process
         self._said: tuple[str, tuple[str, ...], str | None] | None = None  # the last warning
+        # The wait for the record's lock when the caller gives none (mig.lock-timeout's
+        # default); the stop signal that ends a wait at once (0: none).
+        self.default_wait: Callable[[], float] = lambda: DEFAULT_WAIT_SECONDS
+        self.stopped: Callable[[], int] = lambda: 0
+
+    @property
+    def lock_path(self) -> Path | None:
+        """The record's lock: `.owners.json.lock` beside it."""
+        return None if self.path is None else self.path.with_name(f".{self.path.name}.lock")
 
     def read(self) -> Owners:
         """The record; rebuilt from the node when missing, unreadable or uncertain (see the
@@ -133,38 +156,64 @@ class OwnerStore:
             log.warning("owners.rebuilt", reason=why, claims=list(said[1]), uncertain=said[2])
         return owners
 
-    def check(self) -> None:
-        """Raise ConfigError when the record could not be written: its path holds anything but
-        a regular file (a folder, a FIFO, a socket, a symbolic link, dangling or in a loop).
-        Asked before a change's first NVML operation, so that a change that would record its
-        owners afterwards is refused with nothing changed, not failed with the GPUs changed."""
+    def check(self, wait_seconds: float | None = None) -> None:
+        """Raise ConfigError when the record could not be written: its path, or its lock's,
+        holds anything but a regular file (a folder, a FIFO, a socket, a symbolic link,
+        dangling or in a loop), or the lock cannot be opened. With `wait_seconds`, the lock is
+        also taken (and let go): LockHeld when another process held it all that time,
+        Interrupted when a stop signal comes meanwhile. Asked before a change's first NVML
+        operation, so that a change that would record its owners afterwards is refused with
+        nothing changed, not failed with the GPUs changed."""
         if self.path is None:
             return
+        self._check_record()
+        assert self.lock_path is not None
         try:
-            kind = kind_of(os.lstat(self.path).st_mode)
-        except FileNotFoundError:
-            return
-        except OSError as err:
-            raise ConfigError(
-                f"cannot look at the ownership record {self.path}: {err.strerror}; nothing was"
-                " changed"
-            ) from err
-        if kind is not None:
-            raise ConfigError(
-                f"the ownership record {self.path} is {kind}, not a regular file; nothing was"
-                " changed: move it aside (the record is rebuilt from the node's claims)"
-            )
+            os.close(open_lock_file(self.lock_path, LOCK_WHAT))
+        except ConfigError as err:  # it cannot be opened (mode 000 for a user, say)
+            raise ConfigError(f"{err}; nothing was changed") from err
+        if wait_seconds is not None:
+            with self._writing(wait_seconds):
+                pass
+
+    def _check_record(self) -> None:
+        """Raise ConfigError (nothing was changed) when the record's path or its lock's holds
+        anything but a regular file, or cannot be looked at."""
+        assert self.path is not None and self.lock_path is not None
+        for path, what, remedy in (
+            (self.path, "the ownership record", "(the record is rebuilt from the node's claims)"),
+            (self.lock_path, LOCK_WHAT, "(it is made again, empty, at the next change)"),
+        ):
+            try:
+                kind = kind_of(os.lstat(path).st_mode)
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                raise ConfigError(
+                    f"cannot look at {what} {path}: {err.strerror}; nothing was changed"
+                ) from err
+            if kind is not None:
+                raise ConfigError(
+                    f"{what} {path} is {kind}, not a regular file; nothing was changed: move it"
+                    f" aside {remedy}"
+                )
 
     def update(
-        self, change: Callable[[Owners], Owners], then: Callable[[Owners], None] | None = None
+        self,
+        change: Callable[[Owners], Owners],
+        then: Callable[[Owners], None] | None = None,
+        wait_seconds: float | None = None,
     ) -> Owners:
-        """Read, change, write: one read-modify-write under the record's lock; `then` hears of
-        the record as it stands then, still under it (the DRA checkpoint, its view, follows it
-        in order). A record that must be rebuilt first is rebuilt outside the lock. Raises
-        ConfigError when the file cannot be written, or `change`'s error (nothing written)."""
+        """Read, change, write: one read-modify-write under the record's lock, waited for up
+        to `wait_seconds` (default: `self.default_wait()`); `then` hears of the record as it
+        stands then, still under it (the DRA checkpoint, its view, follows it in order). A
+        record that must be rebuilt first is rebuilt outside the lock. Raises ConfigError when
+        the file cannot be written, LockHeld when another process held the lock all that
+        time, Interrupted when a stop signal comes while waiting, or `change`'s error (nothing
+        written)."""
         base: Owners | None = None
         while True:
-            with self._writing():
+            with self._writing(wait_seconds):
                 with self._lock:
                     found, _why, _kept = self._file()
                 found = found if found is not None else base
@@ -178,19 +227,30 @@ class OwnerStore:
             base = self.read()  # the rebuild reads the GPUs: never under the record's lock
 
     @contextlib.contextmanager
-    def _writing(self) -> Iterator[None]:
+    def _writing(self, wait_seconds: float | None) -> Iterator[None]:
+        """The record's lock, held for one read and one write (after this process's other
+        updates: one at a time)."""
         with self._updating:
-            if self.path is None:
+            if self.path is None or self.lock_path is None:
                 yield
                 return
-            self.check()
-            lock = self.path.with_name(f".{self.path.name}.lock")
-            fd = open_lock_file(lock, "the ownership record's lock")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)  # held for one read and one write
+            self._check_record()
+            wait = self.default_wait() if wait_seconds is None else wait_seconds
+            with held_lock(self.lock_path, LOCK_WHAT, HOLDER_WORDS, wait, stopped=self.stopped):
+                self._sweep()
                 yield
-            finally:
-                os.close(fd)  # drops the flock
+
+    def _sweep(self) -> None:
+        """Remove the temporary files of record writes a kill cut short (readers never see
+        them, and nothing else would remove them). Under the record's lock: every write of the
+        record holds it, so none of them is a write under way."""
+        assert self.path is not None
+        try:
+            for path in interrupted_writes(self.path):
+                path.unlink(missing_ok=True)
+                log.info("owners.litter_removed", path=str(path))
+        except OSError as err:  # litter, not a reason to refuse a change
+            log.warning("owners.litter_left", path=str(err.filename), error=err.strerror)
 
     def _write(self, owners: Owners) -> None:
         """Replace the record. Raises ConfigError when the file cannot be written."""

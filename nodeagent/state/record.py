@@ -31,9 +31,12 @@ from nodeagent.state.held import (
     UNKNOWN_GPU,
     PreparedClaim,
     PreparedDevice,
+    check_device,
     claim_of,
     device_of,
+    is_uid,
     on_gpu,
+    shown,
     typed,
 )
 from nodeagent.state.snapshot import Holder
@@ -153,6 +156,8 @@ def parse(raw: bytes, path: Path) -> Owners:
         read = device_of if version == VERSION else _v1_device
         claims = {}
         for uid, entry in data["claims"].items():
+            if not is_uid(uid):  # it would name a folder to remove: the record is not trusted
+                raise ValueError(f"claim UID {shown(uid)} is not a Kubernetes UID")
             try:
                 claims[str(uid)] = claim_of(entry, read)
             except (TypeError, KeyError, AttributeError, ValueError) as err:
@@ -179,4 +184,6 @@ def _v1_device(raw: Any) -> PreparedDevice:
     start, size, profile_id = raw.get("start"), raw.get("size"), raw.get("profile_id")
     placement = None if start is None else (start, size, profile_id)
     shared = raw.get("shared", False)
-    return on_gpu(UNKNOWN_GPU, raw["gpu_uuid"], placement, raw.get("mig_uuid"), shared=shared)
+    device = on_gpu(UNKNOWN_GPU, raw["gpu_uuid"], placement, raw.get("mig_uuid"), shared=shared)
+    check_device(device)
+    return device
