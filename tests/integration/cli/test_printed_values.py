@@ -26,7 +26,7 @@ def test_a_claim_name_cannot_forge_a_line(
     gpu = json.loads(cli(*base, "status", "-o", "json").stdout)["gpus"][0]
     first = gpu["slices"][0]
     device = on_gpu(0, gpu["uuid"], (first["placement"]["start"], 1, 19), first["mig_uuid"])
-    claim = PreparedClaim(namespace, name, "prepared", (device,))
+    claim = PreparedClaim(namespace, name, "prepared", (device,), ("nodeagent.io/claim=uid-1-0",))
     (tmp_path / "owners.json").write_text(Owners({"uid-1": claim}).to_json())
 
     refused = cli(*base, "mig", "apply", "-c", "all-disabled")
