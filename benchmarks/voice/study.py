@@ -215,6 +215,7 @@ class BurstStudy(run.Study):
         (sized at that load) prepared by the driver, and the device-plugin path's daemon."""
         args = self.args
         started: dict[tuple[str, float | None], tuple[dict[str, run.Worker], Any]] = {}
+        asked: dict[tuple[str, float | None], list[dict[str, Any]]] = {}
         for load in args.loads:
             dra = [m for m in args.modes if m in DRA_MODES]
             requests = self.size_shares(load) if dra else {}
@@ -242,6 +243,11 @@ class BurstStudy(run.Study):
                 pool = run.start_pool(self.specs, {}, args, envs, self.cpus)
                 stack.callback(run.close_pool, pool)
                 started[(mode, load)] = (pool, made)
+                asked[(mode, load)] = [
+                    {"model": x.model, "sm_request_percent": x.sm_percent, "memory": x.memory,
+                     "config": x.parameters()}
+                    for x in shares
+                ]  # fmt: skip
         if "mps" in args.modes:
             args.mps_dir.mkdir(parents=True, exist_ok=True)
             root = Path(tempfile.mkdtemp(prefix="mps-", dir=args.mps_dir))
@@ -260,7 +266,7 @@ class BurstStudy(run.Study):
             self.pools[key] = pool
             if made is None:
                 continue
-            summary = made.summary()
+            summary = dict(made.summary(), shares=asked[key])
             envs = dra_shares.environments(os.environ, made)
             pids = {n: w.proc.pid for n, w in pool.items()}
             summary["clients"] = (

@@ -178,14 +178,17 @@ def _gpus(x: float) -> str:
 
 
 def _cell(spread: dict[str, float], scale: float = 100.0) -> str:
+    """'mean (min-max)' over the rounds; a p99 (scale 1, ms) of a round that missed requests
+    is 'missed', and makes the cell 'min-missed'."""
     if not spread["n"]:
         return "-"
+    if math.isinf(spread["min"]):
+        return "missed"
     if math.isinf(spread["max"]):
-        return f"{slo.fmt_ms(spread['min'] / 1e3)}-missed" if scale == 1 else "-"
-    fmt = "{:.1f}".format
-    body = fmt(scale * spread["mean"])
+        return f"{scale * spread['min']:.1f}-missed"
+    body = f"{scale * spread['mean']:.1f}"
     if spread["n"] > 1:
-        body += f" ({fmt(scale * spread['min'])}-{fmt(scale * spread['max'])})"
+        body += f" ({scale * spread['min']:.1f}-{scale * spread['max']:.1f})"
     return body
 
 
@@ -362,8 +365,13 @@ def merge(calls: list[dict[str, Any]]) -> dict[str, Any]:
     first = calls[0]
     models = [m["name"] for m in first["meta"]["models"]]
     for i, c in enumerate(calls):
-        if c.get("meta", {}).get("study") != STUDY:
+        meta = c.get("meta") or {}
+        if meta.get("study") != STUDY:
             raise ValueError(f"file {i + 1} is not a result of run.py --study")
+        missing = [k for k in ("models", "loads", "slo_multiple", "slo_load") if k not in meta]
+        missing += [k for k in ("points", "calibration") if k not in c]
+        if missing:
+            raise ValueError(f"file {i + 1} lacks {', '.join(missing)}: not a whole call")
         if [m["name"] for m in c["meta"]["models"]] != models:
             raise ValueError(f"file {i + 1} measured other models than file 1 ({models})")
         for key in ("slo_multiple", "slo_load"):
