@@ -224,6 +224,8 @@ def control_program(simulate: str | None, root: Path) -> str:
 
 
 def nvml_session(simulate: str | None, root: Path) -> Any:
+    """The real NVML's session (the process's one: open_session) or an emulated node's own
+    under `root`. Give it back with release_session."""
     from nodeagent.nvml import NvmlSession, load_real_library, open_session
 
     if not simulate:
@@ -232,6 +234,14 @@ def nvml_session(simulate: str | None, root: Path) -> Any:
     from nodeagent.sim.models import parse_spec
 
     return NvmlSession(SimulatedNvml(parse_spec(simulate), root / "sim.json"))
+
+
+def release_session(session: Any, simulate: str | None) -> None:
+    """Close an emulated node's session; the real one is the process's, shared by every user
+    of NVML in it (the study's GPU counters, the other modes' drivers), so it stays open
+    until the process exits."""
+    if simulate:
+        session.close()
 
 
 def _no_reset(index: int) -> None:
@@ -348,7 +358,7 @@ def prepared_shares(
         if server is not None:
             server.stop()
         _quit_daemons(control, plugin_dir)
-        session.close()
+        release_session(session, simulate)
         cluster.close()
 
 
@@ -396,7 +406,7 @@ def per_claim_daemons(
     finally:
         for daemon in daemons:
             daemon.stop()
-        session.close()
+        release_session(session, simulate)
 
 
 def probe_clients(

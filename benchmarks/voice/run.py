@@ -476,7 +476,7 @@ def nodeagent_mps(
     try:
         daemon = MpsDaemon(settings, validate(settings, read_inventory(session)))
     except BaseException:
-        session.close()
+        dra_shares.release_session(session, simulate)
         raise
     try:
         status = daemon.start()  # inside: an interrupt while it starts still quits the daemon
@@ -494,7 +494,7 @@ def nodeagent_mps(
         )
     finally:
         daemon.stop()
-        session.close()
+        dra_shares.release_session(session, simulate)
 
 
 def gpu_info(device: str) -> dict[str, str]:

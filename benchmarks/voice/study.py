@@ -329,6 +329,8 @@ class BurstStudy(run.Study):
                 self.run_round(r, plain, stack)
                 meta["rounds_done"] = r
                 last = time.perf_counter() - began - self.start_seconds  # a round's points
+                # each round's points on disk at once: a call killed at its time limit keeps them
+                verdict.write(self.results, args.out, args.name, png=False)
             self.log("done: quitting the daemons, unpreparing the claims")
 
 

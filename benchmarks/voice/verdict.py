@@ -27,6 +27,7 @@ TARGET = 0.99
 TARGET_MODE = "dra-burst"
 TARGET_LOADS = (0.6, 0.8)
 ALLOWED_DROP = 0.02  # points below alone, at TARGET_LOADS
+PCT_ENV, PRIORITY_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_CLIENT_PRIORITY"
 MODE_LABELS = {
     "solo": "alone (1 pod per GPU)",
     "time-slicing": "time-slicing",
@@ -240,8 +241,11 @@ def markdown(results: dict[str, Any]) -> str:
         "| mode | highest load, every model >= 99 % | GPUs for the traffic |",
         "|---|---|---|",
     ]
-    for mode in _ordered(derived["modes"]):
-        d = derived["modes"][mode]
+    for mode in _ordered(set(derived["modes"]) | set(meta.get("modes", []))):
+        d = derived["modes"].get(mode)
+        if d is None:  # refused at prepare (below), or not reached
+            lines.append(f"| {MODE_LABELS.get(mode, mode)} | not measured | - |")
+            continue
         lines.append(
             f"| {MODE_LABELS.get(mode, mode)} | {_load(d['passing_load'])} | {_gpus(d['gpus'])} |"
         )
@@ -251,12 +255,35 @@ def markdown(results: dict[str, Any]) -> str:
         + ", ".join(f"{m} {_load(v)}" for m, v in derived["solo_passing_load"].items())
         + ").",
         *(f"Refused: {k}: {v}" for k, v in results.get("refused", {}).items()),
+        *_claims_lines(results),
         "",
         target_line(results),
         "",
         _points_table(results, models),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _claims_lines(results: dict[str, Any]) -> list[str]:
+    """What each DRA mode's claims asked for and what their clients' environment got: the
+    request, the limit (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) and the priority."""
+    rows = []
+    for key, made in results.get("mps", {}).items():
+        asked = {a["model"]: a for a in made.get("shares", [])}
+        for claim in made.get("claims", []):
+            env, a = claim.get("env", {}), asked.get(claim["model"], {})
+            rows.append(
+                f"| {key} | {claim['model']} | {a.get('sm_request_percent', '-')} |"
+                f" {env.get(PCT_ENV, '-')} | {env.get(PRIORITY_ENV, '-')} |"
+            )
+    if not rows:
+        return []
+    return [
+        "",
+        f"| claims (mode@load) | model | sm request % | client {PCT_ENV} | client {PRIORITY_ENV} |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
 
 
 def _ordered(modes: Any) -> list[str]:
