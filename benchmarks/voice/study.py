@@ -40,7 +40,7 @@ import run
 import slo
 import verdict
 
-STUDY_MODES = ("solo", "time-slicing", "dra-capped", "dra-burst", "dra-low", "mps")
+STUDY_MODES = run.STUDY_MODES  # each round's order (run.py parses the options)
 DRA_MODES = ("dra-capped", "dra-burst", "dra-low")
 SHARED_MODES = (*DRA_MODES, "mps")  # processes of their own, started after round 1's solo
 # The plan's assumptions (seconds), from the H200 runs of results/: a pool's start (model
@@ -126,7 +126,7 @@ class BurstStudy(run.Study):
 
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__(args)
-        self.results.update(slo_points=[], demand={}, shares={}, refused={}, mps={})
+        self.results.update(slo_points=[], shares={}, refused={}, mps={})
         self.cpus = run.cpu_sets(len(self.specs))  # a model's CPUs: the same in every mode
         self.pools: dict[tuple[str, float | None], dict[str, run.Worker]] = {}
         self.low = self.names[-1]  # the embedder in the default trio
