@@ -375,10 +375,11 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(loaded)
     studies = [r["meta"].get("study") == verdict.STUDY for r in runs]
     if any(studies):
-        try:
+        try:  # the whole report made once before a file is written: a bad file writes none
             results = verdict.merge(runs)
-        except (ValueError, KeyError, TypeError) as err:
-            parser.error(f"the files are not calls of one study: {err}")
+            verdict.markdown(verdict.with_derived(results))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            parser.error(f"the files are not calls of one study: {err!s}")
         paths = verdict.write(results, args.out, args.name, png=not args.no_plot)
         print(verdict.markdown(results))
     else:

@@ -251,6 +251,10 @@ def test_calls_merge_into_one_study(tmp_path: Path, capsys: pytest.CaptureFixtur
             lambda: dict(call(BURST_HOLDS, [0.6]), meta={"gpu": "x"}),
             "not a result of run.py --study",
         ),
+        (
+            lambda: dict(call(BURST_HOLDS, [0.6]), points=[{"mode": "solo"}]),
+            "the files are not calls of one study",
+        ),
     ],
 )
 def test_calls_of_another_rule_do_not_merge(
