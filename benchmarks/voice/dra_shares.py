@@ -51,13 +51,26 @@ MEM_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 
 
+CONFIG_API_VERSION = "gpu.nodeagent.io/v1"
+SHARE_KIND = "MpsShare"
+
+
 @dataclass(frozen=True)
 class Share:
-    """One model's share claim: percent of the GPU's SMs and bytes of its memory."""
+    """One model's share claim: percent of the GPU's SMs and bytes of its memory (its
+    request, what the scheduler counts), and the parameters of its MpsShare config (`user`,
+    `smLimit`, `priority`), if any."""
 
     model: str
     sm_percent: int
     memory: str  # a Kubernetes quantity, as the scheduler writes it ("16Gi")
+    config: dict[str, Any] = field(default_factory=dict)  # MpsShare parameters: none, no config
+
+    def parameters(self) -> dict[str, Any] | None:
+        """The claim's opaque MpsShare config as the driver reads it; None for none."""
+        if not self.config:
+            return None
+        return {"apiVersion": CONFIG_API_VERSION, "kind": SHARE_KIND, **self.config}
 
 
 @dataclass(frozen=True)
@@ -117,12 +130,33 @@ def share_claim(name: str, uid: str, share: Share, device: str = SHARE_DEVICE) -
             },
         },
     }
+    params = share.parameters()
+    config = (
+        [
+            {
+                "source": "FromClaim",
+                "requests": ["gpu"],
+                "opaque": {"driver": DRIVER, "parameters": params},
+            }
+        ]
+        if params
+        else []
+    )
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": NAMESPACE, "uid": uid},
-        "spec": {"devices": {"requests": [request]}},
-        "status": {"allocation": {"devices": {"results": [result], "config": []}}},
+        "spec": {
+            "devices": {
+                "requests": [request],
+                **(
+                    {"config": [{k: v for k, v in c.items() if k != "source"} for c in config]}
+                    if config
+                    else {}
+                ),
+            }
+        },
+        "status": {"allocation": {"devices": {"results": [result], "config": config}}},
     }
 
 
@@ -183,11 +217,15 @@ def control_program(simulate: str | None, root: Path) -> str:
         return str(control_script(root / "fake"))
     binary = shutil.which("nvidia-cuda-mps-control")
     if binary is None:
-        raise SystemExit("nvidia-cuda-mps-control is not on PATH: the DRA share modes need it")
+        raise SystemExit(
+            "nvidia-cuda-mps-control is not on PATH: the MPS and DRA share modes need it"
+        )
     return binary
 
 
-def _session(simulate: str | None, root: Path) -> Any:
+def nvml_session(simulate: str | None, root: Path) -> Any:
+    """The real NVML's session (the process's one: open_session) or an emulated node's own
+    under `root`. Give it back with release_session."""
     from nodeagent.nvml import NvmlSession, load_real_library, open_session
 
     if not simulate:
@@ -196,6 +234,14 @@ def _session(simulate: str | None, root: Path) -> Any:
     from nodeagent.sim.models import parse_spec
 
     return NvmlSession(SimulatedNvml(parse_spec(simulate), root / "sim.json"))
+
+
+def release_session(session: Any, simulate: str | None) -> None:
+    """Close an emulated node's session; the real one is the process's, shared by every user
+    of NVML in it (the study's GPU counters, the other modes' drivers), so it stays open
+    until the process exits."""
+    if simulate:
+        session.close()
 
 
 def _no_reset(index: int) -> None:
@@ -267,7 +313,7 @@ def prepared_shares(
         settings, _ = load(file=settings_file, groups=("dra", "mps", "mig"))
     control = control_program(simulate, root)
     cluster = dra_cluster()
-    session = _session(simulate, root)
+    session = nvml_session(simulate, root)
     plugin_dir = root / "p"
     server = None
     claims: list[Claim] = []
@@ -312,7 +358,7 @@ def prepared_shares(
         if server is not None:
             server.stop()
         _quit_daemons(control, plugin_dir)
-        session.close()
+        release_session(session, simulate)
         cluster.close()
 
 
@@ -329,7 +375,7 @@ def per_claim_daemons(
     from nodeagent.nvml import read_inventory
 
     control = control_program(simulate, root)
-    session = _session(simulate, root)
+    session = nvml_session(simulate, root)
     daemons: list[MpsDaemon] = []
     clients = []
     try:
@@ -360,7 +406,7 @@ def per_claim_daemons(
     finally:
         for daemon in daemons:
             daemon.stop()
-        session.close()
+        release_session(session, simulate)
 
 
 def probe_clients(

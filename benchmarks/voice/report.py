@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import slo
+import verdict
 
 TARGET = 0.99
 MODE_LABELS = {
@@ -217,17 +218,6 @@ def _points_table(points: list[dict[str, Any]], models: list[str]) -> str:
     return "\n".join(rows)
 
 
-def _jsonable(value: Any) -> Any:
-    """inf/NaN (missed requests, empty points) as null: strict JSON."""
-    if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
 def plot(results: dict[str, Any], path: Path) -> bool:
     """SLO attainment and p99 against load, one column per model, one line per mode. False
     when matplotlib is not importable."""
@@ -281,7 +271,7 @@ def write(results: dict[str, Any], out: Path, name: str, png: bool = True) -> li
     """results/<name>.json (raw), .md (tables) and .png (where matplotlib is importable)."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.json", out / f"{name}.md"]
-    paths[0].write_text(json.dumps(_jsonable(results), indent=1) + "\n")
+    paths[0].write_text(json.dumps(verdict.jsonable(results), indent=1) + "\n")
     paths[1].write_text(markdown(results))
     if png and plot(results, out / f"{name}.png"):
         paths.append(out / f"{name}.png")
@@ -364,7 +354,8 @@ def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Pool repeated runs (results JSON files of run.py) into one report."""
+    """Pool repeated runs (results JSON files of run.py) into one report; the calls of
+    `run.py --study` into one study (verdict.merge)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
@@ -376,12 +367,25 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for path in args.runs:
         try:
-            runs.append(json.loads(path.read_text()))
+            loaded = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             parser.error(f"{path}: not a results file of run.py ({err})")
-    results = merge(runs)
-    paths = write(results, args.out, args.name, png=not args.no_plot)
-    print(markdown(results))
+        if not isinstance(loaded, dict) or not isinstance(loaded.get("meta"), dict):
+            parser.error(f"{path}: not a results file of run.py (no meta)")
+        runs.append(loaded)
+    studies = [r["meta"].get("study") == verdict.STUDY for r in runs]
+    if any(studies):
+        try:  # the whole report made once before a file is written: a bad file writes none
+            results = verdict.merge(runs)
+            verdict.markdown(verdict.with_derived(results))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            parser.error(f"the files are not calls of one study: {err!s}")
+        paths = verdict.write(results, args.out, args.name, png=not args.no_plot)
+        print(verdict.markdown(results))
+    else:
+        results = merge(runs)
+        paths = write(results, args.out, args.name, png=not args.no_plot)
+        print(markdown(results))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 

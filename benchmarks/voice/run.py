@@ -13,10 +13,15 @@ Through the product (issue 38): `dra-shares`, the models as the clients of one M
 each, prepared by nodeagent's own DRA driver through the fake kubelet (dra_shares.py), each
 model process started with exactly its claim's CDI environment; `dra-per-claim`, the design
 before it (a control daemon per claim), or the driver with the settings of --per-claim-settings.
-`--study` is issue 38's study in one GPU command of under 9 minutes; `--simulate h200 --device
-cpu` runs the DRA part on the emulator with the tests' fake MPS daemon (no GPU).
+`--study` is issue 45's study (study.py): the SLO from each model's p99 alone at a low load,
+the modes interleaved in rounds (solo, time-slicing, DRA shares capped at their request, with
+the default limit, with the embedder at low priority, the device-plugin MPS path uncapped),
+the shares sized from each model's demand; one call of under 9 minutes does a subset of the
+loads (`--loads 0.6`), `report.py A.json B.json ...` merges the calls. `--simulate h200
+--device cpu` runs the DRA and MPS parts on the emulator with the tests' fake MPS daemon (no
+GPU).
 
-Run: python benchmarks/voice/run.py [--quick | --study] (see --help); writes
+Run: python benchmarks/voice/run.py [--quick | --study [--dry-run]] (see --help); writes
 results/voice.{json,md,png} (--name for another stem); `python benchmarks/voice/report.py A.json
 B.json` pools runs.
 """
@@ -50,10 +55,12 @@ DEFAULT_MODELS = ("asr", "tts", "embed")
 DEFAULT_MODES = ("solo", "time-slicing", "mps-equal", "mps-weighted")
 DRA_MODES = ("dra-shares", "dra-per-claim")
 MODES = (*DEFAULT_MODES, *DRA_MODES)
-# Issue 38's study: the DRA modes first, so a tight budget skips the device-plugin path's
-STUDY_MODES = ("solo", "time-slicing", "dra-shares", "dra-per-claim", "mps-equal")
-STUDY_LOADS = (0.3, 0.6, 0.8)
-STUDY_MIN_REQUESTS = 120
+# Issue 45's study (study.py): its modes, in each round's order
+STUDY_MODES = ("solo", "time-slicing", "dra-capped", "dra-burst", "dra-low", "mps")
+STUDY_DEFAULTS: dict[str, Any] = {
+    "loads": (0.6,), "point_seconds": 10.0, "calibrate_seconds": 3.0, "slo_multiple": 3.0,
+    "budget_seconds": 540.0, "modes": ",".join(STUDY_MODES),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -101,8 +108,17 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--study",
         action="store_true",
-        help="issue 38's study in one GPU command under 9 minutes: loads 0.3,0.6,0.8, >= 120"
-        f" requests per model per point, modes {','.join(STUDY_MODES)}, no isolation",
+        help="issue 45's burst shares study (study.py), one call: modes"
+        f" {','.join(STUDY_MODES)} interleaved in --rounds rounds at --loads (default 0.6),"
+        " the SLO from each model alone at --slo-load; --dry-run prints the plan",
+    )
+    p.add_argument("--dry-run", action="store_true", help="--study: print the plan, run nothing")
+    p.add_argument("--rounds", type=int, default=3, help="--study: rounds of the modes (3)")
+    p.add_argument(
+        "--slo-load", type=float, default=0.1, help="--study: the load of the SLO point (0.1)"
+    )
+    p.add_argument(
+        "--slo-seconds", type=float, default=20.0, help="--study: seconds of each SLO point (20)"
     )
     p.add_argument(
         "--min-requests",
@@ -163,7 +179,9 @@ def options(argv: list[str] | None) -> argparse.Namespace:
         "--calibrate-seconds", type=float, help="closed-loop seconds per model (default 3)"
     )
     p.add_argument(
-        "--slo-multiple", type=float, default=5.0, help="SLO = this x solo p99 with no queueing (5)"
+        "--slo-multiple",
+        type=float,
+        help="SLO = this x solo p99 with no queueing (5); --study: x solo p99 at --slo-load (3)",
     )
     p.add_argument(
         "--modes",
@@ -180,7 +198,8 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--budget-seconds",
         type=float,
-        help="skip a later mode that would not finish within this (560; --study: 480)",
+        help="skip a later mode (--study: round) that would not finish within this (560;"
+        " --study: 540)",
     )
     p.add_argument("--seed", type=int, default=17)
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
@@ -212,12 +231,12 @@ def options(argv: list[str] | None) -> argparse.Namespace:
         "min_requests": 0,
         "budget_seconds": 560.0,
     }
-    if args.study:  # the points last as long as 120 requests take (--min-requests), no longer
-        defaults.update(
-            loads=STUDY_LOADS, solo_seconds=2.0, point_seconds=2.0, calibrate_seconds=3.0,
-            modes=",".join(STUDY_MODES), min_requests=STUDY_MIN_REQUESTS, budget_seconds=480.0,
-        )  # fmt: skip
+    defaults["slo_multiple"] = 5.0
+    if args.study:
+        defaults.update(STUDY_DEFAULTS)
         args.no_isolation = True
+    elif args.dry_run:
+        p.error("--dry-run prints the plan of --study: give --study")
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -231,14 +250,20 @@ def options(argv: list[str] | None) -> argparse.Namespace:
             " the scheduler would not put them on one device"
         )
     modes = tuple(m for m in args.modes.split(",") if m)
-    unknown = set(modes) - set(MODES)
+    known = STUDY_MODES if args.study else MODES
+    unknown = set(modes) - set(known)
     if unknown:
-        p.error(f"unknown modes {sorted(unknown)}; choose from {','.join(MODES)}")
+        p.error(f"unknown modes {sorted(unknown)}; choose from {','.join(known)}")
     if "solo" not in modes:
         p.error("the solo mode is the baseline every other mode is compared with: keep it")
     if args.simulate and args.device.startswith("cuda"):
         p.error("--simulate runs the DRA path on the emulator: with --device cpu (fake models)")
-    if not args.device.startswith("cuda"):
+    if args.study:
+        study_checks(p, args)
+        modes = tuple(m for m in STUDY_MODES if m in modes)  # a round's order: solo first
+        if not args.device.startswith("cuda") and not args.simulate:
+            modes = tuple(m for m in modes if m in ("solo", "time-slicing"))
+    elif not args.device.startswith("cuda"):
         modes = tuple(m for m in modes if not m.startswith("mps"))  # MPS needs a GPU
         if not args.simulate:  # ... or the emulator and the fake MPS daemon
             modes = tuple(m for m in modes if m not in DRA_MODES)
@@ -249,6 +274,18 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     if args.isolation_load is None:
         args.isolation_load = args.loads[0]
     return args
+
+
+def study_checks(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--study's own numbers, each refused in one sentence (exit 2)."""
+    if args.rounds < 1:
+        p.error("--rounds is a number of rounds, 1 or more (3 for the study's spread)")
+    if not 0 < args.slo_load < 1:
+        p.error("--slo-load is a fraction of solo capacity in (0, 1), low: 0.1")
+    if args.slo_seconds <= 0 or args.point_seconds <= 0 or args.calibrate_seconds <= 0:
+        p.error("--slo-seconds, --point-seconds and --calibrate-seconds are seconds above 0")
+    if args.slo_multiple <= 1:
+        p.error("--slo-multiple is above 1: the SLO is a multiple of the p99 alone")
 
 
 class Worker:
@@ -329,6 +366,41 @@ def cpu_sets(count: int, per_worker: int = 2) -> list[list[int]]:
     return [cpus[2 + i * per_worker : 2 + (i + 1) * per_worker] for i in range(count)]
 
 
+def start_pool(
+    specs: list[ModelSpec],
+    env: dict[str, str],
+    args: argparse.Namespace,
+    per_model_env: dict[str, dict[str, str]] | None = None,
+    cpus: list[list[int]] | None = None,
+) -> dict[str, Worker]:
+    """One worker per spec, started (not waited for): `cpus` per spec (default: two CPUs of
+    its own each, cpu_sets)."""
+    started: dict[str, Worker] = {}
+    try:
+        for spec, pinned in zip(specs, cpus or cpu_sets(len(specs)), strict=True):
+            started[spec.name] = Worker(
+                spec,
+                dict(env, **(per_model_env or {}).get(spec.name, {})),
+                args.device,
+                args.idle,
+                pinned,
+            )
+    except BaseException:
+        close_pool(started)
+        raise
+    return started
+
+
+def await_pool(pool: dict[str, Worker]) -> dict[str, dict[str, Any]]:
+    """Each worker's ready message, once it has built and warmed up its model."""
+    return {name: w.receive(timeout_seconds=300) for name, w in pool.items()}
+
+
+def close_pool(pool: dict[str, Worker]) -> None:
+    for w in pool.values():
+        w.close()
+
+
 @contextlib.contextmanager
 def workers(
     specs: list[ModelSpec],
@@ -337,21 +409,11 @@ def workers(
     per_model_env: dict[str, dict[str, str]] | None = None,
 ) -> Iterator[tuple[dict[str, Worker], dict[str, dict[str, Any]]]]:
     """Start one worker per spec (in parallel), wait until each has built and warmed up."""
-    started: dict[str, Worker] = {}
+    started = start_pool(specs, env, args, per_model_env)
     try:
-        for spec, cpus in zip(specs, cpu_sets(len(specs)), strict=True):
-            started[spec.name] = Worker(
-                spec,
-                dict(env, **(per_model_env or {}).get(spec.name, {})),
-                args.device,
-                args.idle,
-                cpus,
-            )
-        ready = {name: w.receive(timeout_seconds=300) for name, w in started.items()}
-        yield started, ready
+        yield started, await_pool(started)
     finally:
-        for w in started.values():
-            w.close()
+        close_pool(started)
 
 
 def run_point(
@@ -389,17 +451,17 @@ def run_point(
 
 @contextlib.contextmanager
 def nodeagent_mps(
-    replicas: int, thread_percentage: int | None, root: Path
+    replicas: int, thread_percentage: int | None, root: Path, simulate: str | None = None
 ) -> Iterator[tuple[dict[str, str], dict[str, Any]]]:
     """The MPS control daemon started and limited by nodeagent (its Python API, as
-    `nodeagent mps start` does), quit on the way out. Yields the clients' environment."""
+    `nodeagent mps start` does), quit on the way out. Yields the clients' environment.
+    `simulate`: on the emulator with the tests' fake MPS daemon (dra_shares)."""
     from nodeagent.mps.daemon import MpsDaemon
     from nodeagent.mps.settings import MpsSettings, validate
-    from nodeagent.nvml import load_real_library, open_session, read_inventory
+    from nodeagent.nvml import read_inventory
 
-    binary = shutil.which("nvidia-cuda-mps-control")
-    if binary is None:
-        raise SystemExit("nvidia-cuda-mps-control is not on PATH: the MPS modes need it")
+    binary = dra_shares.control_program(simulate, root)
+    session = dra_shares.nvml_session(simulate, root)
     settings = MpsSettings(
         devices=(0,),
         replicas=replicas,
@@ -411,9 +473,11 @@ def nodeagent_mps(
     )
     for d in (settings.pipe_dir, settings.log_dir):
         d.mkdir(parents=True, exist_ok=True)
-    daemon = MpsDaemon(
-        settings, validate(settings, read_inventory(open_session(load_real_library())))
-    )
+    try:
+        daemon = MpsDaemon(settings, validate(settings, read_inventory(session)))
+    except BaseException:
+        dra_shares.release_session(session, simulate)
+        raise
     try:
         status = daemon.start()  # inside: an interrupt while it starts still quits the daemon
         env = {
@@ -430,6 +494,7 @@ def nodeagent_mps(
         )
     finally:
         daemon.stop()
+        dra_shares.release_session(session, simulate)
 
 
 def gpu_info(device: str) -> dict[str, str]:
@@ -715,7 +780,12 @@ def main(argv: list[str] | None = None) -> int:
     from nodeagent.base.errors import AgentError
 
     try:
-        return run_study(options(argv))
+        args = options(argv)
+        if args.study:
+            import study
+
+            return study.run_study(args)
+        return run_study(args)
     except AgentError as err:
         print(f"voice benchmark: {err}", file=sys.stderr)
         return 1

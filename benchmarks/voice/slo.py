@@ -202,3 +202,48 @@ def fmt_ms(seconds: float) -> str:
 def mean(values: Iterable[float]) -> float:
     items = list(values)
     return sum(items) / len(items) if items else math.nan
+
+
+def share_request_percent(busy_fraction: float, step: int, floor: int | None = None) -> int:
+    """A share claim's `sm` request for a model that keeps `busy_fraction` of the GPU busy:
+    the share device's sm requestPolicy read as the scheduler applies it (nodeagent.dra.shares:
+    min and step `step` percent, max 100): the demand in percent rounded up to the step."""
+    percent = math.ceil(100 * max(busy_fraction, 0.0) / step - 1e-9) * step
+    return min(100, max(floor or step, percent))
+
+
+def share_requests(demand: dict[str, float], step: int) -> tuple[dict[str, int], bool]:
+    """Each model's `sm` request from its demand (share_request_percent), and whether they had
+    to be trimmed to sum to at most 100 (the scheduler would not put them on one device):
+    the largest loses a step at a time, none below one step."""
+    requests = {m: share_request_percent(d, step) for m, d in demand.items()}
+    trimmed = False
+    while sum(requests.values()) > 100 and max(requests.values()) > step:
+        largest = max(requests, key=lambda m: requests[m])
+        requests[largest] -= step
+        trimmed = True
+    return requests, trimmed
+
+
+def round_order(modes: Sequence[str], rounds: int) -> list[tuple[int, str]]:
+    """The modes interleaved: every mode once a round, in the given order, round after round
+    (1, solo), (1, time-slicing), ..., (2, solo), ... so a drift of the machine falls on each
+    mode alike."""
+    return [(r, mode) for r in range(1, rounds + 1) for mode in modes]
+
+
+def spread(values: Iterable[float]) -> dict[str, float]:
+    """Mean, min, max and sample standard deviation (0 for one value) of the finite values;
+    NaN for none."""
+    items = [v for v in values if not math.isnan(v)]
+    if not items:
+        return {"mean": math.nan, "min": math.nan, "max": math.nan, "stdev": math.nan, "n": 0}
+    m = sum(items) / len(items)
+    var = sum((v - m) ** 2 for v in items) / (len(items) - 1) if len(items) > 1 else 0.0
+    return {
+        "mean": m,
+        "min": min(items),
+        "max": max(items),
+        "stdev": math.sqrt(var),
+        "n": len(items),
+    }

@@ -326,6 +326,13 @@ def test_a_whole_run_on_fake_models(tmp_path: Path, capsys: pytest.CaptureFixtur
         (["--share-percent", "40"], "do not fit one GPU"),
         (["--simulate", "h200"], "with --device cpu"),
         (["--quick", "--study"], "choose one"),
+        (["--study", "--rounds", "0"], "--rounds is a number of rounds"),
+        (["--study", "--slo-load", "1.5"], "--slo-load is a fraction"),
+        (["--study", "--slo-multiple", "1"], "--slo-multiple is above 1"),
+        (["--study", "--point-seconds", "0"], "are seconds above 0"),
+        (["--study", "--modes", "solo,mps-equal"], "unknown modes ['mps-equal']"),
+        (["--study", "--modes", "dra-burst"], "keep it"),
+        (["--dry-run"], "give --study"),
     ],
 )
 def test_bad_options_are_one_sentence_and_exit_2(

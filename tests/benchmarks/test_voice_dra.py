@@ -169,23 +169,6 @@ def test_min_requests_makes_each_point_long_enough_for_every_model() -> None:
     assert study.point_seconds(1.0, rates, 0) == seconds  # seeded: the same every time
 
 
-def test_the_study_preset_fits_one_gpu_command() -> None:
-    """--study with the capacities recorded on the H200 (results/voice.json): under 9 minutes
-    of points, worker starts and calibration."""
-    args = run.options(["--study"])
-    assert args.loads == (0.3, 0.6, 0.8) and args.min_requests == 120 and args.no_isolation
-    assert args.modes[:4] == ("solo", "time-slicing", "dra-shares", "dra-per-claim")
-    recorded = json.loads((Path(run.HERE) / "results" / "voice.json").read_text())
-    args.device = "cpu"  # no NVML here: the plan's arithmetic only
-    study = run.Study(args)
-    study.capacity = {n: recorded["calibration"][n]["capacity_per_second"] for n in study.names}
-    solo = sum(study.sweep_seconds([n], args.solo_seconds) for n in study.names)
-    together = sum(study.sweep_seconds(study.names, args.point_seconds) for _ in args.modes[1:])
-    startups = 25 * len(args.modes[1:])  # the plain phase's workers, then one start per mode
-    total = startups + 3 * args.calibrate_seconds + solo + together
-    assert total < args.budget_seconds < 540, (solo, together, total)
-
-
 def test_the_report_says_what_the_dra_modes_ran_on() -> None:
     import report
 
