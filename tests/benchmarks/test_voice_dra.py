@@ -60,9 +60,10 @@ def test_three_share_claims_give_three_client_environments_with_their_own_limits
         pipes = set()
         for c in made.clients:
             env, mounts = specs[c.model]
-            pct, mib = LIMITS[c.model]
-            # each claim's own limits, as its consumed capacity said
-            assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == pct
+            _, mib = LIMITS[c.model]
+            # the claim's memory as its consumed capacity said; its SM ceiling the default
+            # limit (100: a share's request is what the scheduler counts, and it bursts)
+            assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
             assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={mib}M"
             assert env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
             # the model's environment: the harness's, less its MPS variables, then the spec's
@@ -79,8 +80,8 @@ def test_three_share_claims_give_three_client_environments_with_their_own_limits
 
         answers = dra_shares.probe_clients(made, envs)  # a CUDA client with each environment
         for model, got in answers.items():
-            pct, mib = LIMITS[model]
-            assert got["active_thread_percentage"] == f"{float(pct):.1f}", (model, got)
+            _, mib = LIMITS[model]
+            assert got["active_thread_percentage"] == "100.0", (model, got)
             assert got["pinned_device_mem_limit"] == {"0": f"{mib // 1024}G"}, (model, got)
         # one server per daemon: the clients of one pipe directory share its server
         by_pipe: dict[str, set[int]] = {}
@@ -147,13 +148,16 @@ def test_a_whole_dry_run_through_the_dra_modes(
     modes = {(p["mode"], p["model"]) for p in raw["points"]}
     assert modes == {(m, x) for m in ("solo", "dra-shares", "dra-per-claim") for x in "ab"}
     assert all(p["requests"] >= 12 for p in raw["points"])
-    for mode in ("dra-shares", "dra-per-claim"):
+    # share claims: the request (40) is scheduled, the ceiling the default limit (100); a
+    # daemon per claim: its MpsConfig's thread percentage
+    for mode, ceiling in (("dra-shares", "100"), ("dra-per-claim", "40")):
         summary = raw["mps"][mode]
-        assert summary["client_thread_percentage"] == {"a": "40", "b": "40"}
-        assert {c["active_thread_percentage"] for c in summary["clients"].values()} == {"40.0"}
+        assert summary["client_thread_percentage"] == {"a": ceiling, "b": ceiling}
+        got = {c["active_thread_percentage"] for c in summary["clients"].values()}
+        assert got == {f"{ceiling}.0"}
     text = (tmp_path / "voice.md").read_text()
     assert "together, DRA share claims: 2 claims prepared by nodeagent's DRA driver" in text
-    assert "| together, DRA share claims | a 40%, b 40% |" in text
+    assert "| together, DRA share claims | a 100%, b 100% |" in text  # their ceilings
 
 
 def test_min_requests_makes_each_point_long_enough_for_every_model() -> None:
