@@ -34,7 +34,7 @@ from nodeagent.cli.status import (
     cmd_sim_reset,
     cmd_status,
 )
-from nodeagent.cli.stops import Stops
+from nodeagent.cli.stops import Stopped, Stops
 
 INTERNAL_ERROR = 4
 OUTPUT_FLAGS = ("--output", "--output-format")  # -o's long names (mig's export: both)
@@ -146,8 +146,21 @@ def execute(args: argparse.Namespace, prog: str, stops: Stops | None = None) -> 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as err:  # a bug: one line, the traceback only with --debug
+        stop = _stop_within(err)
+        if stop is not None:  # a stop raised inside a class's creation (Python < 3.12 wraps
+            raise stop from None  # what __set_name__ raises in RuntimeError): it is a stop
         if args.debug:
             raise
         text = printable(f"{type(err).__name__}: {err}", keep_newlines=True)
         print(f"{prog}: internal error: {text} (--debug shows where)", file=sys.stderr)
         return INTERNAL_ERROR
+
+
+def _stop_within(err: BaseException) -> Stopped | None:
+    """The stop signal's Stopped that `err` wraps, if any (its causes and contexts, bounded)."""
+    seen: BaseException | None = err
+    for _ in range(8):
+        seen = seen.__cause__ or seen.__context__ if seen is not None else None
+        if isinstance(seen, Stopped):
+            return seen
+    return None
