@@ -18,7 +18,7 @@ PAGE = REPO / "docs" / "try-shares.md"
 PODS = ["asr-0", "tts-0", "embed-0", "asr-1"]
 CLIENT = re.compile(
     r"^(\S+): gpu-0-mps, request (\d+) %, client limit (\d+) %, server (\d+) gave ([\d.]+) %"
-    r" and memory \{'0': '(\d+G)'\}$",
+    r" and memory \{'0': '(\d+G)'\}, priority ([01])$",
     re.M,
 )
 
@@ -42,7 +42,10 @@ def test_the_try_shares_page_runs(control_plane: ControlPlane, short_tmp: Path) 
         ("asr-0", "25", "20G"), ("tts-0", "15", "9G"), ("embed-0", "60", "4G"),
     ], out  # fmt: skip
     assert len({c[3] for c in clients}) == 1, out  # one server for the three
-    assert all(float(c[4]) == float(c[2]) for c in clients), out  # each gets its own limit
+    # each its own limit (the default 100, TTS's smLimit 30), as its server gives it; the
+    # embedder at low priority
+    assert [(c[2], c[6]) for c in clients] == [("100", "0"), ("30", "0"), ("100", "1")], out
+    assert all(float(c[4]) == float(c[2]) for c in clients), out
     assert "share servers: ['gpu-0-mps-u0']" in out
     assert re.search(r"embed-0 unprepared\n0\n", out), out  # the last one gone: the server too
     assert "Traceback" not in (short_tmp / "shares" / "agent.log").read_text()
