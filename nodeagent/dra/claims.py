@@ -48,6 +48,7 @@ from nodeagent.base.shapes import MapOf, Shape, check
 from nodeagent.base.units import MAX_DIGITS, whole_number
 from nodeagent.dra.devices import DeviceRef, parse_device_name
 from nodeagent.dra.shares import MEMORY_CAPACITY, SM_CAPACITY
+from nodeagent.state.held import is_uid
 
 CONFIG_API_VERSION = "gpu.nodeagent.io/v1"
 MPS_KIND = "MpsConfig"
@@ -128,12 +129,12 @@ class ClaimRef:
         return f"claim {self.namespace}/{self.name}"
 
 
-# What the API server accepts (a UID is a UUID there; any short token of these characters is
-# taken, as tests and other servers use them), so a value never steers a path (the UID names
-# the MPS root and the CDI spec file) nor floods an error.
-_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # DNS-1123 label: a namespace
-_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # DNS-1123 subdomain
+# What the API server accepts, matched whole (fullmatch: `$` would take a trailing newline),
+# so a value never steers a path (the UID names the MPS root and the CDI spec file) nor floods
+# an error. The UID rule is the ownership record's (is_uid), so a claim that prepares is one
+# the record reads back.
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # DNS-1123 label: a namespace
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # DNS-1123 subdomain
 QUOTED_MAX = 64
 
 
@@ -146,12 +147,12 @@ def quoted(value: object) -> str:
 def checked_ref(namespace: object, name: object, uid: object) -> ClaimRef:
     """A claim reference from the kubelet, checked before it touches a path or the API.
     Raises ConfigError naming the first bad field (quoted, cut short)."""
-    for what, value, pattern in (
-        ("UID", uid, _UID),
-        ("namespace", namespace, _LABEL),
-        ("name", name, _SUBDOMAIN),
+    for what, value, valid in (
+        ("UID", uid, is_uid),
+        ("namespace", namespace, _LABEL.fullmatch),
+        ("name", name, _SUBDOMAIN.fullmatch),
     ):
-        if not isinstance(value, str) or not pattern.match(value):
+        if not isinstance(value, str) or not valid(value):
             raise ConfigError(
                 f"the claim's {what} {quoted(value)} is not a valid Kubernetes {what}"
             )
