@@ -121,7 +121,7 @@ class Changer:
         if run.mig_plan.operations and self.owners is not None:
             # before the MPS daemon lets go of a GPU, too: the record's path and its lock's,
             # and the lock taken once within the run's wait (held by another: refused here)
-            self.owners.check(_lock_settings(run).mig.lock_timeout_seconds)
+            self.owners.check(_lock_settings(run).mig.lock_timeout_seconds, run.lock_wait_seconds)
         change = run.mps_change
         enabling = {i for i, d in (run.desired or {}).items() if d.mig_enabled}
         if change.action in ("stop", "restart") and enabling & set(self.mps.serving):
@@ -172,7 +172,11 @@ class Changer:
         name = run.wanted.sharing_config or run.wanted.mig_config
         if self.owners is not None and run.done and name is not None:
             wait = _lock_settings(run).mig.lock_timeout_seconds
-            self.owners.update(lambda o: dataclasses.replace(o, config=name), wait_seconds=wait)
+            self.owners.update(
+                lambda o: dataclasses.replace(o, config=name),
+                wait_seconds=wait,
+                waited=run.lock_wait_seconds,
+            )
 
     @contextlib.contextmanager
     def _applying(self) -> Iterator[None]:
@@ -229,11 +233,14 @@ class Changer:
 
 
 def _lock_settings(run: Run) -> Settings:
-    """The run's settings, the wait for the MIG writer lock bounded by a claim's deadline
-    (time.monotonic)."""
+    """The run's settings, the wait for a lock bounded by a claim's deadline (time.monotonic)
+    and less what the run waited for the MIG writer lock: one mig.lock-timeout for both the
+    writer lock and the record's."""
     s = run.settings
     deadline = run.scope.deadline if run.scope is not None else None
-    if deadline is None:
+    left = max(0.0, s.mig.lock_timeout_seconds - run.lock_wait_seconds)
+    if deadline is not None:
+        left = max(0.0, min(left, deadline - time.monotonic()))
+    if left == s.mig.lock_timeout_seconds:
         return s
-    left = max(0.0, min(s.mig.lock_timeout_seconds, deadline - time.monotonic()))
     return dataclasses.replace(s, mig=dataclasses.replace(s.mig, lock_timeout_seconds=left))

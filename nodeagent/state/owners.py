@@ -156,11 +156,12 @@ class OwnerStore:
             log.warning("owners.rebuilt", reason=why, claims=list(said[1]), uncertain=said[2])
         return owners
 
-    def check(self, wait_seconds: float | None = None) -> None:
+    def check(self, wait_seconds: float | None = None, waited: float = 0.0) -> None:
         """Raise ConfigError when the record could not be written: its path, or its lock's,
         holds anything but a regular file (a folder, a FIFO, a socket, a symbolic link,
         dangling or in a loop), or the lock cannot be opened. With `wait_seconds`, the lock is
-        also taken (and let go): LockHeld when another process held it all that time,
+        also taken (and let go): LockHeld when another process held it all that time (what it
+        says counts `waited`, the seconds the caller's wait spent on the MIG writer lock),
         Interrupted when a stop signal comes meanwhile. Asked before a change's first NVML
         operation, so that a change that would record its owners afterwards is refused with
         nothing changed, not failed with the GPUs changed."""
@@ -173,7 +174,7 @@ class OwnerStore:
         except ConfigError as err:  # it cannot be opened (mode 000 for a user, say)
             raise ConfigError(f"{err}; nothing was changed") from err
         if wait_seconds is not None:
-            with self._writing(wait_seconds):
+            with self._writing(wait_seconds, waited):
                 pass
 
     def _check_record(self) -> None:
@@ -203,6 +204,7 @@ class OwnerStore:
         change: Callable[[Owners], Owners],
         then: Callable[[Owners], None] | None = None,
         wait_seconds: float | None = None,
+        waited: float = 0.0,
     ) -> Owners:
         """Read, change, write: one read-modify-write under the record's lock, waited for up
         to `wait_seconds` (default: `self.default_wait()`); `then` hears of the record as it
@@ -213,7 +215,7 @@ class OwnerStore:
         written)."""
         base: Owners | None = None
         while True:
-            with self._writing(wait_seconds):
+            with self._writing(wait_seconds, waited):
                 with self._lock:
                     found, _why, _kept = self._file()
                 found = found if found is not None else base
@@ -227,7 +229,7 @@ class OwnerStore:
             base = self.read()  # the rebuild reads the GPUs: never under the record's lock
 
     @contextlib.contextmanager
-    def _writing(self, wait_seconds: float | None) -> Iterator[None]:
+    def _writing(self, wait_seconds: float | None, waited: float = 0.0) -> Iterator[None]:
         """The record's lock, held for one read and one write (after this process's other
         updates: one at a time)."""
         with self._updating:
@@ -236,7 +238,14 @@ class OwnerStore:
                 return
             self._check_record()
             wait = self.default_wait() if wait_seconds is None else wait_seconds
-            with held_lock(self.lock_path, LOCK_WHAT, HOLDER_WORDS, wait, stopped=self.stopped):
+            with held_lock(
+                self.lock_path,
+                LOCK_WHAT,
+                HOLDER_WORDS,
+                wait,
+                stopped=self.stopped,
+                waited_before=waited,
+            ):
                 self._sweep()
                 yield
 
