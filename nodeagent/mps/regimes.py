@@ -12,7 +12,7 @@ starts (nodeagent.mps.claims.ClaimDaemons.adopt).
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from nodeagent.base.errors import MpsError
 
@@ -27,17 +27,21 @@ class MpsRegimes:
         self._pipeline: frozenset[int] = frozenset()
         self._shares: dict[str, int] = {}  # share server name -> its GPU
 
-    def pipeline(self, gpus: Collection[int]) -> None:
+    def pipeline(self, gpus: Collection[int], claimed: Mapping[int, str] | None = None) -> None:
         """The pipeline's daemon serves `gpus` from now (none: it stopped). Raises MpsError
-        naming a share server on one of them (nothing is taken then)."""
+        naming a share server on one of them, this process's or one of `claimed` ({GPU: the
+        DRA MPS daemon the ownership record has there}, whichever process started it; nothing
+        is taken then)."""
         with self._lock:
-            taken = sorted((g, n) for n, g in self._shares.items() if g in set(gpus))
+            known = {g: f"the DRA MPS share server {n}" for n, g in self._shares.items()}
+            taken = sorted({**(claimed or {}), **known}.items())
+            taken = [(g, what) for g, what in taken if g in set(gpus)]
             if taken:
-                gpu, name = taken[0]
+                gpu, what = taken[0]
                 raise MpsError(
-                    f"GPU {gpu} runs the DRA MPS share server {name}; {PIPELINE} is not"
+                    f"GPU {gpu} runs {what}; {PIPELINE} is not"
                     f" started beside it (two MPS daemons on one GPU are time-sliced against"
-                    f" each other): it waits until the share claims on GPU {gpu} are gone, or"
+                    f" each other): it waits until the DRA MPS claims on GPU {gpu} are gone, or"
                     " leave that GPU out of mps.devices"
                 )
             self._pipeline = frozenset(gpus)

@@ -24,7 +24,7 @@ from nodeagent.nvml import MigWriter
 from nodeagent.reconcile.ports import Clients, Report, Reporter, Stops
 from nodeagent.reconcile.run import Run, plan_from
 from nodeagent.settings import Settings
-from nodeagent.state.owners import OwnerStore
+from nodeagent.state.owners import OwnerStore, claimed_mps
 from nodeagent.state.snapshot import Allocations, Store
 
 log = get_logger("nodeagent.reconcile")
@@ -139,7 +139,7 @@ class Changer:
             if run.done and change.intent is not None:  # validated against the GPUs as now
                 snap = self.store.observe(self.allocations)
                 validate(change.intent.settings, snap.inventory)
-            self.mps.apply(change)
+            self.mps.apply(change, claimed_mps(self.owners))
 
     def _apply_mig(self, run: Run) -> None:
         """Under the NVML lock (the MIG writer lock held since pause): read again, plan again

@@ -57,7 +57,15 @@ MAX_FILE_BYTES = 4 << 20  # as every input file the agent reads
 DEFAULT_WAIT_SECONDS = 60.0  # for the record's lock, where the caller gives no wait
 LOCK_WHAT = "the ownership record's lock"
 HOLDER_WORDS = "another process holds the ownership record's lock"
-__all__ = ["CLAIM", "OWNERS_NAME", "OwnerStore", "Owners", "PreparedClaim", "holder"]
+__all__ = [
+    "CLAIM",
+    "OWNERS_NAME",
+    "OwnerStore",
+    "Owners",
+    "PreparedClaim",
+    "claimed_mps",
+    "holder",
+]
 
 
 def owners_path(lock_path: Path | None) -> Path | None:
@@ -318,3 +326,11 @@ def with_owners(
         return pods
 
     return both
+
+
+def claimed_mps(store: OwnerStore | None) -> dict[int, str]:
+    """{GPU index: the DRA MPS daemon there} as the node's ownership record has the claims
+    (Owners.mps_daemons), for the pipeline's MPS step: a daemon another process (an agent's
+    DRA driver, a share server that outlived it) runs is known before that process says so.
+    Empty without a record."""
+    return store.read().mps_daemons() if store is not None else {}

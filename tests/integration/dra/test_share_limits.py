@@ -7,6 +7,7 @@ pipeline's device-plugin daemon and a share server never run on one GPU together
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ from tests.integration.dra.test_share_servers import (
     servers,
     share,
 )
-from tests.support.dra import DRIVER, DraNode, quit_mps
+from tests.support.cli import Result, assert_one_error
+from tests.support.dra import DRIVER, DraNode, allocated_claim, mps_config, quit_mps
 
 kmock = pytest.importorskip("kmock")
 
@@ -267,3 +269,49 @@ def test_the_share_watch_keeps_the_servers_up_on_its_own(
     watch._next = 0.0
     assert [(f.claim, f.reason) for f in watch.tick()] == [("uid-w", "ServerRestarted")]
     assert control_of(root, fake_mps_control).daemon_pid() not in (None, pid)
+
+
+SPLIT = """version: nodeagent/v1
+sharing-configs:
+  m:
+    - devices: [0]
+      mps: {replicas: 4}
+"""
+
+
+@pytest.mark.parametrize(
+    ("claim", "words"),
+    [
+        (share("asr", "uid-x", "gpu-0-mps", 30, "8Gi"), "the DRA MPS share server gpu-0-mps-u0"),
+        (
+            allocated_claim("asr", "uid-x", {"gpu": "gpu-0"}, mps_config(25)),
+            "the DRA MPS daemon of claim speech/asr",
+        ),
+    ],
+    ids=["share-server", "mps-config-daemon"],
+)
+def test_another_process_never_starts_the_device_plugin_daemon_beside_a_claims_daemon(
+    dra_node: DraNode,
+    fake_mps_control: str,
+    cli: Callable[..., Result],
+    claim: dict[str, Any],
+    words: str,
+) -> None:
+    """`sharing apply` builds an MPS manager of its own: it knew nothing of the agent's share
+    servers and started a second daemon on GPU 0 (exit 0, 'MPS daemon: start'). The claims'
+    daemons are in the ownership record, which every pipeline reads."""
+    prepared(dra_node, claim)
+    config = dra_node.root / "sharing.yaml"
+    config.write_text(SPLIT)
+    pipe = dra_node.root / "dp"
+    node = ["--simulate", "h200x2", "--sim-state", str(dra_node.state)]
+    flags = ["--mps-root", str(pipe), "--mps-control", fake_mps_control, "--mps-layout", "flat"]
+    try:
+        res = cli(*node, "sharing", "apply", "-f", str(config), "-c", "m", *flags)
+        assert_one_error(
+            res, 3, f"GPU 0 runs {words}; the device-plugin path's MPS daemon (mps.devices) is not"
+            " started beside it"
+        )  # fmt: skip
+        assert control_of(pipe, fake_mps_control).daemon_pid() is None
+    finally:
+        quit_mps(fake_mps_control, pipe)
