@@ -145,12 +145,14 @@ class ClaimDaemons:
         if not dev.shared:
             root = self.claim_dir(dev.claim) / dev.device
             no_link(root, _OWN, self.plugin_dir)
+            what = f"the DRA MPS daemon of device {dev.device} (claim UID {dev.claim})"
+            self.regimes.claim_daemon(dev.gpu, _uuid(inventory, dev.gpu), what)
             self._own(dev, root, inventory).start()  # adopts the daemon of an earlier try
             return {"pipe_dir": str(root / "pipe")}
         key = dev.key
         with self._held(key):
             others = [m.limits.client(m.claim) for m in mates(key) if m.claim != dev.claim]
-            self.regimes.share(key.gpu, key.name)
+            self.regimes.share(key.gpu, key.name, _uuid(inventory, key.gpu))
             try:
                 server = self.servers.serve(key, [*others, dev.limits.client(dev.claim)])
             except AgentError:
@@ -221,6 +223,11 @@ class ClaimDaemons:
         if not memory:  # no limit asked: none set (validate's default is memory / replicas)
             limits = Limits(limits.thread_percentage, {}, limits.visible_devices)
         return MpsDaemon(settings, limits)
+
+
+def _uuid(inventory: Inventory, gpu: int) -> str:
+    """GPU `gpu`'s UUID ('' when the inventory has no such GPU)."""
+    return next((g.uuid for g in inventory.gpus if g.index == gpu), "")
 
 
 __all__ = ["ClaimDaemons", "ClaimDevice", "ClaimLimits", "Mates"]

@@ -62,11 +62,16 @@ class MpsManager:
     never restarts a daemon the pipeline is stopping or replacing."""
 
     def __init__(
-        self, compute: ComputeModes | None = None, regimes: MpsRegimes | None = None
+        self,
+        compute: ComputeModes | None = None,
+        regimes: MpsRegimes | None = None,
+        pipe: Callable[[], Path | None] | None = None,
     ) -> None:
         self.compute = compute
-        # The GPUs of this daemon and of the DRA share servers: never both on one GPU.
-        self.regimes = regimes or MpsRegimes()
+        # The GPUs of this daemon and of the DRA share servers: never both on one GPU (`pipe`:
+        # where this daemon runs under the settings, for a share server of this process to
+        # find one that another process started).
+        self.regimes = regimes or MpsRegimes(pipe)
         self.daemon: MpsDaemon | None = None
         self.started_by_us = False
         self.status: MpsStatus | None = None
