@@ -48,12 +48,12 @@ from nodeagent.base.shapes import MapOf, Shape, check
 from nodeagent.base.units import MAX_DIGITS, whole_number
 from nodeagent.dra.devices import DeviceRef, parse_device_name
 from nodeagent.dra.shares import MEMORY_CAPACITY, SM_CAPACITY
-from nodeagent.state.held import is_uid
+from nodeagent.state.held import MAX_USER, is_uid, shown
 
 CONFIG_API_VERSION = "gpu.nodeagent.io/v1"
 MPS_KIND = "MpsConfig"
 SHARE_KIND = "MpsShare"
-MAX_UID = (1 << 31) - 1
+MAX_UID = MAX_USER  # a pod's runAsUser: the record's bound for a share's user
 # ASCII digits, a bounded count (nodeagent.base.units.MAX_DIGITS), nothing after the unit.
 _QUANTITY = re.compile(rf"([0-9]{{1,{MAX_DIGITS}}})(Ki|Mi|Gi|Ti|K|M|G|T)?")
 _UNITS = {
@@ -135,13 +135,7 @@ class ClaimRef:
 # the record reads back.
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # DNS-1123 label: a namespace
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # DNS-1123 subdomain
-QUOTED_MAX = 64
-
-
-def quoted(value: object) -> str:
-    """`value` for an error: repr'd (escapes shown), at most QUOTED_MAX characters of it."""
-    text = repr(value)
-    return text if len(text) <= QUOTED_MAX else text[: QUOTED_MAX - 1] + "…"
+quoted = shown  # `value` for an error: repr'd (escapes shown), cut short (the record's rule)
 
 
 def checked_ref(namespace: object, name: object, uid: object) -> ClaimRef:
