@@ -98,13 +98,16 @@ class ShareConfig:
     user: int | None = None
     sm_limit_percent: int | None = None
     priority: str | None = None
+    limit_from: str = ""  # whose smLimit it is, for a sentence: "" (the claim's), the class's
 
     def over(self, earlier: ShareConfig) -> ShareConfig:
         """This config's fields over `earlier`'s (a claim's over its class's)."""
+        mine = self.sm_limit_percent is not None
         return ShareConfig(
             earlier.user if self.user is None else self.user,
-            earlier.sm_limit_percent if self.sm_limit_percent is None else self.sm_limit_percent,
+            self.sm_limit_percent if mine else earlier.sm_limit_percent,
             earlier.priority if self.priority is None else self.priority,
+            self.limit_from if mine else earlier.limit_from,
         )
 
 
@@ -247,7 +250,7 @@ def share_limits(mps: Mps, config: ShareConfig, default_limit: int, where: str, 
     limit = config.sm_limit_percent
     if limit is not None and limit < mps.thread_percentage:
         raise ConfigError(
-            f"{where}: {device}: smLimit {limit} is below the claim's request of"
+            f"{where}: {device}: {config.limit_from}smLimit {limit} is below the claim's request of"
             f" {mps.thread_percentage} % of the SMs; a limit is between the request and 100"
         )
     if limit is None:
@@ -276,6 +279,8 @@ def _configs(
             )
         rank = 0 if entry.get("source") == "FromClass" else 1
         parsed = parse_mps(params, where) if kind == MPS_KIND else parse_share(params, where)
+        if rank == 0 and isinstance(parsed, ShareConfig):  # a limit of the class, said so
+            parsed = replace(parsed, limit_from="the DeviceClass's MpsShare ")
         out.append((rank, set(entry.get("requests") or []), parsed))
     out.sort(key=lambda t: t[0])
     return [(requests, mps) for _, requests, mps in out]
