@@ -46,6 +46,7 @@ from nodeagent.metrics.slices import SliceCollector
 from nodeagent.metrics.utilization import UtilizationCollector
 from nodeagent.mig.apply import Done, Reset
 from nodeagent.mig.config import MigConfigFile
+from nodeagent.mps.intent import pipeline_pipe
 from nodeagent.mps.manager import MpsManager
 from nodeagent.mps.supervisor import MpsSupervisor
 from nodeagent.nvml import NvmlSession
@@ -119,7 +120,7 @@ def build_agent(
     store = Store(session, clock)
     # The share claims are measured against the utilization sampler's values.
     stats, dra_stats = AgentStats(), DraStats(lambda: store.utilization)
-    mps = MpsManager(ComputeModeWriter(session))
+    mps = MpsManager(ComputeModeWriter(session), pipe=lambda: pipeline_pipe(current()))
     # Who owns each slice, read by every path that changes MIG (nodeagent.state.owners).
     owners = owner_store(session, settings.dra, lock_path)
     stops = AgentStops(stop)
@@ -457,7 +458,7 @@ def command_pipeline(
         settings=lambda: settings,
         desire=SettingsDesire(),
         reset=lambda _s: reset,
-        mps=MpsManager(ComputeModeWriter(session)),
+        mps=MpsManager(ComputeModeWriter(session), pipe=lambda: pipeline_pipe(settings)),
         stats=AgentStats(),
         writer_lock=lambda s: mig_writer_lock(lock_path, s.mig.lock_timeout_seconds),
         log_failures=False,

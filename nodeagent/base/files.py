@@ -319,6 +319,31 @@ def entry_of(folder: Path, name: str, what: str) -> Path:
     return folder / name
 
 
+def link_between(top: Path, target: Path) -> Path | None:
+    """The first component of `target` below `top` (`top` itself is the operator's: never
+    looked at) that is a symbolic link or anything but a folder, `target` included; None
+    when each one there is a real folder, up to the first that does not exist yet (a mkdir
+    makes it inside the real folders above). Before a mkdir, a daemon's start or an rmtree
+    under a plugin directory: a link in any component would move it to where it points.
+    A `target` not below `top` counts as such a component itself."""
+    try:
+        parts = target.relative_to(top).parts
+    except ValueError:
+        return target
+    path = top
+    for part in parts:
+        path = path / part
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return path
+        if not stat.S_ISDIR(mode):
+            return path
+    return None
+
+
 def remove_regular(path: Path, what: str) -> None:
     """Remove the regular file `path` if it is there. Raises ConfigError when it is anything
     else (a device node or a folder is never removed; nor is a link: it is not ours)."""

@@ -72,11 +72,14 @@ def held_lock(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     stopped: Callable[[], int] = lambda: 0,
+    waited_before: float = 0.0,
 ) -> Iterator[None]:
     """Hold the flock on `path` (`what` names it) for the body, this process's pid written in
     it; wait up to `timeout_seconds` for another holder, giving way as soon as `stopped()`
-    names a stop signal. Raises LockHeld ("<holder_words> <path> (pid N); gave up after
-    T s"), Interrupted (exit 128 + the signal's number),
+    names a stop signal. `waited_before`: the seconds one wait already spent on an earlier lock (the
+    MIG writer lock before the record's), counted in what LockHeld says. Raises LockHeld
+    ("<holder_words> <path> (pid N); gave up after T s"), Interrupted (exit 128 + the
+    signal's number),
     ConfigError (not a regular file, cannot be opened), AgentError (the system refused)."""
     fd = open_lock_file(path, what)
     try:
@@ -101,7 +104,7 @@ def held_lock(
             if clock() >= deadline:
                 raise LockHeld(
                     f"{holder_words} {path} (pid {_holder(fd)}); gave up after"
-                    f" {round(timeout_seconds, 2):g} s"
+                    f" {round(waited_before + timeout_seconds, 2):g} s"
                 )
             sleep(0.05)
         try:

@@ -48,11 +48,12 @@ from nodeagent.base.shapes import MapOf, Shape, check
 from nodeagent.base.units import MAX_DIGITS, whole_number
 from nodeagent.dra.devices import DeviceRef, parse_device_name
 from nodeagent.dra.shares import MEMORY_CAPACITY, SM_CAPACITY
+from nodeagent.state.held import MAX_USER, is_uid, shown
 
 CONFIG_API_VERSION = "gpu.nodeagent.io/v1"
 MPS_KIND = "MpsConfig"
 SHARE_KIND = "MpsShare"
-MAX_UID = (1 << 31) - 1
+MAX_UID = MAX_USER  # a pod's runAsUser: the record's bound for a share's user
 # ASCII digits, a bounded count (nodeagent.base.units.MAX_DIGITS), nothing after the unit.
 _QUANTITY = re.compile(rf"([0-9]{{1,{MAX_DIGITS}}})(Ki|Mi|Gi|Ti|K|M|G|T)?")
 _UNITS = {
@@ -97,13 +98,16 @@ class ShareConfig:
     user: int | None = None
     sm_limit_percent: int | None = None
     priority: str | None = None
+    limit_from: str = ""  # whose smLimit it is, for a sentence: "" (the claim's), the class's
 
     def over(self, earlier: ShareConfig) -> ShareConfig:
         """This config's fields over `earlier`'s (a claim's over its class's)."""
+        mine = self.sm_limit_percent is not None
         return ShareConfig(
             earlier.user if self.user is None else self.user,
-            earlier.sm_limit_percent if self.sm_limit_percent is None else self.sm_limit_percent,
+            self.sm_limit_percent if mine else earlier.sm_limit_percent,
             earlier.priority if self.priority is None else self.priority,
+            self.limit_from if mine else earlier.limit_from,
         )
 
 
@@ -128,30 +132,24 @@ class ClaimRef:
         return f"claim {self.namespace}/{self.name}"
 
 
-# What the API server accepts (a UID is a UUID there; any short token of these characters is
-# taken, as tests and other servers use them), so a value never steers a path (the UID names
-# the MPS root and the CDI spec file) nor floods an error.
-_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # DNS-1123 label: a namespace
-_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # DNS-1123 subdomain
-QUOTED_MAX = 64
-
-
-def quoted(value: object) -> str:
-    """`value` for an error: repr'd (escapes shown), at most QUOTED_MAX characters of it."""
-    text = repr(value)
-    return text if len(text) <= QUOTED_MAX else text[: QUOTED_MAX - 1] + "…"
+# What the API server accepts, matched whole (fullmatch: `$` would take a trailing newline),
+# so a value never steers a path (the UID names the MPS root and the CDI spec file) nor floods
+# an error. The UID rule is the ownership record's (is_uid), so a claim that prepares is one
+# the record reads back.
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # DNS-1123 label: a namespace
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # DNS-1123 subdomain
+quoted = shown  # `value` for an error: repr'd (escapes shown), cut short (the record's rule)
 
 
 def checked_ref(namespace: object, name: object, uid: object) -> ClaimRef:
     """A claim reference from the kubelet, checked before it touches a path or the API.
     Raises ConfigError naming the first bad field (quoted, cut short)."""
-    for what, value, pattern in (
-        ("UID", uid, _UID),
-        ("namespace", namespace, _LABEL),
-        ("name", name, _SUBDOMAIN),
+    for what, value, valid in (
+        ("UID", uid, is_uid),
+        ("namespace", namespace, _LABEL.fullmatch),
+        ("name", name, _SUBDOMAIN.fullmatch),
     ):
-        if not isinstance(value, str) or not pattern.match(value):
+        if not isinstance(value, str) or not valid(value):
             raise ConfigError(
                 f"the claim's {what} {quoted(value)} is not a valid Kubernetes {what}"
             )
@@ -252,7 +250,7 @@ def share_limits(mps: Mps, config: ShareConfig, default_limit: int, where: str, 
     limit = config.sm_limit_percent
     if limit is not None and limit < mps.thread_percentage:
         raise ConfigError(
-            f"{where}: {device}: smLimit {limit} is below the claim's request of"
+            f"{where}: {device}: {config.limit_from}smLimit {limit} is below the claim's request of"
             f" {mps.thread_percentage} % of the SMs; a limit is between the request and 100"
         )
     if limit is None:
@@ -281,6 +279,8 @@ def _configs(
             )
         rank = 0 if entry.get("source") == "FromClass" else 1
         parsed = parse_mps(params, where) if kind == MPS_KIND else parse_share(params, where)
+        if rank == 0 and isinstance(parsed, ShareConfig):  # a limit of the class, said so
+            parsed = replace(parsed, limit_from="the DeviceClass's MpsShare ")
         out.append((rank, set(entry.get("requests") or []), parsed))
     out.sort(key=lambda t: t[0])
     return [(requests, mps) for _, requests, mps in out]

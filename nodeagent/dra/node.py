@@ -549,6 +549,7 @@ class NodeDriver:
         entry says `unpreparing` and holds nothing), the CDI spec (with an interrupted write of
         it), the MPS directories, the claim's entry."""
         c = self.config
+        own = self.daemons.checked_claim_dir(uid)  # no link on the way: refused before anything
         for d in claim.devices:
             if d.mps is not None:
                 self.daemons.stop(claim_device(uid, d), self._mates())
@@ -575,8 +576,8 @@ class NodeDriver:
             spec = entry_of(c.cdi_dir, str(spec.relative_to(c.cdi_dir)), "the CDI spec")
             for path in (spec, *interrupted_writes(spec)):
                 path.unlink(missing_ok=True)
-            own = self.daemons.claim_dir(uid)
-            shutil.rmtree(entry_of(own.parent, own.name, "the claim UID"))
+            if own is not None:  # None: a link with nothing behind it, not followed
+                shutil.rmtree(own)
         except FileNotFoundError:
             pass
         except OSError as err:

@@ -175,13 +175,29 @@ def _what(t: Template) -> str:
     if c.kind == "gpu":
         place = "a whole GPU"
     elif c.kind == "slice":
-        place = f"a MIG slice {c.profile}"
+        place = f"a MIG slice {c.profile}" + _dropped(t.workload)
     else:
         place = f"an MPS share of a GPU: {c.sm_percent} % of its SMs"
         place += f" (limit {c.sm_limit_percent} %)" if c.sm_limit_percent is not None else ""
         place += f", {c.priority} priority" if c.priority is not None else ""
         place += f", {binary_quantity(c.memory_mib * MIB)} of its memory"
     return f"{t.workload.name}: {t.replicas} of {t.workload.replicas} replicas, each {place}"
+
+
+def _dropped(w: Workload) -> str:
+    """What a shared workload's slice does not carry: its MPS share's limit and priority."""
+    dropped = [
+        key
+        for key, value in (
+            ("compute-limit", w.compute_limit),
+            ("compute-priority", w.compute_priority),
+        )
+        if value is not None
+    ]
+    if not dropped:
+        return ""
+    verb = "do" if len(dropped) > 1 else "does"
+    return f" (its {' and '.join(dropped)} {verb} not apply: a slice is no MPS share)"
 
 
 HEADER = """\

@@ -10,6 +10,8 @@ import os
 import socket
 from collections.abc import Mapping
 
+from nodeagent.base.units import whole_number
+
 
 class Notifier:
     def __init__(self, environ: Mapping[str, str]) -> None:
@@ -20,7 +22,8 @@ class Notifier:
         usec = environ.get("WATCHDOG_USEC", "")
         pid = environ.get("WATCHDOG_PID", "")
         mine = not pid or pid == str(os.getpid())
-        self.watchdog_seconds = int(usec) / 1e6 if usec.isdigit() and mine else None
+        micros = whole_number(usec)  # ASCII digits: '²' passes isdigit() but not int()
+        self.watchdog_seconds = micros / 1e6 if micros is not None and mine else None
         self._sock: socket.socket | None = None
 
     def send(self, *fields: str) -> bool:

@@ -33,6 +33,7 @@ from typing import Any
 from nodeagent.base.errors import KubeError
 from nodeagent.base.logs import get_logger
 from nodeagent.base.shapes import MapOf, Shape, check
+from nodeagent.base.units import whole_number
 from nodeagent.kube.api import NodeApi
 from nodeagent.kube.informer import Informer, Source
 from nodeagent.kube.nodelabels import ANNOTATION_PREFIX, label_patch
@@ -82,15 +83,20 @@ def _meta_name(node: dict[str, Any]) -> str:
     return name if isinstance(name, str) else "(no name)"
 
 
+_VERSION_DIGITS = 19  # an int64, etcd's revision
+
+
 def _older(version: object, than: object) -> bool:
     """Whether the resourceVersion `version` is older than `than` or the same. Versions are
     opaque to clients, but every API server (etcd's revision) gives integers; any other pair
-    counts as newer, as before the guard."""
+    counts as newer, as before the guard: one that is not ASCII digits ('²', a sign) or longer
+    than an int64 (etcd's revision) is not comparable, never a ValueError in the worker."""
     if not isinstance(version, str) or not isinstance(than, str):
         return False
     if version == than:
         return True
-    return version.isdigit() and than.isdigit() and int(version) < int(than)
+    older, newer = whole_number(version, _VERSION_DIGITS), whole_number(than, _VERSION_DIGITS)
+    return older is not None and newer is not None and older < newer
 
 
 class NodeView:

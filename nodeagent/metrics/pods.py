@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from nodeagent.base.units import whole_number
 from nodeagent.state.snapshot import Holder, Holders, Inventory, Store
 
 
@@ -26,7 +27,8 @@ class Attribution:
 
 def _replica_order(row: tuple[int, str, str, Holder]) -> tuple[int, int, str, Holder]:
     gpu, _, replica, holder = row
-    return gpu, int(replica) if replica.isdigit() else -1, replica, holder
+    number = whole_number(replica)  # ASCII digits only: '²' passes isdigit() but not int()
+    return gpu, number if number is not None else -1, replica, holder
 
 
 def attribute(inventory: Inventory, holders: Holders) -> Attribution:

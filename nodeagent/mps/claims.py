@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.base.errors import AgentError
+from nodeagent.base.files import entry_of
+from nodeagent.mps.control import no_link, removable
 from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.regimes import MpsRegimes
 from nodeagent.mps.settings import Limits, MpsSettings, validate
@@ -93,6 +95,7 @@ class ClaimDevice:
         return ShareKey(self.device, self.gpu, self.uuid, self.limits.user)
 
 
+_OWN = "MPS daemon folder"
 Mates = Callable[[ShareKey], list[ClaimDevice]]  # the claims on a server now, under its lock
 
 
@@ -121,6 +124,14 @@ class ClaimDaemons:
         """A claim's own daemons' folders: <plugin dir>/mps/<claim uid>."""
         return self.plugin_dir / OWN_DIR / claim
 
+    def checked_claim_dir(self, claim: str) -> Path | None:
+        """claim_dir, to be removed: a UID that names one entry of <plugin dir>/mps, with no
+        symbolic link between the plugin directory and it (an rmtree would follow one); None
+        when a link is there with nothing behind it (nothing to remove). Raises MpsError (a
+        link with something behind it), ConfigError (a UID that is no one name)."""
+        folder = entry_of(self.plugin_dir / OWN_DIR, claim, "the claim UID")
+        return folder if removable(folder, "claim's MPS folder", self.plugin_dir) else None
+
     def adopt(self, keys: Iterable[ShareKey]) -> None:
         """The share servers the record has (an agent restart): their GPUs are theirs."""
         for key in keys:
@@ -133,12 +144,15 @@ class ClaimDaemons:
         beside the pipeline's daemon, a limit the daemon did not keep), ConfigError."""
         if not dev.shared:
             root = self.claim_dir(dev.claim) / dev.device
+            no_link(root, _OWN, self.plugin_dir)
+            what = f"the DRA MPS daemon of device {dev.device} (claim UID {dev.claim})"
+            self.regimes.claim_daemon(dev.gpu, _uuid(inventory, dev.gpu), what)
             self._own(dev, root, inventory).start()  # adopts the daemon of an earlier try
             return {"pipe_dir": str(root / "pipe")}
         key = dev.key
         with self._held(key):
             others = [m.limits.client(m.claim) for m in mates(key) if m.claim != dev.claim]
-            self.regimes.share(key.gpu, key.name)
+            self.regimes.share(key.gpu, key.name, _uuid(inventory, key.gpu))
             try:
                 server = self.servers.serve(key, [*others, dev.limits.client(dev.claim)])
             except AgentError:
@@ -151,7 +165,8 @@ class ClaimDaemons:
         """The claim lets go of its daemon for `dev`: its own stops; a share server stops
         after its last claim (else its ceiling follows the claims left). Raises MpsError."""
         if not dev.shared:
-            self._stopper(dev).stop()
+            if removable(self.claim_dir(dev.claim) / dev.device, _OWN, self.plugin_dir):
+                self._stopper(dev).stop()
             return
         key = dev.key
         with self._held(key):
@@ -208,6 +223,11 @@ class ClaimDaemons:
         if not memory:  # no limit asked: none set (validate's default is memory / replicas)
             limits = Limits(limits.thread_percentage, {}, limits.visible_devices)
         return MpsDaemon(settings, limits)
+
+
+def _uuid(inventory: Inventory, gpu: int) -> str:
+    """GPU `gpu`'s UUID ('' when the inventory has no such GPU)."""
+    return next((g.uuid for g in inventory.gpus if g.index == gpu), "")
 
 
 __all__ = ["ClaimDaemons", "ClaimDevice", "ClaimLimits", "Mates"]

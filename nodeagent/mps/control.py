@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodeagent.base.errors import ConfigError, MpsError
-from nodeagent.base.files import FileTooLarge, UnreadableFile, read_regular
+from nodeagent.base.files import FileTooLarge, UnreadableFile, link_between, read_regular
 from nodeagent.base.logs import get_logger
 from nodeagent.base.units import decimal, whole_number
 
@@ -168,15 +168,38 @@ class MpsControl:
         return None
 
 
-def no_link(folder: Path, what: str) -> None:
-    """Raise MpsError when `folder` is a symbolic link: a daemon's folder is never followed
-    through one (its pipe, log and pid file would be written, and another daemon found,
-    where it points)."""
+def no_link(folder: Path, what: str, top: Path | None = None) -> None:
+    """Raise MpsError when `folder` is a symbolic link, or with `top` (the plugin directory)
+    when any folder between `top` and `folder` is one (or no folder): a daemon's folder is
+    never followed through one (its pipe, log and pid file would be written, another daemon
+    found, and its folder removed, where it points)."""
     if folder.is_symlink():
         raise MpsError(
             f"the {what} {folder} is a symbolic link; nodeagent does not follow it (the"
             " daemon's files would be written where it points): remove it"
         )
+    link = link_between(top, folder) if top is not None else None
+    if link is not None:
+        raise MpsError(
+            f"{link} is a symbolic link or no folder; nodeagent does not follow it to the"
+            f" {what} {folder} (the daemon's files would be written, and removed, where it"
+            " points): remove it"
+        )
+
+
+def removable(folder: Path, what: str, top: Path) -> bool:
+    """Whether a daemon's `folder` below `top` (the plugin directory) may be stopped and
+    removed: True when no symbolic link lies on the way (no_link); False when one does but
+    nothing is behind it (no folder, an empty one: the undo of a start it refused), so
+    nothing is done there. Raises MpsError (no_link's sentence) when one does and something
+    is there: it is not followed, nothing is stopped or removed."""
+    if not folder.is_symlink() and link_between(top, folder) is None:
+        return True
+    with contextlib.suppress(OSError):
+        if not folder.exists() or not any(folder.iterdir()):
+            return False
+    no_link(folder, what, top)
+    return False  # not reached: no_link raised
 
 
 _SHOWN = 64  # characters of an answer an error quotes

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
-from nodeagent.base.errors import ConfigError
+from nodeagent.base.errors import AgentError, ConfigError
 from nodeagent.mps.layout import DEFAULT_RESOURCE, paths, read_plugin_config
 from nodeagent.mps.manager import MpsChange, MpsIntent
 from nodeagent.mps.settings import MpsSettings, parse_pinned, validate
@@ -59,6 +59,16 @@ def mps_daemon_settings(
         shm_dir=where.shm_dir,
         shm_size=mps.shm_size,
     )
+
+
+def pipeline_pipe(settings: Settings) -> Path | None:
+    """The pipe directory of the device-plugin path's daemon under `settings` (whichever
+    process starts it), for a DRA claim's daemon to find it; None when a device plugin
+    config that cannot be read leaves it unknown."""
+    try:
+        return mps_daemon_settings(settings.mps, (), settings.kube.enabled).pipe_dir
+    except AgentError:
+        return None
 
 
 class MigMode(Protocol):

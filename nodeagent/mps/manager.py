@@ -10,7 +10,7 @@ rollout) unless `stop_on_exit` is asked for.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,11 +62,16 @@ class MpsManager:
     never restarts a daemon the pipeline is stopping or replacing."""
 
     def __init__(
-        self, compute: ComputeModes | None = None, regimes: MpsRegimes | None = None
+        self,
+        compute: ComputeModes | None = None,
+        regimes: MpsRegimes | None = None,
+        pipe: Callable[[], Path | None] | None = None,
     ) -> None:
         self.compute = compute
-        # The GPUs of this daemon and of the DRA share servers: never both on one GPU.
-        self.regimes = regimes or MpsRegimes()
+        # The GPUs of this daemon and of the DRA share servers: never both on one GPU (`pipe`:
+        # where this daemon runs under the settings, for a share server of this process to
+        # find one that another process started).
+        self.regimes = regimes or MpsRegimes(pipe)
         self.daemon: MpsDaemon | None = None
         self.started_by_us = False
         self.status: MpsStatus | None = None
@@ -127,14 +132,15 @@ class MpsManager:
                 return MpsChange("limits", intent)
             return MpsChange("none", intent)
 
-    def apply(self, change: MpsChange) -> None:
+    def apply(self, change: MpsChange, claimed: Mapping[int, str] | None = None) -> None:
         """Do `change`; raises MpsError (a daemon this call started is stopped again; a GPU
-        of a DRA share server: nothing is done)."""
+        of a DRA share server, or of one of `claimed`'s MPS daemons (MpsRegimes.pipeline):
+        nothing is done)."""
         if change.action == "none":
             return
         with self.lock:
             if change.intent is not None and change.action in ("adopt", "start", "restart"):
-                self.regimes.pipeline(change.intent.settings.devices)
+                self.regimes.pipeline(change.intent.settings.devices, claimed)
             if change.action == "adopt" and change.intent is not None:
                 self.daemon = MpsDaemon(change.intent.settings, change.intent.limits, self.compute)
                 self.started_by_us = False

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodeagent.base.errors import ConfigError
+from nodeagent.base.units import is_digits
 from nodeagent.base.units import parse_size as parse_size
 from nodeagent.nvml.inventory import Inventory
 
@@ -146,7 +147,7 @@ def parse_pinned(text: str | None, devices: tuple[int, ...]) -> dict[int, str]:
     out: dict[int, str] = {}
     for part in text.split(","):
         index, sep, size = part.partition("=")
-        if not sep or not (index.strip().isascii() and index.strip().isdigit()):
+        if not sep or not is_digits(index.strip()):
             raise ConfigError(f"pinned memory limit {part!r} must be SIZE or INDEX=SIZE,...")
         if int(index) in out:
             raise ConfigError(f"pinned memory limit {text!r} gives GPU {int(index)} twice")

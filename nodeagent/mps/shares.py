@@ -45,7 +45,7 @@ from nodeagent.base.errors import AgentError, MpsError
 from nodeagent.base.files import read_regular
 from nodeagent.base.logs import get_logger
 from nodeagent.base.units import decimal
-from nodeagent.mps.control import MpsControl, limit_holds, no_link, process_alive
+from nodeagent.mps.control import MpsControl, limit_holds, no_link, process_alive, removable
 from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.settings import Limits, MpsSettings, mps_size, parse_size
 
@@ -155,7 +155,7 @@ class ShareServers:
         daemon and on every server it runs. Raises MpsError; a daemon this call started is
         stopped again when it fails."""
         ceiling = Ceiling.of(clients)
-        no_link(self.where(key), "MPS share server folder")
+        no_link(self.where(key), "MPS share server folder", self.root.parent)
         daemon = self._daemon(key, ceiling)
         daemon.start()  # adopts a running daemon: its servers and clients keep running
         try:
@@ -210,8 +210,9 @@ class ShareServers:
                 except AgentError as err:
                     log.warning("mps.share_ceiling_kept", server=key.name, error=str(err))
             return
-        self._daemon(key, Ceiling(100, None)).stop()
-        shutil.rmtree(self.where(key), ignore_errors=True)
+        if removable(self.where(key), "MPS share server folder", self.root.parent):
+            self._daemon(key, Ceiling(100, None)).stop()
+            shutil.rmtree(self.where(key), ignore_errors=True)
         self.restarts.pop(key.name, None)
         log.info("mps.share_server_stopped", server=key.name)
 

@@ -199,6 +199,8 @@ def shortfall(
         )
     elif compute > len(gpus):
         why = f"compute: the replicas need {compute:g} GPUs of compute, the node has {len(gpus)}"
+        if percent_step > 1 and any(w.isolation == "shared" and w.compute for w in workloads):
+            why += f" (a shared replica's compute counted in {percent_step} % steps, rounded up)"
     else:
         why = (
             "MIG layouts: memory and compute would do in total, but no layout of the GPUs'"

@@ -24,7 +24,7 @@ from nodeagent.nvml import MigWriter
 from nodeagent.reconcile.ports import Clients, Report, Reporter, Stops
 from nodeagent.reconcile.run import Run, plan_from
 from nodeagent.settings import Settings
-from nodeagent.state.owners import OwnerStore
+from nodeagent.state.owners import OwnerStore, claimed_mps
 from nodeagent.state.snapshot import Allocations, Store
 
 log = get_logger("nodeagent.reconcile")
@@ -121,7 +121,7 @@ class Changer:
         if run.mig_plan.operations and self.owners is not None:
             # before the MPS daemon lets go of a GPU, too: the record's path and its lock's,
             # and the lock taken once within the run's wait (held by another: refused here)
-            self.owners.check(_lock_settings(run).mig.lock_timeout_seconds)
+            self.owners.check(_lock_settings(run).mig.lock_timeout_seconds, run.lock_wait_seconds)
         change = run.mps_change
         enabling = {i for i, d in (run.desired or {}).items() if d.mig_enabled}
         if change.action in ("stop", "restart") and enabling & set(self.mps.serving):
@@ -139,7 +139,7 @@ class Changer:
             if run.done and change.intent is not None:  # validated against the GPUs as now
                 snap = self.store.observe(self.allocations)
                 validate(change.intent.settings, snap.inventory)
-            self.mps.apply(change)
+            self.mps.apply(change, claimed_mps(self.owners))
 
     def _apply_mig(self, run: Run) -> None:
         """Under the NVML lock (the MIG writer lock held since pause): read again, plan again
@@ -172,7 +172,11 @@ class Changer:
         name = run.wanted.sharing_config or run.wanted.mig_config
         if self.owners is not None and run.done and name is not None:
             wait = _lock_settings(run).mig.lock_timeout_seconds
-            self.owners.update(lambda o: dataclasses.replace(o, config=name), wait_seconds=wait)
+            self.owners.update(
+                lambda o: dataclasses.replace(o, config=name),
+                wait_seconds=wait,
+                waited=run.lock_wait_seconds,
+            )
 
     @contextlib.contextmanager
     def _applying(self) -> Iterator[None]:
@@ -229,11 +233,14 @@ class Changer:
 
 
 def _lock_settings(run: Run) -> Settings:
-    """The run's settings, the wait for the MIG writer lock bounded by a claim's deadline
-    (time.monotonic)."""
+    """The run's settings, the wait for a lock bounded by a claim's deadline (time.monotonic)
+    and less what the run waited for the MIG writer lock: one mig.lock-timeout for both the
+    writer lock and the record's."""
     s = run.settings
     deadline = run.scope.deadline if run.scope is not None else None
-    if deadline is None:
+    left = max(0.0, s.mig.lock_timeout_seconds - run.lock_wait_seconds)
+    if deadline is not None:
+        left = max(0.0, min(left, deadline - time.monotonic()))
+    if left == s.mig.lock_timeout_seconds:
         return s
-    left = max(0.0, min(s.mig.lock_timeout_seconds, deadline - time.monotonic()))
     return dataclasses.replace(s, mig=dataclasses.replace(s.mig, lock_timeout_seconds=left))

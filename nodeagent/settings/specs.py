@@ -105,7 +105,9 @@ SPECS: tuple[Spec, ...] = (
           optional(command), "command for a GPU whose MIG mode stays pending; {index} is the GPU",
           hot=True),
     _spec("mig", "lock-timeout", "NODEAGENT_MIG_LOCK_TIMEOUT", "--lock-timeout",
-          seconds(0, inclusive=True), "seconds to wait for another MIG writer on this node",
+          seconds(0, inclusive=True),
+          "seconds to wait for another MIG writer on this node, its wait for the ownership"
+          " record's lock included",
           field="lock_timeout_seconds", hot=True),
     _spec("mig", "hooks-file", "NODEAGENT_MIG_HOOKS_FILE", "--hooks-file", optional(text),
           "mig-parted's hooks file: commands run before and after a MIG change", hot=True),

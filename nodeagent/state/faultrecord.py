@@ -18,6 +18,7 @@ from nodeagent.base.errors import AgentError
 from nodeagent.base.files import atomic_write_text, read_regular
 from nodeagent.base.jsontext import NotJson, parse_json
 from nodeagent.base.logs import get_logger
+from nodeagent.base.units import is_digits
 
 log = get_logger("nodeagent.state.faults")
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
@@ -130,7 +131,7 @@ def _entry(e: object) -> Waiting:
         raise ValueError("bad entry")
     kind, waits, since = e.get("kind"), e.get("waits_for"), e.get("since")
     code = kind[4:] if isinstance(kind, str) and kind.startswith("xid-") else ""
-    if not (code.isascii() and code.isdigit()) or len(code) > 10:
+    if not is_digits(code, 10):
         raise ValueError("bad kind")
     if waits not in ("reset", "reboot"):
         raise ValueError("bad wait")

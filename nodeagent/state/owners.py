@@ -57,7 +57,15 @@ MAX_FILE_BYTES = 4 << 20  # as every input file the agent reads
 DEFAULT_WAIT_SECONDS = 60.0  # for the record's lock, where the caller gives no wait
 LOCK_WHAT = "the ownership record's lock"
 HOLDER_WORDS = "another process holds the ownership record's lock"
-__all__ = ["CLAIM", "OWNERS_NAME", "OwnerStore", "Owners", "PreparedClaim", "holder"]
+__all__ = [
+    "CLAIM",
+    "OWNERS_NAME",
+    "OwnerStore",
+    "Owners",
+    "PreparedClaim",
+    "claimed_mps",
+    "holder",
+]
 
 
 def owners_path(lock_path: Path | None) -> Path | None:
@@ -156,11 +164,12 @@ class OwnerStore:
             log.warning("owners.rebuilt", reason=why, claims=list(said[1]), uncertain=said[2])
         return owners
 
-    def check(self, wait_seconds: float | None = None) -> None:
+    def check(self, wait_seconds: float | None = None, waited: float = 0.0) -> None:
         """Raise ConfigError when the record could not be written: its path, or its lock's,
         holds anything but a regular file (a folder, a FIFO, a socket, a symbolic link,
         dangling or in a loop), or the lock cannot be opened. With `wait_seconds`, the lock is
-        also taken (and let go): LockHeld when another process held it all that time,
+        also taken (and let go): LockHeld when another process held it all that time (what it
+        says counts `waited`, the seconds the caller's wait spent on the MIG writer lock),
         Interrupted when a stop signal comes meanwhile. Asked before a change's first NVML
         operation, so that a change that would record its owners afterwards is refused with
         nothing changed, not failed with the GPUs changed."""
@@ -173,7 +182,7 @@ class OwnerStore:
         except ConfigError as err:  # it cannot be opened (mode 000 for a user, say)
             raise ConfigError(f"{err}; nothing was changed") from err
         if wait_seconds is not None:
-            with self._writing(wait_seconds):
+            with self._writing(wait_seconds, waited):
                 pass
 
     def _check_record(self) -> None:
@@ -203,6 +212,7 @@ class OwnerStore:
         change: Callable[[Owners], Owners],
         then: Callable[[Owners], None] | None = None,
         wait_seconds: float | None = None,
+        waited: float = 0.0,
     ) -> Owners:
         """Read, change, write: one read-modify-write under the record's lock, waited for up
         to `wait_seconds` (default: `self.default_wait()`); `then` hears of the record as it
@@ -213,7 +223,7 @@ class OwnerStore:
         written)."""
         base: Owners | None = None
         while True:
-            with self._writing(wait_seconds):
+            with self._writing(wait_seconds, waited):
                 with self._lock:
                     found, _why, _kept = self._file()
                 found = found if found is not None else base
@@ -227,7 +237,7 @@ class OwnerStore:
             base = self.read()  # the rebuild reads the GPUs: never under the record's lock
 
     @contextlib.contextmanager
-    def _writing(self, wait_seconds: float | None) -> Iterator[None]:
+    def _writing(self, wait_seconds: float | None, waited: float = 0.0) -> Iterator[None]:
         """The record's lock, held for one read and one write (after this process's other
         updates: one at a time)."""
         with self._updating:
@@ -236,7 +246,14 @@ class OwnerStore:
                 return
             self._check_record()
             wait = self.default_wait() if wait_seconds is None else wait_seconds
-            with held_lock(self.lock_path, LOCK_WHAT, HOLDER_WORDS, wait, stopped=self.stopped):
+            with held_lock(
+                self.lock_path,
+                LOCK_WHAT,
+                HOLDER_WORDS,
+                wait,
+                stopped=self.stopped,
+                waited_before=waited,
+            ):
                 self._sweep()
                 yield
 
@@ -309,3 +326,11 @@ def with_owners(
         return pods
 
     return both
+
+
+def claimed_mps(store: OwnerStore | None) -> dict[int, str]:
+    """{GPU index: the DRA MPS daemon there} as the node's ownership record has the claims
+    (Owners.mps_daemons), for the pipeline's MPS step: a daemon another process (an agent's
+    DRA driver, a share server that outlived it) runs is known before that process says so.
+    Empty without a record."""
+    return store.read().mps_daemons() if store is not None else {}

@@ -132,6 +132,25 @@ class Owners:
             if uid != but and any(d.same_share(share) for d in c.devices)
         ]
 
+    def mps_daemons(self) -> dict[int, str]:
+        """{GPU index: the MPS daemon a claim has there}: a share server or a claim's own
+        daemon (MpsConfig), of every claim in the record, preparing and unpreparing ones too
+        (their daemons may run). The device-plugin path's daemon is never started beside one
+        (nodeagent.mps.regimes), whichever process starts it."""
+        out: dict[int, str] = {}
+        for _uid, claim in sorted(self.claims.items()):
+            for d in claim.devices:
+                if d.mps is None or d.admin:
+                    continue
+                server = d.mps.get("server")
+                what = (
+                    f"the DRA MPS share server {server}"
+                    if d.shared and isinstance(server, str)
+                    else f"the DRA MPS {'share' if d.shared else 'daemon'} of {claim}"
+                )
+                out.setdefault(d.gpu, what)
+        return out
+
     def to_json(self) -> str:
         claims = {uid: asdict(c) for uid, c in sorted(self.claims.items())}
         payload = {"version": VERSION, "config": self.config, "claims": claims}

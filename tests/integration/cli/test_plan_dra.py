@@ -78,9 +78,31 @@ def test_rounded_up_shares_that_do_not_fit_exit_1(
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
     assert res.stderr.strip().splitlines()[-1] == (
         "nodeagent: 1 of 3 replicas do not fit this node; ran out of compute: the replicas need"
-        " 1.05 GPUs of compute, the node has 1"
+        " 1.05 GPUs of compute, the node has 1 (a shared replica's compute counted in 5 % steps,"
+        " rounded up)"
     )
     assert len([d for d in yaml.safe_load_all(res.stdout) if d]) == 2
+
+
+def test_a_shared_workload_on_a_mig_slice_says_its_limit_and_priority_do_not_apply(
+    cli: Callable[..., Result], tmp_path: Path
+) -> None:
+    """The slice's template carries no MpsShare: the comment said nothing of the dropped
+    compute-limit and compute-priority."""
+    text = (
+        "version: nodeagent/v1\nworkloads:\n"
+        "  - {name: llm, memory: 60G, isolation: mig}\n"
+        "  - {name: embed, memory: 4G, isolation: shared, compute: 0.1, compute-limit: 0.5,\n"
+        "     compute-priority: low}\n"
+    )
+    res = _plan(cli, tmp_path, text)
+    assert res.returncode == 0, res.stderr
+    assert (
+        "# embed: 1 of 1 replicas, each a MIG slice 1g.18gb (its compute-limit and"
+        " compute-priority do not apply: a slice is no MPS share)\n" in res.stdout
+    )
+    (embed,) = [d for d in yaml.safe_load_all(res.stdout) if d and d["metadata"]["name"] == "embed"]
+    assert "config" not in embed["spec"]["spec"]["devices"]
 
 
 def test_names_no_template_can_carry_are_one_sentence(

@@ -187,3 +187,25 @@ def test_sharing_apply_checks_the_lock_path_before_any_nvml_call(
         refused, 2, f"the ownership record's lock {tmp_path / LOCK} is a folder", "nothing was"
     )
     assert state.read_bytes() == before
+
+
+def test_the_writer_lock_and_the_record_lock_share_one_lock_timeout(
+    node: Callable[..., Result],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # the MIG writer lock held for 4 s, the record's lock longer: --lock-timeout 5 is one wait
+    # for both (before: 4 s + a full 5 s more), and the sentence says the seconds waited
+    writer = tmp_path / ".node.json.lock"
+    configs = str(tmp_path / "configs.yaml")
+    args = ["--simulate", "h200", "--sim-state", str(tmp_path / "node.json"), "mig", "apply"]
+    with held(tmp_path / LOCK):
+        with held(writer):
+            proc = _start([*args, "-f", configs, "-c", "all-1g.18gb", "--lock-timeout", "5"])
+            began = time.monotonic()  # nodeagent has started
+            time.sleep(4)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - began
+    assert proc.returncode == 3, err
+    assert "another process holds the ownership record's lock" in err
+    assert "gave up after 5 s" in err, err
+    assert took < 7.5, took  # one 5 s wait, not 4 s and then 5 s more

@@ -137,3 +137,21 @@ def test_a_cdi_spec_that_cannot_be_removed_fails_only_its_claim(dra_node: DraNod
     (spec / "x").unlink()
     spec.rmdir()
     assert dra_node.kubelet.unprepare([a]) == {"uid-a": ""}
+
+
+def test_a_trailing_newline_or_dotdot_in_a_claim_reference_is_refused(dra_node: DraNode) -> None:
+    # one UID rule with the ownership record's: a UID the record could not read back (a
+    # trailing newline, '..') never prepares, so later claims are not blocked by it
+    bad = [
+        Claim("speech", "x", "uid-nl\n"),
+        Claim("speech", "x", "a..b"),
+        Claim("speech\n", "x", "uid-ns"),
+        Claim("speech", "x\n", "uid-name"),
+    ]
+    answers = dra_node.kubelet.prepare(bad)
+    for claim in bad:
+        error = answers[claim.uid].error
+        assert "is not a valid Kubernetes" in error and "\n" not in error, error
+    assert not list(dra_node.root.rglob("*uid-nl*")) and not list(dra_node.root.rglob("*a..b*"))
+    good = dra_node.add_claim(allocated_claim("asr", "uid-good", {"g": "gpu-0-mig-1g18gb-19-0"}))
+    assert dra_node.kubelet.prepare([good])["uid-good"].error == ""

@@ -14,6 +14,7 @@ import pytest
 from tests.integration.dra.test_share_servers import servers, share
 from tests.integration.dra.test_share_users import add_pod, container, nothing_of, prepare
 from tests.support.dra import DraNode, allocated_claim, mps_config
+from tests.support.fake_kubelet.dra import Claim
 
 kmock = pytest.importorskip("kmock")
 
@@ -162,3 +163,56 @@ def test_a_run_as_user_that_is_no_uid_is_refused(dra_node: DraNode, user: int) -
         " not run as it"
     )
     left_nothing(dra_node, "uid-asr")
+
+
+def test_a_link_above_a_share_servers_folder_is_never_followed(dra_node: DraNode) -> None:
+    """`<plugin>/mps-shared` a link: the prepare wrote the daemon's pipe/ and log/ where it
+    points; planted after a prepare, the unprepare removed that folder with what was put in
+    it. Both are refused now, nothing written or removed there."""
+    plugin = dra_node.root / "p"
+    outside = dra_node.root / "outside"
+    outside.mkdir()
+    (plugin / "mps-shared").symlink_to(outside, target_is_directory=True)
+    error = prepare(dra_node, SHARE)["uid-asr"]
+    assert error == (
+        f"claim speech/asr: {plugin}/mps-shared is a symbolic link or no folder; nodeagent does"
+        f" not follow it to the MPS share server folder {plugin}/mps-shared/gpu-0-mps-u0 (the"
+        " daemon's files would be written, and removed, where it points): remove it"
+    )
+    assert list(outside.iterdir()) == []
+    assert nothing_of(dra_node, "uid-asr") and dra_node.node.owners.read().claims == {}
+
+    (plugin / "mps-shared").unlink()
+    assert prepare(dra_node, SHARE) == {"uid-asr": ""}
+    (plugin / "mps-shared").rename(outside / "real")  # the server's folder moves behind a link
+    (plugin / "mps-shared").symlink_to(outside / "real", target_is_directory=True)
+    planted = outside / "real" / "gpu-0-mps-u0" / "planted"
+    planted.write_text("kept")
+    error = dra_node.kubelet.unprepare([Claim("speech", "asr", "uid-asr")])["uid-asr"]
+    assert "is a symbolic link or no folder; nodeagent does not follow it" in error
+    assert planted.read_text() == "kept"
+
+
+def test_a_link_for_the_claims_mps_folder_is_never_followed_by_an_unprepare(
+    dra_node: DraNode,
+) -> None:
+    """`<plugin>/mps` a link: the unprepare of any claim removed <where it points>/<uid>."""
+    plugin = dra_node.root / "p"
+    victim = dra_node.root / "victim"
+    (victim / "uid-good").mkdir(parents=True)
+    (victim / "uid-good" / "data").write_text("kept")
+    good = allocated_claim("asr", "uid-good", {"g": "gpu-0-mig-1g18gb-19-0"})
+    assert prepare(dra_node, good) == {"uid-good": ""}
+    if (plugin / "mps").exists():
+        (plugin / "mps").rmdir()
+    (plugin / "mps").symlink_to(victim, target_is_directory=True)
+    error = dra_node.kubelet.unprepare([Claim("speech", "asr", "uid-good")])["uid-good"]
+    assert error == (
+        f"claim speech/asr: {plugin}/mps is a symbolic link or no folder; nodeagent does not"
+        f" follow it to the claim's MPS folder {plugin}/mps/uid-good (the daemon's files would"
+        " be written, and removed, where it points): remove it"
+    )
+    assert (victim / "uid-good" / "data").read_text() == "kept"
+    assert "uid-good" in dra_node.node.prepared_claims()  # nothing was let go
+    (plugin / "mps").unlink()
+    assert dra_node.kubelet.unprepare([Claim("speech", "asr", "uid-good")]) == {"uid-good": ""}

@@ -7,6 +7,7 @@ pipeline's device-plugin daemon and a share server never run on one GPU together
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from nodeagent.dra import cdi
 from nodeagent.dra.claims import ClaimRef
 from nodeagent.dra.node import NodeDriver
 from nodeagent.mps.manager import MpsChange, MpsIntent, MpsManager
+from nodeagent.mps.regimes import MpsRegimes
 from nodeagent.mps.settings import MpsSettings, validate
 from tests.integration.dra.test_share_servers import (
     _client,
@@ -29,7 +31,8 @@ from tests.integration.dra.test_share_servers import (
     servers,
     share,
 )
-from tests.support.dra import DRIVER, DraNode, quit_mps
+from tests.support.cli import Result, assert_one_error
+from tests.support.dra import DRIVER, DraNode, allocated_claim, mps_config, quit_mps
 
 kmock = pytest.importorskip("kmock")
 
@@ -267,3 +270,86 @@ def test_the_share_watch_keeps_the_servers_up_on_its_own(
     watch._next = 0.0
     assert [(f.claim, f.reason) for f in watch.tick()] == [("uid-w", "ServerRestarted")]
     assert control_of(root, fake_mps_control).daemon_pid() not in (None, pid)
+
+
+SPLIT = """version: nodeagent/v1
+sharing-configs:
+  m:
+    - devices: [0]
+      mps: {replicas: 4}
+"""
+# A claim with an MPS daemon on GPU 0 (made fresh for each test), and how each side names it.
+GPU0_DAEMONS: dict[str, tuple[Callable[[], dict[str, Any]], str, str]] = {
+    "share-server": (
+        lambda: share("asr", "uid-x", "gpu-0-mps", 30, "8Gi"),
+        "the DRA MPS share server gpu-0-mps-u0",
+        "the DRA MPS share server gpu-0-mps-u0",
+    ),
+    "mps-config-daemon": (
+        lambda: allocated_claim("asr", "uid-x", {"gpu": "gpu-0"}, mps_config(25)),
+        "the DRA MPS daemon of claim speech/asr",
+        "the DRA MPS daemon of device gpu-0 (claim UID uid-x)",
+    ),
+}
+
+
+def _sharing_apply(node: DraNode, cli: Callable[..., Result], control: str) -> Result:
+    """`sharing apply` of the device-plugin path's daemon on GPU 0, in <root>/dp (flat)."""
+    config = node.root / "sharing.yaml"
+    config.write_text(SPLIT)
+    sim = ["--simulate", "h200x2", "--sim-state", str(node.state)]
+    flags = ["--mps-root", str(node.root / "dp"), "--mps-control", control, "--mps-layout", "flat"]
+    return cli(*sim, "sharing", "apply", "-f", str(config), "-c", "m", *flags)
+
+
+@pytest.mark.parametrize("kind", sorted(GPU0_DAEMONS))
+def test_another_process_never_starts_the_device_plugin_daemon_beside_a_claims_daemon(
+    dra_node: DraNode, fake_mps_control: str, cli: Callable[..., Result], kind: str
+) -> None:
+    """`sharing apply` builds an MPS manager of its own: it knew nothing of the agent's share
+    servers and started a second daemon on GPU 0 (exit 0, 'MPS daemon: start'). The claims'
+    daemons are in the ownership record, which every pipeline reads."""
+    claim, words, _ = GPU0_DAEMONS[kind]
+    prepared(dra_node, claim())
+    pipe = dra_node.root / "dp"
+    try:
+        assert_one_error(
+            _sharing_apply(dra_node, cli, fake_mps_control), 3,
+            f"GPU 0 runs {words}; the device-plugin path's MPS daemon (mps.devices) is not"
+            " started beside it",
+        )  # fmt: skip
+        assert control_of(pipe, fake_mps_control).daemon_pid() is None
+    finally:
+        quit_mps(fake_mps_control, pipe)
+
+
+@pytest.mark.parametrize("kind", sorted(GPU0_DAEMONS))
+def test_a_claims_daemon_is_never_started_beside_another_processs_device_plugin_daemon(
+    dra_node: DraNode, fake_mps_control: str, cli: Callable[..., Result], kind: str
+) -> None:
+    """The pipeline's daemon started by `sharing apply` (a process with regimes of its own):
+    the driver knew only its own process's daemon and started a second one on GPU 0. It looks
+    in the pipe directory its settings name (as the agent's factory wires it)."""
+    claim, _, words = GPU0_DAEMONS[kind]
+    pipe = dra_node.root / "dp"
+    old = dra_node.node
+    driver = NodeDriver(
+        old.session, old.config, old.engine, old.owners, regimes=MpsRegimes(lambda: pipe / "pipe")
+    )
+    try:
+        done = _sharing_apply(dra_node, cli, fake_mps_control)
+        assert done.returncode == 0, done.stderr
+        pid = control_of(pipe, fake_mps_control).daemon_pid()
+        assert pid is not None
+        dra_node.add_claim(claim())
+        with pytest.raises(MpsError) as err:
+            driver.prepare(ClaimRef("speech", "asr", "uid-x"), dra_node.claim("speech", "asr"))
+        assert str(err.value) == (
+            "GPU 0 runs the device-plugin path's MPS daemon (mps.devices) (pid"
+            f" {pid}, started by another process); {words} is not started beside it (two MPS"
+            " daemons on one GPU are time-sliced against each other): leave GPU 0 out of"
+            " mps.devices or of dra.devices"
+        )
+        assert servers(dra_node) == [] and "uid-x" not in dra_node.node.owners.read().claims
+    finally:
+        quit_mps(fake_mps_control, pipe)

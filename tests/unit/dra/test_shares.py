@@ -317,3 +317,21 @@ def test_a_share_config_on_a_device_that_is_no_share_is_refused() -> None:
     claim["status"]["allocation"]["devices"]["config"] = [_share_config("FromClaim", smLimit=50)]
     with pytest.raises(ConfigError, match="gpu-0 is not an MPS share device"):
         claimed_devices(claim, DRIVER, "n")
+
+
+def test_a_class_limit_below_the_request_says_it_is_the_classs() -> None:
+    """The sentence named no source: a claim with no MpsShare of its own was told its smLimit
+    was too low."""
+    with pytest.raises(ConfigError) as err:
+        _limited(_share_config("FromClass", smLimit=20))
+    assert str(err.value).endswith(
+        "gpu-0-mps: the DeviceClass's MpsShare smLimit 20 is below the claim's request of 30 %"
+        " of the SMs; a limit is between the request and 100"
+    )
+    with pytest.raises(ConfigError) as err:  # the claim's own word over its class's
+        _limited(_share_config("FromClass", smLimit=50), _share_config("FromClaim", smLimit=20))
+    assert "gpu-0-mps: smLimit 20 is below the claim's request" in str(err.value)
+    # a class's limit under the claim's own: the limit said is the claim's
+    with pytest.raises(ConfigError) as err:
+        _limited(_share_config("FromClass", smLimit=20), _share_config("FromClaim", smLimit=25))
+    assert "gpu-0-mps: smLimit 25 is below" in str(err.value)

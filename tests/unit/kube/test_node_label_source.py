@@ -127,3 +127,19 @@ def test_a_change_while_the_failing_run_ran_is_not_held() -> None:
     reporter.finished(_failure(wanted))
     assert desire.failure() is None
     assert desire.wanted(Settings()).mig_config == "x"
+
+
+@pytest.mark.parametrize("odd", ["\u00b2", "9" * 5000, "-1", "1\n"])
+def test_an_unreadable_resource_version_is_not_compared_and_the_view_keeps_updating(
+    odd: str,
+) -> None:
+    def node(version: str, value: str) -> dict[str, Any]:
+        return {"metadata": {"resourceVersion": version, "labels": {MIG_CONFIG: value}}}
+
+    view = NodeView()
+    view.update(node("7", "a"))
+    assert view.update(node(odd, "b"))  # not comparable: taken as newer, no ValueError
+    assert view.labels() == {MIG_CONFIG: "b"}
+    view.update(node("8", "c"))
+    assert view.labels() == {MIG_CONFIG: "c"}
+    assert not view.update(node("8", "c"))  # the same version changes nothing
