@@ -67,7 +67,7 @@ from nodeagent.settings import Settings
 from nodeagent.sharing.deviceplugin import DevicePluginConfigSink
 from nodeagent.sharing.offers import Offers
 from nodeagent.state.faultrecord import FaultRecord, record_path
-from nodeagent.state.owners import OwnerStore, inventory_reader, with_owners
+from nodeagent.state.owners import OwnerStore, WithOwners, inventory_reader
 from nodeagent.state.sampling import FieldSampler, GpmSampler, HealthSampler, UtilizationSampler
 from nodeagent.state.snapshot import Allocations, Snapshot, Store
 
@@ -136,7 +136,7 @@ def build_agent(
         stats,
         [NfdSink(current), *(node.sinks if node is not None else ())],
         desire=node,
-        allocations=with_owners(pods, owners, inventory_reader(session)),
+        allocations=WithOwners(pods, owners, inventory_reader(session)),
         clients=node.clients if node is not None else None,
         reporter=node,
         clock=monotonic,
@@ -464,7 +464,7 @@ def command_pipeline(
         one_shot=True,
         on_operation=on_operation,
         configs=configs or mig_config_cache(),
-        allocations=with_owners(allocations, owners, inventory_reader(session)),
+        allocations=WithOwners(allocations, owners, inventory_reader(session)),
         owners=owners,
         stops=stops,
     )

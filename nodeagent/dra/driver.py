@@ -25,9 +25,9 @@ from nodeagent.dra.taints import DeviceFault, device_faults, device_names, with_
 from nodeagent.dra.users import PodUsers
 from nodeagent.kube.api import KubeSettings, make_api_client
 from nodeagent.kube.reconnect import Reconnect
-from nodeagent.mig.wanted import MigEngine
 from nodeagent.mps.regimes import MpsRegimes
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
+from nodeagent.reconcile.claims import ClaimEngine
 from nodeagent.settings import Settings
 from nodeagent.state.faults import Fault, FaultKey
 from nodeagent.state.owners import OwnerStore
@@ -49,7 +49,7 @@ class DraDriver:
         session: NvmlSession,
         settings: Settings,
         kube: KubeSettings,
-        engine: MigEngine,
+        engine: ClaimEngine,
         owners: OwnerStore,
         stop: threading.Event | None = None,
         stats: Stats | None = None,

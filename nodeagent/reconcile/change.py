@@ -1,8 +1,9 @@
 """The pipeline's changing half: pause, apply, restore. Runs only once resolve and plan
 succeeded for the whole node and every prerequisite held (nodeagent.reconcile.pipeline), or
 once a claim's change (`Run.scope`) planned its GPUs: the same steps, which branch only where
-a claim differs (its deadline bounds the wait for the MIG writer lock, its owners are recorded
-before the first NVML operation, no GPU client is paused, no state is reported)."""
+a claim differs (its deadline bounds the wait for the MIG writer lock, the claim is recorded
+before the first NVML operation and, let go, after the last, no GPU client is paused, no state
+is reported; nodeagent.reconcile.claims)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,13 @@ from nodeagent.mig.plan import Op, Operation
 from nodeagent.mps.manager import MpsChange, MpsManager
 from nodeagent.mps.settings import validate
 from nodeagent.nvml import MigWriter
+from nodeagent.reconcile.claims import preparing, released
 from nodeagent.reconcile.ports import Clients, Report, Reporter, Stops
-from nodeagent.reconcile.run import Run, plan_from
+from nodeagent.reconcile.run import Run, holders, plan_from
 from nodeagent.settings import Settings
 from nodeagent.state.owners import OwnerStore
-from nodeagent.state.snapshot import Allocations, Store
+from nodeagent.state.record import Owners
+from nodeagent.state.snapshot import Allocations, Snapshot, Store
 
 log = get_logger("nodeagent.reconcile")
 
@@ -77,7 +80,9 @@ class Changer:
         operations = run.mig_plan.operations
         scope = run.scope
         hooks = run.hooks is not None and (bool(operations) or (self.one_shot and scope is None))
-        idle_lock = scope is not None and scope.lock_when_idle
+        # A claim let go that plans no NVML operation takes no lock: dropping it from the
+        # record never endangers a slice, so it never waits behind another writer.
+        idle_lock = scope is not None and not scope.release
         if not (operations or run.mps_change.action != "none" or hooks or idle_lock):
             return
         began = time.monotonic()
@@ -118,9 +123,10 @@ class Changer:
             log.info("hook.done", hook=name)
 
     def apply(self, run: Run) -> None:
-        if run.mig_plan.operations and self.owners is not None:
+        if run.mig_plan.operations and self.owners is not None and not _prepares(run):
             # before the MPS daemon lets go of a GPU, too: the record's path and its lock's,
-            # and the lock taken once within the run's wait (held by another: refused here)
+            # and the lock taken once within the run's wait (held by another: refused here);
+            # a claim to prepare writes the record before its first operation instead
             self.owners.check(_lock_settings(run).mig.lock_timeout_seconds)
         change = run.mps_change
         enabling = {i for i, d in (run.desired or {}).items() if d.mig_enabled}
@@ -142,24 +148,27 @@ class Changer:
             self.mps.apply(change)
 
     def _apply_mig(self, run: Run) -> None:
-        """Under the NVML lock (the MIG writer lock held since pause): read again, plan again
-        (another writer may have acted between plan and lock; cheap), refuse unknown holders,
-        check that the ownership record can be written, record a claim's owners with the GPUs as
-        planned, execute; the config's slices are
-        the config's. A claim that planned nothing took no lock when `lock_when_idle` is off:
-        one that now needs an operation is refused (MigError), nothing changed."""
+        """Under the NVML lock (the MIG writer lock held since pause): a claim to prepare is
+        recorded (`preparing`, checked against the record as it is now: one read-modify-write)
+        and a claim let go reads the record again (a claim may share its slice since); then
+        read the GPUs again, plan again (another writer may have acted between plan and lock;
+        cheap), refuse unknown holders, check that the ownership record can be written,
+        execute; the config's slices are the config's. A claim let go that planned nothing
+        took no lock: one that now needs an operation is refused (MigError), nothing
+        changed."""
         with self.store.session.lock, self._applying():
-            run.snapshot = snap = self.store.observe(self.allocations)
-            current = plan_from(run, snap)
+            planned, owners = run.snapshot, run.owners
+            self._claim_record(run)
+            run.snapshot = snap = self.store.observe(holders(run, self.allocations))
+            current = run.mig_plan if _unchanged(run, planned, owners) else plan_from(run, snap)
             scope = run.scope
-            if current.operations and not run.locked:
+            operations = current.operations
+            if operations and not run.locked:
                 who = scope.name if scope is not None else "the change"
                 raise MigError(f"{who}: the GPUs changed while it was planned; try again")
-            if current.operations and self.owners is not None:
+            if operations and self.owners is not None and not _prepares(run):
                 self.owners.check()  # written after the operations: refused before them
-            if scope is not None and scope.record is not None:
-                scope.record(snap.inventory, False)
-            if current.operations:
+            if operations:
                 writer = MigWriter(self.store.session)
                 stop = self.stops.requested if self.stops is not None else lambda: 0
                 reset = self.reset(run.settings)
@@ -182,12 +191,32 @@ class Changer:
         finally:
             self.applying = False
 
-    def record(self, run: Run) -> None:
-        """A claim's owners as the GPUs now are (in verify, still under the MIG writer lock)."""
+    def _claim_record(self, run: Run) -> None:
+        """The record a claim's change plans with under the lock: a claim to prepare written
+        into it (`preparing`, before the first NVML operation), or read again for a claim let go
+        that holds the lock. Raises SliceInUse (another claim recorded itself on the claim's
+        devices since), ConfigError, LockHeld, Interrupted; nothing is written then."""
         scope = run.scope
-        if scope is not None and scope.record is not None:
-            assert run.snapshot is not None
-            scope.record(run.snapshot.inventory, True)
+        if scope is None or self.owners is None:
+            return
+        if scope.release:
+            if run.locked:
+                run.owners = self.owners.read()
+            return
+        assert run.snapshot is not None
+        inventory = run.snapshot.inventory
+        run.owners = self.owners.update(
+            lambda o: preparing(scope, inventory, o), wait_seconds=_record_wait(run)
+        )
+
+    def released(self, run: Run) -> None:
+        """A claim let go holds nothing in the record once its slices are gone (in verify,
+        still under the MIG writer lock when it took it)."""
+        scope = run.scope
+        if scope is not None and scope.release and self.owners is not None:
+            run.owners = self.owners.update(
+                lambda o: released(scope.uid, o), wait_seconds=_record_wait(run)
+            )
 
     def refresh_cdi(self, run: Run) -> None:
         """After a MIG change, before success: the CDI specs follow the new MIG devices."""
@@ -226,6 +255,31 @@ class Changer:
             raise errors[0]
         if errors:
             raise AgentError("; ".join(str(e) for e in errors))
+
+
+def _prepares(run: Run) -> bool:
+    """A claim's change that prepares it: it writes the record before its first operation."""
+    return run.scope is not None and not run.scope.release
+
+
+def _unchanged(run: Run, planned: Snapshot | None, owners: Owners | None) -> bool:
+    """Whether a claim's plan still holds under the lock: the GPUs, their holders and the
+    record's other claims as they were when it was planned (the plan is then the same)."""
+    snap, scope = run.snapshot, run.scope
+    if scope is None or planned is None or snap is None or owners is None or run.owners is None:
+        return False
+    return (
+        snap.inventory == planned.inventory
+        and snap.allocated == planned.allocated
+        and snap.allocations_error == planned.allocations_error
+        and run.owners.without(scope.uid) == owners.without(scope.uid)
+    )
+
+
+def _record_wait(run: Run) -> float | None:
+    """The wait for the record's lock: until a claim's deadline (None: the store's own)."""
+    deadline = run.scope.deadline if run.scope is not None else None
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _lock_settings(run: Run) -> Settings:

@@ -24,11 +24,11 @@ from nodeagent.mig.config import MigConfigFile, load_config
 from nodeagent.mig.generate import GeneratedConfigs
 from nodeagent.mig.plan import mismatches
 from nodeagent.mig.select import covered, resolve
-from nodeagent.mig.wanted import ChangeDone, WantedChange
 from nodeagent.mps.intent import check_startable, mps_intent
 from nodeagent.mps.manager import MpsManager
 from nodeagent.planner.hook import PLANNED, WorkloadPlanner, planned_path
 from nodeagent.reconcile.change import Changer
+from nodeagent.reconcile.claims import ChangeDone, ClaimChange
 from nodeagent.reconcile.ports import (
     Clients,
     DesireSource,
@@ -39,13 +39,14 @@ from nodeagent.reconcile.ports import (
     Wanted,
 )
 from nodeagent.reconcile.report import report_of
-from nodeagent.reconcile.run import Run, plan_from, unheld
+from nodeagent.reconcile.run import Run, holders, plan_from, unheld
 from nodeagent.settings import Settings
 from nodeagent.sharing.config import SharingFile, load_sharing_file
 from nodeagent.sharing.deviceplugin import check_served
 from nodeagent.sharing.offers import Offer, Offers, planned_offers
 from nodeagent.sharing.resolve import resolve_sharing, sharing_mps
 from nodeagent.state.owners import OwnerStore
+from nodeagent.state.record import Owners
 from nodeagent.state.snapshot import Allocations, Store
 
 log = get_logger("nodeagent.reconcile")
@@ -108,20 +109,25 @@ class Pipeline:
     def applying(self) -> bool:
         return self.change.applying
 
-    def run_change(self, change: WantedChange) -> ChangeDone:
-        """A MIG change an edge asks for (the DRA driver's claims), run as a run of its own with
-        the change as its scope, through the same step functions as a MIG config: observe,
-        plan (what the change wants of the GPUs it names), pause (the MIG writer lock, within
-        the change's deadline; with operations, apply-start and pre-apply-*), apply, verify
-        (the owners recorded as the GPUs now are), cdi, restore (apply-exit). Returns what it
-        did. Raises the failing step's error (SliceInUse, GeometryInvalid, LockHeld,
-        NvmlError, HookError, MigError, KubeError), logged with the step's name; nothing is
-        changed when it fails before apply.
+    def run_change(self, change: ClaimChange) -> ChangeDone:
+        """A claim's change of the GPUs (the DRA driver's), run as a run of its own with the
+        change as its scope, through the same step functions as a MIG config: observe, plan
+        (what the claim needs of its GPUs, nodeagent.reconcile.claims, with the ownership
+        record read once when the change began), pause (the MIG writer lock, within the
+        change's deadline; with operations, apply-start and pre-apply-*), apply (the claim
+        recorded `preparing` before the first NVML operation), verify (a released claim
+        recorded holding nothing), cdi, restore (apply-exit). Returns what it did. Raises the
+        failing step's error (SliceInUse, GeometryInvalid, LockHeld, NvmlError, HookError,
+        MigError, KubeError, ConfigError), logged with the step's name; nothing is changed
+        when it fails before apply.
 
         It does not take the run lock: a change waits only for the MIG writer lock, so a claim
         is never queued behind a whole reconcile run (whose apply plans again under that lock,
         seeing the claim's slice as held)."""
-        run = Run(self.settings(), wanted=Wanted("edge", None), scope=change)
+        owners = change.read
+        if owners is None:
+            owners = self.owners.read() if self.owners is not None else Owners()
+        run = Run(self.settings(), wanted=Wanted("edge", None), scope=change, owners=owners)
         steps: list[tuple[str, Step]] = [("observe", self.observe), ("plan", self.plan_step)]
         try:
             for name, step in steps + self._changing_steps():
@@ -139,7 +145,9 @@ class Pipeline:
         if run.done:
             log.info("change.done", change=change.name, operations=len(run.done))
         assert run.snapshot is not None
-        return ChangeDone(tuple(run.done), run.snapshot.inventory, run.lock_wait_seconds)
+        return ChangeDone(
+            tuple(run.done), run.snapshot.inventory, run.lock_wait_seconds, run.owners
+        )
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -242,7 +250,7 @@ class Pipeline:
     # -- the steps ----------------------------------------------------------------------------
 
     def observe(self, run: Run) -> None:
-        run.snapshot = self.store.observe(self.allocations)
+        run.snapshot = self.store.observe(holders(run, self.allocations))
 
     def desire_step(self, run: Run) -> None:
         run.wanted = self.desire.wanted(run.settings)
@@ -333,12 +341,12 @@ class Pipeline:
 
     def verify(self, run: Run) -> None:
         """Read again after NVML operations (apply read the GPUs under the lock otherwise); a
-        claim's owners are recorded as the GPUs now are; the GPUs must be as wanted, the MPS
+        released claim is recorded holding nothing; the GPUs must be as wanted, the MPS
         limits must read back. Raises MigError, MpsError."""
         if run.done:
-            run.snapshot = self.store.observe(self.allocations)
+            run.snapshot = self.store.observe(holders(run, self.allocations))
         assert run.snapshot is not None
-        self.change.record(run)
+        self.change.released(run)
         if run.desired is not None:
             problems = mismatches(run.snapshot.inventory, run.desired)
             if problems:

@@ -11,12 +11,14 @@ from nodeagent.host.hooks import HooksFile
 from nodeagent.mig.apply import Done
 from nodeagent.mig.plan import Plan, plan
 from nodeagent.mig.select import MigTarget
-from nodeagent.mig.wanted import WantedChange
 from nodeagent.mps.manager import MpsChange, MpsIntent
+from nodeagent.reconcile.claims import ClaimChange, claim_wants
 from nodeagent.reconcile.ports import Clients, Wanted
 from nodeagent.settings import Settings
 from nodeagent.sharing.resolve import Resolution
-from nodeagent.state.snapshot import Snapshot
+from nodeagent.state.owners import WithOwners
+from nodeagent.state.record import Owners
+from nodeagent.state.snapshot import Allocations, Snapshot
 
 
 @dataclass
@@ -24,9 +26,12 @@ class Run:
     settings: Settings
     snapshot: Snapshot | None = None
     wanted: Wanted = field(default_factory=lambda: Wanted("settings", None))
-    # A claim's change (the DRA driver's): only the GPUs and layouts it names, asked of it
-    # again at every plan; no MPS change, no GPU client paused, nothing published.
-    scope: WantedChange | None = None
+    # A claim's change (the DRA driver's): only the GPUs its devices need, planned again at
+    # every plan (nodeagent.reconcile.claims); no MPS change, no GPU client paused, nothing
+    # published. `owners`: the ownership record it plans with, read once when it began and
+    # replaced by what the run itself writes to it.
+    scope: ClaimChange | None = None
+    owners: Owners | None = None
     desired: dict[int, MigTarget] | None = None
     uncovered: list[str] = field(default_factory=list)  # GPUs a MIG config does not select
     mps_intent: MpsIntent | None = None
@@ -60,15 +65,25 @@ def unheld(snapshot: Snapshot) -> Snapshot:
     return dataclasses.replace(snapshot, inventory=inventory, allocated={}, allocations_error=None)
 
 
+def holders(run: Run, allocations: Allocations | None) -> Allocations | None:
+    """Who holds each device, for the run's reads of the GPUs: a claim's change takes the
+    claims from the record it carries, not from the disk again."""
+    if run.owners is not None and isinstance(allocations, WithOwners):
+        return allocations.given(run.owners)
+    return allocations
+
+
 def plan_from(run: Run, snapshot: Snapshot) -> Plan:
     """The fewest NVML operations from the GPUs of `snapshot` to what the run wants, around
-    the devices their holders hold. A claim's change (`run.scope`) is asked again what its GPUs
-    should be, from the GPUs and holders as they are now (the claim itself not counted as a
-    holder). Raises SliceInUse, GeometryInvalid, ConfigError (the edge's refusals), KubeError."""
+    the devices their holders hold. A claim's change (`run.scope`) is planned again from the
+    GPUs and holders as they are now and the record it carries (the claim itself not counted as
+    a holder). Raises SliceInUse, GeometryInvalid, ConfigError (the claim's refusals),
+    KubeError."""
     held = snapshot.allocated
     if run.scope is not None:
-        held = {uuid: who for uuid, who in held.items() if who != run.scope.ignore}
-        run.desired = dict(run.scope.wants(snapshot.inventory, held))
+        assert run.owners is not None
+        held = {uuid: who for uuid, who in held.items() if who != run.scope.name}
+        run.desired = claim_wants(run.scope, run.owners, snapshot.inventory, held)
     assert run.desired is not None
     the_plan = plan(snapshot.inventory, run.desired, held)
     refuse_unknown_holders(snapshot, the_plan)

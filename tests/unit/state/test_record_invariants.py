@@ -74,7 +74,10 @@ BAD = [
     ({"u": _claim(_with(SLICE, device="../../x"))}, "device '../../x' is not a device name"),
     ({"u": _claim(_mps(thread_percentage=0))}, "not a percentage from 1 to 100"),
     ({"u": _claim(_mps(thread_percentage=101))}, "not a percentage from 1 to 100"),
-    ({"u": _claim(_mps(thread_percentage="25"))}, "thread_percentage is a string, not a whole number"),
+    (
+        {"u": _claim(_mps(thread_percentage="25"))},
+        "thread_percentage is a string, not a whole number",
+    ),
     ({"u": _claim(_mps(thread_percentage=None))}, "its mps has no thread_percentage"),
     ({"u": _claim(_mps(thread_percentage=True))}, "thread_percentage is true or false"),
     ({"u": _claim(_mps(pinned_memory_bytes=-1))}, "pinned_memory_bytes is -1, not bytes"),
