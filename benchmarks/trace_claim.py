@@ -42,7 +42,9 @@ PACKAGE = REPO / "nodeagent"
 DRA = PACKAGE / "dra"
 SIM = PACKAGE / "sim"  # the emulator stands for the GPUs: not a package of the route
 OWNERS = PACKAGE / "state" / "owners.py"
-RECORD_READ = "_load"  # one read of owners.json, its seal checked
+RECORD_READ = (
+    "_file"  # one read of the record (owners.json parsed, or kept while it is the same file)
+)
 
 
 def _where(frame: FrameType) -> Path:
@@ -192,7 +194,7 @@ def show(result: dict[str, Any]) -> None:
         " not counted)"
     )
     print(
-        f"record reads (owners.json read, its seal checked) per prepare: {result['record_reads']}"
+        f"record reads (owners.json consulted) per prepare: {result['record_reads']}"
         f" ({result['record_reads_before_write']} before the first NVML write)"
     )
     for what, n in result["callbacks"]:

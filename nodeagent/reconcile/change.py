@@ -27,8 +27,7 @@ from nodeagent.reconcile.ports import Clients, Report, Reporter, Stops
 from nodeagent.reconcile.run import Run, holders, plan_from
 from nodeagent.settings import Settings
 from nodeagent.state.owners import OwnerStore
-from nodeagent.state.record import Owners
-from nodeagent.state.snapshot import Allocations, Snapshot, Store
+from nodeagent.state.snapshot import Allocations, Store
 
 log = get_logger("nodeagent.reconcile")
 
@@ -148,19 +147,23 @@ class Changer:
             self.mps.apply(change)
 
     def _apply_mig(self, run: Run) -> None:
-        """Under the NVML lock (the MIG writer lock held since pause): a claim to prepare is
-        recorded (`preparing`, checked against the record as it is now: one read-modify-write)
-        and a claim let go reads the record again (a claim may share its slice since); then
-        read the GPUs again, plan again (another writer may have acted between plan and lock;
-        cheap), refuse unknown holders, check that the ownership record can be written,
-        execute; the config's slices are the config's. A claim let go that planned nothing
-        took no lock: one that now needs an operation is refused (MigError), nothing
-        changed."""
+        """Under the NVML lock (the MIG writer lock held since pause): a claim to prepare,
+        planned under the lock already, is recorded (`preparing`, checked against the record
+        as it is now: one read-modify-write); any other change reads the GPUs again and plans
+        again (another writer may have acted between plan and lock; cheap; a claim let go
+        reads the record again: a claim may share its slice since), refuses unknown holders
+        and checks that the ownership record can be written. Then execute; the config's
+        slices are the config's. A claim let go that planned nothing took no lock: one that
+        now needs an operation is refused (MigError), nothing changed."""
         with self.store.session.lock, self._applying():
-            planned, owners = run.snapshot, run.owners
-            self._claim_record(run)
-            run.snapshot = snap = self.store.observe(holders(run, self.allocations))
-            current = run.mig_plan if _unchanged(run, planned, owners) else plan_from(run, snap)
+            if _prepares(run):
+                self._preparing(run)
+                current = run.mig_plan
+            else:
+                if run.locked and run.scope is not None and self.owners is not None:
+                    run.owners = self.owners.read()
+                run.snapshot = snap = self.store.observe(holders(run, self.allocations))
+                current = plan_from(run, snap)
             scope = run.scope
             operations = current.operations
             if operations and not run.locked:
@@ -191,23 +194,29 @@ class Changer:
         finally:
             self.applying = False
 
-    def _claim_record(self, run: Run) -> None:
-        """The record a claim's change plans with under the lock: a claim to prepare written
-        into it (`preparing`, before the first NVML operation), or read again for a claim let go
-        that holds the lock. Raises SliceInUse (another claim recorded itself on the claim's
-        devices since), ConfigError, LockHeld, Interrupted; nothing is written then."""
+    def _preparing(self, run: Run) -> None:
+        """A claim to prepare written into the record (`preparing`), before its first NVML
+        operation. Raises SliceInUse (another claim recorded itself on the claim's devices
+        since it was planned), ConfigError, LockHeld, Interrupted; nothing is written then."""
         scope = run.scope
         if scope is None or self.owners is None:
-            return
-        if scope.release:
-            if run.locked:
-                run.owners = self.owners.read()
             return
         assert run.snapshot is not None
         inventory = run.snapshot.inventory
         run.owners = self.owners.update(
             lambda o: preparing(scope, inventory, o), wait_seconds=_record_wait(run)
         )
+
+    def apply_claim(self, run: Run) -> None:
+        """A claim to prepare, planned under the lock: apply-start, pre-apply-mode,
+        pre-apply-config around its operations (as pause runs them for any other change),
+        then apply."""
+        operations = run.mig_plan.operations
+        if run.hooks is not None and operations:
+            self.hook(run, "apply-start")
+            run.hooks_started = True
+            self.pre_apply_hooks(run, operations)
+        self.apply(run)
 
     def released(self, run: Run) -> None:
         """A claim let go holds nothing in the record once its slices are gone (in verify,
@@ -260,20 +269,6 @@ class Changer:
 def _prepares(run: Run) -> bool:
     """A claim's change that prepares it: it writes the record before its first operation."""
     return run.scope is not None and not run.scope.release
-
-
-def _unchanged(run: Run, planned: Snapshot | None, owners: Owners | None) -> bool:
-    """Whether a claim's plan still holds under the lock: the GPUs, their holders and the
-    record's other claims as they were when it was planned (the plan is then the same)."""
-    snap, scope = run.snapshot, run.scope
-    if scope is None or planned is None or snap is None or owners is None or run.owners is None:
-        return False
-    return (
-        snap.inventory == planned.inventory
-        and snap.allocated == planned.allocated
-        and snap.allocations_error == planned.allocations_error
-        and run.owners.without(scope.uid) == owners.without(scope.uid)
-    )
 
 
 def _record_wait(run: Run) -> float | None:

@@ -47,14 +47,12 @@ class ClaimChange:
     """One claim's change of the GPUs. `claim`: to prepare, the claim as it will be recorded
     (`preparing`, with the devices it wants); to `release`, the claim as recorded (what it
     made goes). `deadline` (time.monotonic) bounds the wait for the MIG writer lock and the
-    record's lock. `read`: the ownership record as the driver read it when the change began
-    (None: the engine reads it)."""
+    record's lock."""
 
     uid: str
     claim: PreparedClaim
     release: bool = False
     deadline: float | None = None
-    read: Owners | None = field(default=None, compare=False, repr=False)
 
     @property
     def name(self) -> str:

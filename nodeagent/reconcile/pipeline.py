@@ -124,13 +124,9 @@ class Pipeline:
         It does not take the run lock: a change waits only for the MIG writer lock, so a claim
         is never queued behind a whole reconcile run (whose apply plans again under that lock,
         seeing the claim's slice as held)."""
-        owners = change.read
-        if owners is None:
-            owners = self.owners.read() if self.owners is not None else Owners()
-        run = Run(self.settings(), wanted=Wanted("edge", None), scope=change, owners=owners)
-        steps: list[tuple[str, Step]] = [("observe", self.observe), ("plan", self.plan_step)]
+        run = Run(self.settings(), wanted=Wanted("edge", None), scope=change, owners=Owners())
         try:
-            for name, step in steps + self._changing_steps():
+            for name, step in self._claim_steps(change):
                 self.step(run, name, step)
         except Exception as err:
             log.warning("change.failed", change=change.name, step=run.step, error=str(err))
@@ -205,6 +201,21 @@ class Pipeline:
         self.last_report = report
         return report
 
+    def _claim_steps(self, change: ClaimChange) -> list[tuple[str, Step]]:
+        """A claim let go plans before it takes the lock (one that plans nothing takes none),
+        and plans again under it; a claim to prepare always takes the lock, and plans once,
+        under it, its hooks run around its operations in apply."""
+        planning: list[tuple[str, Step]] = [("observe", self.observe), ("plan", self.plan_step)]
+        if change.release:
+            return planning + self._changing_steps()
+        return [
+            ("pause", self.change.pause),
+            *planning,
+            ("apply", self.change.apply_claim),
+            ("verify", self.verify),
+            ("cdi", self.change.refresh_cdi),
+        ]
+
     def _changing_steps(self) -> list[tuple[str, Step]]:
         """The steps that change the node, for a MIG config and a claim's change alike."""
         return [
@@ -250,6 +261,10 @@ class Pipeline:
     # -- the steps ----------------------------------------------------------------------------
 
     def observe(self, run: Run) -> None:
+        """Read the GPUs and who holds them; a claim's change reads the ownership record here,
+        once (under the MIG writer lock for a claim to prepare), and plans with it."""
+        if run.scope is not None and self.owners is not None:
+            run.owners = self.owners.read()
         run.snapshot = self.store.observe(holders(run, self.allocations))
 
     def desire_step(self, run: Run) -> None:
