@@ -271,8 +271,10 @@ class NodeDriver:
         self, ref: ClaimRef, claim: Mapping[str, Any], deadline: float | None
     ) -> tuple[list[Prepared], str]:
         c = self.config
-        claims = self.recorded()
+        owners = self.owners.read()
+        claims = owners.prepared_here(c.driver)
         before = self._finish_unprepare(ref.uid, claims.get(ref.uid), deadline)
+        read = owners if before is claims.get(ref.uid) else None  # None: changed since
         if before is not None and before.state == PREPARED:
             gone = self._gone(ref.uid, before)
             if gone is None:
@@ -295,7 +297,7 @@ class NodeDriver:
         kind = kind_of(wanted)
         record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted), (), c.driver)
         try:
-            done = self._run(ClaimChange(ref.uid, record, deadline=deadline))
+            done = self._run(ClaimChange(ref.uid, record, deadline=deadline, read=read))
             made = _made(done.inventory, wanted, ref)
             made = [self._start_mps(ref.uid, d, done.inventory) for d in made]
             ids = tuple(cdi.cdi_id(c.driver, ref.uid, d.device) for d in made)

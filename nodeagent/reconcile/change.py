@@ -22,9 +22,9 @@ from nodeagent.mig.plan import Op, Operation
 from nodeagent.mps.manager import MpsChange, MpsManager
 from nodeagent.mps.settings import validate
 from nodeagent.nvml import MigWriter
-from nodeagent.reconcile.claims import preparing, released
+from nodeagent.reconcile.claims import released
 from nodeagent.reconcile.ports import Clients, Report, Reporter, Stops
-from nodeagent.reconcile.run import Run, holders, plan_from
+from nodeagent.reconcile.run import Run, holders, plan_from, prepares, record_wait
 from nodeagent.settings import Settings
 from nodeagent.state.owners import OwnerStore
 from nodeagent.state.snapshot import Allocations, Store
@@ -122,7 +122,7 @@ class Changer:
             log.info("hook.done", hook=name)
 
     def apply(self, run: Run) -> None:
-        if run.mig_plan.operations and self.owners is not None and not _prepares(run):
+        if run.mig_plan.operations and self.owners is not None and not prepares(run):
             # before the MPS daemon lets go of a GPU, too: the record's path and its lock's,
             # and the lock taken once within the run's wait (held by another: refused here);
             # a claim to prepare writes the record before its first operation instead
@@ -156,9 +156,8 @@ class Changer:
         slices are the config's. A claim let go that planned nothing took no lock: one that
         now needs an operation is refused (MigError), nothing changed."""
         with self.store.session.lock, self._applying():
-            if _prepares(run):
-                self._preparing(run)
-                current = run.mig_plan
+            if prepares(run):
+                current = run.mig_plan  # planned and recorded under the lock
             else:
                 if run.locked and run.scope is not None and self.owners is not None:
                     run.owners = self.owners.read()
@@ -169,7 +168,7 @@ class Changer:
             if operations and not run.locked:
                 who = scope.name if scope is not None else "the change"
                 raise MigError(f"{who}: the GPUs changed while it was planned; try again")
-            if operations and self.owners is not None and not _prepares(run):
+            if operations and self.owners is not None and not prepares(run):
                 self.owners.check()  # written after the operations: refused before them
             if operations:
                 writer = MigWriter(self.store.session)
@@ -194,19 +193,6 @@ class Changer:
         finally:
             self.applying = False
 
-    def _preparing(self, run: Run) -> None:
-        """A claim to prepare written into the record (`preparing`), before its first NVML
-        operation. Raises SliceInUse (another claim recorded itself on the claim's devices
-        since it was planned), ConfigError, LockHeld, Interrupted; nothing is written then."""
-        scope = run.scope
-        if scope is None or self.owners is None:
-            return
-        assert run.snapshot is not None
-        inventory = run.snapshot.inventory
-        run.owners = self.owners.update(
-            lambda o: preparing(scope, inventory, o), wait_seconds=_record_wait(run)
-        )
-
     def apply_claim(self, run: Run) -> None:
         """A claim to prepare, planned under the lock: apply-start, pre-apply-mode,
         pre-apply-config around its operations (as pause runs them for any other change),
@@ -224,7 +210,7 @@ class Changer:
         scope = run.scope
         if scope is not None and scope.release and self.owners is not None:
             run.owners = self.owners.update(
-                lambda o: released(scope.uid, o), wait_seconds=_record_wait(run)
+                lambda o: released(scope.uid, o), wait_seconds=record_wait(run)
             )
 
     def refresh_cdi(self, run: Run) -> None:
@@ -264,17 +250,6 @@ class Changer:
             raise errors[0]
         if errors:
             raise AgentError("; ".join(str(e) for e in errors))
-
-
-def _prepares(run: Run) -> bool:
-    """A claim's change that prepares it: it writes the record before its first operation."""
-    return run.scope is not None and not run.scope.release
-
-
-def _record_wait(run: Run) -> float | None:
-    """The wait for the record's lock: until a claim's deadline (None: the store's own)."""
-    deadline = run.scope.deadline if run.scope is not None else None
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _lock_settings(run: Run) -> Settings:

@@ -47,18 +47,20 @@ class ClaimChange:
     """One claim's change of the GPUs. `claim`: to prepare, the claim as it will be recorded
     (`preparing`, with the devices it wants); to `release`, the claim as recorded (what it
     made goes). `deadline` (time.monotonic) bounds the wait for the MIG writer lock and the
-    record's lock."""
+    record's lock. `read`: the ownership record as the driver read it when the change began,
+    which travels with the run (None: the engine reads it then)."""
 
     uid: str
     claim: PreparedClaim
     release: bool = False
     deadline: float | None = None
+    read: Owners | None = field(default=None, repr=False, compare=False)
+    # Who asks, in logs and errors, as the record names the claim as a holder (so the
+    # claim's own devices never count as busy for its change).
+    name: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def name(self) -> str:
-        """Who asks, in logs and errors, as the record names the claim as a holder (so the
-        claim's own devices never count as busy for its change)."""
-        return str(holder(self.uid, self.claim))
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", str(holder(self.uid, self.claim)))
 
 
 @dataclass(frozen=True)
@@ -126,11 +128,9 @@ def check_owners(
     return mates, joined
 
 
-def preparing(change: ClaimChange, inventory: Inventory, owners: Owners) -> Owners:
-    """The record with the claim in it as `change` prepares it, checked against the record
-    as it is now (another claim may have recorded itself since the change began). Raises
-    SliceInUse (nothing is written)."""
-    check_owners(change, owners, inventory)
+def preparing(change: ClaimChange, owners: Owners) -> Owners:
+    """The record with the claim in it as `change` prepares it (once planned against
+    `owners`, the record as it is now)."""
     return owners.with_claim(change.uid, change.claim)
 
 

@@ -28,7 +28,7 @@ from nodeagent.mps.intent import check_startable, mps_intent
 from nodeagent.mps.manager import MpsManager
 from nodeagent.planner.hook import PLANNED, WorkloadPlanner, planned_path
 from nodeagent.reconcile.change import Changer
-from nodeagent.reconcile.claims import ChangeDone, ClaimChange
+from nodeagent.reconcile.claims import ChangeDone, ClaimChange, preparing
 from nodeagent.reconcile.ports import (
     Clients,
     DesireSource,
@@ -39,7 +39,15 @@ from nodeagent.reconcile.ports import (
     Wanted,
 )
 from nodeagent.reconcile.report import report_of
-from nodeagent.reconcile.run import Run, holders, plan_from, unheld
+from nodeagent.reconcile.run import (
+    Run,
+    holders,
+    plan_from,
+    prepares,
+    record_wait,
+    reheld,
+    unheld,
+)
 from nodeagent.settings import Settings
 from nodeagent.sharing.config import SharingFile, load_sharing_file
 from nodeagent.sharing.deviceplugin import check_served
@@ -124,7 +132,10 @@ class Pipeline:
         It does not take the run lock: a change waits only for the MIG writer lock, so a claim
         is never queued behind a whole reconcile run (whose apply plans again under that lock,
         seeing the claim's slice as held)."""
-        run = Run(self.settings(), wanted=Wanted("edge", None), scope=change, owners=Owners())
+        owners = change.read
+        if owners is None:
+            owners = self.owners.read() if self.owners is not None else Owners()
+        run = Run(self.settings(), wanted=Wanted("edge", None), scope=change, owners=owners)
         try:
             for name, step in self._claim_steps(change):
                 self.step(run, name, step)
@@ -261,10 +272,8 @@ class Pipeline:
     # -- the steps ----------------------------------------------------------------------------
 
     def observe(self, run: Run) -> None:
-        """Read the GPUs and who holds them; a claim's change reads the ownership record here,
-        once (under the MIG writer lock for a claim to prepare), and plans with it."""
-        if run.scope is not None and self.owners is not None:
-            run.owners = self.owners.read()
+        """Read the GPUs and who holds them (a claim's change: the claims as in the record it
+        carries)."""
         run.snapshot = self.store.observe(holders(run, self.allocations))
 
     def desire_step(self, run: Run) -> None:
@@ -325,13 +334,20 @@ class Pipeline:
         change (the hooks file, what an MPS start needs), so a run that cannot finish fails
         here, before anything changed."""
         assert run.snapshot is not None
+        if prepares(run) and self.owners is not None:
+            # Under the MIG writer lock: planned with the record as it is now, and the claim
+            # written into it (`preparing`) when the plan holds, in one read-modify-write.
+            scope = prepares(run)
+            assert scope is not None
+            run.owners = self.owners.update(
+                lambda o: preparing(scope, self._claim_plan(run, o)),
+                wait_seconds=record_wait(run),
+            )
+            return
         if run.desired is not None or run.scope is not None:
             run.mig_plan = plan_from(run, unheld(run.snapshot) if compare else run.snapshot)
         if run.scope is not None:
-            # A claim's change: the MIG layout of its GPUs only (no MPS daemon, no offer of
-            # the device plugin's); a hooks file matters only when it changes a GPU.
-            if run.settings.mig.hooks_file and run.mig_plan.operations:
-                run.hooks = self.hook_files.load(run.settings.mig.hooks_file)
+            self._claim_hooks(run)
             return
         run.mps_change = self.mps.plan(run.mps_intent)
         self._check_served(run)
@@ -339,6 +355,22 @@ class Pipeline:
             run.hooks = self.hook_files.load(run.settings.mig.hooks_file)
         if not compare:
             check_startable(run.mps_change)
+
+    def _claim_plan(self, run: Run, owners: Owners) -> Owners:
+        """A claim's plan from the GPUs as observed and the record as `owners` has it now
+        (the claims recorded since the change began hold their devices too). Raises as
+        plan_from does, ConfigError (the hooks file); returns `owners`."""
+        assert run.snapshot is not None
+        run.owners = owners
+        run.mig_plan = plan_from(run, reheld(run, run.snapshot, self.allocations))
+        self._claim_hooks(run)
+        return owners
+
+    def _claim_hooks(self, run: Run) -> None:
+        """A claim's change: the MIG layout of its GPUs only (no MPS daemon, no offer of the
+        device plugin's); a hooks file matters only when it changes a GPU."""
+        if run.settings.mig.hooks_file and run.mig_plan.operations:
+            run.hooks = self.hook_files.load(run.settings.mig.hooks_file)
 
     def _check_served(self, run: Run) -> None:
         """Where NVIDIA's device plugin serves the node, it must be able to advertise what

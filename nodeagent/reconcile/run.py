@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from dataclasses import dataclass, field
 
 from nodeagent.base.errors import KubeError
@@ -18,7 +19,7 @@ from nodeagent.settings import Settings
 from nodeagent.sharing.resolve import Resolution
 from nodeagent.state.owners import WithOwners
 from nodeagent.state.record import Owners
-from nodeagent.state.snapshot import Allocations, Snapshot
+from nodeagent.state.snapshot import Allocations, Holders, Snapshot, in_use_view
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Run:
     # replaced by what the run itself writes to it.
     scope: ClaimChange | None = None
     owners: Owners | None = None
+    pods: Holders | None = None  # the pods' answer of the last read of the GPUs
     desired: dict[int, MigTarget] | None = None
     uncovered: list[str] = field(default_factory=list)  # GPUs a MIG config does not select
     mps_intent: MpsIntent | None = None
@@ -67,10 +69,38 @@ def unheld(snapshot: Snapshot) -> Snapshot:
 
 def holders(run: Run, allocations: Allocations | None) -> Allocations | None:
     """Who holds each device, for the run's reads of the GPUs: a claim's change takes the
-    claims from the record it carries, not from the disk again."""
-    if run.owners is not None and isinstance(allocations, WithOwners):
-        return allocations.given(run.owners)
-    return allocations
+    claims from the record it carries, not from the disk again (and keeps the pods' answer:
+    `reheld`)."""
+    if run.owners is None or not isinstance(allocations, WithOwners):
+        return allocations
+    owners, source = run.owners, allocations
+
+    def both() -> Holders:
+        run.pods = dict(source.pods()) if source.pods is not None else {}
+        return source.merged(run.pods, owners, None)
+
+    return both
+
+
+def reheld(run: Run, snapshot: Snapshot, allocations: Allocations | None) -> Snapshot:
+    """`snapshot` with the claims of the record the run carries now (read again since the
+    GPUs were): the pods' answer of that read, and the record's claims."""
+    if run.owners is None or run.pods is None or not isinstance(allocations, WithOwners):
+        return snapshot
+    held = allocations.merged(run.pods, run.owners, snapshot.inventory)
+    return dataclasses.replace(snapshot, holders=held, allocated=in_use_view(held))
+
+
+def prepares(run: Run) -> ClaimChange | None:
+    """The claim a run prepares (it plans under the MIG writer lock and writes the record
+    before its first NVML operation); None for any other run."""
+    return run.scope if run.scope is not None and not run.scope.release else None
+
+
+def record_wait(run: Run) -> float | None:
+    """The wait for the record's lock: until a claim's deadline (None: the store's own)."""
+    deadline = run.scope.deadline if run.scope is not None else None
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def plan_from(run: Run, snapshot: Snapshot) -> Plan:

@@ -354,7 +354,7 @@ def inventory_reader(session: NvmlSession) -> Callable[[], Inventory]:
 class WithOwners:
     """Who holds each device: `pods` (the kubelet's pod-resources answer; None: no pods
     known) plus the devices the ownership record gives to claims (or every device, when it is
-    uncertain). Called, it reads the record; `given` takes a record already read (a claim's
+    uncertain). Called, it reads the record; `merged` takes a record already read (a claim's
     change carries the one read when it began)."""
 
     pods: Allocations | None
@@ -362,18 +362,19 @@ class WithOwners:
     inventory: Callable[[], Inventory]
 
     def __call__(self) -> Holders:
-        return self.given(self.store.read())()
+        pods = self.pods() if self.pods is not None else {}
+        return self.merged(pods, self.store.read(), None)
 
-    def given(self, owners: Owners) -> Allocations:
-        def both() -> Holders:
-            pods = dict(self.pods()) if self.pods is not None else {}
-            # The GPUs are read again only where the record lacks a UUID (a slice being
-            # made) or holds everything (uncertain).
-            need = owners.uncertain is not None or any(
-                d.is_mig and not d.mig_uuid for c in owners.claims.values() for d in c.devices
-            )
-            for uuid, who in owners.holders(self.inventory() if need else None).items():
-                pods.setdefault(uuid, who)
-            return pods
-
-        return both
+    def merged(self, pods: Holders, owners: Owners, inventory: Inventory | None) -> Holders:
+        """`pods`, and every device `owners` gives to a claim that no pod holds. The GPUs
+        (`inventory`, else read now) are needed only where the record lacks a UUID (a slice
+        being made) or holds everything (uncertain)."""
+        out = dict(pods)
+        need = owners.uncertain is not None or any(
+            d.is_mig and not d.mig_uuid for c in owners.claims.values() for d in c.devices
+        )
+        if need and inventory is None:
+            inventory = self.inventory()
+        for uuid, who in owners.holders(inventory if need else None).items():
+            out.setdefault(uuid, who)
+        return out
