@@ -31,6 +31,7 @@ from nodeagent.base.errors import ConfigError
 from nodeagent.base.logs import printable
 from nodeagent.dra.claims import CONFIG_API_VERSION, SHARE_KIND
 from nodeagent.dra.devices import dns_label
+from nodeagent.dra.resource import API_VERSION
 from nodeagent.dra.shares import MEMORY_CAPACITY, SM_CAPACITY, SM_STEP_PERCENT, binary_quantity
 from nodeagent.nvml.inventory import Gpu
 from nodeagent.planner.options import Demand, GpuView
@@ -156,7 +157,7 @@ def template_document(t: Template, driver: str) -> dict[str, Any]:
         opaque = {"driver": driver, "parameters": parameters}
         devices["config"] = [{"requests": [request], "opaque": opaque}]
     return {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": API_VERSION,
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": t.name},
         "spec": {"spec": {"devices": devices}},

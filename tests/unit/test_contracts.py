@@ -23,3 +23,30 @@ def test_every_dra_module_is_an_edge_or_forbidden_kubernetes() -> None:
     assert sorted(modules - listed - EDGES) == []
     assert sorted(EDGES & listed) == []
     assert sorted(EDGES - modules) == []
+
+
+def test_the_dra_api_version_is_named_in_one_place() -> None:
+    """resource.k8s.io/v1 is spelled once, in nodeagent/dra/resource.py; every object and path
+    of the DRA API takes it from there (docstrings may name it)."""
+    import ast
+
+    spelled = []
+    for path in sorted((REPO / "nodeagent").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and "resource.k8s.io" in node.value
+                and id(node) not in docstrings
+            ):
+                spelled.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert spelled == ["nodeagent/dra/resource.py:6"]
