@@ -6,7 +6,7 @@ kubelet plugin over the driver of nodeagent.agent.factory.dra_driver), with kmoc
 server that holds the ResourceClaims (the real kube-apiserver does not travel to the GPU
 machine) and the tests' fake kubelet (tests/support/fake_kubelet/dra.py), which registers the
 plugin and calls NodePrepareResources for one share claim per model, each allocated as the
-scheduler leaves it: device `gpu-0-mps` (the GPU's MPS share device, nodeagent.dra.shares), a
+scheduler leaves it: device `gpu-0-mps` (the GPU's MPS share device, nodeagent.dra.capacity), a
 shareID of its own, and a consumedCapacity of `<driver>/sm` percent and `<driver>/memory`. Then
 each claim's CDI spec, as the driver wrote it, is read back: its env entries become the model
 process's environment on top of the harness's (without any CUDA_MPS_* of its own), and its

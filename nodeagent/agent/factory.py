@@ -66,7 +66,7 @@ from nodeagent.reconcile import (
 from nodeagent.settings import Settings
 from nodeagent.sharing.deviceplugin import DevicePluginConfigSink
 from nodeagent.sharing.offers import Offers
-from nodeagent.state.faultrecord import FaultRecord, record_path
+from nodeagent.state.faultlog import FaultLog, faultlog_path
 from nodeagent.state.owners import OwnerStore, WithOwners, inventory_reader
 from nodeagent.state.sampling import FieldSampler, GpmSampler, HealthSampler, UtilizationSampler
 from nodeagent.state.snapshot import Allocations, Snapshot, Store
@@ -95,9 +95,9 @@ class NfdSink:
             log.info("labels.written", path=str(path))
 
 
-def _fault_record(lock_path: Path | None) -> FaultRecord | None:
-    path = record_path(lock_path)
-    return None if path is None else FaultRecord(path)
+def _fault_log(lock_path: Path | None) -> FaultLog | None:
+    path = faultlog_path(lock_path)
+    return None if path is None else FaultLog(path)
 
 
 def build_agent(
@@ -161,7 +161,7 @@ def build_agent(
         dra_stats=dra_stats,
         gpm=GpmSampler(GpmReader(session), store, monotonic),
         # The faults that wait for a GPU reset or a node reboot are recorded beside the lock.
-        health=HealthSampler(session, store, monotonic, clock, _fault_record(lock_path)),
+        health=HealthSampler(session, store, monotonic, clock, _fault_log(lock_path)),
         fields=FieldSampler(session, store, monotonic),
         utilization=UtilizationSampler(session, store, clock),
         mps=mps,

@@ -1,4 +1,4 @@
-"""The DRA checkpoint, the kubelet plugin's record of which claims this node prepared and what
+"""The DRA checkpoint, the kubelet plugin's account of which claims this node prepared and what
 each created: a view of the node's ownership record (nodeagent.state.owners, the one
 authority), written from it by the driver, in order, at each change of its claims: before a
 mutation (the claim and what it will create: state `preparing`), after (state `prepared`, with

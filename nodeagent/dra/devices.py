@@ -38,7 +38,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.dra.shares import share_device
+from nodeagent.dra.capacity import share_device
 from nodeagent.nvml.inventory import GiProfile, Gpu, Inventory, Placement
 
 MAX_COUNTER_SETS_PER_SLICE = 8
@@ -70,7 +70,7 @@ class DeviceRef:
     gpu: int
     profile_id: int | None = None
     start: int | None = None
-    shared: bool = False  # its MPS share device (nodeagent.dra.shares)
+    shared: bool = False  # its MPS share device (nodeagent.dra.capacity)
 
     @property
     def is_mig(self) -> bool:

@@ -52,7 +52,7 @@ from nodeagent.dra.users import PodUsers
 from nodeagent.metrics.shares import ShareUsage, ShareView
 from nodeagent.mps.claims import ClaimDaemons, ClaimDevice, ClaimLimits
 from nodeagent.mps.regimes import MpsRegimes
-from nodeagent.mps.shares import ShareKey, ShareServers
+from nodeagent.mps.servers import ShareKey, ShareServers
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.reconcile.claims import ChangeDone, ClaimChange, ClaimEngine, slice_at
 from nodeagent.state.held import PreparedDevice
@@ -183,13 +183,11 @@ class NodeDriver:
         with lock:
             yield
 
-    def _update(
-        self, uid: str, record: PreparedClaim | None, deadline: float | None = None
-    ) -> None:
+    def _update(self, uid: str, entry: PreparedClaim | None, deadline: float | None = None) -> None:
         """Put (or drop, None) one claim in the ownership record: one read-modify-write,
         waited for until `deadline` (time.monotonic; None: the store's wait)."""
         self.owners.update(
-            lambda o: o.with_claim(uid, record) if record else _dropped(o, uid),
+            lambda o: o.with_claim(uid, entry) if entry else _dropped(o, uid),
             wait_seconds=_left(deadline),
         )
 
@@ -295,24 +293,24 @@ class NodeDriver:
                 self._release(ref.uid, before, deadline)
             raise
         kind = kind_of(wanted)
-        record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted), (), c.driver)
+        entry = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted), (), c.driver)
         try:
-            done = self._run(ClaimChange(ref.uid, record, deadline=deadline, read=read))
+            done = self._run(ClaimChange(ref.uid, entry, deadline=deadline, read=read))
             made = _made(done.inventory, wanted, ref)
             made = [self._start_mps(ref.uid, d, done.inventory) for d in made]
             ids = tuple(cdi.cdi_id(c.driver, ref.uid, d.device) for d in made)
             self._write_cdi(ref.uid, made)
-            record = replace(record, state=PREPARED, devices=tuple(made), cdi_ids=ids)
-            self._update(ref.uid, record, deadline)
+            entry = replace(entry, state=PREPARED, devices=tuple(made), cdi_ids=ids)
+            self._update(ref.uid, entry, deadline)
         except BaseException as err:
             log.warning("dra.prepare_undone", claim=str(ref), error=str(err))
             try:
-                self._release(ref.uid, record, deadline)
+                self._release(ref.uid, entry, deadline)
             except AgentError as undo:  # the claim stays recorded: unprepare finishes it
                 log.error("dra.undo_failed", claim=str(ref), error=str(undo))
             raise
         log.info("dra.prepared", claim=str(ref), devices=[d.device for d in made])
-        return _answer(record), kind
+        return _answer(entry), kind
 
     def _joining(
         self, uid: str, wanted: list[PreparedDevice], claims: Mapping[str, PreparedClaim]
@@ -355,15 +353,15 @@ class NodeDriver:
             claimed = claimed_devices(claim, c.driver, c.pool, c.share_sm_limit)
             previous = before.devices if before else ()
             wanted = prepared_devices(self.inventory(), claimed, previous, c.gpus)
-            record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted), (), c.driver)
+            entry = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted), (), c.driver)
             try:
-                done = self._run(ClaimChange(ref.uid, record, deadline=deadline))
+                done = self._run(ClaimChange(ref.uid, entry, deadline=deadline))
                 made = _made(done.inventory, wanted, ref)
-                self._update(ref.uid, replace(record, devices=tuple(made)))
+                self._update(ref.uid, replace(entry, devices=tuple(made)))
             except BaseException as err:
                 log.warning("dra.make_undone", claim=str(ref), error=str(err))
                 try:
-                    self._release(ref.uid, record, deadline)
+                    self._release(ref.uid, entry, deadline)
                 except AgentError as undo:
                     log.error("dra.undo_failed", claim=str(ref), error=str(undo))
                 raise

@@ -85,9 +85,9 @@ class Changer:
         if not (operations or run.mps_change.action != "none" or hooks or idle_lock):
             return
         began = time.monotonic()
-        run.held.enter_context(self.writer_lock(_lock_settings(run)))
-        if self.stops is not None:  # released after the lock is (the held stack unwinds)
-            run.held.enter_context(self.stops.deferred())
+        run.locks.enter_context(self.writer_lock(_lock_settings(run)))
+        if self.stops is not None:  # released after the lock is (the locks stack unwinds)
+            run.locks.enter_context(self.stops.deferred())
         run.locked, run.lock_wait_seconds = True, time.monotonic() - began
         if operations and self.reporter is not None and scope is None:
             self.reporter.changing(run.wanted, len(operations))
@@ -122,6 +122,14 @@ class Changer:
             log.info("hook.done", hook=name)
 
     def apply(self, run: Run) -> None:
+        """Apply the plan. A claim to prepare, planned under the lock, runs apply-start,
+        pre-apply-mode and pre-apply-config around its operations here (as pause runs them
+        for any other change)."""
+        operations = run.mig_plan.operations
+        if prepares(run) and run.hooks is not None and operations:
+            self.hook(run, "apply-start")
+            run.hooks_started = True
+            self.pre_apply_hooks(run, operations)
         if run.mig_plan.operations and self.owners is not None and not prepares(run):
             # before the MPS daemon lets go of a GPU, too: the record's path and its lock's,
             # and the lock taken once within the run's wait (held by another: refused here);
@@ -192,17 +200,6 @@ class Changer:
             yield
         finally:
             self.applying = False
-
-    def apply_claim(self, run: Run) -> None:
-        """A claim to prepare, planned under the lock: apply-start, pre-apply-mode,
-        pre-apply-config around its operations (as pause runs them for any other change),
-        then apply."""
-        operations = run.mig_plan.operations
-        if run.hooks is not None and operations:
-            self.hook(run, "apply-start")
-            run.hooks_started = True
-            self.pre_apply_hooks(run, operations)
-        self.apply(run)
 
     def released(self, run: Run) -> None:
         """A claim let go holds nothing in the record once its slices are gone (in verify,

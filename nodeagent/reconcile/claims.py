@@ -8,8 +8,9 @@ the ownership record as read when the change began (nodeagent.state.owners, the 
 of who holds what), which travels with the run. From them the engine decides alone:
 
 - **Owners.** A device another claim holds (`owner_of`, by GPU and memory slices) refuses the
-  claim, as a whole GPU does while the record is uncertain; a share device (nodeagent.dra.
-  capacity) that other claims hold already is joined, not taken: their processes run there.
+  claim, as a whole GPU does while the record is uncertain; a share device
+  (nodeagent.dra.capacity) that other claims hold already is joined, not taken: their
+  processes run there.
 - **Prepare.** A MIG partition device is exactly one profile at one placement. Prepared, the
   GPU should hold every slice it holds now, minus the idle ones in the way (those overlapping
   the placement, and the fewest others the hardware's other rules need gone: one `+me` profile

@@ -148,7 +148,7 @@ class Pipeline:
                 if run.hooks_started:
                     self.step(run, "restore", self.change.restore)
             finally:
-                run.held.close()
+                run.locks.close()
         if run.done:
             log.info("change.done", change=change.name, operations=len(run.done))
         assert run.snapshot is not None
@@ -169,7 +169,7 @@ class Pipeline:
             try:
                 return self._run_once(run, dry_run or compare, compare)
             finally:
-                run.held.close()
+                run.locks.close()
                 self.store.publish_mps(self.mps.status)  # the metrics' MPS status
 
     def _run_once(self, run: Run, dry_run: bool, compare: bool) -> Report:
@@ -196,7 +196,7 @@ class Pipeline:
                 self.step(run, "restore", self.change.restore)
             except Exception as err:
                 failure = failure or (run.step, err)
-        run.held.close()  # the MIG writer lock, once the clients are back
+        run.locks.close()  # the MIG writer lock, once the clients are back
         run.failed = failure is not None
         if failure is None or failure[0] != "observe":
             try:
@@ -208,7 +208,7 @@ class Pipeline:
         self.step(run, "report", lambda r: sent.append(self._send_report(report)))
         if report.reboot_required and run.settings.mig.with_reboot and all(sent):
             report = self._reboot(run, report)
-        self.stats.record(report.result, self.clock() - start, time.time())
+        self.stats.observe_run(report.result, self.clock() - start, time.time())
         self.last_report = report
         return report
 
@@ -217,15 +217,10 @@ class Pipeline:
         and plans again under it; a claim to prepare always takes the lock, and plans once,
         under it, its hooks run around its operations in apply."""
         planning: list[tuple[str, Step]] = [("observe", self.observe), ("plan", self.plan_step)]
+        pause, *changing = self._changing_steps()
         if change.release:
-            return planning + self._changing_steps()
-        return [
-            ("pause", self.change.pause),
-            *planning,
-            ("apply", self.change.apply_claim),
-            ("verify", self.verify),
-            ("cdi", self.change.refresh_cdi),
-        ]
+            return [*planning, pause, *changing]
+        return [pause, *planning, *changing]
 
     def _changing_steps(self) -> list[tuple[str, Step]]:
         """The steps that change the node, for a MIG config and a claim's change alike."""
@@ -246,7 +241,7 @@ class Pipeline:
         finally:
             seconds = self.clock() - began
             run.took_ms[name] = round(seconds * 1000, 1)
-            self.stats.record_step(name, seconds)
+            self.stats.observe_step(name, seconds)
 
     def _send_report(self, report: Report) -> bool:
         """Whether the reporter took the report (the state label was written)."""

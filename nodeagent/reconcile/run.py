@@ -50,7 +50,7 @@ class Run:
     failed: bool = False  # a step before publish failed: the sharing taken last still holds
     took_ms: dict[str, float] = field(default_factory=dict)  # step -> milliseconds
     # The MIG writer lock, from the start of pause to the end of restore.
-    held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    locks: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     locked: bool = False  # pause took the MIG writer lock
     lock_wait_seconds: float = 0.0
 
