@@ -2,7 +2,7 @@
 `NodeDriver.prepare` (what NodePrepareResources calls) and the emulator's
 `nvmlDeviceCreateGpuInstanceWithPlacement`, and how often the change engine calls back into
 nodeagent/dra/ on the way (a call into a nodeagent/dra/ function whose nearest nodeagent caller
-lies outside nodeagent/dra/: a `wants` or `record` callback, a lambda handed to the ownership
+lies outside nodeagent/dra/: the `wants` and `record` callbacks of before issue 43, a listener of the ownership
 record), before and after the first NVML write; how often the route changes package before
 that write, and how often the ownership record (owners.json) is read per prepare.
 
