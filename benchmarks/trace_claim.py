@@ -2,9 +2,10 @@
 `NodeDriver.prepare` (what NodePrepareResources calls) and the emulator's
 `nvmlDeviceCreateGpuInstanceWithPlacement`, and how often the change engine calls back into
 nodeagent/dra/ on the way (a call into a nodeagent/dra/ function whose nearest nodeagent caller
-lies outside nodeagent/dra/: the `wants` and `record` callbacks of before issue 43, a listener of the ownership
-record), before and after the first NVML write; how often the route changes package before
-that write, and how often the ownership record (owners.json) is read per prepare.
+lies outside nodeagent/dra/: the `wants` and `record` callbacks of before issue 43, a listener
+of the ownership record), before and after the first NVML write; how often the route changes
+package before that write, and how often the ownership record (owners.json) is read per
+prepare.
 
 One claim of a new 1g.18gb slice on GPU 0 of an emulated H200 (MIG already on, no latency
 model), prepared by the agent's node side on a pipeline of its own (nodeagent.agent.factory
