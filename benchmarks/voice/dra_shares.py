@@ -1,7 +1,7 @@
 """The voice study's DRA modes: the models as the clients of MPS share claims that nodeagent's own
 DRA driver prepared (issue 38).
 
-`prepared_shares()` runs the driver's node side as the agent does (nodeagent.dra.server's
+`prepared_shares()` runs the driver's node side as the agent does (nodeagent.dra.k8s.server's
 kubelet plugin over the driver of nodeagent.agent.factory.dra_driver), with kmock as the API
 server that holds the ResourceClaims (the real kube-apiserver does not travel to the GPU
 machine) and the tests' fake kubelet (tests/support/fake_kubelet/dra.py), which registers the
@@ -252,9 +252,9 @@ def prepared_shares(
             " benchmarks/voice/wheels.sh"
         ) from None
     from nodeagent.agent.factory import dra_driver
-    from nodeagent.dra.api import DraApi
+    from nodeagent.dra.k8s.api import DraApi
+    from nodeagent.dra.k8s.server import KubeletPluginServer, Sockets
     from nodeagent.dra.node import NodeConfig
-    from nodeagent.dra.server import KubeletPluginServer, Sockets
     from nodeagent.kube.api import KubeSettings, make_api_client
     from nodeagent.settings import Settings
     from tests.support.dra import CLAIMS, dra_cluster

@@ -38,7 +38,7 @@ FLOWS: tuple[Flow, ...] = (
         "kubelet: NodePrepareResources (gRPC)",
         "NVML: create GPU instance",
         (
-            (10, "dra/server.py", "the batch, the claim read"),
+            (10, "dra/k8s/server.py", "the batch, the claim read"),
             (10, "dra/claims.py", "allocation -> claimed devices"),
             (10, "dra/prepared.py", "-> prepared devices"),
             (10, "dra/node.py", "prepare: a ClaimChange"),

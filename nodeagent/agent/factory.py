@@ -72,7 +72,7 @@ from nodeagent.state.sampling import FieldSampler, GpmSampler, HealthSampler, Ut
 from nodeagent.state.snapshot import Allocations, Snapshot, Store
 
 if TYPE_CHECKING:  # Kubernetes is imported only when asked for
-    from nodeagent.dra.driver import DraDriver
+    from nodeagent.dra.k8s.driver import DraDriver
     from nodeagent.kube.api import KubeSettings, NodeApi
     from nodeagent.kube.clients import GpuClients
     from nodeagent.kube.controller import KubeReporter, NodeLabelDesire, NodeView, NodeWatcher
@@ -326,8 +326,8 @@ class NodeEdges:
         """The DRA kubelet plugin beside the device-plugin path: its MIG changes run through
         the agent's pipeline, its claims go into the ownership record that the pipeline reads
         (both count as busy)."""
-        from nodeagent.dra.allocated import allocated_here
-        from nodeagent.dra.driver import DraDriver
+        from nodeagent.dra.k8s.allocated import allocated_here
+        from nodeagent.dra.k8s.driver import DraDriver
 
         dra = DraDriver(
             self.session, s, kube_settings, pipeline, self.owners, self.stop, self.dra_stats,

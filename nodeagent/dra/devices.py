@@ -25,7 +25,7 @@ A MIG placement that is not made yet can carry binding conditions (KEP-5007, the
 DRADeviceBindingConditions gate; resource.k8s.io/v1 Device.bindingConditions and
 bindingFailureConditions, at most 4 each, set together or not at all): the scheduler copies them
 into the claim's allocation result and waits in PreBind until the driver sets
-`<driver>/SliceReady` True in the claim's status.devices (nodeagent.dra.binding), or fails the
+`<driver>/SliceReady` True in the claim's status.devices (nodeagent.dra.k8s.binding), or fails the
 binding when `<driver>/SliceFailed` is True. A device that exists carries none. `bindsToNode`
 is not set: it pins a network-attached device's allocation to the chosen node, and these
 devices are in a ResourceSlice of one node already.

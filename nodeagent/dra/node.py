@@ -334,7 +334,7 @@ class NodeDriver:
     def make(
         self, ref: ClaimRef, claim: Mapping[str, Any], deadline: float | None = None
     ) -> list[PreparedDevice]:
-        """The claim's MIG slices made before its pod binds (nodeagent.dra.binding): the first
+        """The claim's MIG slices made before its pod binds (nodeagent.dra.k8s.binding): the first
         half of a prepare, through the same change (the ownership record first, then the
         planner's operations), leaving the claim `preparing` in the record with what it
         made, so that the kubelet's prepare finds the slices there and adopts them (created by

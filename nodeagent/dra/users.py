@@ -187,7 +187,7 @@ def with_users(
 
 
 class Pods(Protocol):
-    """Where the pods come from (nodeagent.dra.api.DraApi)."""
+    """Where the pods come from (nodeagent.dra.k8s.api.DraApi)."""
 
     def pods_here(
         self, namespace: str, budget_seconds: float | None = None

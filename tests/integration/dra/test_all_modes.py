@@ -11,9 +11,9 @@ import itertools
 
 import pytest
 
-from nodeagent.dra.api import DraApi
 from nodeagent.dra.devices import resource_slices
-from nodeagent.dra.slices import SlicePublisher
+from nodeagent.dra.k8s.api import DraApi
+from nodeagent.dra.k8s.slices import SlicePublisher
 from nodeagent.dra.traces import claim_holders
 from nodeagent.kube.api import KubeSettings, make_api_client
 from tests.support.cluster import is_write

@@ -233,7 +233,7 @@ def _client(env: dict[str, str]) -> Any:
 def test_a_client_asking_for_more_than_its_share_is_reported_on_its_claim_within_5_s(
     dra_node: DraNode, enforce: str
 ) -> None:
-    from nodeagent.dra.api import DraApi
+    from nodeagent.dra.k8s.api import DraApi
     from nodeagent.dra.sharewatch import ShareWatch
     from nodeagent.kube.api import KubeSettings, make_api_client
     from nodeagent.metrics.dra import DraStats
@@ -254,7 +254,7 @@ def test_a_client_asking_for_more_than_its_share_is_reported_on_its_claim_within
         node.shares.clients = lambda key: [honest.pid, greedy.pid, big.pid]  # type: ignore[method-assign]
         kube = KubeSettings(node_name="node-1", host=dra_node.cluster.url, retry_seconds=1.0)
         api = DraApi(make_api_client(kube), kube)
-        from nodeagent.dra.reports import StatusReports
+        from nodeagent.dra.k8s.reports import StatusReports
 
         stats = DraStats()
         ended: list[int] = []

@@ -37,8 +37,8 @@ from typing import Any
 
 from nodeagent.base.errors import AgentError
 from nodeagent.base.logs import get_logger
-from nodeagent.dra.api import DraApi
 from nodeagent.dra.devices import SliceSpec
+from nodeagent.dra.k8s.api import DraApi
 from nodeagent.dra.resource import API_VERSION
 
 log = get_logger("nodeagent.dra")

@@ -15,7 +15,7 @@ from nodeagent.kube.objects import read_list
 
 SLICES = f"{API_PATH}/resourceslices"
 CLAIM = API_PATH + "/namespaces/{ns}/resourceclaims/{name}"
-# The fields of a ResourceSlice the publisher reads (nodeagent.dra.slices).
+# The fields of a ResourceSlice the publisher reads (nodeagent.dra.k8s.slices).
 SLICE: Shape = {
     "metadata": {"name": str},
     "spec": {
