@@ -130,7 +130,7 @@ class Changer:
             self.hook(run, "apply-start")
             run.hooks_started = True
             self.pre_apply_hooks(run, operations)
-        if run.mig_plan.operations and self.owners is not None and not prepares(run):
+        if operations and self.owners is not None and not prepares(run):
             # before the MPS daemon lets go of a GPU, too: the record's path and its lock's,
             # and the lock taken once within the run's wait (held by another: refused here);
             # a claim to prepare writes the record before its first operation instead
@@ -155,14 +155,14 @@ class Changer:
             self.mps.apply(change)
 
     def _apply_mig(self, run: Run) -> None:
-        """Under the NVML lock (the MIG writer lock held since pause): a claim to prepare,
-        planned under the lock already, is recorded (`preparing`, checked against the record
-        as it is now: one read-modify-write); any other change reads the GPUs again and plans
-        again (another writer may have acted between plan and lock; cheap; a claim let go
-        reads the record again: a claim may share its slice since), refuses unknown holders
-        and checks that the ownership record can be written. Then execute; the config's
-        slices are the config's. A claim let go that planned nothing took no lock: one that
-        now needs an operation is refused (MigError), nothing changed."""
+        """Under the NVML lock (the MIG writer lock held since pause): a claim to prepare was
+        planned and recorded `preparing` under the lock already, and executes its plan; any
+        other change reads the GPUs again and plans again (another writer may have acted
+        between plan and lock; cheap; a claim let go reads the record again: a claim may share
+        its slice since), refuses unknown holders and checks that the ownership record can be
+        written. Then execute; the config's slices are the config's. A claim let go that
+        planned nothing took no lock: one that now needs an operation is refused (MigError),
+        nothing changed."""
         with self.store.session.lock, self._applying():
             if prepares(run):
                 current = run.mig_plan  # planned and recorded under the lock

@@ -118,16 +118,18 @@ class Pipeline:
         return self.change.applying
 
     def run_change(self, change: ClaimChange) -> ChangeDone:
-        """A claim's change of the GPUs (the DRA driver's), run as a run of its own with the
-        change as its scope, through the same step functions as a MIG config: observe, plan
-        (what the claim needs of its GPUs, nodeagent.reconcile.claims, with the ownership
-        record read once when the change began), pause (the MIG writer lock, within the
-        change's deadline; with operations, apply-start and pre-apply-*), apply (the claim
-        recorded `preparing` before the first NVML operation), verify (a released claim
-        recorded holding nothing), cdi, restore (apply-exit). Returns what it did. Raises the
-        failing step's error (SliceInUse, GeometryInvalid, LockHeld, NvmlError, HookError,
-        MigError, KubeError, ConfigError), logged with the step's name; nothing is changed
-        when it fails before apply.
+        """A claim's change of the GPUs (the DRA driver's, nodeagent.reconcile.claims), run
+        as a run of its own with the change as its scope, through the same step functions as
+        a MIG config, with the ownership record the driver read when the change began. A claim
+        to prepare: pause (the MIG writer lock, within the change's deadline), observe, plan
+        (against the record as it is then, the claim written `preparing` when the plan holds:
+        one read-modify-write), apply (apply-start and pre-apply-* around operations; the
+        plan executed), verify, cdi, restore (apply-exit). A claim let go: observe, plan,
+        pause (the lock only when there are operations), apply (the record and the GPUs read
+        again, planned again), verify (the claim recorded holding nothing), cdi, restore.
+        Returns what it did. Raises the failing step's error (SliceInUse, GeometryInvalid,
+        LockHeld, NvmlError, HookError, MigError, KubeError, ConfigError), logged with the
+        step's name; nothing is changed when it fails before apply.
 
         It does not take the run lock: a change waits only for the MIG writer lock, so a claim
         is never queued behind a whole reconcile run (whose apply plans again under that lock,
@@ -329,11 +331,10 @@ class Pipeline:
         change (the hooks file, what an MPS start needs), so a run that cannot finish fails
         here, before anything changed."""
         assert run.snapshot is not None
-        if prepares(run) and self.owners is not None:
+        scope = prepares(run)
+        if scope is not None and self.owners is not None:
             # Under the MIG writer lock: planned with the record as it is now, and the claim
             # written into it (`preparing`) when the plan holds, in one read-modify-write.
-            scope = prepares(run)
-            assert scope is not None
             run.owners = self.owners.update(
                 lambda o: preparing(scope, self._claim_plan(run, o)),
                 wait_seconds=record_wait(run),
