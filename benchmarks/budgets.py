@@ -65,7 +65,7 @@ LIBRARIES = (
     ("HTTP server", "import nodeagent.metrics.server"),
     ("kubernetes (ApiClient)", "from kubernetes import client; client.ApiClient()"),
     ("grpcio + protobuf", "import grpc; from nodeagent.kubelet.proto import dra_v1_pb2_grpc"),
-    ("nodeagent (run --kube --dra)", "import nodeagent.agent.service, nodeagent.dra.driver"),
+    ("nodeagent (run --kube --dra)", "import nodeagent.agent.service, nodeagent.dra.k8s.driver"),
 )
 
 

@@ -49,8 +49,8 @@ from nodeagent.agent.factory import dra_driver  # noqa: E402
 from nodeagent.dra.claims import ClaimRef  # noqa: E402
 from nodeagent.dra.node import NodeConfig, NodeDriver  # noqa: E402
 from nodeagent.mig.apply import Done  # noqa: E402
-from nodeagent.mig.wanted import ChangeDone, WantedChange  # noqa: E402
 from nodeagent.nvml import MigWriter, NvmlSession  # noqa: E402
+from nodeagent.reconcile.claims import ChangeDone, ClaimChange  # noqa: E402
 from nodeagent.settings import Settings  # noqa: E402
 from nodeagent.sim.latency import PROFILES, parse_latency  # noqa: E402
 from tests.support.fake_mps.script import control_script  # noqa: E402
@@ -75,7 +75,7 @@ class TimedEngine:
         self.operations: list[Done] = []  # every NVML operation the changes made
         self.lock = threading.Lock()
 
-    def run_change(self, change: WantedChange) -> ChangeDone:
+    def run_change(self, change: ClaimChange) -> ChangeDone:
         done: ChangeDone = self.engine.run_change(change)
         with self.lock:
             self.waits.append(done.lock_wait_seconds)

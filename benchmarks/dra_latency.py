@@ -44,7 +44,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from nodeagent.agent.factory import dra_driver  # noqa: E402
-from nodeagent.dra.driver import DraDriver  # noqa: E402
+from nodeagent.dra.k8s.driver import DraDriver  # noqa: E402
 from nodeagent.dra.node import NodeConfig  # noqa: E402
 from nodeagent.kube.api import KubeSettings  # noqa: E402
 from nodeagent.nvml import MigWriter, NvmlSession, read_inventory  # noqa: E402

@@ -2,8 +2,10 @@
 `NodeDriver.prepare` (what NodePrepareResources calls) and the emulator's
 `nvmlDeviceCreateGpuInstanceWithPlacement`, and how often the change engine calls back into
 nodeagent/dra/ on the way (a call into a nodeagent/dra/ function whose nearest nodeagent caller
-lies outside nodeagent/dra/: a `wants` or `record` callback, a lambda handed to the ownership
-record), before and after the first NVML write.
+lies outside nodeagent/dra/: the `wants` and `record` callbacks of before issue 43, a listener
+of the ownership record), before and after the first NVML write; how often the route changes
+package before that write, and how often the ownership record (owners.json) is read per
+prepare.
 
 One claim of a new 1g.18gb slice on GPU 0 of an emulated H200 (MIG already on, no latency
 model), prepared by the agent's node side on a pipeline of its own (nodeagent.agent.factory
@@ -39,6 +41,11 @@ DEVICE = "gpu-0-mig-1g18gb-19-6"
 WRITE = "nvmlDeviceCreateGpuInstanceWithPlacement"
 PACKAGE = REPO / "nodeagent"
 DRA = PACKAGE / "dra"
+SIM = PACKAGE / "sim"  # the emulator stands for the GPUs: not a package of the route
+OWNERS = PACKAGE / "state" / "owners.py"
+RECORD_READ = (
+    "_file"  # one read of the record (owners.json parsed, or kept while it is the same file)
+)
 
 
 def _where(frame: FrameType) -> Path:
@@ -62,6 +69,11 @@ class Tracer:
         self.route: list[FrameType] = []  # prepare first, the create call last
         self.reentries: list[tuple[str, str, bool]] = []  # (caller, callee, after the write)
         self.inside = 0  # every call of a nodeagent/dra/ function run inside the engine
+        self.package: str | None = None  # the package of the last nodeagent call
+        # calls into another nodeagent package than the last nodeagent call's (the emulator
+        # not counted: it stands for the GPUs)
+        self.package_changes = 0
+        self.record_reads = [0, 0]  # owners.json read (and its checksum checked): before, after
 
     def __call__(self, frame: FrameType, event: str, _arg: Any) -> None:
         if event != "call":
@@ -69,6 +81,13 @@ class Tracer:
         if frame.f_code.co_name == WRITE and not self.route:
             self.route = self._stack(frame)
             return
+        if _ours(frame) and not _where(frame).is_relative_to(SIM):
+            package = _where(frame).relative_to(PACKAGE).parts[0]
+            if not self.route and self.package is not None and package != self.package:
+                self.package_changes += 1
+            self.package = package
+            if _where(frame) == OWNERS and frame.f_code.co_name == RECORD_READ:
+                self.record_reads[bool(self.route)] += 1
         if not _where(frame).is_relative_to(DRA):
             return
         if self._under_engine(frame):
@@ -146,6 +165,9 @@ def trace(root: Path) -> dict[str, Any]:
         "reentries_before_write": sum(1 for *_, after in tracer.reentries if not after),
         "reentries_after_write": sum(1 for *_, after in tracer.reentries if after),
         "dra_calls_inside_the_engine": tracer.inside,
+        "package_changes_before_write": tracer.package_changes,
+        "record_reads_before_write": tracer.record_reads[0],
+        "record_reads": sum(tracer.record_reads),
         "callbacks": Counter(f"{a} -> {b}" for a, b, _ in tracer.reentries).most_common(),
     }
 
@@ -166,6 +188,15 @@ def show(result: dict[str, Any]) -> None:
     print(
         f"calls of nodeagent/dra/ functions made inside the engine (the callbacks and what they"
         f" call): {result['dra_calls_inside_the_engine']}"
+    )
+    print(
+        f"package changes before the first NVML write: {result['package_changes_before_write']}"
+        f" (a nodeagent call in another package than the nodeagent call before it, the emulator"
+        " not counted)"
+    )
+    print(
+        f"record reads (owners.json consulted) per prepare: {result['record_reads']}"
+        f" ({result['record_reads_before_write']} before the first NVML write)"
     )
     for what, n in result["callbacks"]:
         print(f"  {n:3d} x {what}")

@@ -1,12 +1,12 @@
 """The voice study's DRA modes: the models as the clients of MPS share claims that nodeagent's own
 DRA driver prepared (issue 38).
 
-`prepared_shares()` runs the driver's node side as the agent does (nodeagent.dra.server's
+`prepared_shares()` runs the driver's node side as the agent does (nodeagent.dra.k8s.server's
 kubelet plugin over the driver of nodeagent.agent.factory.dra_driver), with kmock as the API
 server that holds the ResourceClaims (the real kube-apiserver does not travel to the GPU
 machine) and the tests' fake kubelet (tests/support/fake_kubelet/dra.py), which registers the
 plugin and calls NodePrepareResources for one share claim per model, each allocated as the
-scheduler leaves it: device `gpu-0-mps` (the GPU's MPS share device, nodeagent.dra.shares), a
+scheduler leaves it: device `gpu-0-mps` (the GPU's MPS share device, nodeagent.dra.capacity), a
 shareID of its own, and a consumedCapacity of `<driver>/sm` percent and `<driver>/memory`. Then
 each claim's CDI spec, as the driver wrote it, is read back: its env entries become the model
 process's environment on top of the harness's (without any CUDA_MPS_* of its own), and its
@@ -298,9 +298,9 @@ def prepared_shares(
             " benchmarks/voice/wheels.sh"
         ) from None
     from nodeagent.agent.factory import dra_driver
-    from nodeagent.dra.api import DraApi
+    from nodeagent.dra.k8s.api import DraApi
+    from nodeagent.dra.k8s.server import KubeletPluginServer, Sockets
     from nodeagent.dra.node import NodeConfig
-    from nodeagent.dra.server import KubeletPluginServer, Sockets
     from nodeagent.kube.api import KubeSettings, make_api_client
     from nodeagent.settings import Settings
     from tests.support.dra import CLAIMS, dra_cluster

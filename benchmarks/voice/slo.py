@@ -206,7 +206,7 @@ def mean(values: Iterable[float]) -> float:
 
 def share_request_percent(busy_fraction: float, step: int, floor: int | None = None) -> int:
     """A share claim's `sm` request for a model that keeps `busy_fraction` of the GPU busy:
-    the share device's sm requestPolicy read as the scheduler applies it (nodeagent.dra.shares:
+    the share device's sm requestPolicy read as the scheduler applies it (nodeagent.dra.capacity:
     min and step `step` percent, max 100): the demand in percent rounded up to the step."""
     percent = math.ceil(100 * max(busy_fraction, 0.0) / step - 1e-9) * step
     return min(100, max(floor or step, percent))

@@ -187,7 +187,7 @@ class BurstStudy(run.Study):
 
     def size_shares(self, load: float) -> dict[str, int]:
         """The `sm` requests at `load` from round 1's solo points (recorded in results)."""
-        from nodeagent.dra.shares import SM_STEP_PERCENT
+        from nodeagent.dra.capacity import SM_STEP_PERCENT
 
         solo = {
             p["model"]: p

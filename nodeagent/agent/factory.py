@@ -67,13 +67,13 @@ from nodeagent.reconcile import (
 from nodeagent.settings import Settings
 from nodeagent.sharing.deviceplugin import DevicePluginConfigSink
 from nodeagent.sharing.offers import Offers
-from nodeagent.state.faultrecord import FaultRecord, record_path
-from nodeagent.state.owners import OwnerStore, inventory_reader, with_owners
+from nodeagent.state.faultlog import FaultLog, faultlog_path
+from nodeagent.state.owners import OwnerStore, WithOwners, inventory_reader
 from nodeagent.state.sampling import FieldSampler, GpmSampler, HealthSampler, UtilizationSampler
 from nodeagent.state.snapshot import Allocations, Snapshot, Store
 
 if TYPE_CHECKING:  # Kubernetes is imported only when asked for
-    from nodeagent.dra.driver import DraDriver
+    from nodeagent.dra.k8s.driver import DraDriver
     from nodeagent.kube.api import KubeSettings, NodeApi
     from nodeagent.kube.clients import GpuClients
     from nodeagent.kube.controller import KubeReporter, NodeLabelDesire, NodeView, NodeWatcher
@@ -96,9 +96,9 @@ class NfdSink:
             log.info("labels.written", path=str(path))
 
 
-def _fault_record(lock_path: Path | None) -> FaultRecord | None:
-    path = record_path(lock_path)
-    return None if path is None else FaultRecord(path)
+def _fault_log(lock_path: Path | None) -> FaultLog | None:
+    path = faultlog_path(lock_path)
+    return None if path is None else FaultLog(path)
 
 
 def build_agent(
@@ -137,7 +137,7 @@ def build_agent(
         stats,
         [NfdSink(current), *(node.sinks if node is not None else ())],
         desire=node,
-        allocations=with_owners(pods, owners, inventory_reader(session)),
+        allocations=WithOwners(pods, owners, inventory_reader(session)),
         clients=node.clients if node is not None else None,
         reporter=node,
         clock=monotonic,
@@ -162,7 +162,7 @@ def build_agent(
         dra_stats=dra_stats,
         gpm=GpmSampler(GpmReader(session), store, monotonic),
         # The faults that wait for a GPU reset or a node reboot are recorded beside the lock.
-        health=HealthSampler(session, store, monotonic, clock, _fault_record(lock_path)),
+        health=HealthSampler(session, store, monotonic, clock, _fault_log(lock_path)),
         fields=FieldSampler(session, store, monotonic),
         utilization=UtilizationSampler(session, store, clock),
         mps=mps,
@@ -327,8 +327,8 @@ class NodeEdges:
         """The DRA kubelet plugin beside the device-plugin path: its MIG changes run through
         the agent's pipeline, its claims go into the ownership record that the pipeline reads
         (both count as busy)."""
-        from nodeagent.dra.allocated import allocated_here
-        from nodeagent.dra.driver import DraDriver
+        from nodeagent.dra.k8s.allocated import allocated_here
+        from nodeagent.dra.k8s.driver import DraDriver
 
         dra = DraDriver(
             self.session, s, kube_settings, pipeline, self.owners, self.stop, self.dra_stats,
@@ -465,7 +465,7 @@ def command_pipeline(
         one_shot=True,
         on_operation=on_operation,
         configs=configs or mig_config_cache(),
-        allocations=with_owners(allocations, owners, inventory_reader(session)),
+        allocations=WithOwners(allocations, owners, inventory_reader(session)),
         owners=owners,
         stops=stops,
     )

@@ -45,7 +45,7 @@ from nodeagent.state.workers import Worker
 
 if TYPE_CHECKING:  # Kubernetes is imported only when asked for
     from nodeagent.agent.factory import KubeParts, NodeEdges
-    from nodeagent.dra.driver import DraDriver
+    from nodeagent.dra.k8s.driver import DraDriver
     from nodeagent.kube.controller import NodeWatcher
 
 log = get_logger("nodeagent.agent.service")
@@ -298,7 +298,7 @@ class Agent:
                 worker("dra-publish", self.publish_dra,
                        lambda: self.settings.dra.health_interval_seconds, self.stop_event)
             )  # fmt: skip
-            from nodeagent.dra.binding import INTERVAL_SECONDS
+            from nodeagent.dra.k8s.binding import INTERVAL_SECONDS
             from nodeagent.dra.sharewatch import WATCH_SECONDS
 
             # The share servers kept up and their clients watched, on their own interval.

@@ -28,7 +28,7 @@ DEFAULT_NAME = "planned"
 
 
 def cmd_plan(ctx: Context) -> int:
-    from nodeagent.dra.shares import SM_STEP_PERCENT
+    from nodeagent.dra.capacity import SM_STEP_PERCENT
     from nodeagent.nvml import read_inventory
     from nodeagent.planner.planner import plan_node
     from nodeagent.planner.render import (

@@ -9,7 +9,7 @@ MIG device by UUID (NVIDIA_VISIBLE_DEVICES, which the NVIDIA container toolkit t
 device nodes and driver mounts, as it does for the device plugin) and, for an MPS share, point
 the clients at the MPS daemon serving the claim, with the claim's own limits as client
 environment (an MpsConfig's daemon is the claim's own; a share device's is the device's one
-server for all its share claims, nodeagent.mps.shares, and NODEAGENT_MPS_CLAIM names the claim):
+server for all its share claims, nodeagent.mps.servers, and NODEAGENT_MPS_CLAIM names the claim):
 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is the claim's SM **limit** (a share's smLimit, default 100;
 not its request, which is what the scheduler counted), CUDA_MPS_PINNED_DEVICE_MEM_LIMIT its
 memory (hard), and for a share CUDA_MPS_CLIENT_PRIORITY its priority (0 normal, 1 low).

@@ -1,4 +1,4 @@
-"""The DRA checkpoint, the kubelet plugin's record of which claims this node prepared and what
+"""The DRA checkpoint, the kubelet plugin's account of which claims this node prepared and what
 each created: a view of the node's ownership record (nodeagent.state.owners, the one
 authority), written from it by the driver, in order, at each change of its claims: before a
 mutation (the claim and what it will create: state `preparing`), after (state `prepared`, with
@@ -22,7 +22,7 @@ the ownership record of before is upgraded from it (nodeagent.dra.traces.upgrade
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,19 +48,6 @@ VERSIONS = (1, VERSION)
 @dataclass(frozen=True)
 class Checkpoint:
     claims: Mapping[str, PreparedClaim] = field(default_factory=dict)
-
-    def with_claim(self, uid: str, claim: PreparedClaim) -> Checkpoint:
-        return replace(self, claims={**self.claims, uid: claim})
-
-    def without(self, uid: str) -> Checkpoint:
-        return replace(self, claims={k: v for k, v in self.claims.items() if k != uid})
-
-    def holder_of(self, gpu: int, start: int, size: int, but: str = "") -> PreparedClaim | None:
-        """The claim (other than `but`) holding any of those memory slices of GPU `gpu`."""
-        for uid, claim in self.claims.items():
-            if uid != but and any(d.overlaps(gpu, start, size) for d in claim.devices):
-                return claim
-        return None
 
     def to_json(self) -> str:
         claims = {uid: asdict(c) for uid, c in sorted(self.claims.items())}

@@ -13,11 +13,11 @@ DeviceClass, each for some or all requests. nodeagent reads one opaque kind, for
 Anything else (an unknown key, a bad value, an MPS config on a MIG slice) is an error that
 names the claim, and nothing is prepared for it.
 
-An MPS share device (nodeagent.dra.shares: allowMultipleAllocations, KEP-5075) takes no
+An MPS share device (nodeagent.dra.capacity: allowMultipleAllocations, KEP-5075) takes no
 MpsConfig: its request is what the scheduler gave the claim, the result's `consumedCapacity`
 (`<driver>/sm` percent -> threadPercentage, `<driver>/memory` bytes -> pinnedMemory), and the
 result's `shareID` tells the claims that share it apart. The share claims on one device are
-the clients of one MPS server (nodeagent.mps.shares), and an MPS server runs as one user: a
+the clients of one MPS server (nodeagent.mps.servers), and an MPS server runs as one user: a
 claim's user is its pods' runAsUser (nodeagent.dra.users, read at prepare) or, for containers
 that set none, an opaque config of its own, so that it gets a daemon of its user (claims of
 different users on one device are time-sliced against each other):
@@ -46,8 +46,8 @@ from typing import Any
 from nodeagent.base.errors import ConfigError
 from nodeagent.base.shapes import MapOf, Shape, check
 from nodeagent.base.units import MAX_DIGITS, whole_number
+from nodeagent.dra.capacity import MEMORY_CAPACITY, SM_CAPACITY
 from nodeagent.dra.devices import DeviceRef, parse_device_name
-from nodeagent.dra.shares import MEMORY_CAPACITY, SM_CAPACITY
 from nodeagent.state.held import MAX_USER, is_uid, shown
 
 CONFIG_API_VERSION = "gpu.nodeagent.io/v1"

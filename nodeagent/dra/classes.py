@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from nodeagent.dra.resource import API_VERSION
 from nodeagent.labels.gfd import mig_device_name
 from nodeagent.nvml.inventory import GiProfile, Gpu, Inventory, MigAttributes
 
@@ -38,7 +39,7 @@ def _class(name: str, expression: str, resource: str | None = None) -> dict[str,
     if resource is not None:
         spec["extendedResourceName"] = resource
     return {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": API_VERSION,
         "kind": "DeviceClass",
         "metadata": {"name": name},
         "spec": spec,

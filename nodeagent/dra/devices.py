@@ -25,7 +25,7 @@ A MIG placement that is not made yet can carry binding conditions (KEP-5007, the
 DRADeviceBindingConditions gate; resource.k8s.io/v1 Device.bindingConditions and
 bindingFailureConditions, at most 4 each, set together or not at all): the scheduler copies them
 into the claim's allocation result and waits in PreBind until the driver sets
-`<driver>/SliceReady` True in the claim's status.devices (nodeagent.dra.binding), or fails the
+`<driver>/SliceReady` True in the claim's status.devices (nodeagent.dra.k8s.binding), or fails the
 binding when `<driver>/SliceFailed` is True. A device that exists carries none. `bindsToNode`
 is not set: it pins a network-attached device's allocation to the chosen node, and these
 devices are in a ResourceSlice of one node already.
@@ -38,7 +38,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.dra.shares import share_device
+from nodeagent.dra.capacity import share_device
 from nodeagent.nvml.inventory import GiProfile, Gpu, Inventory, Placement
 
 MAX_COUNTER_SETS_PER_SLICE = 8
@@ -70,7 +70,7 @@ class DeviceRef:
     gpu: int
     profile_id: int | None = None
     start: int | None = None
-    shared: bool = False  # its MPS share device (nodeagent.dra.shares)
+    shared: bool = False  # its MPS share device (nodeagent.dra.capacity)
 
     @property
     def is_mig(self) -> bool:

@@ -1,5 +1,5 @@
 """The health of every device the driver publishes, as the kubelet's resource-health stream
-(DRAResourceHealth.NodeWatchResources, KEP-4680; served by nodeagent.dra.server) sends it.
+(DRAResourceHealth.NodeWatchResources, KEP-4680; served by nodeagent.dra.k8s.server) sends it.
 
 The board is replaced whole at each fault poll (every dra.health-interval): each stream sends
 the complete list at once, again at every change, and at least every RESEND_SECONDS (the kubelet

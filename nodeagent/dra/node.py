@@ -1,13 +1,14 @@
 """The node side of the DRA driver: prepare and unprepare claims on this node's GPUs.
 
-A claim's MIG change is not made here: the driver hands the reconcile pipeline what the claim
-wants of the GPUs (nodeagent.dra.intents -> nodeagent.mig.wanted.WantedChange), and the pipeline
-plans, applies and verifies it under the node-wide MIG writer lock, with the hooks, step
-metrics and logs of every MIG change (nodeagent.reconcile.edge). Under that lock, before the
-first NVML operation, the claim and what it will create go into the node's ownership record
-(nodeagent.state.owners: `preparing`), the one record of who holds what, which every path
-reads before it destroys a slice; the driver's checkpoint is written after each change of it
-as its view (nodeagent.dra.checkpoint).
+The driver translates: a claim's allocation becomes its claimed devices (nodeagent.dra.claims),
+those the devices it will hold on this node's GPUs (nodeagent.dra.prepared), and those a value,
+`ClaimChange`, that the reconcile pipeline plans, records and applies itself
+(nodeagent.reconcile.claims): the owner checks against the node's ownership record
+(nodeagent.state.owners, the one record of who holds what, read once when the change begins),
+the claim recorded `preparing` under the node-wide MIG writer lock before the first NVML
+operation, the hooks, step metrics and logs of every MIG change. The driver's checkpoint is
+its view of the record, written by a listener it registers once on the record store at each
+write (nodeagent.dra.checkpoint).
 
 `prepare` is idempotent and converges after a crash at any step: a retry plans again from what
 NVML reports (a GI left without its CI gets its CI); the MPS daemon is adopted if it runs; the
@@ -30,12 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from nodeagent.base.errors import (
-    AgentError,
-    ConfigError,
-    MigError,
-    SliceInUse,
-)
+from nodeagent.base.errors import AgentError, ConfigError, MigError
 from nodeagent.base.files import atomic_write_text, entry_of, interrupted_writes
 from nodeagent.base.logs import get_logger
 from nodeagent.dra import cdi
@@ -50,16 +46,15 @@ from nodeagent.dra.checkpoint import (
 )
 from nodeagent.dra.claims import ClaimRef, claimed_devices
 from nodeagent.dra.inflight import InFlight, Superseded, Ticket
-from nodeagent.dra.intents import intents, prepare_wants, release_wants, slice_at
+from nodeagent.dra.prepared import prepared_devices
 from nodeagent.dra.status import device_data
 from nodeagent.dra.users import PodUsers
 from nodeagent.metrics.shares import ShareUsage, ShareView
-from nodeagent.mig.select import MigTarget
-from nodeagent.mig.wanted import ChangeDone, MigEngine, WantedChange
 from nodeagent.mps.claims import ClaimDaemons, ClaimDevice, ClaimLimits
 from nodeagent.mps.regimes import MpsRegimes
-from nodeagent.mps.shares import ShareKey, ShareServers
+from nodeagent.mps.servers import ShareKey, ShareServers
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
+from nodeagent.reconcile.claims import ChangeDone, ClaimChange, ClaimEngine, slice_at
 from nodeagent.state.held import PreparedDevice
 from nodeagent.state.owners import Owners, OwnerStore
 
@@ -135,7 +130,7 @@ class NodeDriver:
         self,
         session: NvmlSession,
         config: NodeConfig,
-        engine: MigEngine,
+        engine: ClaimEngine,
         owners: OwnerStore,
         stats: Stats | None = None,
         users: PodUsers | None = None,
@@ -153,6 +148,7 @@ class NodeDriver:
         self._guard = threading.Lock()
         self._claims: dict[str, threading.Lock] = {}  # one call per claim at a time
         self.inflight = InFlight()  # the kubelet's prepares under way (nodeagent.dra.inflight)
+        owners.listen(self._view)  # the checkpoint follows each write of the record
 
     def start(self) -> None:
         """Before the first claim: the ownership record is written now if there is none (or
@@ -187,36 +183,32 @@ class NodeDriver:
         with lock:
             yield
 
-    def _update(
-        self, uid: str, record: PreparedClaim | None, deadline: float | None = None
-    ) -> None:
-        """Put (or drop, None) one claim in the ownership record: one read-modify-write, the
-        checkpoint (its view) written after it under the record's lock, waited for until
-        `deadline` (time.monotonic; None: the store's wait)."""
-        owners = self.owners.update(
-            lambda o: o.with_claim(uid, record) if record else _dropped(o, uid),
-            self._view,
+    def _update(self, uid: str, entry: PreparedClaim | None, deadline: float | None = None) -> None:
+        """Put (or drop, None) one claim in the ownership record: one read-modify-write,
+        waited for until `deadline` (time.monotonic; None: the store's wait)."""
+        self.owners.update(
+            lambda o: o.with_claim(uid, entry) if entry else _dropped(o, uid),
             wait_seconds=_left(deadline),
         )
-        counts: dict[str, int] = {}
-        for c in owners.prepared_here(self.config.driver).values():
-            if c.state == PREPARED:
-                counts[kind_of(c.devices)] = counts.get(kind_of(c.devices), 0) + 1
-        if self.stats is not None:
-            self.stats.set_prepared(counts)
 
     def _view(self, owners: Owners) -> None:
-        """The checkpoint as the record has the driver's claims now. One that cannot be
-        written is said (and /readyz says why), never a claim's failure: the driver decides
-        from the record."""
+        """The checkpoint as the record has the driver's claims now, and the prepared claims'
+        counts. A checkpoint that cannot be written is said (and /readyz says why), never a
+        claim's failure: the driver decides from the record."""
+        claims = owners.prepared_here(self.config.driver)
         try:
-            view = Checkpoint(owners.prepared_here(self.config.driver))
-            save(self.config.checkpoint, view, durable=False)
+            save(self.config.checkpoint, Checkpoint(claims), durable=False)
         except ConfigError as err:
             log.warning("dra.checkpoint_unwritten", error=str(err))
+        if self.stats is not None:
+            counts: dict[str, int] = {}
+            for c in claims.values():
+                if c.state == PREPARED:
+                    counts[kind_of(c.devices)] = counts.get(kind_of(c.devices), 0) + 1
+            self.stats.set_prepared(counts)
 
-    def _recorded(self) -> dict[str, PreparedClaim]:
-        """The claims the driver recorded (the ownership record's, with a state)."""
+    def recorded(self) -> dict[str, PreparedClaim]:
+        """The claims the driver recorded (the ownership record's, with a state), read now."""
         return self.owners.read().prepared_here(self.config.driver)
 
     def problem(self) -> str | None:
@@ -277,8 +269,10 @@ class NodeDriver:
         self, ref: ClaimRef, claim: Mapping[str, Any], deadline: float | None
     ) -> tuple[list[Prepared], str]:
         c = self.config
-        claims = self._recorded()
+        owners = self.owners.read()
+        claims = owners.prepared_here(c.driver)
         before = self._finish_unprepare(ref.uid, claims.get(ref.uid), deadline)
+        read = owners if before is claims.get(ref.uid) else None  # None: changed since
         if before is not None and before.state == PREPARED:
             gone = self._gone(ref.uid, before)
             if gone is None:
@@ -291,31 +285,32 @@ class NodeDriver:
             claimed = claimed_devices(claim, c.driver, c.pool, c.share_sm_limit)
             if self.users is not None:
                 claimed = self.users.resolve(claim, claimed, deadline)
-            wanted = intents(self.inventory(), claimed, before.devices if before else (), c.gpus)
+            previous = before.devices if before else ()
+            wanted = prepared_devices(self.inventory(), claimed, previous, c.gpus)
             wanted = self._joining(ref.uid, wanted, claims)
         except AgentError:
             if before is not None:  # a retry that is refused now holds nothing
                 self._release(ref.uid, before, deadline)
             raise
         kind = kind_of(wanted)
-        record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted), (), c.driver)
+        entry = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted), (), c.driver)
         try:
-            done = self._run(self._change(ref, record, deadline))
+            done = self._run(ClaimChange(ref.uid, entry, deadline=deadline, read=read))
             made = _made(done.inventory, wanted, ref)
             made = [self._start_mps(ref.uid, d, done.inventory) for d in made]
             ids = tuple(cdi.cdi_id(c.driver, ref.uid, d.device) for d in made)
             self._write_cdi(ref.uid, made)
-            record = replace(record, state=PREPARED, devices=tuple(made), cdi_ids=ids)
-            self._update(ref.uid, record, deadline)
+            entry = replace(entry, state=PREPARED, devices=tuple(made), cdi_ids=ids)
+            self._update(ref.uid, entry, deadline)
         except BaseException as err:
             log.warning("dra.prepare_undone", claim=str(ref), error=str(err))
             try:
-                self._release(ref.uid, record, deadline)
+                self._release(ref.uid, entry, deadline)
             except AgentError as undo:  # the claim stays recorded: unprepare finishes it
                 log.error("dra.undo_failed", claim=str(ref), error=str(undo))
             raise
         log.info("dra.prepared", claim=str(ref), devices=[d.device for d in made])
-        return _answer(record), kind
+        return _answer(entry), kind
 
     def _joining(
         self, uid: str, wanted: list[PreparedDevice], claims: Mapping[str, PreparedClaim]
@@ -339,7 +334,7 @@ class NodeDriver:
     def make(
         self, ref: ClaimRef, claim: Mapping[str, Any], deadline: float | None = None
     ) -> list[PreparedDevice]:
-        """The claim's MIG slices made before its pod binds (nodeagent.dra.binding): the first
+        """The claim's MIG slices made before its pod binds (nodeagent.dra.k8s.binding): the first
         half of a prepare, through the same change (the ownership record first, then the
         planner's operations), leaving the claim `preparing` in the record with what it
         made, so that the kubelet's prepare finds the slices there and adopts them (created by
@@ -348,7 +343,7 @@ class NodeDriver:
         does; whatever it raises, the claim holds nothing afterwards."""
         with self._claim(ref.uid):
             c = self.config
-            before = self._finish_unprepare(ref.uid, self._recorded().get(ref.uid), deadline)
+            before = self._finish_unprepare(ref.uid, self.recorded().get(ref.uid), deadline)
             if (
                 before is not None
                 and before.state == PREPARED
@@ -357,16 +352,16 @@ class NodeDriver:
                 return list(before.devices)
             claimed = claimed_devices(claim, c.driver, c.pool, c.share_sm_limit)
             previous = before.devices if before else ()
-            wanted = intents(self.inventory(), claimed, previous, c.gpus)
-            record = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted), (), c.driver)
+            wanted = prepared_devices(self.inventory(), claimed, previous, c.gpus)
+            entry = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted), (), c.driver)
             try:
-                done = self._run(self._change(ref, record, deadline))
+                done = self._run(ClaimChange(ref.uid, entry, deadline=deadline))
                 made = _made(done.inventory, wanted, ref)
-                self._update(ref.uid, replace(record, devices=tuple(made)))
+                self._update(ref.uid, replace(entry, devices=tuple(made)))
             except BaseException as err:
                 log.warning("dra.make_undone", claim=str(ref), error=str(err))
                 try:
-                    self._release(ref.uid, record, deadline)
+                    self._release(ref.uid, entry, deadline)
                 except AgentError as undo:
                     log.error("dra.undo_failed", claim=str(ref), error=str(undo))
                 raise
@@ -376,7 +371,7 @@ class NodeDriver:
     def waiting(self) -> dict[str, PreparedClaim]:
         """The claims the driver recorded that are not prepared (made before binding, or a
         prepare or an unprepare under way or cut short)."""
-        return {u: c for u, c in self._recorded().items() if c.state != PREPARED}
+        return {u: c for u, c in self.recorded().items() if c.state != PREPARED}
 
     def _finish_unprepare(
         self, uid: str, claim: PreparedClaim | None, deadline: float | None
@@ -389,49 +384,7 @@ class NodeDriver:
         self._release(uid, claim, deadline)
         return None
 
-    def _change(
-        self, ref: ClaimRef, preparing: PreparedClaim, deadline: float | None
-    ) -> WantedChange:
-        """The claim's change of the GPUs; its `record` step (under the MIG writer lock,
-        after the plan again, before the first NVML operation) puts the claim and what it
-        will create into the ownership record (`preparing`): one read-modify-write."""
-        me = f"claim {ref.namespace}/{ref.name}"
-        wanted = list(preparing.devices)
-
-        def wants(inventory: Inventory, held: Mapping[str, str]) -> Mapping[int, MigTarget]:
-            owners = self.owners.read()
-            gpus = {g.index: g for g in inventory.gpus}
-            mates: set[str] = set()  # the claims sharing a device with this one
-            joined: set[str] = set()  # the share devices they hold already
-            for d in wanted:
-                if d.admin:
-                    continue
-                gpu = gpus[d.gpu]
-                start, size = (
-                    (d.placement_start or 0, d.placement_size or 0)
-                    if d.is_mig
-                    else (0, gpu.memory_slice_count)
-                )
-                share = d if d.shared else None
-                if share is not None and (sharing := owners.sharing(share, but=ref.uid)):
-                    mates.update(sharing)
-                    joined.add(d.device)
-                other = owners.owner_of(gpu.uuid, start, size, but=ref.uid, share=share)
-                if other is None and owners.uncertain is not None and not d.is_mig:
-                    other = f"an unknown owner ({owners.uncertain})"
-                if other is not None:
-                    where = f"memory slices {start}-{start + size - 1}" if d.is_mig else "the GPU"
-                    raise SliceInUse(f"{d.device}: {other} holds {where} of GPU {d.gpu}")
-            held = {uuid: who for uuid, who in held.items() if who not in mates}
-            return prepare_wants(inventory, wanted, held, me, joined)
-
-        def record(inventory: Inventory, done: bool) -> None:
-            if not done:
-                self._update(ref.uid, preparing, deadline)
-
-        return WantedChange(me, wants, ignore=me, record=record, deadline=deadline)
-
-    def _run(self, change: WantedChange) -> ChangeDone:
+    def _run(self, change: ClaimChange) -> ChangeDone:
         """The change through the engine; each NVML operation it made timed in the stats."""
         done = self.engine.run_change(change)
         if self.stats is not None:
@@ -457,25 +410,32 @@ class NodeDriver:
     def _mps_pid(self, uid: str, d: PreparedDevice) -> int | None:
         return self.daemons.pid(claim_device(uid, d))
 
-    def _mates(self, prepared_only: bool = False) -> Callable[[ShareKey], list[ClaimDevice]]:
-        """The claims on a share server now, as the ownership record has them: the one
-        record of which claims are its clients (`prepared_only`: not one under way)."""
+    def _mates(
+        self, claims: Mapping[str, PreparedClaim] | None = None
+    ) -> Callable[[ShareKey], list[ClaimDevice]]:
+        """The claims on a share server, as the ownership record has them: the one record of
+        which claims are its clients. `claims`: as read already, the prepared ones only (None:
+        every one the record has when asked, one under way included)."""
 
         def on(key: ShareKey) -> list[ClaimDevice]:
+            now = claims if claims is not None else self.recorded()
             return [
                 claim_device(uid, d)
-                for uid, c in sorted(self._recorded().items())
-                if not prepared_only or c.state == PREPARED
+                for uid, c in sorted(now.items())
+                if claims is None or c.state == PREPARED
                 for d in c.devices
                 if d.shared and d.mps is not None and share_key(d) == key
             ]
 
         return on
 
-    def share_clients(self) -> dict[ShareKey, list[tuple[str, PreparedDevice]]]:
-        """Every share server that should run, with its claims (prepared ones)."""
+    def share_clients(
+        self, claims: Mapping[str, PreparedClaim] | None = None
+    ) -> dict[ShareKey, list[tuple[str, PreparedDevice]]]:
+        """Every share server that should run, with its claims (prepared ones); `claims`: the
+        driver's claims as read already (None: read now)."""
         out: dict[ShareKey, list[tuple[str, PreparedDevice]]] = {}
-        for uid, c in sorted(self._recorded().items()):
+        for uid, c in sorted((claims if claims is not None else self.recorded()).items()):
             if c.state != PREPARED:
                 continue
             for d in c.devices:
@@ -483,16 +443,23 @@ class NodeDriver:
                     out.setdefault(share_key(d), []).append((uid, d))
         return out
 
-    def prepared_claims(self) -> dict[str, tuple[str, str]]:
-        """{UID: (namespace, name)} of the claims prepared here."""
-        claims = self._recorded()
+    def prepared_claims(
+        self, claims: Mapping[str, PreparedClaim] | None = None
+    ) -> dict[str, tuple[str, str]]:
+        """{UID: (namespace, name)} of the claims prepared here (of `claims`, as read already;
+        None: read now)."""
+        claims = claims if claims is not None else self.recorded()
         return {u: (c.namespace, c.name) for u, c in claims.items() if c.state == PREPARED}
 
-    def check_shares(self) -> list[tuple[str, str]]:
+    def check_shares(
+        self, claims: Mapping[str, PreparedClaim] | None = None
+    ) -> list[tuple[str, str]]:
         """Each share server that should run and does not (crashed, killed) started again
         with its ceiling; returns the (claim UID, device) of the claims it serves: their
-        clients lost their server. The claims on other servers are not touched."""
-        return self.daemons.revive(self.share_clients(), self._mates(prepared_only=True))
+        clients lost their server. The claims on other servers are not touched. `claims`: the
+        driver's claims as read already (None: read now)."""
+        claims = claims if claims is not None else self.recorded()
+        return self.daemons.revive(self.share_clients(claims), self._mates(claims))
 
     def _start_mps(self, uid: str, d: PreparedDevice, inventory: Inventory) -> PreparedDevice:
         """The claim's daemon for `d` (a share: its device's one server, started by the
@@ -545,30 +512,16 @@ class NodeDriver:
 
     def _release(self, uid: str, claim: PreparedClaim, deadline: float | None) -> None:
         """Undo what `claim` made, in the order that never leaves a slice unowned while it
-        exists: MPS daemons, the slices (once they are gone, under the same lock, the claim's
-        entry says `unpreparing` and holds nothing), the CDI spec (with an interrupted write of
-        it), the MPS directories, the claim's entry."""
+        exists: MPS daemons, the slices (once they are gone, under the same lock, the engine
+        records the claim `unpreparing`, holding nothing), the CDI spec (with an interrupted
+        write of it), the MPS directories, the claim's entry."""
         c = self.config
         own = self.daemons.checked_claim_dir(uid)  # no link on the way: refused before anything
         for d in claim.devices:
             if d.mps is not None:
                 self.daemons.stop(claim_device(uid, d), self._mates())
-        me = f"claim {claim.namespace}/{claim.name}"
-
-        def wants(inventory: Inventory, held: Mapping[str, str]) -> Mapping[int, MigTarget]:
-            owners = self.owners.read()
-            kept = {  # a shared slice stays while another claim shares it
-                d.device for d in claim.devices if d.shared and owners.sharing(d, but=uid)
-            }
-            return release_wants(inventory, claim.devices, me, kept)
-
-        def record(inventory: Inventory, done: bool) -> None:
-            if done:  # the slices are gone: the claim holds nothing, its files are left
-                wait = _left(deadline)
-                self.owners.update(lambda o: _released(o, uid), self._view, wait_seconds=wait)
-
-        change = WantedChange(me, wants, me, record, deadline, lock_when_idle=False)
-        self._run(change)
+        me = str(claim)
+        self._run(ClaimChange(uid, claim, release=True, deadline=deadline))
         spec = cdi.spec_file(c.cdi_dir, c.driver, uid)
         try:
             # The spec, and the temporary file of a write of it cut short by a kill: nothing
@@ -596,17 +549,6 @@ def _left(deadline: float | None) -> float | None:
 
 def _dropped(owners: Owners, uid: str) -> Owners:
     return owners.without(uid) if uid in owners.claims else owners
-
-
-def _released(owners: Owners, uid: str) -> Owners:
-    """The claim `uid` once its slices are gone: `unpreparing`, holding nothing, until its CDI
-    spec and directories are removed too (a claim known from traces only goes at once)."""
-    claim = owners.claims.get(uid)
-    if claim is None:
-        return owners
-    if claim.state is None:
-        return owners.without(uid)
-    return owners.with_claim(uid, replace(claim, state=UNPREPARING, devices=()))
 
 
 def claim_device(uid: str, d: PreparedDevice) -> ClaimDevice:

@@ -6,7 +6,7 @@ Where the plan puts a replica, its claim asks for the same from this driver:
 - an MPS share of a GPU (a `shared` workload the plan puts beside others through MPS): the
   DeviceClass `mps.<driver>`, a GPU's share device (`shareOf == "gpu"`), and capacity requests
   `<driver>/sm` (its compute need in percent of the GPU's SMs, rounded up to a multiple of
-  nodeagent.dra.shares.SM_STEP_PERCENT, as the share device's request policy takes them; a
+  nodeagent.dra.capacity.SM_STEP_PERCENT, as the share device's request policy takes them; a
   workload without one asks for one step) and `<driver>/memory` (its memory, whole MiB). A
   workload's `compute-limit` and `compute-priority` become an MpsShare config of the claim
   (`smLimit` in percent, at least the request; `priority`);
@@ -29,9 +29,10 @@ import yaml
 
 from nodeagent.base.errors import ConfigError
 from nodeagent.base.logs import printable
+from nodeagent.dra.capacity import MEMORY_CAPACITY, SM_CAPACITY, SM_STEP_PERCENT, binary_quantity
 from nodeagent.dra.claims import CONFIG_API_VERSION, SHARE_KIND
 from nodeagent.dra.devices import dns_label
-from nodeagent.dra.shares import MEMORY_CAPACITY, SM_CAPACITY, SM_STEP_PERCENT, binary_quantity
+from nodeagent.dra.resource import API_VERSION
 from nodeagent.nvml.inventory import Gpu
 from nodeagent.planner.options import Demand, GpuView
 from nodeagent.planner.planner import NodePlan
@@ -156,7 +157,7 @@ def template_document(t: Template, driver: str) -> dict[str, Any]:
         opaque = {"driver": driver, "parameters": parameters}
         devices["config"] = [{"requests": [request], "opaque": opaque}]
     return {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": API_VERSION,
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": t.name},
         "spec": {"spec": {"devices": devices}},

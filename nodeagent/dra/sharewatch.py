@@ -46,6 +46,7 @@ from nodeagent.dra.watch import (
 )
 from nodeagent.metrics.shares import ShareUsage, ShareView
 from nodeagent.nvml import Inventory
+from nodeagent.state.held import PreparedClaim
 
 log = get_logger("nodeagent.dra")
 WATCH_SECONDS = 2.0  # a claim over its share is said within this (and the write's time)
@@ -97,24 +98,27 @@ class ShareWatch:
             return []
         self._next = now + WATCH_SECONDS
         try:
+            claims = self.node.recorded()  # the record, read once a tick
             if inventory is None:
-                if not self.node.share_clients() and not self.said:
+                if not self.node.share_clients(claims) and not self.said:
                     return []
                 inventory = self.node.inventory()
-            return self._tick(inventory, now)
+            return self._tick(inventory, now, claims)
         except AgentError as err:
             log.warning("dra.share_watch_failed", error=str(err))
             return []
 
-    def _tick(self, inventory: Inventory, now: float) -> list[Finding]:
-        for uid, device in self.node.check_shares():
+    def _tick(
+        self, inventory: Inventory, now: float, recorded: Mapping[str, PreparedClaim]
+    ) -> list[Finding]:
+        for uid, device in self.node.check_shares(recorded):
             self.restarted[(uid, device)] = now
         used = _memory(inventory)
-        claims = self.node.prepared_claims()
+        claims = self.node.prepared_claims(recorded)
         out: list[Finding] = []
         views: list[ShareView] = []
         environ = functools.cache(environ_of)  # one read a client a look, for both uses
-        for key, on in self.node.share_clients().items():
+        for key, on in self.node.share_clients(recorded).items():
             pids = self.node.shares.clients(key)
             stalls = self.node.shares.stalls(key)
             views += share_views(on, pids, environ, claims)

@@ -1,6 +1,6 @@
 """A claim's `status.devices` entries (resource.k8s.io/v1 AllocatedDeviceStatus, the
 DRAResourceClaimDeviceStatus feature) as this driver reports them. Pure: JSON in, JSON out;
-nodeagent.dra.reports writes them.
+nodeagent.dra.k8s.reports writes them.
 
 Each entry is keyed as its allocation result is (driver, pool, device, shareID) and holds
 `data`, what preparing the device made, and one condition, `Ready`:

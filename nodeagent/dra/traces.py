@@ -14,10 +14,10 @@ from nodeagent.base.files import read_regular
 from nodeagent.base.jsontext import NotJson, parse_json
 from nodeagent.base.shapes import Shape, problem
 from nodeagent.dra import cdi
+from nodeagent.dra.capacity import SHARE_SUFFIX
 from nodeagent.dra.checkpoint import Checkpoint
 from nodeagent.dra.checkpoint import load as load_checkpoint
 from nodeagent.dra.devices import DeviceRef, parse_device_name
-from nodeagent.dra.shares import SHARE_SUFFIX
 from nodeagent.nvml import Inventory, NvmlSession
 from nodeagent.nvml.inventory import Gpu
 from nodeagent.settings import Dra

@@ -1,7 +1,7 @@
 """Which user a share claim's clients run as, read from the pods that use it.
 
 An MPS server runs as one uid, and a client of another waits behind it without a word, so the
-share claims on a device are grouped by user (nodeagent.mps.shares.ShareKey): one daemon per
+share claims on a device are grouped by user (nodeagent.mps.servers.ShareKey): one daemon per
 device and user. A claim's user is decided at prepare (docs/dra.md, "What a share claim
 gets"):
 
@@ -187,7 +187,7 @@ def with_users(
 
 
 class Pods(Protocol):
-    """Where the pods come from (nodeagent.dra.api.DraApi)."""
+    """Where the pods come from (nodeagent.dra.k8s.api.DraApi)."""
 
     def pods_here(
         self, namespace: str, budget_seconds: float | None = None

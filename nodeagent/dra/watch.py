@@ -1,6 +1,6 @@
 """The share claims watched: what each client of a share server does, attributed to its claim.
 
-A share server's limits are its ceiling (the largest limit on the device: nodeagent.mps.shares);
+A share server's limits are its ceiling (the largest limit on the device: nodeagent.mps.servers);
 a claim's own limits are client environment, which a client can rewrite. So the driver looks
 at every client the daemon lists, with NVML's per-process memory, and attributes each to its
 claim by the NODEAGENT_MPS_CLAIM its CDI spec gave it (read from /proc/<pid>/environ, the
@@ -17,7 +17,7 @@ MPS clients (nodeagent.metrics.shares), a claim is also held below its request
 (HeldBelowRequest) when its clients are busy yet get less than its request while another claim
 on the GPU takes more than its own and the GPU is full: MPS limits are ceilings, nothing
 reserves a request. A client of another user waiting behind the server
-(nodeagent.mps.shares.Stall) is reported on the claims of the server it waits behind.
+(nodeagent.mps.servers.Stall) is reported on the claims of the server it waits behind.
 Pure: the readers come in as arguments.
 """
 
@@ -31,8 +31,8 @@ from nodeagent.dra.cdi import CLAIM_ENV
 from nodeagent.metrics.shares import ShareUsage, ShareView
 from nodeagent.mps.claims import ClaimLimits
 from nodeagent.mps.control import proc_file, process_alive
+from nodeagent.mps.servers import Stall
 from nodeagent.mps.settings import parse_size
-from nodeagent.mps.shares import Stall
 from nodeagent.state.held import PreparedDevice
 
 WITHIN = "WithinShare"
@@ -41,7 +41,7 @@ OVER_MEMORY = "OverMemoryShare"
 RESTARTED = "ServerRestarted"
 WAITING = "WaitingForOtherUser"
 BELOW = "HeldBelowRequest"
-BELOW_MARGIN_PERCENT = 5  # short of the request by more than one SM step (dra.shares)
+BELOW_MARGIN_PERCENT = 5  # short of the request by more than one SM step (dra.capacity)
 FULL_PERCENT = 90  # the shares on a GPU keep this much of it busy: no idle SMs to lend
 CONDITION = "ShareLimits"  # the condition type in the claim's status.devices entry
 

@@ -36,7 +36,7 @@ class AgentStats:
     reload_success: float | None = None  # None until the first reload
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record_step(self, step: str, seconds: float) -> None:
+    def observe_step(self, step: str, seconds: float) -> None:
         with self.lock:
             row = self.steps.setdefault(step, [0.0] * (len(STEP_BUCKETS) + 2))
             i = bisect.bisect_left(STEP_BUCKETS, seconds)
@@ -45,7 +45,7 @@ class AgentStats:
             row[-2] += seconds
             row[-1] += 1
 
-    def record(self, result: str, seconds: float, now: float) -> None:
+    def observe_run(self, result: str, seconds: float, now: float) -> None:
         with self.lock:
             self.reconciles[result] += 1
             i = bisect.bisect_left(BUCKETS, seconds)

@@ -138,7 +138,7 @@ class DraStats:
             self.status_writes["success" if ok else "failure"] += 1
 
     def slices_published(self, writes: int, counters_dropped: bool | None) -> None:
-        """What the ResourceSlice publisher (nodeagent.dra.slices.SlicePublisher) did so far:
+        """What the ResourceSlice publisher (nodeagent.dra.k8s.slices.SlicePublisher) did so far:
         its creates, patches and deletes, and whether the API server drops the counters."""
         with self.lock:
             self.slices = (writes, counters_dropped)

@@ -83,10 +83,12 @@ class GpuPlan:
 @dataclass(frozen=True)
 class Plan:
     gpus: tuple[GpuPlan, ...] = field(default_factory=tuple)
+    # every GPU's operations in order, once: each step asks for them
+    operations: tuple[Operation, ...] = field(init=False, repr=False, compare=False)
 
-    @property
-    def operations(self) -> tuple[Operation, ...]:
-        return tuple(op for g in self.gpus for op in g.operations)
+    def __post_init__(self) -> None:
+        operations = tuple(op for g in self.gpus for op in g.operations)
+        object.__setattr__(self, "operations", operations)
 
     @property
     def mutations(self) -> int:

@@ -1,5 +1,5 @@
 """The DRA claims' MPS daemons, behind one owner (ClaimDaemons): the share servers of the share
-claims (nodeagent.mps.shares: one daemon per device and user, its clients the claims on it) and
+claims (nodeagent.mps.servers: one daemon per device and user, its clients the claims on it) and
 the per-claim daemon of a claim with an MpsConfig (<plugin dir>/mps/<claim uid>/<device>).
 The DRA driver (nodeagent.dra.node.NodeDriver) calls it as it prepares and unprepares claims
 and passes in which claims share a server, read from its one record of claims; the share
@@ -33,8 +33,8 @@ from nodeagent.base.files import entry_of
 from nodeagent.mps.control import no_link, removable
 from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.regimes import MpsRegimes
+from nodeagent.mps.servers import ShareClient, ShareKey, ShareServers, Stall
 from nodeagent.mps.settings import Limits, MpsSettings, validate
-from nodeagent.mps.shares import ShareClient, ShareKey, ShareServers, Stall
 from nodeagent.nvml import Inventory
 
 SHARES_DIR = "mps-shared"  # <plugin dir>/mps-shared/<device>-u<uid>/{pipe,log}: share servers

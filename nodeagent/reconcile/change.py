@@ -1,8 +1,9 @@
 """The pipeline's changing half: pause, apply, restore. Runs only once resolve and plan
 succeeded for the whole node and every prerequisite held (nodeagent.reconcile.pipeline), or
 once a claim's change (`Run.scope`) planned its GPUs: the same steps, which branch only where
-a claim differs (its deadline bounds the wait for the MIG writer lock, its owners are recorded
-before the first NVML operation, no GPU client is paused, no state is reported)."""
+a claim differs (its deadline bounds the wait for the MIG writer lock, the claim is recorded
+before the first NVML operation and, let go, after the last, no GPU client is paused, no state
+is reported; nodeagent.reconcile.claims)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from nodeagent.mig.plan import Op, Operation
 from nodeagent.mps.manager import MpsChange, MpsManager
 from nodeagent.mps.settings import validate
 from nodeagent.nvml import MigWriter
+from nodeagent.reconcile.claims import released
 from nodeagent.reconcile.ports import Clients, Report, Reporter, Stops
-from nodeagent.reconcile.run import Run, plan_from
+from nodeagent.reconcile.run import Run, holders, plan_from, prepares, record_wait
 from nodeagent.settings import Settings
 from nodeagent.state.owners import OwnerStore, claimed_mps
 from nodeagent.state.snapshot import Allocations, Store
@@ -77,13 +79,15 @@ class Changer:
         operations = run.mig_plan.operations
         scope = run.scope
         hooks = run.hooks is not None and (bool(operations) or (self.one_shot and scope is None))
-        idle_lock = scope is not None and scope.lock_when_idle
+        # A claim let go that plans no NVML operation takes no lock: dropping it from the
+        # record never endangers a slice, so it never waits behind another writer.
+        idle_lock = scope is not None and not scope.release
         if not (operations or run.mps_change.action != "none" or hooks or idle_lock):
             return
         began = time.monotonic()
-        run.held.enter_context(self.writer_lock(_lock_settings(run)))
-        if self.stops is not None:  # released after the lock is (the held stack unwinds)
-            run.held.enter_context(self.stops.deferred())
+        run.locks.enter_context(self.writer_lock(_lock_settings(run)))
+        if self.stops is not None:  # released after the lock is (the locks stack unwinds)
+            run.locks.enter_context(self.stops.deferred())
         run.locked, run.lock_wait_seconds = True, time.monotonic() - began
         if operations and self.reporter is not None and scope is None:
             self.reporter.changing(run.wanted, len(operations))
@@ -118,9 +122,18 @@ class Changer:
             log.info("hook.done", hook=name)
 
     def apply(self, run: Run) -> None:
-        if run.mig_plan.operations and self.owners is not None:
+        """Apply the plan. A claim to prepare, planned under the lock, runs apply-start,
+        pre-apply-mode and pre-apply-config around its operations here (as pause runs them
+        for any other change)."""
+        operations = run.mig_plan.operations
+        if prepares(run) and run.hooks is not None and operations:
+            self.hook(run, "apply-start")
+            run.hooks_started = True
+            self.pre_apply_hooks(run, operations)
+        if operations and self.owners is not None and not prepares(run):
             # before the MPS daemon lets go of a GPU, too: the record's path and its lock's,
-            # and the lock taken once within the run's wait (held by another: refused here)
+            # and the lock taken once within the run's wait (held by another: refused here);
+            # a claim to prepare writes the record before its first operation instead
             self.owners.check(_lock_settings(run).mig.lock_timeout_seconds, run.lock_wait_seconds)
         change = run.mps_change
         enabling = {i for i, d in (run.desired or {}).items() if d.mig_enabled}
@@ -142,24 +155,30 @@ class Changer:
             self.mps.apply(change, claimed_mps(self.owners))
 
     def _apply_mig(self, run: Run) -> None:
-        """Under the NVML lock (the MIG writer lock held since pause): read again, plan again
-        (another writer may have acted between plan and lock; cheap), refuse unknown holders,
-        check that the ownership record can be written, record a claim's owners with the GPUs as
-        planned, execute; the config's slices are
-        the config's. A claim that planned nothing took no lock when `lock_when_idle` is off:
-        one that now needs an operation is refused (MigError), nothing changed."""
+        """Under the NVML lock (the MIG writer lock held since pause): a claim to prepare was
+        planned and recorded `preparing` under the lock already, and executes its plan; any
+        other change reads the GPUs again and plans again (another writer may have acted
+        between plan and lock; cheap; a claim let go reads the record again: a claim may share
+        its slice since), refuses unknown holders and checks that the ownership record can be
+        written. Then execute; the config's slices are the config's. A claim let go that
+        planned nothing took no lock: one that now needs an operation is refused (MigError),
+        nothing changed."""
         with self.store.session.lock, self._applying():
-            run.snapshot = snap = self.store.observe(self.allocations)
-            current = plan_from(run, snap)
+            if prepares(run):
+                current = run.mig_plan  # planned and recorded under the lock
+            else:
+                if run.locked and run.scope is not None and self.owners is not None:
+                    run.owners = self.owners.read()
+                run.snapshot = snap = self.store.observe(holders(run, self.allocations))
+                current = plan_from(run, snap)
             scope = run.scope
-            if current.operations and not run.locked:
+            operations = current.operations
+            if operations and not run.locked:
                 who = scope.name if scope is not None else "the change"
                 raise MigError(f"{who}: the GPUs changed while it was planned; try again")
-            if current.operations and self.owners is not None:
+            if operations and self.owners is not None and not prepares(run):
                 self.owners.check()  # written after the operations: refused before them
-            if scope is not None and scope.record is not None:
-                scope.record(snap.inventory, False)
-            if current.operations:
+            if operations:
                 writer = MigWriter(self.store.session)
                 stop = self.stops.requested if self.stops is not None else lambda: 0
                 reset = self.reset(run.settings)
@@ -186,12 +205,14 @@ class Changer:
         finally:
             self.applying = False
 
-    def record(self, run: Run) -> None:
-        """A claim's owners as the GPUs now are (in verify, still under the MIG writer lock)."""
+    def released(self, run: Run) -> None:
+        """A claim let go holds nothing in the record once its slices are gone (in verify,
+        still under the MIG writer lock when it took it)."""
         scope = run.scope
-        if scope is not None and scope.record is not None:
-            assert run.snapshot is not None
-            scope.record(run.snapshot.inventory, True)
+        if scope is not None and scope.release and self.owners is not None:
+            run.owners = self.owners.update(
+                lambda o: released(scope.uid, o), wait_seconds=record_wait(run)
+            )
 
     def refresh_cdi(self, run: Run) -> None:
         """After a MIG change, before success: the CDI specs follow the new MIG devices."""

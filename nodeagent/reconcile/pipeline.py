@@ -24,11 +24,11 @@ from nodeagent.mig.config import MigConfigFile, load_config
 from nodeagent.mig.generate import GeneratedConfigs
 from nodeagent.mig.plan import mismatches
 from nodeagent.mig.select import covered, resolve
-from nodeagent.mig.wanted import ChangeDone, WantedChange
 from nodeagent.mps.intent import check_startable, mps_intent
 from nodeagent.mps.manager import MpsManager
 from nodeagent.planner.hook import PLANNED, WorkloadPlanner, planned_path
 from nodeagent.reconcile.change import Changer
+from nodeagent.reconcile.claims import ChangeDone, ClaimChange, preparing
 from nodeagent.reconcile.ports import (
     Clients,
     DesireSource,
@@ -39,13 +39,22 @@ from nodeagent.reconcile.ports import (
     Wanted,
 )
 from nodeagent.reconcile.report import report_of
-from nodeagent.reconcile.run import Run, plan_from, unheld
+from nodeagent.reconcile.run import (
+    Run,
+    holders,
+    plan_from,
+    prepares,
+    record_wait,
+    reheld,
+    unheld,
+)
 from nodeagent.settings import Settings
 from nodeagent.sharing.config import SharingFile, load_sharing_file
 from nodeagent.sharing.deviceplugin import check_served
 from nodeagent.sharing.offers import Offer, Offers, planned_offers
 from nodeagent.sharing.resolve import resolve_sharing, sharing_mps
 from nodeagent.state.owners import OwnerStore
+from nodeagent.state.record import Owners
 from nodeagent.state.snapshot import Allocations, Store
 
 log = get_logger("nodeagent.reconcile")
@@ -108,23 +117,29 @@ class Pipeline:
     def applying(self) -> bool:
         return self.change.applying
 
-    def run_change(self, change: WantedChange) -> ChangeDone:
-        """A MIG change an edge asks for (the DRA driver's claims), run as a run of its own with
-        the change as its scope, through the same step functions as a MIG config: observe,
-        plan (what the change wants of the GPUs it names), pause (the MIG writer lock, within
-        the change's deadline; with operations, apply-start and pre-apply-*), apply, verify
-        (the owners recorded as the GPUs now are), cdi, restore (apply-exit). Returns what it
-        did. Raises the failing step's error (SliceInUse, GeometryInvalid, LockHeld,
-        NvmlError, HookError, MigError, KubeError), logged with the step's name; nothing is
-        changed when it fails before apply.
+    def run_change(self, change: ClaimChange) -> ChangeDone:
+        """A claim's change of the GPUs (the DRA driver's, nodeagent.reconcile.claims), run
+        as a run of its own with the change as its scope, through the same step functions as
+        a MIG config, with the ownership record the driver read when the change began. A claim
+        to prepare: pause (the MIG writer lock, within the change's deadline), observe, plan
+        (against the record as it is then, the claim written `preparing` when the plan holds:
+        one read-modify-write), apply (apply-start and pre-apply-* around operations; the
+        plan executed), verify, cdi, restore (apply-exit). A claim let go: observe, plan,
+        pause (the lock only when there are operations), apply (the record and the GPUs read
+        again, planned again), verify (the claim recorded holding nothing), cdi, restore.
+        Returns what it did. Raises the failing step's error (SliceInUse, GeometryInvalid,
+        LockHeld, NvmlError, HookError, MigError, KubeError, ConfigError), logged with the
+        step's name; nothing is changed when it fails before apply.
 
         It does not take the run lock: a change waits only for the MIG writer lock, so a claim
         is never queued behind a whole reconcile run (whose apply plans again under that lock,
         seeing the claim's slice as held)."""
-        run = Run(self.settings(), wanted=Wanted("edge", None), scope=change)
-        steps: list[tuple[str, Step]] = [("observe", self.observe), ("plan", self.plan_step)]
+        owners = change.read
+        if owners is None:
+            owners = self.owners.read() if self.owners is not None else Owners()
+        run = Run(self.settings(), wanted=Wanted("edge", None), scope=change, owners=owners)
         try:
-            for name, step in steps + self._changing_steps():
+            for name, step in self._claim_steps(change):
                 self.step(run, name, step)
         except Exception as err:
             log.warning("change.failed", change=change.name, step=run.step, error=str(err))
@@ -135,11 +150,13 @@ class Pipeline:
                 if run.hooks_started:
                     self.step(run, "restore", self.change.restore)
             finally:
-                run.held.close()
+                run.locks.close()
         if run.done:
             log.info("change.done", change=change.name, operations=len(run.done))
         assert run.snapshot is not None
-        return ChangeDone(tuple(run.done), run.snapshot.inventory, run.lock_wait_seconds)
+        return ChangeDone(
+            tuple(run.done), run.snapshot.inventory, run.lock_wait_seconds, run.owners
+        )
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -154,7 +171,7 @@ class Pipeline:
             try:
                 return self._run_once(run, dry_run or compare, compare)
             finally:
-                run.held.close()
+                run.locks.close()
                 self.store.publish_mps(self.mps.status)  # the metrics' MPS status
 
     def _run_once(self, run: Run, dry_run: bool, compare: bool) -> Report:
@@ -181,7 +198,7 @@ class Pipeline:
                 self.step(run, "restore", self.change.restore)
             except Exception as err:
                 failure = failure or (run.step, err)
-        run.held.close()  # the MIG writer lock, once the clients are back
+        run.locks.close()  # the MIG writer lock, once the clients are back
         run.failed = failure is not None
         if failure is None or failure[0] != "observe":
             try:
@@ -193,9 +210,19 @@ class Pipeline:
         self.step(run, "report", lambda r: sent.append(self._send_report(report)))
         if report.reboot_required and run.settings.mig.with_reboot and all(sent):
             report = self._reboot(run, report)
-        self.stats.record(report.result, self.clock() - start, time.time())
+        self.stats.observe_run(report.result, self.clock() - start, time.time())
         self.last_report = report
         return report
+
+    def _claim_steps(self, change: ClaimChange) -> list[tuple[str, Step]]:
+        """A claim let go plans before it takes the lock (one that plans nothing takes none),
+        and plans again under it; a claim to prepare always takes the lock, and plans once,
+        under it, its hooks run around its operations in apply."""
+        planning: list[tuple[str, Step]] = [("observe", self.observe), ("plan", self.plan_step)]
+        pause, *changing = self._changing_steps()
+        if change.release:
+            return [*planning, pause, *changing]
+        return [pause, *planning, *changing]
 
     def _changing_steps(self) -> list[tuple[str, Step]]:
         """The steps that change the node, for a MIG config and a claim's change alike."""
@@ -216,7 +243,7 @@ class Pipeline:
         finally:
             seconds = self.clock() - began
             run.took_ms[name] = round(seconds * 1000, 1)
-            self.stats.record_step(name, seconds)
+            self.stats.observe_step(name, seconds)
 
     def _send_report(self, report: Report) -> bool:
         """Whether the reporter took the report (the state label was written)."""
@@ -242,7 +269,9 @@ class Pipeline:
     # -- the steps ----------------------------------------------------------------------------
 
     def observe(self, run: Run) -> None:
-        run.snapshot = self.store.observe(self.allocations)
+        """Read the GPUs and who holds them (a claim's change: the claims as in the record it
+        carries)."""
+        run.snapshot = self.store.observe(holders(run, self.allocations))
 
     def desire_step(self, run: Run) -> None:
         run.wanted = self.desire.wanted(run.settings)
@@ -302,13 +331,19 @@ class Pipeline:
         change (the hooks file, what an MPS start needs), so a run that cannot finish fails
         here, before anything changed."""
         assert run.snapshot is not None
+        scope = prepares(run)
+        if scope is not None and self.owners is not None:
+            # Under the MIG writer lock: planned with the record as it is now, and the claim
+            # written into it (`preparing`) when the plan holds, in one read-modify-write.
+            run.owners = self.owners.update(
+                lambda o: preparing(scope, self._claim_plan(run, o)),
+                wait_seconds=record_wait(run),
+            )
+            return
         if run.desired is not None or run.scope is not None:
             run.mig_plan = plan_from(run, unheld(run.snapshot) if compare else run.snapshot)
         if run.scope is not None:
-            # A claim's change: the MIG layout of its GPUs only (no MPS daemon, no offer of
-            # the device plugin's); a hooks file matters only when it changes a GPU.
-            if run.settings.mig.hooks_file and run.mig_plan.operations:
-                run.hooks = self.hook_files.load(run.settings.mig.hooks_file)
+            self._claim_hooks(run)
             return
         run.mps_change = self.mps.plan(run.mps_intent)
         self._check_served(run)
@@ -316,6 +351,22 @@ class Pipeline:
             run.hooks = self.hook_files.load(run.settings.mig.hooks_file)
         if not compare:
             check_startable(run.mps_change)
+
+    def _claim_plan(self, run: Run, owners: Owners) -> Owners:
+        """A claim's plan from the GPUs as observed and the record as `owners` has it now
+        (the claims recorded since the change began hold their devices too). Raises as
+        plan_from does, ConfigError (the hooks file); returns `owners`."""
+        assert run.snapshot is not None
+        run.owners = owners
+        run.mig_plan = plan_from(run, reheld(run, run.snapshot, self.allocations))
+        self._claim_hooks(run)
+        return owners
+
+    def _claim_hooks(self, run: Run) -> None:
+        """A claim's change: the MIG layout of its GPUs only (no MPS daemon, no offer of the
+        device plugin's); a hooks file matters only when it changes a GPU."""
+        if run.settings.mig.hooks_file and run.mig_plan.operations:
+            run.hooks = self.hook_files.load(run.settings.mig.hooks_file)
 
     def _check_served(self, run: Run) -> None:
         """Where NVIDIA's device plugin serves the node, it must be able to advertise what
@@ -333,12 +384,12 @@ class Pipeline:
 
     def verify(self, run: Run) -> None:
         """Read again after NVML operations (apply read the GPUs under the lock otherwise); a
-        claim's owners are recorded as the GPUs now are; the GPUs must be as wanted, the MPS
+        released claim is recorded holding nothing; the GPUs must be as wanted, the MPS
         limits must read back. Raises MigError, MpsError."""
         if run.done:
-            run.snapshot = self.store.observe(self.allocations)
+            run.snapshot = self.store.observe(holders(run, self.allocations))
         assert run.snapshot is not None
-        self.change.record(run)
+        self.change.released(run)
         if run.desired is not None:
             problems = mismatches(run.snapshot.inventory, run.desired)
             if problems:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from dataclasses import dataclass, field
 
 from nodeagent.base.errors import KubeError
@@ -11,12 +12,14 @@ from nodeagent.host.hooks import HooksFile
 from nodeagent.mig.apply import Done
 from nodeagent.mig.plan import Plan, plan
 from nodeagent.mig.select import MigTarget
-from nodeagent.mig.wanted import WantedChange
 from nodeagent.mps.manager import MpsChange, MpsIntent
+from nodeagent.reconcile.claims import ClaimChange, claim_wants
 from nodeagent.reconcile.ports import Clients, Wanted
 from nodeagent.settings import Settings
 from nodeagent.sharing.resolve import Resolution
-from nodeagent.state.snapshot import Snapshot
+from nodeagent.state.owners import WithOwners
+from nodeagent.state.record import Owners
+from nodeagent.state.snapshot import Allocations, Holders, Snapshot, in_use_view
 
 
 @dataclass
@@ -24,9 +27,13 @@ class Run:
     settings: Settings
     snapshot: Snapshot | None = None
     wanted: Wanted = field(default_factory=lambda: Wanted("settings", None))
-    # A claim's change (the DRA driver's): only the GPUs and layouts it names, asked of it
-    # again at every plan; no MPS change, no GPU client paused, nothing published.
-    scope: WantedChange | None = None
+    # A claim's change (the DRA driver's): only the GPUs its devices need, planned again at
+    # every plan (nodeagent.reconcile.claims); no MPS change, no GPU client paused, nothing
+    # published. `owners`: the ownership record it plans with, read once when it began and
+    # replaced by what the run itself writes to it.
+    scope: ClaimChange | None = None
+    owners: Owners | None = None
+    pods: Holders | None = None  # the pods' answer of the last read of the GPUs
     desired: dict[int, MigTarget] | None = None
     uncovered: list[str] = field(default_factory=list)  # GPUs a MIG config does not select
     mps_intent: MpsIntent | None = None
@@ -43,7 +50,7 @@ class Run:
     failed: bool = False  # a step before publish failed: the sharing taken last still holds
     took_ms: dict[str, float] = field(default_factory=dict)  # step -> milliseconds
     # The MIG writer lock, from the start of pause to the end of restore.
-    held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    locks: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     locked: bool = False  # pause took the MIG writer lock
     lock_wait_seconds: float = 0.0
 
@@ -60,15 +67,53 @@ def unheld(snapshot: Snapshot) -> Snapshot:
     return dataclasses.replace(snapshot, inventory=inventory, allocated={}, allocations_error=None)
 
 
+def holders(run: Run, allocations: Allocations | None) -> Allocations | None:
+    """Who holds each device, for the run's reads of the GPUs: a claim's change takes the
+    claims from the record it carries, not from the disk again (and keeps the pods' answer:
+    `reheld`)."""
+    if run.owners is None or not isinstance(allocations, WithOwners):
+        return allocations
+    owners, source = run.owners, allocations
+
+    def both() -> Holders:
+        run.pods = dict(source.pods()) if source.pods is not None else {}
+        return source.merged(run.pods, owners, None)
+
+    return both
+
+
+def reheld(run: Run, snapshot: Snapshot, allocations: Allocations | None) -> Snapshot:
+    """`snapshot` with the claims of the record the run carries now (read again since the
+    GPUs were): the pods' answer of that read, and the record's claims."""
+    if run.owners is None or run.pods is None or not isinstance(allocations, WithOwners):
+        return snapshot
+    held = allocations.merged(run.pods, run.owners, snapshot.inventory)
+    return dataclasses.replace(snapshot, holders=held, allocated=in_use_view(held))
+
+
+def prepares(run: Run) -> ClaimChange | None:
+    """The claim a run prepares (it plans under the MIG writer lock and writes the record
+    before its first NVML operation); None for any other run."""
+    return run.scope if run.scope is not None and not run.scope.release else None
+
+
+def record_wait(run: Run) -> float | None:
+    """The wait for the record's lock: until a claim's deadline (None: the store's own)."""
+    deadline = run.scope.deadline if run.scope is not None else None
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
 def plan_from(run: Run, snapshot: Snapshot) -> Plan:
     """The fewest NVML operations from the GPUs of `snapshot` to what the run wants, around
-    the devices their holders hold. A claim's change (`run.scope`) is asked again what its GPUs
-    should be, from the GPUs and holders as they are now (the claim itself not counted as a
-    holder). Raises SliceInUse, GeometryInvalid, ConfigError (the edge's refusals), KubeError."""
+    the devices their holders hold. A claim's change (`run.scope`) is planned again from the
+    GPUs and holders as they are now and the record it carries (the claim itself not counted as
+    a holder). Raises SliceInUse, GeometryInvalid, ConfigError (the claim's refusals),
+    KubeError."""
     held = snapshot.allocated
     if run.scope is not None:
-        held = {uuid: who for uuid, who in held.items() if who != run.scope.ignore}
-        run.desired = dict(run.scope.wants(snapshot.inventory, held))
+        assert run.owners is not None
+        held = {uuid: who for uuid, who in held.items() if who != run.scope.name}
+        run.desired = claim_wants(run.scope, run.owners, snapshot.inventory, held)
     assert run.desired is not None
     the_plan = plan(snapshot.inventory, run.desired, held)
     refuse_unknown_holders(snapshot, the_plan)

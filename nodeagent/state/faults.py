@@ -18,8 +18,8 @@ ran. Where the driver reports its recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_
 driver decides: an XID's fault clears once the hold has passed and the driver, asked after the
 XID, reads NONE. Where it does not, NVIDIA's Xid catalog decides (nodeagent.state.recovery): a
 reset-class XID's fault waits for a sign that the GPU was reset (a pending row remap done, or a
-volatile ECC counter restarting), a reboot-class one for the node's next boot (the record of
-nodeagent.state.faultrecord keeps both across agent restarts). A reset- or reboot-class XID is
+volatile ECC counter restarting), a reboot-class one for the node's next boot (the fault log,
+nodeagent.state.faultlog keeps both across agent restarts). A reset- or reboot-class XID is
 a fault of the whole GPU even where NVML names the slice it hit: the reset is the GPU's. A flag
 keeps its fault while it is set. Application XIDs (NVIDIA's device plugin ignores the same ones:
 an illegal address, a kernel killed, a watchdog of the application's own) are no fault of the
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from nodeagent.nvml.health import Health
 from nodeagent.settings import groups
-from nodeagent.state.faultrecord import FaultRecord, Waiting
+from nodeagent.state.faultlog import FaultLog, Waiting
 from nodeagent.state.recovery import (
     HOLD,
     NONE,
@@ -97,16 +97,16 @@ def xid_kind(code: int) -> str:
 
 class FaultTracker:
     """Faults by device, fed by the health sampler (under the NVML lock) and read by the DRA
-    driver (from its own worker): its own lock keeps the two apart. With a `record`, the faults
+    driver (from its own worker): its own lock keeps the two apart. With a `faultlog`, the faults
     that wait for a reset or a reboot outlive the process (for this boot)."""
 
     def __init__(
         self, clock: Clock = time.monotonic, wall: Clock = time.time,
-        record: FaultRecord | None = None,
+        faultlog: FaultLog | None = None,
     ) -> None:  # fmt: skip
         self.clock = clock
         self.wall = wall
-        self.record = record
+        self.faultlog = faultlog
         self._lock = threading.Lock()
         self._serial = 0  # counts the events and reads, to order them
         self._events: dict[tuple[FaultKey, str], _Event] = {}
@@ -115,10 +115,10 @@ class FaultTracker:
         self._actions: dict[int, tuple[int, int]] = {}  # GPU -> (recovery action, serial read)
         self._reset: dict[int, int] = {}  # GPU -> the serial of its last sign of a reset
         self._saved: list[Waiting] = []
-        if record is not None:
-            self._saved = record.load()
-            if record.stale:  # of another boot, or unreadable: say so in the file too
-                record.save(self._saved)
+        if faultlog is not None:
+            self._saved = faultlog.load()
+            if faultlog.stale:  # of another boot, or unreadable: say so in the file too
+                faultlog.save(self._saved)
             for w in self._saved:  # their hold starts again now
                 self._events[(FaultKey(w.gpu), w.kind)] = _Event(
                     self.clock(), w.since, 0, w.waits_for
@@ -228,8 +228,8 @@ class FaultTracker:
         return event.waits_for == RESET and self._reset.get(gpu, -1) > event.seen
 
     def _save(self) -> None:
-        """Write the record when the faults that wait for a recovery changed."""
-        if self.record is None:
+        """Write the fault log when the faults that wait for a recovery changed."""
+        if self.faultlog is None:
             return
         waiting = sorted(
             (
@@ -240,7 +240,7 @@ class FaultTracker:
             key=lambda w: (w.gpu, w.kind),
         )
         if waiting != self._saved:
-            self.record.save(waiting)
+            self.faultlog.save(waiting)
             self._saved = waiting
 
 

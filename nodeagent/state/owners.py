@@ -31,8 +31,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +58,11 @@ log = get_logger("nodeagent.owners")
 OWNERS_NAME = "owners.json"
 MAX_FILE_BYTES = 4 << 20  # as every input file the agent reads
 DEFAULT_WAIT_SECONDS = 60.0  # for the record's lock, where the caller gives no wait
+# A file whose mtime is at least this old when it is read is kept by its identity: any later
+# write gives it another mtime, whatever the file system's timestamp granularity (FAT's is
+# 2 s; ext4's and tmpfs's a clock tick). A younger one is read again every time (git's "racy"
+# entries).
+SETTLED_NS = 2_000_000_000
 LOCK_WHAT = "the ownership record's lock"
 HOLDER_WORDS = "another process holds the ownership record's lock"
 __all__ = [
@@ -80,6 +88,48 @@ def _load(path: Path) -> Owners | None:
     return None if raw is None else parse(raw, path)
 
 
+# (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns): a file's identity. A write replaces the
+# file (a rename: another inode); an edit in place changes its ctime, which nobody can set.
+Identity = tuple[int, int, int, int, int]
+
+
+def _identity(path: Path) -> Identity | None:
+    """The identity of the regular file at `path`; None for anything else (it is read, and
+    refused as it should be) or when it cannot be looked at."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class RecordFile:
+    """The record's file, parsed again (and its seal checked) only when its identity changed
+    since a read that found it settled (`SETTLED_NS`): a reader that looks every tick (the
+    share watch) costs a stat while nothing changes."""
+
+    def __init__(self, path: Path, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        self.path = path
+        self.clock_ns = clock_ns
+        self._kept: tuple[Identity, Owners] | None = None
+
+    def load(self) -> Owners | None:
+        """As `_load`, from the last read where the file is the same one."""
+        before = _identity(self.path)
+        kept = self._kept
+        if before is not None and kept is not None and kept[0] == before:
+            return kept[1]
+        owners = _load(self.path)
+        settled = before is not None and self.clock_ns() - before[3] >= SETTLED_NS
+        # kept only when the file read is the one looked at (no write came in between)
+        if owners is not None and settled and _identity(self.path) == before:
+            assert before is not None
+            self._kept = (before, owners)
+        return owners
+
+
 class OwnerStore:
     """The record, read and written by every path. `path` None: kept in memory (an emulator
     in one process). Reads may happen any time (a write is one atomic rename); changes go
@@ -97,6 +147,8 @@ class OwnerStore:
         self.inventory = inventory
         self.upgrade = upgrade  # folds the records of before into a version-1 record
         self._memory: Owners | None = None
+        self._file_read = RecordFile(path) if path is not None else None
+        self._listeners: list[Callable[[Owners], None]] = []
         self._lock = threading.Lock()
         self._updating = threading.Lock()  # one read-modify-write at a time in this process
         self._said: tuple[str, tuple[str, ...], str | None] | None = None  # the last warning
@@ -130,8 +182,9 @@ class OwnerStore:
             if current is None:
                 return None, "there is none yet", None
         else:
+            assert self._file_read is not None
             try:
-                current = _load(self.path)
+                current = self._file_read.load()
             except ConfigError as err:
                 return None, str(err), None
             if current is None:
@@ -207,6 +260,11 @@ class OwnerStore:
                     f" aside {remedy}"
                 )
 
+    def listen(self, listener: Callable[[Owners], None]) -> None:
+        """`listener` hears of the record after each write of it in this process, still under
+        the record's lock, so its views follow it in order (the DRA checkpoint)."""
+        self._listeners.append(listener)
+
     def update(
         self,
         change: Callable[[Owners], Owners],
@@ -215,12 +273,12 @@ class OwnerStore:
         waited: float = 0.0,
     ) -> Owners:
         """Read, change, write: one read-modify-write under the record's lock, waited for up
-        to `wait_seconds` (default: `self.default_wait()`); `then` hears of the record as it
-        stands then, still under it (the DRA checkpoint, its view, follows it in order). A
-        record that must be rebuilt first is rebuilt outside the lock. Raises ConfigError when
-        the file cannot be written, LockHeld when another process held the lock all that
-        time, Interrupted when a stop signal comes while waiting, or `change`'s error (nothing
-        written)."""
+        to `wait_seconds` (default: `self.default_wait()`); the listeners hear of a record
+        written, `then` of the record as it stands then (written or not), still under the
+        lock. A record that must be rebuilt first is rebuilt outside the lock. Raises
+        ConfigError when the file cannot be written, LockHeld when another process held the
+        lock all that time, Interrupted when a stop signal comes while waiting, or `change`'s
+        error (nothing written)."""
         base: Owners | None = None
         while True:
             with self._writing(wait_seconds, waited):
@@ -231,6 +289,8 @@ class OwnerStore:
                     owners = change(found)
                     if owners is not found or found.version != VERSION:
                         self._write(owners)  # a change that changes nothing writes nothing
+                        for listener in self._listeners:
+                            listener(owners)
                     if then is not None:
                         then(owners)
                     return owners
@@ -307,25 +367,34 @@ def inventory_reader(session: NvmlSession) -> Callable[[], Inventory]:
     return read
 
 
-def with_owners(
-    allocations: Allocations | None, store: OwnerStore, inventory: Callable[[], Inventory]
-) -> Callable[[], Holders]:
-    """`allocations` (the kubelet's pod-resources answer; None: no pods known) plus the
-    devices the ownership record gives to claims (or every device, when it is uncertain)."""
+@dataclass(frozen=True)
+class WithOwners:
+    """Who holds each device: `pods` (the kubelet's pod-resources answer; None: no pods
+    known) plus the devices the ownership record gives to claims (or every device, when it is
+    uncertain). Called, it reads the record; `merged` takes a record already read (a claim's
+    change carries the one read when it began)."""
 
-    def both() -> Holders:
-        pods = dict(allocations()) if allocations is not None else {}
-        owners = store.read()
-        # The GPUs are read again only where the record lacks a UUID (a slice being made) or
-        # holds everything (uncertain).
+    pods: Allocations | None
+    store: OwnerStore
+    inventory: Callable[[], Inventory]
+
+    def __call__(self) -> Holders:
+        pods = self.pods() if self.pods is not None else {}
+        return self.merged(pods, self.store.read(), None)
+
+    def merged(self, pods: Holders, owners: Owners, inventory: Inventory | None) -> Holders:
+        """`pods`, and every device `owners` gives to a claim that no pod holds. The GPUs
+        (`inventory`, else read now) are needed only where the record lacks a UUID (a slice
+        being made) or holds everything (uncertain)."""
+        out = dict(pods)
         need = owners.uncertain is not None or any(
             d.is_mig and not d.mig_uuid for c in owners.claims.values() for d in c.devices
         )
-        for uuid, who in owners.holders(inventory() if need else None).items():
-            pods.setdefault(uuid, who)
-        return pods
-
-    return both
+        if need and inventory is None:
+            inventory = self.inventory()
+        for uuid, who in owners.holders(inventory if need else None).items():
+            out.setdefault(uuid, who)
+        return out
 
 
 def claimed_mps(store: OwnerStore | None) -> dict[int, str]:

@@ -32,7 +32,7 @@ from nodeagent.nvml.utilization import (
     idle_sample,
     read_mps_clients,
 )
-from nodeagent.state.faultrecord import FaultRecord
+from nodeagent.state.faultlog import FaultLog
 from nodeagent.state.faults import FaultKey, FaultTracker
 from nodeagent.state.snapshot import FieldValues, GpmValues, HealthValues, ProcessUtilization, Store
 
@@ -133,12 +133,12 @@ class HealthSampler:
 
     def __init__(
         self, session: NvmlSession, store: Store, clock: Clock = time.monotonic,
-        wall: Clock = time.time, record: FaultRecord | None = None,
+        wall: Clock = time.time, faultlog: FaultLog | None = None,
     ) -> None:  # fmt: skip
         self.session = session
         self.store = store
         self.xids = XidWatcher(session)
-        self.faults = FaultTracker(clock, wall, record)
+        self.faults = FaultTracker(clock, wall, faultlog)
         self._counts: dict[int, Counter[int]] = {}
         self._last: dict[int, int] = {}
         self._tried: set[int] = set()

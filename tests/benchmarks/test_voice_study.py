@@ -20,7 +20,7 @@ import slo
 import study
 import verdict
 
-from nodeagent.dra.shares import SM_STEP_PERCENT, share_capacity
+from nodeagent.dra.capacity import SM_STEP_PERCENT, share_capacity
 
 MODELS = ("asr", "tts", "embed")
 PCT, PRIO = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_CLIENT_PRIORITY"
@@ -45,7 +45,7 @@ def test_share_requests_round_demand_up_to_the_step_and_fit_one_gpu(
 
 def test_the_sizing_reads_the_share_devices_request_policy() -> None:
     """Every request the local sizing makes is one the share device's sm requestPolicy takes
-    as it is (nodeagent.dra.shares), and covers the demand."""
+    as it is (nodeagent.dra.capacity), and covers the demand."""
     policy = share_capacity("gpu.nodeagent.io", 80 << 30)["gpu.nodeagent.io/sm"]["requestPolicy"]
     low, high, step = (int(policy["validRange"][k]) for k in ("min", "max", "step"))
     for i in range(101):

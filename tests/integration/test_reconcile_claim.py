@@ -1,8 +1,10 @@
-"""A claim's change (nodeagent.mig.wanted, the DRA driver's) through the pipeline's own steps,
-on the emulator: the GPUs it names change and nothing else; no GPU client is paused and no
-state is reported; the owners are recorded before the first NVML operation and after the
-last; the hooks run only around operations; /healthz's `applying` holds while NVML changes a
-GPU for a claim as for a MIG config; each operation comes back typed, with its duration."""
+"""A claim's change (nodeagent.reconcile.claims `ClaimChange`, the DRA driver's) through the
+pipeline's own steps, on the emulator, with no DRA driver: the GPUs its devices need change
+and nothing else; no GPU client is paused and no state is reported; the engine records the
+claim `preparing` in the ownership record before the first NVML operation and, let go,
+holding nothing after the last; a slice another claim holds refuses it; the hooks run only
+around operations; /healthz's `applying` holds while NVML changes a GPU for a claim as for a
+MIG config; each operation comes back typed, with its duration."""
 
 from __future__ import annotations
 
@@ -17,18 +19,22 @@ from nodeagent.agent.factory import command_pipeline
 from nodeagent.base.errors import SliceInUse
 from nodeagent.metrics.agent import AgentStats
 from nodeagent.mig.plan import Op
-from nodeagent.mig.select import MigTarget
-from nodeagent.mig.wanted import WantedChange
 from nodeagent.mps.manager import MpsManager
-from nodeagent.nvml import Inventory, NvmlSession, read_inventory
+from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.reconcile import Pipeline, Report, SettingsDesire, Wanted, no_lock
+from nodeagent.reconcile.claims import ClaimChange
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml, parse_spec
+from nodeagent.state.held import PREPARING, UNPREPARING, PreparedClaim, PreparedDevice
+from nodeagent.state.owners import OwnerStore
+from nodeagent.state.record import Owners
 from nodeagent.state.snapshot import Snapshot, Store
 from tests.support.agent import make_settings
 
 CREATE_GI = "nvmlDeviceCreateGpuInstanceWithPlacement"
 ONE_1G = 19  # the 1g.18gb profile of an H200
+UID = "5b0e9c1a-7d3e-4c52-9a51-0c6f4f1b2a01"
+OTHER = "5b0e9c1a-7d3e-4c52-9a51-0c6f4f1b2a02"
 
 
 @dataclass
@@ -54,15 +60,13 @@ class World:
         self.calls.append("publish")
 
 
-def _one_1g(gpu: int) -> MigTarget:
-    return MigTarget(gpu, True, {ONE_1G: 1}, "claim")
-
-
-def _change(wanted: MigTarget, recorded: list[tuple[int, bool]]) -> WantedChange:
-    def record(inventory: Inventory, done: bool) -> None:
-        recorded.append((len(inventory.gpus[wanted.gpu].slices), done))
-
-    return WantedChange("claim speech/asr", lambda _inv, _held: {wanted.gpu: wanted}, "me", record)
+def _claim(lib: SimulatedNvml, gpu: int, name: str = "asr") -> PreparedClaim:
+    """A claim of one new 1g.18gb slice at placement 0 of GPU `gpu`, as the driver makes it."""
+    uuid = read_inventory(NvmlSession(lib)).gpus[gpu].uuid
+    device = PreparedDevice(
+        "r", "node", f"gpu-{gpu}-mig-1g18gb-19-0", gpu, uuid, ONE_1G, "1g.18gb", 0, 1, False
+    )
+    return PreparedClaim("speech", name, PREPARING, (device,), (), "gpu.nodeagent.io")
 
 
 @pytest.fixture
@@ -82,6 +86,7 @@ def pipeline() -> tuple[Pipeline, SimulatedNvml, World]:
             sinks=(world,),
             clients=lambda _s: world,
             reporter=world,
+            owners=OwnerStore(None, lambda _inventory: Owners()),
         ),
         lib,
         world,
@@ -92,40 +97,57 @@ def test_a_claims_change_runs_the_steps_on_its_gpus_only(
     pipeline: tuple[Pipeline, SimulatedNvml, World],
 ) -> None:
     engine, lib, world = pipeline
+    record = engine.owners
+    assert record is not None
     applying: list[bool] = []
+    recorded: list[str | None] = []
     lib.latency = {CREATE_GI: 1e-9}  # the emulator "blocks" in the create call: look then
-    lib.sleep = lambda _seconds: applying.append(engine.applying)
-    recorded: list[tuple[int, bool]] = []
 
-    done = engine.run_change(_change(_one_1g(1), recorded))
+    def look(_seconds: float) -> None:
+        applying.append(engine.applying)
+        recorded.append(record.read().claims[UID].state)
+
+    lib.sleep = look
+    claim = _claim(lib, 1)
+
+    done = engine.run_change(ClaimChange(UID, claim))
 
     assert applying == [True]  # /healthz and shutdown know a MIG change holds NVML
+    assert recorded == [PREPARING]  # the engine recorded it before the first operation
     assert not engine.applying
     assert world.calls == []  # no client paused, no "pending", no labels, no report
-    assert recorded == [(0, False), (1, True)]  # before the first operation, after the last
     assert [d.op.op for d in done.operations] == [Op.SET_MIG_MODE, Op.CREATE_GI, Op.CREATE_CI]
     assert all(d.seconds >= 0 and d.op.gpu == 1 for d in done.operations)
     (made,) = done.inventory.gpus[1].slices
     assert (done.operations[1].gi_id, done.operations[2].ci_id) == (made.gi_id, made.ci_id)
     assert not done.inventory.gpus[0].mig_current  # the GPU it does not name is left alone
     assert {"observe", "plan", "pause", "apply", "verify", "cdi"} <= set(engine.stats.steps)
-    # Asked again: the GPUs are as it wants; nothing more is done, the owners recorded again.
-    again = engine.run_change(_change(_one_1g(1), recorded))
-    assert again.operations == () and recorded[2:] == [(1, False), (1, True)]
+    assert done.owners == record.read() and record.read().claims[UID] == claim
+    # Asked again: the GPUs are as it wants; nothing more is done.
+    again = engine.run_change(ClaimChange(UID, claim))
+    assert again.operations == () and record.read().claims[UID] == claim
+    # Let go: the slice it made goes, and the engine records it holding nothing.
+    gone = engine.run_change(ClaimChange(UID, claim, release=True))
+    assert [d.op.op for d in gone.operations] == [Op.DESTROY_CI, Op.DESTROY_GI]
+    assert not read_inventory(engine.store.session).gpus[1].slices
+    assert record.read().claims[UID] == PreparedClaim(
+        "speech", "asr", UNPREPARING, (), (), "gpu.nodeagent.io"
+    )
 
 
-def test_a_claim_the_gpus_cannot_hold_fails_plan_and_changes_nothing(
+def test_a_slice_another_claim_holds_refuses_the_claim_and_changes_nothing(
     pipeline: tuple[Pipeline, SimulatedNvml, World],
 ) -> None:
-    engine, _lib, world = pipeline
-
-    def refuse(_inventory: Inventory, _held: Mapping[str, str]) -> dict[int, MigTarget]:
-        raise SliceInUse("gpu-1-mig-1g18gb-19-0: pod speech/other holds memory slice 0")
-
+    engine, lib, world = pipeline
+    assert engine.owners is not None
+    other = _claim(lib, 1, "other")
+    engine.owners.write(Owners({OTHER: other}))
     before = read_inventory(engine.store.session)
-    with pytest.raises(SliceInUse, match="pod speech/other"):
-        engine.run_change(WantedChange("claim speech/asr", refuse))
+
+    with pytest.raises(SliceInUse, match="claim speech/other holds memory slices 0-0 of GPU 1"):
+        engine.run_change(ClaimChange(UID, _claim(lib, 1)))
     assert read_inventory(engine.store.session).gpus == before.gpus
+    assert engine.owners.read() == Owners({OTHER: other})  # nothing recorded
     assert world.calls == [] and not engine.applying
 
 
@@ -141,7 +163,7 @@ def test_the_hooks_run_around_a_claims_operations_only(tmp_path: Path) -> None:
     lib = SimulatedNvml(parse_spec("h200"))
     engine = command_pipeline(NvmlSession(lib), settings, lib.reset, tmp_path / ".mig.lock")
 
-    engine.run_change(_change(_one_1g(0), []))
+    engine.run_change(ClaimChange(UID, _claim(lib, 0)))
     assert log.read_text().split() == list(names)
-    engine.run_change(_change(_one_1g(0), []))
+    engine.run_change(ClaimChange(UID, _claim(lib, 0)))
     assert log.read_text().split() == list(names)

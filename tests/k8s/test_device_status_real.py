@@ -20,9 +20,9 @@ import yaml
 
 from nodeagent.agent.factory import dra_driver
 from nodeagent.base.errors import KubeError
-from nodeagent.dra.api import DraApi
+from nodeagent.dra.k8s.api import DraApi
+from nodeagent.dra.k8s.server import KubeletPluginServer, Sockets
 from nodeagent.dra.node import NodeConfig
-from nodeagent.dra.server import KubeletPluginServer, Sockets
 from nodeagent.kube.api import KubeSettings, make_api_client
 from nodeagent.metrics.dra import DraStats
 from nodeagent.nvml import NvmlSession, read_inventory

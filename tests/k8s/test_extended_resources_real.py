@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from nodeagent.dra.driver import DraDriver
+from nodeagent.dra.k8s.driver import DraDriver
 from nodeagent.nvml import MigWriter, NvmlSession, read_inventory
 from tests.k8s.test_gates_real import _plugin
 from tests.k8s.test_packing_real import DRIVER, REPO, _device_classes, _publish, _wait

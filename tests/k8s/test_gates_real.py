@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from nodeagent.agent.factory import dra_driver
-from nodeagent.dra.driver import DraDriver
+from nodeagent.dra.k8s.driver import DraDriver
 from nodeagent.dra.node import NodeConfig
 from nodeagent.kube.api import KubeSettings
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
@@ -152,7 +152,7 @@ def test_a_write_answer_without_counters_stops_before_any_device(
     """The read-back of each write, without the probe (one that failed): the counters slice
     goes first, comes back without its counters, and nothing more is written."""
     from nodeagent.dra.devices import resource_slices
-    from nodeagent.dra.slices import SlicePublisher
+    from nodeagent.dra.k8s.slices import SlicePublisher
 
     node = f"n-{uuid.uuid4().hex[:8]}"
     make_node(_api(gate_off), node)

@@ -3,7 +3,7 @@ the real kube-scheduler v1.36.2: the templates of examples/dra/mps-shares.yaml, 
 put on one share device while their capacity requests fit (each claim with a shareID and a
 consumedCapacity of its own), the next one left pending, the share device's exclusive twin
 kept from anybody while a share is allocated; then nodeagent's driver prepares the claims on
-the emulated node as the clients of ONE MPS daemon per device (nodeagent.mps.shares), each
+the emulated node as the clients of ONE MPS daemon per device (nodeagent.mps.servers), each
 claim's consumed capacity its request, its limit (MpsShare smLimit, default 100) its clients'
 SM ceiling in its CDI spec, the daemon's limits the largest limit (read back from the (fake)
 daemon), which stops after the last claim's unprepare. The scheduler counts requests only:
@@ -119,7 +119,7 @@ def _quit_all(control: str, plugin_dir: Path) -> None:
 
 
 def _share_roots(plugin_dir: Path) -> list[Path]:
-    """The share servers (nodeagent.mps.shares): <plugin dir>/mps-shared/<device>-u<uid>."""
+    """The share servers (nodeagent.mps.servers): <plugin dir>/mps-shared/<device>-u<uid>."""
     return sorted(p for p in (plugin_dir / "mps-shared").glob("*") if p.is_dir())
 
 
@@ -182,7 +182,7 @@ def test_three_30_percent_shares_fit_one_gpu_a_fourth_waits(
     try:
         for c in claims:
             _prepare(driver, c)
-        # One MPS server for the three claims (nodeagent.mps.shares), three limit sets in
+        # One MPS server for the three claims (nodeagent.mps.servers), three limit sets in
         # three CDI specs; the daemon's limits are the ceiling (the largest limit: no smLimit
         # anywhere, the default, 100 %: each 30 % request bursts into the idle GPU).
         (root,) = _share_roots(short_tmp / "p")

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from nodeagent.dra.k8s.server import KubeletPluginServer
 from nodeagent.dra.node import NodeConfig, NodeDriver
-from nodeagent.dra.server import KubeletPluginServer
 from nodeagent.metrics.dra import DraStats
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml

@@ -44,3 +44,31 @@ def test_the_floors_are_those_of_the_design_page() -> None:
     table = re.findall(r"^\| (\d+) \| (.+?) \|", (REPO / "docs" / "design.md").read_text(), re.M)
     page = [(int(n), " | ".join(re.findall(r"`([a-z]+/)`", cell))) for n, cell in table]
     assert page == list(_picture().FLOORS)
+
+
+def _trace_claim() -> ModuleType:
+    path = REPO / "benchmarks" / "trace_claim.py"
+    spec = importlib.util.spec_from_file_location("trace_claim", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_claim_flow_is_the_route_a_claim_takes(tmp_path: Path) -> None:
+    """One claim traced on the emulator (benchmarks/trace_claim.py): every file on the stack
+    at the first NVML write (the emulator's and the NVML session's aside) is a step of the
+    picture's claim flow, in its order; the engine (reconcile/, mig/) never calls back into
+    dra/; the ownership record is read at most 4 times for the prepare."""
+    result = _trace_claim().trace(tmp_path)
+    on_stack = []
+    for frame in result["route"]:
+        name = frame.split(":")[0].removeprefix("nodeagent/")
+        if not name.startswith("sim/") and name != "nvml/session.py" and name not in on_stack:
+            on_stack.append(name)
+    ((_, _, _, steps),) = [f for f in _picture().FLOWS if f[0] == "a DRA claim to NVML"]
+    flow = [name for _, name, _ in steps]
+    assert [name for name in flow if name in on_stack] == on_stack
+    callers = [what.split(" -> ")[0] for what, _ in result["callbacks"]]
+    assert [c for c in callers if c.startswith(("nodeagent/reconcile/", "nodeagent/mig/"))] == []
+    assert result["record_reads"] <= 4

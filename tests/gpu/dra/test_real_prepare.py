@@ -20,9 +20,9 @@ from nodeagent.base.errors import MpsError
 from nodeagent.dra.claims import ClaimRef
 from nodeagent.dra.node import NodeConfig, NodeDriver
 from nodeagent.mig.apply import Done
-from nodeagent.mig.wanted import ChangeDone, WantedChange
 from nodeagent.mps.control import MpsControl
 from nodeagent.nvml import Inventory, NvmlSession
+from nodeagent.reconcile.claims import ChangeDone, ClaimChange
 from nodeagent.settings import Settings
 
 pytestmark = pytest.mark.gpu
@@ -34,7 +34,7 @@ class Recording:
         self.engine = engine
         self.operations: list[Done] = []
 
-    def run_change(self, change: WantedChange) -> ChangeDone:
+    def run_change(self, change: ClaimChange) -> ChangeDone:
         done: ChangeDone = self.engine.run_change(change)
         self.operations += done.operations
         return done

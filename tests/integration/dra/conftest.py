@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from nodeagent.agent.factory import dra_driver
-from nodeagent.dra.api import DraApi
-from nodeagent.dra.server import KubeletPluginServer, Sockets
+from nodeagent.dra.k8s.api import DraApi
+from nodeagent.dra.k8s.server import KubeletPluginServer, Sockets
 from nodeagent.dra.users import PodUsers
 from nodeagent.kube.api import KubeSettings, make_api_client
 from nodeagent.metrics.dra import DraStats

@@ -11,9 +11,9 @@ import itertools
 
 import pytest
 
-from nodeagent.dra.api import DraApi
 from nodeagent.dra.devices import resource_slices
-from nodeagent.dra.slices import SlicePublisher
+from nodeagent.dra.k8s.api import DraApi
+from nodeagent.dra.k8s.slices import SlicePublisher
 from nodeagent.dra.traces import claim_holders
 from nodeagent.kube.api import KubeSettings, make_api_client
 from tests.support.cluster import is_write
@@ -54,7 +54,7 @@ def test_every_mode_at_once_and_ten_repartitions_move_no_claim(dra_node: DraNode
     assert [(start, profile) for start, profile, _ in kept] == [(0, "2g.35gb"), (2, "1g.18gb")]
     busy_slice = next(s for s in inventory.gpus[0].slices if s.placement.start == 0)
     pipe = dra_node.root / "p" / "mps" / "uid-mps" / "gpu-1" / "pipe"
-    # the slice's share server (one for all the share claims on it: nodeagent.mps.shares)
+    # the slice's share server (one for all the share claims on it: nodeagent.mps.servers)
     pipe_in = dra_node.root / "p" / "mps-shared" / "gpu-0-mig-1g18gb-19-2-mps-u0" / "pipe"
     assert (pipe / "control").exists() and (pipe_in / "control").exists()
     assert not inventory.gpus[1].mig_current and not inventory.gpus[2].mig_current

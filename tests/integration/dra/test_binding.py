@@ -1,4 +1,4 @@
-"""The binding watcher (nodeagent.dra.binding) against kmock's API server and the emulator: a
+"""The binding watcher (nodeagent.dra.k8s.binding) against kmock's API server and the emulator: a
 claim whose device carries binding conditions gets its slice made before the kubelet's prepare
 and SliceReady True in its status; the prepare adopts the slice. The edges: the claim deleted
 meanwhile, the API server down or refusing the status write, a placement another claim holds."""
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from nodeagent.base.errors import KubeError
-from nodeagent.dra.api import DraApi
-from nodeagent.dra.binding import Binder
 from nodeagent.dra.checkpoint import PREPARED, PREPARING, load
+from nodeagent.dra.k8s.api import DraApi
+from nodeagent.dra.k8s.binding import Binder
 from nodeagent.kube.api import KubeSettings, make_api_client
 from tests.support.dra import CLAIMS, DRIVER, DraNode, allocated_claim, kmock
 

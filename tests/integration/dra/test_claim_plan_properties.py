@@ -1,4 +1,4 @@
-"""What a claim wants (nodeagent.dra.intents), planned by the one MIG planner, on random layouts (hypothesis), executed on the emulator: either only
+"""What a claim wants (nodeagent.dra.prepared, nodeagent.reconcile.claims), planned by the one MIG planner, on random layouts (hypothesis), executed on the emulator: either only
 destroying a busy slice would make room and nothing is planned, or after the operations the
 claimed slice is there, every other slice kept has its ids, only idle ones went and no fewer
 would do (by tests/support/mig.py's independent rules: overlap, one +me, compute slices), and
@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 from nodeagent.base.errors import SliceInUse
 from nodeagent.dra.claims import ClaimedDevice
 from nodeagent.dra.devices import DeviceRef, mig_device_name
-from nodeagent.dra.intents import intents, prepare_wants
+from nodeagent.dra.prepared import prepared_devices
 from nodeagent.mig.apply import execute
 from nodeagent.mig.geometry import Geometry, Instance
 from nodeagent.mig.plan import plan
 from nodeagent.nvml import MigWriter, NvmlSession, read_inventory
+from nodeagent.reconcile.claims import prepare_wants
 from nodeagent.sim import SimulatedNvml
 from tests.support.mig import reference_valid
 
@@ -77,7 +78,7 @@ def test_the_claimed_slice_is_made_and_only_what_must_goes(
     profile = GEOMETRY.profile(want.profile_id)
     name = mig_device_name(0, profile, want.start)
     claimed = [ClaimedDevice("r", "n", name, DeviceRef(0, want.profile_id, want.start))]
-    wanted = intents(before, claimed)
+    wanted = prepared_devices(before, claimed)
     if want in layout:  # there already: used as it is, unless busy
         index = layout.index(want)
         fewest: int | None = None if index in busy else 0

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from nodeagent.dra import reports
-from nodeagent.dra import server as dra_server
+from nodeagent.dra.k8s import reports
+from nodeagent.dra.k8s import server as dra_server
 from tests.support.cli import captured_logs
 from tests.support.dra import DRIVER, NODE, DraNode, allocated_claim, kmock, mps_config
 from tests.support.fake_kubelet.dra import Claim

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from nodeagent.base.errors import LockHeld
-from nodeagent.dra import server as dra_server
-from nodeagent.dra.server import KubeletPluginServer, Sockets
+from nodeagent.dra.k8s import server as dra_server
+from nodeagent.dra.k8s.server import KubeletPluginServer, Sockets
 from tests.support.dra import DRIVER, DraNode, allocated_claim
 from tests.support.fake_kubelet.dra import Claim, FakeDraKubelet
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from nodeagent.agent.factory import dra_driver
-from nodeagent.dra.driver import DraDriver
+from nodeagent.dra.k8s.driver import DraDriver
 from nodeagent.dra.node import NodeConfig
 from nodeagent.kube.api import KubeSettings
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory

@@ -11,9 +11,9 @@ import pytest
 
 from nodeagent.base.errors import KubeError
 from nodeagent.base.shapes import Unreadable
-from nodeagent.dra.api import DraApi, read_slice
 from nodeagent.dra.devices import resource_slices
-from nodeagent.dra.slices import SlicePublisher
+from nodeagent.dra.k8s.api import DraApi, read_slice
+from nodeagent.dra.k8s.slices import SlicePublisher
 from nodeagent.kube.api import KubeSettings, make_api_client
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from nodeagent.base.jsontext import sealed_text
-from nodeagent.dra.binding import Binder
+from nodeagent.dra.k8s.binding import Binder
 from nodeagent.state.owners import OWNERS_NAME
 from tests.support.dra import DRIVER, DraNode
 

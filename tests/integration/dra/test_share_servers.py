@@ -1,5 +1,5 @@
 """MPS shares that really share (issue 38): the share claims on one device are the clients of
-ONE MPS control daemon (nodeagent.mps.shares), started by the first, joined by the others,
+ONE MPS control daemon (nodeagent.mps.servers), started by the first, joined by the others,
 stopped after the last; each claim's own limits reach its containers through its CDI spec,
 and the daemon's limits are the ceiling (the largest share on it). Claims of different users
 get separate daemons. A restarted driver adopts the daemon; a crashed one is started again."""
@@ -233,7 +233,7 @@ def _client(env: dict[str, str]) -> Any:
 def test_a_client_asking_for_more_than_its_share_is_reported_on_its_claim_within_5_s(
     dra_node: DraNode, enforce: str
 ) -> None:
-    from nodeagent.dra.api import DraApi
+    from nodeagent.dra.k8s.api import DraApi
     from nodeagent.dra.sharewatch import ShareWatch
     from nodeagent.kube.api import KubeSettings, make_api_client
     from nodeagent.metrics.dra import DraStats
@@ -254,7 +254,7 @@ def test_a_client_asking_for_more_than_its_share_is_reported_on_its_claim_within
         node.shares.clients = lambda key: [honest.pid, greedy.pid, big.pid]  # type: ignore[method-assign]
         kube = KubeSettings(node_name="node-1", host=dra_node.cluster.url, retry_seconds=1.0)
         api = DraApi(make_api_client(kube), kube)
-        from nodeagent.dra.reports import StatusReports
+        from nodeagent.dra.k8s.reports import StatusReports
 
         stats = DraStats()
         ended: list[int] = []
@@ -307,3 +307,34 @@ def test_a_client_asking_for_more_than_its_share_is_reported_on_its_claim_within
         for p in (honest, greedy, big):
             p.kill()
             p.wait()
+
+
+def test_the_share_watch_reads_the_record_once_a_tick(
+    dra_node: DraNode, fake_mps_control: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its servers kept up, their clients looked at, the claims named: one read of the
+    ownership record a tick (issue 43: three before)."""
+    from nodeagent.dra.sharewatch import ShareWatch
+
+    prepared(
+        dra_node,
+        share("asr", "uid-asr", "gpu-0-mps", 40, "16Gi"),
+        share("tts", "uid-tts", "gpu-0-mps", 30, "8Gi"),
+    )
+    store = dra_node.node.owners
+    reads: list[int] = []
+    read = store.read
+
+    def counted() -> Any:
+        reads.append(1)
+        return read()
+
+    monkeypatch.setattr(store, "read", counted)
+    watch = ShareWatch(dra_node.node)
+    watch.tick()
+    assert len(reads) == 1
+    watch.tick(dra_node.inventory())
+    assert len(reads) == 1  # within WATCH_SECONDS: not looked at again
+    watch._next = 0.0
+    watch.tick(dra_node.inventory())
+    assert len(reads) == 2

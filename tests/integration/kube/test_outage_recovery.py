@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from nodeagent.agent.service import WATCH_BACKOFF_SECONDS
-from nodeagent.dra.allocated import claims_source
-from nodeagent.dra.api import DraApi
 from nodeagent.dra.claims import checked_claim
+from nodeagent.dra.k8s.allocated import claims_source
+from nodeagent.dra.k8s.api import DraApi
 from nodeagent.kube.api import KubeSettings, NodeApi, make_api_client
 from nodeagent.kube.controller import NodeView, NodeWatcher
 from nodeagent.kube.informer import Informer

@@ -38,8 +38,8 @@ def _conditions(node: DraNode, name: str) -> list[dict[str, Any]]:
 def test_a_claim_held_below_its_request_while_another_bursts_is_a_finding(
     dra_node: DraNode,  # noqa: F811
 ) -> None:
-    from nodeagent.dra.api import DraApi
-    from nodeagent.dra.reports import StatusReports
+    from nodeagent.dra.k8s.api import DraApi
+    from nodeagent.dra.k8s.reports import StatusReports
     from nodeagent.kube.api import KubeSettings, make_api_client
 
     prepared(

@@ -1,12 +1,12 @@
 """DRAPartitionableDevices off: what is published (nodeagent.dra.nocounters) and when the
-agent says so (nodeagent.dra.slices.GateWatch): once per change, a probe the API server
+agent says so (nodeagent.dra.k8s.slices.GateWatch): once per change, a probe the API server
 cannot answer keeps the last verdict."""
 
 from __future__ import annotations
 
 from nodeagent.base.errors import KubeError
+from nodeagent.dra.k8s.slices import PROBE_INTERVAL_SECONDS, GateWatch
 from nodeagent.dra.nocounters import safe_slices
-from nodeagent.dra.slices import PROBE_INTERVAL_SECONDS, GateWatch
 from nodeagent.nvml import MigWriter, NvmlSession, Placement, read_inventory
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec

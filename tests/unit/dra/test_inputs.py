@@ -13,6 +13,7 @@ from nodeagent.dra.checkpoint import PREPARED, Checkpoint, PreparedClaim, Prepar
 from nodeagent.dra.claims import Mps, claimed_devices, parse_quantity, quoted
 from nodeagent.dra.devices import DeviceRef
 from nodeagent.settings import load as load_settings
+from nodeagent.state.record import Owners
 
 DRIVER = "gpu.nodeagent.io"
 
@@ -161,12 +162,16 @@ def test_a_checkpoint_it_cannot_read_is_an_error(tmp_path: Path, text: str, erro
 
 def test_checkpoint_round_trip(tmp_path: Path) -> None:
     device = PreparedDevice("gpu", "n", "gpu-0-mig-1g18gb-19-2", 0, "GPU-1", 19, "1g.18gb", 2, 1)
-    cp = Checkpoint().with_claim("u", PreparedClaim("ns", "c", PREPARED, (device,), ("id",)))
+    cp = Checkpoint({"u": PreparedClaim("ns", "c", PREPARED, (device,), ("id",))})
     save(tmp_path / "c.json", cp)
     assert load(tmp_path / "c.json") == cp
     assert load(tmp_path / "missing.json") == Checkpoint()
-    assert cp.holder_of(0, 2, 1) == cp.claims["u"]
-    assert cp.holder_of(0, 3, 4) is None and cp.holder_of(0, 2, 1, but="u") is None
+    # Who holds a slice is the ownership record's to say (the checkpoint is its view).
+    record = Owners(cp.claims)
+    assert record.owner_of("GPU-1", 2, 1) == "claim ns/c"
+    assert (
+        record.owner_of("GPU-1", 3, 4) is None and record.owner_of("GPU-1", 2, 1, but="u") is None
+    )
 
 
 LONG = "1" * 5000  # int() of it fails: Python's limit on converting long digit strings

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodeagent.base.errors import ConfigError
+from nodeagent.dra.capacity import SM_STEP_PERCENT
 from nodeagent.dra.devices import resource_slices
 from nodeagent.dra.plans import render_claims, share_percent, template_document, templates
-from nodeagent.dra.shares import SM_STEP_PERCENT
 from nodeagent.nvml import Inventory
 from nodeagent.planner.planner import NodePlan, plan_node
 from nodeagent.planner.workloads import Workload, parse_workloads

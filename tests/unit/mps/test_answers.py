@@ -13,7 +13,7 @@ import pytest
 from nodeagent.base.errors import MpsError
 from nodeagent.base.units import decimal, is_digits, whole_number
 from nodeagent.mps.control import MpsControl
-from nodeagent.mps.shares import ShareKey, ShareServers, Stall
+from nodeagent.mps.servers import ShareKey, ShareServers, Stall
 
 LONG = "1" * 5000  # int() of it fails: Python's limit on converting long digit strings
 

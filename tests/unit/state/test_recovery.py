@@ -1,4 +1,4 @@
-"""XID faults by recovery action (nodeagent.state.faults, .recovery, .faultrecord): an XID after
+"""XID faults by recovery action (nodeagent.state.faults, .recovery, .faultlog): an XID after
 which the GPU needs a reset or the node a reboot keeps its fault past dra.health-hold until the
 recovery ran; the driver's recovery action decides where it reports one, NVIDIA's Xid catalog
 where it does not. On a virtual clock."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nodeagent.nvml.health import Health
-from nodeagent.state.faultrecord import FaultRecord, read_boot_id
+from nodeagent.state.faultlog import FaultLog, read_boot_id
 from nodeagent.state.faults import FaultKey, FaultPolicy, FaultTracker
 from nodeagent.state.recovery import (
     ACTION_NAMES,
@@ -34,9 +34,9 @@ NONE, GPU_RESET, NODE_REBOOT = 0, 1, 2  # nvmlDeviceGpuRecoveryAction_t
 WALL = 1_000_000.0
 
 
-def tracker(record: FaultRecord | None = None) -> tuple[FaultTracker, ManualClock]:
+def tracker(faultlog: FaultLog | None = None) -> tuple[FaultTracker, ManualClock]:
     clock = ManualClock()
-    return FaultTracker(clock, wall=lambda: WALL + clock(), record=record), clock
+    return FaultTracker(clock, wall=lambda: WALL + clock(), faultlog=faultlog), clock
 
 
 def past_hold(t: FaultTracker, clock: ManualClock) -> dict[FaultKey, tuple[str, ...]]:
@@ -195,22 +195,22 @@ def test_action_names() -> None:
 
 def test_a_restart_on_the_same_boot_keeps_what_waits_a_reboot_drops_it(tmp_path: Path) -> None:
     path = tmp_path / "faults.json"
-    t, clock = tracker(FaultRecord(path, boot_id=lambda: "boot-a"))
+    t, clock = tracker(FaultLog(path, boot_id=lambda: "boot-a"))
     t.xid(GPU0, 79)
     t.xid(GPU1, 48)
     t.xid(GPU1, 94)  # hold-class: not recorded
     t.active(POLICY)
-    again, clock = tracker(FaultRecord(path, boot_id=lambda: "boot-a"))  # the agent restarted
+    again, clock = tracker(FaultLog(path, boot_id=lambda: "boot-a"))  # the agent restarted
     assert past_hold(again, clock) == {GPU0: ("xid-79",), GPU1: ("xid-48",)}
     assert again.active(POLICY)[GPU0].since == WALL  # when it was first seen
-    rebooted, clock = tracker(FaultRecord(path, boot_id=lambda: "boot-b"))
+    rebooted, clock = tracker(FaultLog(path, boot_id=lambda: "boot-b"))
     assert rebooted.active(POLICY) == {}
     assert json.loads(path.read_text())["faults"] == []  # and the record says so
 
 
-def test_a_recovery_clears_the_record(tmp_path: Path) -> None:
+def test_a_recovery_clears_the_fault_log(tmp_path: Path) -> None:
     path = tmp_path / "faults.json"
-    t, clock = tracker(FaultRecord(path, boot_id=lambda: "boot-a"))
+    t, clock = tracker(FaultLog(path, boot_id=lambda: "boot-a"))
     t.health(GPU0, Health(row_remap_pending=True))
     t.xid(GPU0, 64)
     assert [f["kind"] for f in json.loads(path.read_text())["faults"]] == ["xid-64"]
@@ -233,28 +233,28 @@ def test_a_recovery_clears_the_record(tmp_path: Path) -> None:
         "\udcff",
     ],
 )
-def test_a_record_it_cannot_read_is_set_aside(tmp_path: Path, text: str) -> None:
+def test_a_fault_log_it_cannot_read_is_set_aside(tmp_path: Path, text: str) -> None:
     path = tmp_path / "faults.json"
     path.write_bytes(text.encode("utf-8", "surrogateescape"))
-    t, _ = tracker(FaultRecord(path, boot_id=lambda: "boot-a"))
+    t, _ = tracker(FaultLog(path, boot_id=lambda: "boot-a"))
     assert t.active(POLICY) == {}
     t.xid(GPU0, 79)  # and the next fault writes a good one
     assert json.loads(path.read_text())["faults"][0]["kind"] == "xid-79"
 
 
-def test_a_record_that_is_a_folder_neither_stops_the_agent(tmp_path: Path) -> None:
+def test_a_fault_log_that_is_a_folder_neither_stops_the_agent(tmp_path: Path) -> None:
     path = tmp_path / "faults.json"
     path.mkdir()
-    t, _ = tracker(FaultRecord(path, boot_id=lambda: "boot-a"))
+    t, _ = tracker(FaultLog(path, boot_id=lambda: "boot-a"))
     t.xid(GPU0, 79)  # the write fails: logged, the fault stays in memory
     assert t.active(POLICY)[GPU0].kinds == ("xid-79",)
 
 
 def test_without_a_boot_id_nothing_is_restored(tmp_path: Path) -> None:
     path = tmp_path / "faults.json"
-    t, _ = tracker(FaultRecord(path, boot_id=lambda: None))
+    t, _ = tracker(FaultLog(path, boot_id=lambda: None))
     t.xid(GPU0, 79)
-    again, _ = tracker(FaultRecord(path, boot_id=lambda: None))
+    again, _ = tracker(FaultLog(path, boot_id=lambda: None))
     assert again.active(POLICY) == {}
 
 

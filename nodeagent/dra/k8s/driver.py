@@ -12,22 +12,22 @@ from typing import Any
 
 from nodeagent.base.errors import ConfigError
 from nodeagent.base.logs import get_logger
-from nodeagent.dra.api import DraApi
-from nodeagent.dra.binding import Binder
 from nodeagent.dra.devices import SliceSpec, resource_slices
 from nodeagent.dra.health import HealthBoard
+from nodeagent.dra.k8s.api import DraApi
+from nodeagent.dra.k8s.binding import Binder
+from nodeagent.dra.k8s.server import KubeletPluginServer, Sockets
+from nodeagent.dra.k8s.slices import GateWatch, SlicePublisher
 from nodeagent.dra.nocounters import safe_slices
 from nodeagent.dra.node import NodeConfig, NodeDriver, Stats
-from nodeagent.dra.server import KubeletPluginServer, Sockets
 from nodeagent.dra.sharewatch import ShareWatch
-from nodeagent.dra.slices import GateWatch, SlicePublisher
 from nodeagent.dra.taints import DeviceFault, device_faults, device_names, with_taints
 from nodeagent.dra.users import PodUsers
 from nodeagent.kube.api import KubeSettings, make_api_client
 from nodeagent.kube.reconnect import Reconnect
-from nodeagent.mig.wanted import MigEngine
 from nodeagent.mps.regimes import MpsRegimes
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
+from nodeagent.reconcile.claims import ClaimEngine
 from nodeagent.settings import Settings
 from nodeagent.state.faults import Fault, FaultKey
 from nodeagent.state.owners import OwnerStore
@@ -49,7 +49,7 @@ class DraDriver:
         session: NvmlSession,
         settings: Settings,
         kube: KubeSettings,
-        engine: MigEngine,
+        engine: ClaimEngine,
         owners: OwnerStore,
         stop: threading.Event | None = None,
         stats: Stats | None = None,
@@ -122,7 +122,7 @@ class DraDriver:
         """Bring the node's ResourceSlices to `inventory`, each device with a fault in `faults`
         tainted (NoExecute where its fault is in `fatal_kinds`), and the health board to the
         same; True when something was written. Where the API server drops the counters
-        (nodeagent.dra.slices.GateWatch), only devices that cannot overlap
+        (nodeagent.dra.k8s.slices.GateWatch), only devices that cannot overlap
         (nodeagent.dra.nocounters). Raises KubeError."""
         slices = self._slices(inventory, self.gate.counters_dropped())
         faulty = device_faults(slices, faults or {}, fatal_kinds)
@@ -138,7 +138,7 @@ class DraDriver:
         self.shares.tick()
 
     def bind(self) -> None:
-        """One pass of the binding watcher (nodeagent.dra.binding): the claims listed if need
+        """One pass of the binding watcher (nodeagent.dra.k8s.binding): the claims listed if need
         be, then watched until the API server ends the watch; the slices of those the
         scheduler waits on made, their binding conditions written. Raises KubeError."""
         self.binder.run()

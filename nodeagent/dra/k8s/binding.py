@@ -15,7 +15,7 @@ of the cluster each second was 60 a minute and grew with the cluster); listed ag
 the watch expires (410). Each claim allocated to this node's pool whose waited-on devices are
 not settled gets its slices made through the one engine (NodeDriver.make: the ownership record, the
 planner, the MIG writer lock), then the binding conditions True in their status.devices
-(nodeagent.dra.reports); a make that fails writes the failure condition with its error. The
+(nodeagent.dra.k8s.reports); a make that fails writes the failure condition with its error. The
 kubelet's prepare then finds the slices made and adopts them. A claim made here and no longer
 allocated here (deleted, deallocated after a failed binding) before the kubelet prepared it
 is undone: nothing it made stays held.
@@ -29,12 +29,12 @@ from typing import Any
 
 from nodeagent.base.errors import AgentError
 from nodeagent.base.logs import get_logger
-from nodeagent.dra.allocated import allocated_to, claims_source
-from nodeagent.dra.api import DraApi
 from nodeagent.dra.checkpoint import PreparedClaim
 from nodeagent.dra.claims import ClaimRef, checked_claim
+from nodeagent.dra.k8s.allocated import allocated_to, claims_source
+from nodeagent.dra.k8s.api import DraApi
+from nodeagent.dra.k8s.reports import StatusReports
 from nodeagent.dra.node import NodeDriver
-from nodeagent.dra.reports import StatusReports
 from nodeagent.dra.status import binding_results, binding_settled, device_data
 from nodeagent.kube.informer import Informer
 

@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 from nodeagent.base.errors import AgentError, DeadlineExceeded
 from nodeagent.base.logs import get_logger
-from nodeagent.dra.api import DraApi
 from nodeagent.dra.claims import ClaimRef, checked_claim
+from nodeagent.dra.k8s.api import DraApi
 from nodeagent.dra.node import Prepared
 from nodeagent.dra.status import (
     binding_entries,

@@ -1,9 +1,9 @@
-"""The record of the faults that wait for a GPU reset or a node reboot (`faults.json`, beside
-the MIG writer lock), so that an agent restarted on the same boot keeps them; a record of
-another boot (the node rebooted since: /proc/sys/kernel/random/boot_id changed) is dropped, as
-a reboot recovers every GPU.
+"""The fault log: the faults that wait for a GPU reset or a node reboot (`faults.json`, beside
+the MIG writer lock), so that an agent restarted on the same boot keeps them; a log of another
+boot (the node rebooted since: /proc/sys/kernel/random/boot_id changed) is dropped, as a
+reboot recovers every GPU. ("The record" is the ownership record, nodeagent.state.owners.)
 
-A record that cannot be read (not JSON, another shape, a folder, a link loop) is set aside with
+A log that cannot be read (not JSON, another shape, a folder, a link loop) is set aside with
 one warning: the agent starts without its faults rather than not at all.
 """
 
@@ -49,30 +49,30 @@ def read_boot_id(path: Path = BOOT_ID) -> str | None:
     return text or None
 
 
-def record_path(lock_path: Path | None) -> Path | None:
+def faultlog_path(lock_path: Path | None) -> Path | None:
     """Beside the MIG writer lock (None: an emulator in one process keeps it in memory)."""
     return None if lock_path is None else lock_path.with_name(RECORD_NAME)
 
 
-class FaultRecord:
-    """Reads and writes the record at `path`; `boot_id` reads this boot's id (injected by
+class FaultLog:
+    """Reads and writes the fault log at `path`; `boot_id` reads this boot's id (injected by
     tests)."""
 
     def __init__(self, path: Path, boot_id: Callable[[], str | None] = read_boot_id) -> None:
         self.path = path
         self.boot_id = boot_id
         self._failed = False
-        self.stale = False  # the last load found a record it did not use
+        self.stale = False  # the last load found a log it did not use
 
     def load(self) -> list[Waiting]:
-        """The faults of this boot's record; none when there is none, it is of another boot
+        """The faults of this boot's log; none when there is none, it is of another boot
         (or the boot id cannot be read), or it cannot be read (one warning)."""
         boot = self.boot_id()
         self.stale = True
         try:
-            data = read_regular(self.path, "fault record", MAX_RECORD_BYTES)
+            data = read_regular(self.path, "fault log", MAX_RECORD_BYTES)
         except AgentError as err:
-            log.warning("faults.record_unreadable", path=str(self.path), error=str(err))
+            log.warning("faults.log_unreadable", path=str(self.path), error=str(err))
             return []
         if data is None:
             self.stale = False
@@ -81,20 +81,20 @@ class FaultRecord:
             found, recorded_boot = _parse(data)
         except (NotJson, ValueError, TypeError):
             log.warning(
-                "faults.record_unreadable",
+                "faults.log_unreadable",
                 path=str(self.path),
-                error="not a version 1 fault record; its faults are dropped",
+                error="not a version 1 fault log; its faults are dropped",
             )
             return []
         if boot is None or recorded_boot != boot:
             if found:
-                log.info("faults.record_of_another_boot", path=str(self.path), faults=len(found))
+                log.info("faults.log_of_another_boot", path=str(self.path), faults=len(found))
             return []
         self.stale = False
         return found
 
     def save(self, waiting: Sequence[Waiting]) -> None:
-        """Write `waiting` as this boot's record; a failure is logged once (the faults stay
+        """Write `waiting` as this boot's log; a failure is logged once (the faults stay
         in memory)."""
         text = json.dumps(
             {
@@ -106,23 +106,23 @@ class FaultRecord:
             sort_keys=True,
         )
         try:
-            atomic_write_text(self.path, text + "\n", 0o644, what="fault record")
+            atomic_write_text(self.path, text + "\n", 0o644, what="fault log")
         except (OSError, AgentError) as err:
             if not self._failed:
-                log.warning("faults.record_not_written", path=str(self.path), error=str(err))
+                log.warning("faults.log_not_written", path=str(self.path), error=str(err))
             self._failed = True
             return
         self._failed = False
 
 
 def _parse(data: bytes) -> tuple[list[Waiting], str | None]:
-    raw = parse_json(data)  # the one reader of the agent's own records: never RecursionError
+    raw = parse_json(data)  # the one reader of the agent's own files: never RecursionError
     if not isinstance(raw, dict) or raw.get("version") != VERSION:
-        raise ValueError("not a version 1 record")
+        raise ValueError("not a version 1 fault log")
     boot = raw.get("boot_id")
     entries = raw.get("faults")
     if (boot is not None and not isinstance(boot, str)) or not isinstance(entries, list):
-        raise ValueError("bad record")
+        raise ValueError("bad fault log")
     return [_entry(e) for e in entries[:MAX_ENTRIES]], boot
 
 

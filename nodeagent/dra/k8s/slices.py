@@ -37,8 +37,9 @@ from typing import Any
 
 from nodeagent.base.errors import AgentError
 from nodeagent.base.logs import get_logger
-from nodeagent.dra.api import DraApi
 from nodeagent.dra.devices import SliceSpec
+from nodeagent.dra.k8s.api import DraApi
+from nodeagent.dra.resource import API_VERSION
 
 log = get_logger("nodeagent.dra")
 
@@ -138,7 +139,7 @@ class SlicePublisher:
         pool = {"name": self.pool, "generation": self.generation, "resourceSliceCount": len(wanted)}
         for w in wanted:
             body: dict[str, Any] = {
-                "apiVersion": "resource.k8s.io/v1",
+                "apiVersion": API_VERSION,
                 "kind": "ResourceSlice",
                 "metadata": {"name": w.name},
                 "spec": {**copy.deepcopy(w.spec), "pool": pool},

@@ -39,12 +39,12 @@ import grpc
 from nodeagent.base.errors import AgentError, KubeError, LockError, LockHeld, SocketError
 from nodeagent.base.files import open_lock_file
 from nodeagent.base.logs import get_logger
-from nodeagent.dra.api import DraApi
 from nodeagent.dra.claims import ClaimRef, checked_claim, checked_ref, quoted
 from nodeagent.dra.health import RESEND_SECONDS, HealthBoard, Reading
 from nodeagent.dra.inflight import Superseded
+from nodeagent.dra.k8s.api import DraApi
+from nodeagent.dra.k8s.reports import StatusReports
 from nodeagent.dra.node import NodeDriver
-from nodeagent.dra.reports import StatusReports
 from nodeagent.kubelet.proto import (
     dra_health_v1_pb2,
     dra_health_v1_pb2_grpc,

@@ -9,12 +9,13 @@ from typing import Any
 
 from nodeagent.base.errors import KubeError
 from nodeagent.base.shapes import Shape, Unreadable, check
+from nodeagent.dra.resource import API_PATH, API_VERSION
 from nodeagent.kube.api import MERGE_PATCH, NodeApi, _none_on, _path
 from nodeagent.kube.objects import read_list
 
-SLICES = "/apis/resource.k8s.io/v1/resourceslices"
-CLAIM = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
-# The fields of a ResourceSlice the publisher reads (nodeagent.dra.slices).
+SLICES = f"{API_PATH}/resourceslices"
+CLAIM = API_PATH + "/namespaces/{ns}/resourceclaims/{name}"
+# The fields of a ResourceSlice the publisher reads (nodeagent.dra.k8s.slices).
 SLICE: Shape = {
     "metadata": {"name": str},
     "spec": {
@@ -179,7 +180,7 @@ class DraApi(NodeApi):
         feature gate is on): a dry-run create of a slice with one counter set (nothing is
         stored), and its answer read back. Raises KubeError."""
         body = {
-            "apiVersion": "resource.k8s.io/v1",
+            "apiVersion": API_VERSION,
             "kind": "ResourceSlice",
             "metadata": {"name": f"{self.name}-{driver}-counters-probe".lower()[:253]},
             "spec": {
@@ -245,7 +246,7 @@ def claim_event_body(
         "kind": "Event",
         "metadata": {"name": f"{name}.{reason.lower()}.{now.strftime('%Y%m%d%H%M%S%f')}"},
         "involvedObject": {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "apiVersion": API_VERSION, "kind": "ResourceClaim",
             "namespace": namespace, "name": name, "uid": uid,
         },
         "reason": reason,

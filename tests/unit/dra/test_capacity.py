@@ -12,9 +12,9 @@ import kubernetes_validate
 import pytest
 
 from nodeagent.base.errors import ConfigError
+from nodeagent.dra.capacity import binary_quantity
 from nodeagent.dra.claims import Mps, claimed_devices, share_mps
 from nodeagent.dra.devices import DeviceRef, parse_device_name, resource_slices
-from nodeagent.dra.shares import binary_quantity
 from nodeagent.state.owners import Owners
 from tests.support.records import held, owned
 from tests.unit.dra.test_devices import DRIVER, inventory

@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from nodeagent.dra.api import DraApi
 from nodeagent.dra.claims import checked_claim
+from nodeagent.dra.k8s.api import DraApi
+from nodeagent.dra.resource import API_PATH
 from nodeagent.dra.traces import AllocatedClaim
 from nodeagent.kube.informer import Informer, Source
 
-CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+CLAIMS = f"{API_PATH}/resourceclaims"
 RESOURCE = "resourceclaims"
 
 

@@ -1,95 +1,149 @@
-"""What a claim wants of the GPUs, for the pipeline to plan and apply (nodeagent.mig.wanted).
-Pure.
+"""A DRA claim's change of the GPUs, as the engine plans and records it (the pipeline's
+`run_change`, nodeagent.reconcile.pipeline). Pure, but for the record's writes in
+`Changer` (nodeagent.reconcile.change), which this module's functions are handed to.
 
-A MIG partition device is exactly one profile at one placement. Prepared, the GPU should hold
-every slice it holds now, minus the idle ones in the way (those overlapping the placement, and
-the fewest others the hardware's other rules need gone: one `+me` profile per GPU, the compute
-slices), plus that slice: the wanted layout, exactly (every instance pinned), so the planner
-makes just that. A slice with processes, one a pod holds or one another claim holds in the way
-refuses the claim here, with nothing changed. A whole GPU wants MIG off (the planner refuses
-when a slice is in use). Unprepared, the GPU should hold what it holds minus the slices the
-claim created. A device with admin access wants nothing.
+A claim's change is a value (`ClaimChange`): the claim as it will be recorded (its devices as
+nodeagent.dra.prepared made them from its allocation), whether it is let go, its deadline, and
+the ownership record as read when the change began (nodeagent.state.owners, the one authority
+of who holds what), which travels with the run. From them the engine decides alone:
 
-An MPS share device (nodeagent.dra.shares) wants what its twin wants; the claims already
-sharing it (`joined`) are not in its way: their processes run there, and their slice is the
-one this claim shares. Unprepared, a shared slice goes only with the last claim sharing it.
+- **Owners.** A device another claim holds (`owner_of`, by GPU and memory slices) refuses the
+  claim, as a whole GPU does while the record is uncertain; a share device
+  (nodeagent.dra.capacity) that other claims hold already is joined, not taken: their
+  processes run there.
+- **Prepare.** A MIG partition device is exactly one profile at one placement. Prepared, the
+  GPU should hold every slice it holds now, minus the idle ones in the way (those overlapping
+  the placement, and the fewest others the hardware's other rules need gone: one `+me` profile
+  per GPU, the compute slices), plus that slice: the wanted layout, exactly (every instance
+  pinned), so the planner makes just that. A slice with processes, one a pod holds or one
+  another claim holds in the way refuses the claim, with nothing changed. A whole GPU wants MIG
+  off (the planner refuses when a slice is in use). A device with admin access wants nothing.
+- **Release.** The GPU should hold what it holds minus the slices the claim created; a shared
+  slice goes only with the last claim sharing it.
+- **Record.** Under the MIG writer lock, before the first NVML operation, the claim and what
+  it will create go into the record (`preparing`, checked once more against the record as it
+  is then); after a release's operations, the claim holds nothing (`unpreparing`, until the
+  driver has removed its files).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from itertools import combinations
+from typing import Protocol
 
 from nodeagent.base.errors import ConfigError, SliceInUse
-from nodeagent.dra.claims import ClaimedDevice
+from nodeagent.mig.apply import Done
 from nodeagent.mig.compute import Shape
 from nodeagent.mig.geometry import Geometry, Instance
 from nodeagent.mig.select import MigTarget
 from nodeagent.nvml.inventory import Gpu, Inventory, Slice
-from nodeagent.state.held import PreparedDevice
+from nodeagent.state.held import UNPREPARING, PreparedClaim, PreparedDevice
+from nodeagent.state.record import Owners, holder
 
 
-def intents(
-    inventory: Inventory,
-    claimed: list[ClaimedDevice],
-    previous: tuple[PreparedDevice, ...] = (),
-    managed: Collection[int] | None = None,
-) -> list[PreparedDevice]:
-    """What each claimed device is on this node. `existed` says a MIG slice was already there
-    before the claim; a claim prepared before (a retry after a crash) keeps its first answer.
-    Raises ConfigError for a GPU, profile or placement this node does not have."""
-    gpus = {g.index: g for g in inventory.gpus if managed is None or g.index in managed}
-    before = {d.device: d for d in previous}
-    out = []
-    for c in claimed:
-        gpu = gpus.get(c.ref.gpu)
-        if gpu is None:
-            raise ConfigError(f"device {c.device}: GPU {c.ref.gpu} is not one this driver manages")
-        mps = None if c.mps is None else c.mps.to_dict()
-        if not c.ref.is_mig:
-            _fits(c, gpu.memory_total_bytes, f"GPU {gpu.index}")
-            out.append(
-                PreparedDevice(
-                    c.request, c.pool, c.device, gpu.index, gpu.uuid, mps=mps, admin=c.admin,
-                    shared=c.ref.shared, share_id=c.share_id,
-                )
-            )  # fmt: skip
+@dataclass(frozen=True)
+class ClaimChange:
+    """One claim's change of the GPUs. `claim`: to prepare, the claim as it will be recorded
+    (`preparing`, with the devices it wants); to `release`, the claim as recorded (what it
+    made goes). `deadline` (time.monotonic) bounds the wait for the MIG writer lock and the
+    record's lock. `read`: the ownership record as the driver read it when the change began,
+    which travels with the run (None: the engine reads it then)."""
+
+    uid: str
+    claim: PreparedClaim
+    release: bool = False
+    deadline: float | None = None
+    read: Owners | None = field(default=None, repr=False, compare=False)
+    # Who asks, in logs and errors, as the record names the claim as a holder (so the
+    # claim's own devices never count as busy for its change).
+    name: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", str(holder(self.uid, self.claim)))
+
+
+@dataclass(frozen=True)
+class ChangeDone:
+    """What the change did: each NVML operation (with the time it took), the GPUs after it,
+    how long it waited for the MIG writer lock, and the record as the change left it."""
+
+    operations: tuple[Done, ...]
+    inventory: Inventory
+    lock_wait_seconds: float = 0.0
+    owners: Owners | None = field(default=None, compare=False)
+
+
+class ClaimEngine(Protocol):
+    """What runs a claim's change (the reconcile pipeline)."""
+
+    def run_change(self, change: ClaimChange) -> ChangeDone: ...
+
+
+def claim_wants(
+    change: ClaimChange, owners: Owners, inventory: Inventory, held: Mapping[str, str]
+) -> dict[int, MigTarget]:
+    """What each GPU the change touches should be. `held`: {UUID: who} of every holder but
+    the claim itself. Raises SliceInUse (another claim, a process or a pod holds what the
+    claim needs), ConfigError (admin access to a slice that is not there)."""
+    devices = change.claim.devices
+    if change.release:
+        kept = {  # a shared slice stays while another claim shares it
+            d.device for d in devices if d.shared and owners.sharing(d, but=change.uid)
+        }
+        return release_wants(inventory, devices, change.name, kept)
+    mates, joined = check_owners(change, owners, inventory)
+    held = {uuid: who for uuid, who in held.items() if who not in mates}
+    return prepare_wants(inventory, list(devices), held, change.name, joined)
+
+
+def check_owners(
+    change: ClaimChange, owners: Owners, inventory: Inventory
+) -> tuple[set[str], set[str]]:
+    """The claims sharing a device with this one (by name) and the share devices they hold
+    already. Raises SliceInUse when another claim holds a device the claim wants (or the
+    record is uncertain and it wants a whole GPU)."""
+    gpus = {g.index: g for g in inventory.gpus}
+    mates: set[str] = set()
+    joined: set[str] = set()
+    for d in change.claim.devices:
+        if d.admin:
             continue
-        profile = gpu.profile_by_id(c.ref.profile_id or 0)
-        at = (
-            next((p for p in profile.placements if p.start == c.ref.start), None)
-            if profile
-            else None
+        gpu = gpus[d.gpu]
+        start, size = (
+            (d.placement_start or 0, d.placement_size or 0)
+            if d.is_mig
+            else (0, gpu.memory_slice_count)
         )
-        if profile is None or at is None:
-            raise ConfigError(f"device {c.device}: GPU {gpu.index} has no such profile placement")
-        _fits(c, profile.memory_bytes, f"a {profile.name} slice")
-        # A retry keeps the first answer, unless the slice is gone since (a reboot): then
-        # this claim makes it.
-        existed = slice_at(gpu, profile.id, at.start) is not None or c.admin
-        if c.device in before and not c.admin:
-            existed = existed and before[c.device].existed
-        out.append(
-            PreparedDevice(
-                c.request, c.pool, c.device, gpu.index, gpu.uuid, profile.id, profile.name,
-                at.start, at.size, existed, mps=mps, admin=c.admin, shared=c.ref.shared,
-                share_id=c.share_id,
-            )
-        )  # fmt: skip
-    return out
+        share = d if d.shared else None
+        if share is not None and (sharing := owners.sharing(share, but=change.uid)):
+            mates.update(sharing)
+            joined.add(d.device)
+        other = owners.owner_of(gpu.uuid, start, size, but=change.uid, share=share)
+        if other is None and owners.uncertain is not None and not d.is_mig:
+            other = f"an unknown owner ({owners.uncertain})"
+        if other is not None:
+            where = f"memory slices {start}-{start + size - 1}" if d.is_mig else "the GPU"
+            raise SliceInUse(f"{d.device}: {other} holds {where} of GPU {d.gpu}")
+    return mates, joined
 
 
-def _fits(c: ClaimedDevice, memory_bytes: int, what: str) -> None:
-    """A share's memory is at most its device's (the scheduler hands out no more than the
-    share device's capacity). Raises ConfigError."""
-    pinned = c.mps.pinned_memory_bytes if c.mps is not None and c.ref.shared else None
-    if pinned is not None and pinned > memory_bytes:
-        raise ConfigError(
-            f"device {c.device}: its share's memory ({pinned >> 20} MiB) is more than {what}"
-            f" has ({memory_bytes >> 20} MiB); the scheduler hands out no more than the device's"
-            " memory capacity"
-        )
+def preparing(change: ClaimChange, owners: Owners) -> Owners:
+    """The record with the claim in it as `change` prepares it (once planned against
+    `owners`, the record as it is now)."""
+    return owners.with_claim(change.uid, change.claim)
+
+
+def released(uid: str, owners: Owners) -> Owners:
+    """The record once the claim's slices are gone: the claim `unpreparing`, holding nothing,
+    until its files are removed too (a claim known from traces only goes at once)."""
+    claim = owners.claims.get(uid)
+    if claim is None:
+        return owners
+    if claim.state is None:
+        return owners.without(uid)
+    return owners.with_claim(uid, replace(claim, state=UNPREPARING, devices=()))
 
 
 def slice_at(gpu: Gpu, profile_id: int, start: int) -> Slice | None:
@@ -260,8 +314,3 @@ def release_wants(
         for i, layout in layouts.items()
         if set(layout) != set(_gis(gpus[i]))
     }
-
-
-def release_slices(devices: tuple[PreparedDevice, ...]) -> list[PreparedDevice]:
-    """The devices whose slices the claim made (unprepare destroys them)."""
-    return [replace(d) for d in devices if d.is_mig and not d.existed and not d.admin]
