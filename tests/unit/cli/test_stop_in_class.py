@@ -6,13 +6,24 @@ got `internal error: RuntimeError: Error calling __set_name__ on 'Field' instanc
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import structlog
 
 from nodeagent.cli import stoppable
 from nodeagent.cli.commands import execute, parse
 from nodeagent.cli.stops import Stopped, Stops
+
+
+@pytest.fixture(autouse=True)
+def _logging_kept() -> Iterator[None]:
+    """execute() points the logs at this test's captured stderr: put the suite's back, or a
+    later test's agent thread in this worker logs to a closed file."""
+    before = structlog.get_config()
+    yield
+    structlog.configure(**before)
 
 
 class _StopsWhenNamed:
