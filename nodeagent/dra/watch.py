@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from nodeagent.base.errors import AgentError
+from nodeagent.base.units import decimal
 from nodeagent.dra.cdi import CLAIM_ENV
 from nodeagent.metrics.shares import ShareUsage, ShareView
 from nodeagent.mps.claims import ClaimLimits
@@ -76,10 +77,9 @@ def _pinned(text: str | None) -> int | None:
 
 
 def _percent(text: str | None) -> float | None:
-    try:
-        return float(text) if text else None
-    except ValueError:
-        return None
+    """A client's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE as ASCII digits ('25', '25.0'); None
+    (no limit) for anything else, which float() would have read ('nan', '٢٥', '1e400')."""
+    return decimal(text) if text else None
 
 
 def _over(d: PreparedDevice, env: Mapping[str, str], used: int | None) -> tuple[str, str] | None:
