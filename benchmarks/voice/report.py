@@ -63,18 +63,6 @@ def derive(results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _pct(x: float) -> str:
-    return "-" if math.isnan(x) else f"{100 * x:.1f}"
-
-
-def _load(x: float | None) -> str:
-    return "none" if x is None else f"{x:.2f}"
-
-
-def _gpus(x: float) -> str:
-    return "-" if math.isinf(x) else f"{x:g}"
-
-
 def markdown(results: dict[str, Any]) -> str:
     meta, cal, derived = results["meta"], results["calibration"], results["derived"]
     runs = meta.get("runs", [meta])
@@ -132,11 +120,11 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"Traffic: each model at the highest load it carries alone with >= {TARGET:.0%} within"
         " SLO ("
-        + ", ".join(f"{m} {_load(v)}" for m, v in derived["solo_passing_load"].items())
+        + ", ".join(f"{m} {slo.fmt_load(v)}" for m, v in derived["solo_passing_load"].items())
         + ").",
         "",
         "| mode | MPS threads | highest load, every model >= 99 % | worst model at solo's load"
-        f" ({_load(derived['reference_load'])}) % | GPUs for the traffic |",
+        f" ({slo.fmt_load(derived['reference_load'])}) % | GPUs for the traffic |",
         "|---|---|---|---|---|",
     ]
     for mode, d in derived["modes"].items():
@@ -147,8 +135,8 @@ def markdown(results: dict[str, Any]) -> str:
             else "-"
         )
         lines.append(
-            f"| {MODE_LABELS.get(mode, mode)} | {threads} | {_load(d['passing_load'])} |"
-            f" {_pct(d['worst_within_at_solo_load'])} | {_gpus(d['gpus'])} |"
+            f"| {MODE_LABELS.get(mode, mode)} | {threads} | {slo.fmt_load(d['passing_load'])} |"
+            f" {slo.fmt_pct(d['worst_within_at_solo_load'])} | {slo.fmt_gpus(d['gpus'])} |"
         )
     lines += _dra_lines(results)
     lines += ["", _points_table(results["points"], list(cal)), ""]
@@ -196,8 +184,8 @@ def _dra_lines(results: dict[str, Any]) -> list[str]:
 
 def _cell_pct(p: dict[str, Any]) -> str:
     w = [x for x in p["within_slo_windows"] if not math.isnan(x)]
-    spread = f" ({_pct(min(w))}-{_pct(max(w))})" if len(w) > 1 else ""
-    return _pct(p["within_slo"]) + spread
+    spread = f" ({slo.fmt_pct(min(w))}-{slo.fmt_pct(max(w))})" if len(w) > 1 else ""
+    return slo.fmt_pct(p["within_slo"]) + spread
 
 
 def _points_table(points: list[dict[str, Any]], models: list[str]) -> str:

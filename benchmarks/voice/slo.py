@@ -199,6 +199,19 @@ def fmt_ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
 
 
+def fmt_pct(x: float) -> str:
+    """A fraction as a per cent with one decimal ('-' for none)."""
+    return "-" if math.isnan(x) else f"{100 * x:.1f}"
+
+
+def fmt_load(x: float | None) -> str:
+    return "none" if x is None else f"{x:.2f}"
+
+
+def fmt_gpus(x: float) -> str:
+    return "-" if math.isinf(x) else f"{x:g}"
+
+
 def mean(values: Iterable[float]) -> float:
     items = list(values)
     return sum(items) / len(items) if items else math.nan

@@ -124,7 +124,7 @@ def goal(
         checks[f"{reference:g}"] = ok
         notes.append(
             f"at {reference:.2f}, where every model alone holds >= 99 %, the worst model together"
-            f" {_pct(min(worst)) if ok is not None else 'not measured'} %"
+            f" {slo.fmt_pct(min(worst)) if ok is not None else 'not measured'} %"
             + ("" if ok is None else f" ({'>=' if ok else '<'} 99)")
         )
     for load in TARGET_LOADS:
@@ -139,7 +139,7 @@ def goal(
         checks[f"{load:g}"] = ok
         notes.append(
             f"at {load:.2f} "
-            + ", ".join(f"{m} {_pct(b)} vs {_pct(s)} alone" for m, b, s in pairs)  # type: ignore[arg-type]
+            + ", ".join(f"{m} {slo.fmt_pct(b)} vs {slo.fmt_pct(s)} alone" for m, b, s in pairs)  # type: ignore[arg-type]
             + f" ({'each' if ok else 'not each'} >= alone - 2)"
         )
     values = list(checks.values())
@@ -164,18 +164,6 @@ def target_line(results: dict[str, Any]) -> str:
 def with_derived(results: dict[str, Any]) -> dict[str, Any]:
     results["derived"] = derive(results)
     return results
-
-
-def _pct(x: float) -> str:
-    return "-" if math.isnan(x) else f"{100 * x:.1f}"
-
-
-def _load(x: float | None) -> str:
-    return "none" if x is None else f"{x:.2f}"
-
-
-def _gpus(x: float) -> str:
-    return "-" if math.isinf(x) else f"{x:g}"
 
 
 def _cell(spread: dict[str, float], scale: float = 100.0) -> str:
@@ -247,12 +235,12 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {MODE_LABELS.get(mode, mode)} | not measured | - |")
             continue
         lines.append(
-            f"| {MODE_LABELS.get(mode, mode)} | {_load(d['passing_load'])} | {_gpus(d['gpus'])} |"
+            f"| {MODE_LABELS.get(mode, mode)} | {slo.fmt_load(d['passing_load'])} | {slo.fmt_gpus(d['gpus'])} |"
         )
     lines += [
         "",
         "Traffic: each model at the highest load it holds alone ("
-        + ", ".join(f"{m} {_load(v)}" for m, v in derived["solo_passing_load"].items())
+        + ", ".join(f"{m} {slo.fmt_load(v)}" for m, v in derived["solo_passing_load"].items())
         + ").",
         *(f"Refused: {k}: {v}" for k, v in results.get("refused", {}).items()),
         *_claims_lines(results),
