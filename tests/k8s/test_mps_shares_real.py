@@ -91,6 +91,14 @@ def _unschedulable(api: Any, namespace: str, pod: str) -> bool:
     )
 
 
+def _driver(session: NvmlSession, node: str, root: Path, control: str, state: Path) -> NodeDriver:
+    """The node's DRA driver (plugin dir root/p, CDI root/cdi) with the fake MPS control."""
+    config = NodeConfig(DRIVER, node, root / "p", root / "cdi", mps_control=control)
+    return dra_driver(
+        session, Settings(), config, lambda i: None, state.with_name(".sim.json.lock")
+    )
+
+
 def _prepare(driver: NodeDriver, claim: dict[str, Any]) -> None:
     meta = claim["metadata"]
     driver.prepare(ClaimRef(meta["namespace"], meta["name"], meta["uid"]), claim)
@@ -173,12 +181,7 @@ def test_three_30_percent_shares_fit_one_gpu_a_fourth_waits(
         _wait(f"{pod} unschedulable", lambda p=pod: _unschedulable(api_client, namespace, p))
         assert _claim_of(api_client, namespace, pod) is None
 
-    config = NodeConfig(
-        DRIVER, node, short_tmp / "p", short_tmp / "cdi", mps_control=fake_mps_control
-    )
-    driver = dra_driver(
-        session, Settings(), config, lambda i: None, state.with_name(".sim.json.lock")
-    )
+    driver = _driver(session, node, short_tmp, fake_mps_control, state)
     try:
         for c in claims:
             _prepare(driver, c)
@@ -236,12 +239,7 @@ def test_two_claims_share_one_mig_slice_and_its_one_daemon(
     assert len({r["shareID"] for r in results}) == 2, results
     assert all(r["consumedCapacity"] == {SM: "50", MEMORY: "8Gi"} for r in results), results
 
-    config = NodeConfig(
-        DRIVER, node, short_tmp / "p", short_tmp / "cdi", mps_control=fake_mps_control
-    )
-    driver = dra_driver(
-        session, Settings(), config, lambda i: None, state.with_name(".sim.json.lock")
-    )
+    driver = _driver(session, node, short_tmp, fake_mps_control, state)
     start = int(device.removesuffix("-mps").rsplit("-", 1)[1])
     try:
         for c in claims:
@@ -318,12 +316,7 @@ def test_requests_are_what_the_scheduler_counts_limits_summing_past_100_let_no_f
     pending = core.read_namespaced_pod("rerank", namespace)
     assert pending.status.phase == "Pending"
 
-    config = NodeConfig(
-        DRIVER, node, short_tmp / "p", short_tmp / "cdi", mps_control=fake_mps_control
-    )
-    driver = dra_driver(
-        session, Settings(), config, lambda i: None, state.with_name(".sim.json.lock")
-    )
+    driver = _driver(session, node, short_tmp, fake_mps_control, state)
     try:
         for c in claims:
             _prepare(driver, c)
