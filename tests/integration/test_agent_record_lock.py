@@ -41,15 +41,25 @@ def _held(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _agent(tmp_path: Path, port: int, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+@contextmanager
+def _agent(
+    tmp_path: Path, port: int, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """The agent on the emulator, its log in agent.log; killed if still running at the end."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
     args = [sys.executable, "-m", "nodeagent", "--simulate", "h200", "--sim-state",
             str(tmp_path / "node.json"), "--log-format", "json", "--log-level", "info", "run", "--metrics-address",
             f"127.0.0.1:{port}", "--reconcile-interval", "3600", "--mig-config-file",
             str(tmp_path / "configs.yaml"), "--mig-config", "all-1g.18gb"]  # fmt: skip
-    log = (tmp_path / "agent.log").open("w")
-    return subprocess.Popen(args, env={**base, **(env or {})}, stdout=subprocess.DEVNULL,
-                            stderr=log, text=True)  # fmt: skip
+    with (tmp_path / "agent.log").open("w") as log:
+        proc = subprocess.Popen(args, env={**base, **(env or {})}, stdout=subprocess.DEVNULL,
+                                stderr=log, text=True)  # fmt: skip
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def _until(what: str, check: Callable[[], bool], proc: subprocess.Popen[str]) -> None:
@@ -93,15 +103,9 @@ def test_an_agent_starting_while_the_record_is_held_serves_and_stops(
 ) -> None:
     base = _configs(cli, tmp_path)
     port = _free_port()
-    with _held(tmp_path / f".{OWNERS_NAME}.lock"):
-        proc = _agent(tmp_path, port)
-        try:
-            _until("/healthz answer", lambda: _healthz(port) == 200, proc)
-            took = _stopped(proc)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    with _held(tmp_path / f".{OWNERS_NAME}.lock"), _agent(tmp_path, port) as proc:
+        _until("/healthz answer", lambda: _healthz(port) == 200, proc)
+        took = _stopped(proc)
     text = (tmp_path / "agent.log").read_text()
     assert proc.returncode == 0 and "Traceback" not in text, text
     assert took < 10, took
@@ -118,14 +122,9 @@ def test_sigterm_stops_the_agents_mig_change_between_two_operations(
     base = _configs(cli, tmp_path)
     configs = ["-f", str(tmp_path / "configs.yaml"), "-c", "all-1g.18gb"]
     # 15 operations, the 7 GPU instances 0.4 s each: about 3 s of NVML writes
-    proc = _agent(tmp_path, _free_port(), {"NODEAGENT_SIM_LATENCY": "create-gi=0.4"})
-    try:
+    with _agent(tmp_path, _free_port(), {"NODEAGENT_SIM_LATENCY": "create-gi=0.4"}) as proc:
         _until("MIG operation", lambda: len(_events(tmp_path, "mig.operation")) >= 2, proc)
         took = _stopped(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     text = (tmp_path / "agent.log").read_text()
     assert proc.returncode == 0 and "Traceback" not in text, text
     done = len(_events(tmp_path, "mig.operation"))
