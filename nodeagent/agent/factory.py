@@ -164,7 +164,8 @@ def build_agent(
         # The faults that wait for a GPU reset or a node reboot are recorded beside the lock.
         health=HealthSampler(session, store, monotonic, clock, _fault_log(lock_path)),
         fields=FieldSampler(session, store, monotonic),
-        utilization=UtilizationSampler(session, store, clock),
+        # the MPS clients (an NVML read a device each refresh) only for the DRA share metrics
+        utilization=UtilizationSampler(session, store, clock, mps_clients=settings.dra.enabled),
         mps=mps,
         supervisor=MpsSupervisor(),
         owners=owners,

@@ -301,12 +301,16 @@ class UtilizationSampler:
     loop of its own). MIG-enabled GPUs are not asked: NVML has no per-process utilization
     there. With it, the MPS clients of every GPU and MIG device
     (nvmlDeviceGetMPSComputeRunningProcesses), which tell an MPS server's clients from the
-    server. `clock` is the wall clock NVML dates its samples by (CPU time, microseconds)."""
+    server. `clock` is the wall clock NVML dates its samples by (CPU time, microseconds);
+    `mps_clients` False: the MPS clients are not read (only the DRA share metrics use them)."""
 
-    def __init__(self, session: NvmlSession, store: Store, clock: Clock = time.time) -> None:
+    def __init__(
+        self, session: NvmlSession, store: Store, clock: Clock = time.time, mps_clients: bool = True
+    ) -> None:
         self.session = session
         self.store = store
         self.clock = clock
+        self.mps_clients = mps_clients
         self.reader = ProcessUtilizationReader(session)
         self._mig: dict[str, bool] = {}  # by GPU UUID, as last seen
 
@@ -321,7 +325,11 @@ class UtilizationSampler:
         previous = self.store.utilization.by_gpu
         with self.session.lock:
             for gpu in snap.inventory.gpus:
-                clients = self._mps_clients(gpu.index, gpu.slices if gpu.mig_current else None)
+                clients = (
+                    self._mps_clients(gpu.index, gpu.slices if gpu.mig_current else None)
+                    if self.mps_clients
+                    else None
+                )
                 if clients is not None:
                     mps[gpu.index] = clients
                 if self._mig.get(gpu.uuid, gpu.mig_current) != gpu.mig_current:

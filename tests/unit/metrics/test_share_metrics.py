@@ -172,3 +172,18 @@ def test_held_below_request(asr: float, tts: float, below: set[str]) -> None:
             "its clients got 20 % of the SMs, below its request of 30 %, while claim speech/tts"
             " took 75 % (request 20 %)"
         )
+
+
+@pytest.mark.parametrize("wanted", [True, False])
+def test_the_mps_clients_are_read_only_where_the_share_metrics_want_them(wanted: bool) -> None:
+    """The agent reads them with --dra alone (an NVML call a device each refresh); the
+    processes' samples are read either way."""
+    lib = SimulatedNvml(parse_spec("h100-80gb"))
+    lib.attach("0", SERVER, 66 * MIB, load=0.5)
+    lib.attach("0", ASR, 4096 * MIB, load=0.4, mps_client=True)
+    session = NvmlSession(lib)
+    store = Store(session, time.time)
+    store.observe()
+    UtilizationSampler(session, store, mps_clients=wanted).tick()
+    assert set(store.utilization.mps_clients.get(0, {})) == ({ASR} if wanted else set())
+    assert store.utilization.by_gpu
