@@ -44,7 +44,7 @@ from nodeagent.dra.watch import (
     held_below,
     share_views,
 )
-from nodeagent.metrics.shares import ShareUsage, ShareView
+from nodeagent.metrics.shares import ShareUsage, ShareView, process_memory
 from nodeagent.nvml import Inventory
 from nodeagent.state.held import PreparedClaim
 
@@ -113,7 +113,7 @@ class ShareWatch:
     ) -> list[Finding]:
         for uid, device in self.node.check_shares(recorded):
             self.restarted[(uid, device)] = now
-        used = _memory(inventory)
+        used = process_memory(inventory)  # by GPU, then pid
         claims = self.node.prepared_claims(recorded)
         out: list[Finding] = []
         views: list[ShareView] = []
@@ -122,7 +122,7 @@ class ShareWatch:
             pids = self.node.shares.clients(key)
             stalls = self.node.shares.stalls(key)
             views += share_views(on, pids, environ, claims)
-            for f in findings(on, pids, used, environ, stalls):
+            for f in findings(on, pids, used.get(on[0][1].gpu, {}), environ, stalls):
                 since = self.restarted.get((f.claim, f.device))
                 if since is not None and now - since > RESTART_HOLD_SECONDS:
                     del self.restarted[(f.claim, f.device)]
@@ -189,18 +189,6 @@ class ShareWatch:
                 )  # fmt: skip
             except AgentError as err:
                 log.debug("dra.share_event_failed", claim=f.claim, error=str(err))
-
-
-def _memory(inventory: Inventory) -> Mapping[int, int | None]:
-    """Every compute process's used memory by pid, on GPUs and on MIG devices."""
-    out: dict[int, int | None] = {}
-    for g in inventory.gpus:
-        for p in g.processes:
-            out[p.pid] = p.memory_bytes
-        for s in g.slices:
-            for p in s.processes:
-                out[p.pid] = p.memory_bytes
-    return out
 
 
 __all__ = ["ENFORCE", "WITHIN", "ShareWatch"]

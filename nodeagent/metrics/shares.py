@@ -64,7 +64,7 @@ class ShareUsage:
     achieved_percent: float | None
 
 
-def _memory(inventory: Inventory) -> dict[int, dict[int, int | None]]:
+def process_memory(inventory: Inventory) -> dict[int, dict[int, int | None]]:
     """Per GPU, every compute process's used memory by pid, on the GPU and its MIG devices."""
     out: dict[int, dict[int, int | None]] = {}
     for g in inventory.gpus:
@@ -102,7 +102,7 @@ def measure(
 ) -> list[ShareUsage]:
     """What each share's clients got, from the sampler's values and the inventory's
     processes (the memory NVML's MPS list does not give)."""
-    memory = _memory(inventory) if inventory is not None else {}
+    memory = process_memory(inventory) if inventory is not None else {}
     attributed = {g: _attributed(g, views, util) for g in {v.gpu for v in views}}
     out = []
     for v in views:
