@@ -410,19 +410,14 @@ class NodeDriver:
     def _mps_pid(self, uid: str, d: PreparedDevice) -> int | None:
         return self.daemons.pid(claim_device(uid, d))
 
-    def _mates(
-        self, claims: Mapping[str, PreparedClaim] | None = None
-    ) -> Callable[[ShareKey], list[ClaimDevice]]:
-        """The claims on a share server, as the ownership record has them: the one record of
-        which claims are its clients. `claims`: as read already, the prepared ones only (None:
-        every one the record has when asked, one under way included)."""
+    def _mates(self) -> Callable[[ShareKey], list[ClaimDevice]]:
+        """The claims on a share server, as the ownership record has them when asked (the one
+        record of which claims are its clients; one under way included)."""
 
         def on(key: ShareKey) -> list[ClaimDevice]:
-            now = claims if claims is not None else self.recorded()
             return [
                 claim_device(uid, d)
-                for uid, c in sorted(now.items())
-                if claims is None or c.state == PREPARED
+                for uid, c in sorted(self.recorded().items())
                 for d in c.devices
                 if d.shared and d.mps is not None and share_key(d) == key
             ]
@@ -458,8 +453,10 @@ class NodeDriver:
         with its ceiling; returns the (claim UID, device) of the claims it serves: their
         clients lost their server. The claims on other servers are not touched. `claims`: the
         driver's claims as read already (None: read now)."""
-        claims = claims if claims is not None else self.recorded()
-        return self.daemons.revive(self.share_clients(claims), self._mates(claims))
+        servers = self.share_clients(claims)
+        return self.daemons.revive(
+            servers, lambda key: [claim_device(uid, d) for uid, d in servers.get(key, [])]
+        )
 
     def _start_mps(self, uid: str, d: PreparedDevice, inventory: Inventory) -> PreparedDevice:
         """The claim's daemon for `d` (a share: its device's one server, started by the
