@@ -34,7 +34,7 @@ from nodeagent.dra.claims import CONFIG_API_VERSION, SHARE_KIND
 from nodeagent.dra.devices import dns_label
 from nodeagent.dra.resource import API_VERSION
 from nodeagent.nvml.inventory import Gpu
-from nodeagent.planner.options import Demand, GpuView
+from nodeagent.planner.options import Demand, GpuView, ceil_percent
 from nodeagent.planner.planner import NodePlan
 from nodeagent.planner.render import summary_lines
 from nodeagent.planner.workloads import Workload
@@ -89,7 +89,7 @@ def _claim(w: Workload, mode: str, profile: str | None, gpu_sms: int | None) -> 
     percent = share_percent(w, gpu_sms)
     limit = None
     if w.compute_limit is not None:
-        limit = max(percent, -(-round(w.compute_limit * 10**6) * 100 // 10**6))
+        limit = max(percent, ceil_percent(w.compute_limit))
     return Claim("share", percent, w.memory_mib, limit, w.compute_priority)
 
 

@@ -27,6 +27,12 @@ NEW, IDLE, BUSY = 0, 1, 2  # a slice of a layout: to create, existing and idle, 
 MODE_RANK = {"mig": 0, "whole": 1, "mps": 2}  # on a tie, a slice over a whole GPU over MPS
 
 
+def ceil_percent(fraction: float) -> int:
+    """A fraction of a GPU as whole per cent, rounded up (0.221 -> 23), read to a millionth so
+    that 0.07 is 7, not 8 (0.07 * 100 is 7.000000000000001)."""
+    return -(-round(fraction * 10**6) * 100 // 10**6)
+
+
 @dataclass(frozen=True)
 class Demand:
     """A class of alike workload replicas."""
@@ -51,7 +57,7 @@ class Demand:
         """The MPS thread percentage it needs (0: no need given), rounded up to a multiple of
         `step`; with a step above 1 at least one step (a DRA share asks for at least that)."""
         if self.compute is not None:
-            percent = -(-round(self.compute * 10**6) * 100 // 10**6)
+            percent = ceil_percent(self.compute)
         elif self.sms is not None:
             if not gpu_sms:
                 return None

@@ -15,6 +15,7 @@ import yaml
 
 from nodeagent.base.logs import printable
 from nodeagent.nvml.inventory import Gpu
+from nodeagent.planner.options import ceil_percent
 from nodeagent.planner.planner import NodePlan
 from nodeagent.planner.workloads import Workload
 
@@ -214,4 +215,4 @@ def _counted(w: Workload, percent_step: int) -> float:
     assert w.compute is not None
     if w.isolation != "shared" or percent_step == 1:
         return w.compute
-    return -(-round(w.compute * 10**6) * 100 // (10**6 * percent_step)) * percent_step / 100
+    return -(-ceil_percent(w.compute) // percent_step) * percent_step / 100
