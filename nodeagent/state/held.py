@@ -140,7 +140,8 @@ _NAMES = frozenset(f.name for f in fields(PreparedDevice))
 
 
 def is_uid(value: object) -> bool:
-    """Whether `value` is a claim UID by the kubelet's rule (see _TOKEN)."""
+    """Whether `value` is a claim UID by the kubelet's rule (see _TOKEN); a device name is
+    held to the same rule."""
     return isinstance(value, str) and _TOKEN.fullmatch(value) is not None and ".." not in value
 
 
@@ -175,7 +176,7 @@ def device_of(raw: Any) -> PreparedDevice:
 def check_device(d: PreparedDevice) -> None:
     """Raise ValueError for a device whose fields break its invariants: a MIG device without
     its placement, a device name that is no name, an MPS share that is not one."""
-    if d.device and (not _TOKEN.fullmatch(d.device) or ".." in d.device):
+    if d.device and not is_uid(d.device):  # the same safe token as a UID: it names files
         raise ValueError(f"device {shown(d.device)} is not a device name")
     if d.gpu < UNKNOWN_GPU:
         raise ValueError(f"device {d.device!r} is on GPU {d.gpu}")
@@ -255,8 +256,6 @@ def claim_of(raw: Any, devices: Any = device_of) -> PreparedClaim:
     state = raw.get("state")
     if state is not None and state not in STATES:
         raise TypeError(f"state is {state!r}")
-    if not all(isinstance(i, str) for i in cdi_ids):
-        raise TypeError(f"CDI ids {list(cdi_ids)!r}")
     if state == PREPARED and len(cdi_ids) != len(held):
         raise ValueError(
             f"it is prepared with {len(held)} devices and {len(cdi_ids)} CDI ids, not one per"
