@@ -33,7 +33,7 @@ from nodeagent.base.files import entry_of
 from nodeagent.mps.control import no_link, removable
 from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.regimes import MpsRegimes
-from nodeagent.mps.servers import ShareClient, ShareKey, ShareServers, Stall
+from nodeagent.mps.servers import ShareClient, ShareKey, ShareServers
 from nodeagent.mps.settings import Limits, MpsSettings, validate
 from nodeagent.nvml import Inventory
 
@@ -191,12 +191,6 @@ class ClaimDaemons:
                 if self.servers.revive(key, [m.limits.client(m.claim) for m in on]):
                     out += [(m.claim, m.device) for m in on]
         return out
-
-    def clients(self, key: ShareKey) -> list[int]:
-        return self.servers.clients(key)
-
-    def stalls(self, key: ShareKey) -> list[Stall]:
-        return self.servers.stalls(key)
 
     def _stopper(self, dev: ClaimDevice) -> MpsDaemon:
         """A claim's own daemon, as far as asking for its pid or stopping it goes."""
