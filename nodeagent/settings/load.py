@@ -23,15 +23,15 @@ class FileValue(NamedTuple):
     where: str  # file:line:col
 
 
-def _read_file(file: str, errors: list[str], pipe: bool) -> dict[str, FileValue]:
-    """Every `group.key` of the file with its raw value and position; with `pipe`, the file
-    may be a pipe (`--config <(generate)`, read once: bounded in size and time)."""
+def _read_file(file: str, errors: list[str]) -> dict[str, FileValue]:
+    """Every `group.key` of the file with its raw value and position; the file may be a pipe
+    (`--config <(generate)`, read once: bounded in size and time)."""
     import yaml  # only when there is a file: the import costs 10 ms of every command
 
     from nodeagent.base.configfile import Errors, check_plain, compose_document, read_bytes
 
     try:
-        data = read_bytes(file, "settings file", pipe=pipe)
+        data = read_bytes(file, "settings file", pipe=True)
     except ConfigError as err:
         errors.append(str(err))
         return {}
@@ -129,18 +129,17 @@ def load(
     environ: Mapping[str, str] | None = None,
     file: str | None = None,
     groups: Iterable[str] = GROUPS,
-    pipe: bool = True,
 ) -> tuple[Settings, dict[str, Source]]:
     """The effective settings of `groups` (other groups keep their defaults) and the source of
-    every value. `flags` maps Spec.dest to a flag's value (None: not given); `pipe`: the
-    settings file may be a pipe (read once). Raises ConfigError with every problem of every
+    every value. `flags` maps Spec.dest to a flag's value (None: not given); the settings file
+    may be a pipe (read once). Raises ConfigError with every problem of every
     source."""
     flags = flags or {}
     environ = environ if environ is not None else {}
     wanted = set(groups)
     errors: list[str] = []
     file = file or environ.get(SETTINGS_FILE_ENV) or None
-    from_file = _read_file(file, errors, pipe) if file else {}
+    from_file = _read_file(file, errors) if file else {}
     values: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
     sources: dict[str, Source] = {}
     for spec in SPECS:
