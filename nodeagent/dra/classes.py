@@ -46,7 +46,7 @@ def _class(name: str, expression: str, resource: str | None = None) -> dict[str,
     }
 
 
-def _quoted(text: str) -> str:
+def cel_string(text: str) -> str:
     """A CEL string literal (profile and product names hold no quote or backslash; escaped
     all the same)."""
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -65,15 +65,16 @@ def plugin_mig_name(gpu: Gpu, profile: GiProfile) -> str:
     return mig_device_name(gpu, profile.name, attributes)
 
 
-def _attribute(driver: str, name: str) -> str:
-    return f"device.attributes[{_quoted(driver)}].{name}"
+def cel_attribute(driver: str, name: str) -> str:
+    return f"device.attributes[{cel_string(driver)}].{name}"
 
 
 def _base(driver: str, kind: str) -> str:
     """The guard every selector starts with: this driver's devices of `kind` (gpu, mig). The
     attributes are read only behind `device.driver == ...` (another driver's device has none
     of this domain, and CEL's && does not evaluate past a false)."""
-    return f"device.driver == {_quoted(driver)} && {_attribute(driver, 'type')} == {_quoted(kind)}"
+    kind_is = f"{cel_attribute(driver, 'type')} == {cel_string(kind)}"
+    return f"device.driver == {cel_string(driver)} && {kind_is}"
 
 
 def mig_names(gpus: Iterable[Gpu]) -> dict[str, set[tuple[str, str]]]:
@@ -88,12 +89,12 @@ def mig_names(gpus: Iterable[Gpu]) -> dict[str, set[tuple[str, str]]]:
 
 
 def _profile_selector(driver: str, pairs: set[tuple[str, str]], ambiguous: set[str]) -> str:
-    profile, product = _attribute(driver, "profile"), _attribute(driver, "productName")
+    profile, product = cel_attribute(driver, "profile"), cel_attribute(driver, "productName")
     terms = []
     for product_name, profile_name in sorted(pairs):
-        term = f"{profile} == {_quoted(profile_name)}"
+        term = f"{profile} == {cel_string(profile_name)}"
         if profile_name in ambiguous:
-            term = f"({product} == {_quoted(product_name)} && {term})"
+            term = f"({product} == {cel_string(product_name)} && {term})"
         if term not in terms:
             terms.append(term)
     either = terms[0] if len(terms) == 1 else "(" + " || ".join(terms) + ")"

@@ -31,6 +31,7 @@ from nodeagent.base.errors import ConfigError
 from nodeagent.base.logs import printable
 from nodeagent.dra.capacity import MEMORY_CAPACITY, SM_CAPACITY, SM_STEP_PERCENT, binary_quantity
 from nodeagent.dra.claims import CONFIG_API_VERSION, SHARE_KIND
+from nodeagent.dra.classes import cel_attribute, cel_string
 from nodeagent.dra.devices import dns_label
 from nodeagent.dra.resource import API_VERSION
 from nodeagent.nvml.inventory import Gpu
@@ -167,8 +168,7 @@ def template_document(t: Template, driver: str) -> dict[str, Any]:
 def _equals(driver: str, attribute: str, value: str) -> str:
     """A CEL test of one of the driver's string attributes (values hold no quote: profile
     names; escaped all the same)."""
-    quoted = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return f'device.attributes["{driver}"].{attribute} == {quoted}'
+    return f"{cel_attribute(driver, attribute)} == {cel_string(value)}"
 
 
 def _what(t: Template) -> str:
