@@ -160,7 +160,7 @@ def _name(obj: object) -> object:
 
 
 # The fields of a pod that the GPU clients' pause reads (nodeagent.kube.clients).
-POD: Shape = {
+POD_FIELDS: Shape = {
     "metadata": {
         "name": str, "namespace": str, "labels": MapOf(str),
         "ownerReferences": [{"kind": str, "controller": bool}],
@@ -169,12 +169,12 @@ POD: Shape = {
 }  # fmt: skip
 
 
-def read_pod(pod: dict[str, Any]) -> dict[str, Any]:
+def pod_fields(pod: dict[str, Any]) -> dict[str, Any]:
     """`pod`, once the fields read of it have their JSON types (its metadata and spec objects,
     empty where absent). Raises Unreadable."""
     meta = pod.get("metadata")
     where = f"{meta.get('namespace')}/{meta.get('name')}" if isinstance(meta, dict) else ""
-    check(pod, POD, f"pod {where}".rstrip())
+    check(pod, POD_FIELDS, f"pod {where}".rstrip())
     return {**pod, "metadata": pod.get("metadata") or {}, "spec": pod.get("spec") or {}}
 
 
@@ -423,7 +423,7 @@ class NodeApi:
         query = {"fieldSelector": f"spec.nodeName={self.name}", "labelSelector": label_selector}
         items, _ = self.list_objects("pods", "/api/v1/pods", {k: v for k, v in query.items() if v})
         pods = []
-        for pod in read_list("pods", items, read_pod):
+        for pod in read_list("pods", items, pod_fields):
             labels = pod["metadata"].get("labels") or {}
             # Filter here too: the selectors are what matters, whatever the server did.
             if pod["spec"].get("nodeName") == self.name and all(

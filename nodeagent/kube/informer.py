@@ -204,10 +204,7 @@ class Informer(Generic[T]):
         key = object_key(self.source.resource, obj)
         if kind == "DELETED" and self.skipped.readable(key):
             log.info("kube.object_gone", resource=key[0], namespace=key[1], name=key[2])
-        item = self._read(obj, said=kind != "DELETED")
+        # None: skipped, said once while it stays unreadable
+        item = read_object(self.source.resource, obj, self.read, self.skipped, kind != "DELETED")
         if item is not None:
             self.handler.changed(kind, item)
-
-    def _read(self, obj: object, said: bool = True) -> T | None:
-        """`obj` as `read` makes it, or None (skipped: said once while it stays unreadable)."""
-        return read_object(self.source.resource, obj, self.read, self.skipped, said)
