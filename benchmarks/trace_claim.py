@@ -4,8 +4,8 @@
 nodeagent/dra/ on the way (a call into a nodeagent/dra/ function whose nearest nodeagent caller
 lies outside nodeagent/dra/: the `wants` and `record` callbacks of before issue 43, a listener
 of the ownership record), before and after the first NVML write; how often the route changes
-package before that write, and how often the ownership record (owners.json) is read per
-prepare.
+package before that write, and how often the ownership record (owners.json) and the GPUs
+(through NVML) are read per prepare.
 
 One claim of a new 1g.18gb slice on GPU 0 of an emulated H200 (MIG already on, no latency
 model), prepared by the agent's node side on a pipeline of its own (nodeagent.agent.factory
@@ -43,6 +43,8 @@ PACKAGE = REPO / "nodeagent"
 DRA = PACKAGE / "dra"
 SIM = PACKAGE / "sim"  # the emulator stands for the GPUs: not a package of the route
 OWNERS = PACKAGE / "state" / "owners.py"
+READ = PACKAGE / "nvml" / "read.py"
+GPU_READ = "read_inventory"  # one read of the GPUs through NVML
 RECORD_READ = (
     "_file"  # one read of the record (owners.json parsed, or kept while it is the same file)
 )
@@ -70,10 +72,16 @@ class Tracer:
         self.reentries: list[tuple[str, str, bool]] = []  # (caller, callee, after the write)
         self.inside = 0  # every call of a nodeagent/dra/ function run inside the engine
         self.package: str | None = None  # the package of the last nodeagent call
+        # The same count with base/'s helpers (logs, files, JSON, locks) folded into their
+        # callers: the changes between the floors that hold the claim's rules.
+        self.floor: str | None = None
+        self.floor_changes = 0
         # calls into another nodeagent package than the last nodeagent call's (the emulator
         # not counted: it stands for the GPUs)
         self.package_changes = 0
         self.record_reads = [0, 0]  # owners.json read (and its checksum checked): before, after
+        self.gpu_reads = [0, 0]  # the GPUs read through NVML: before the write, after
+        self.driver_gpu_reads = 0  # of those, read by nodeagent/dra/ itself (not the engine)
 
     def __call__(self, frame: FrameType, event: str, _arg: Any) -> None:
         if event != "call":
@@ -86,8 +94,18 @@ class Tracer:
             if not self.route and self.package is not None and package != self.package:
                 self.package_changes += 1
             self.package = package
+            if package != "base":
+                if not self.route and self.floor is not None and package != self.floor:
+                    self.floor_changes += 1
+                self.floor = package
             if _where(frame) == OWNERS and frame.f_code.co_name == RECORD_READ:
                 self.record_reads[bool(self.route)] += 1
+            if _where(frame) == READ and frame.f_code.co_name == GPU_READ:
+                self.gpu_reads[bool(self.route)] += 1
+                caller = frame.f_back
+                while caller is not None and not _ours(caller):
+                    caller = caller.f_back
+                self.driver_gpu_reads += caller is not None and _where(caller).is_relative_to(DRA)
         if not _where(frame).is_relative_to(DRA):
             return
         if self._under_engine(frame):
@@ -166,8 +184,12 @@ def trace(root: Path) -> dict[str, Any]:
         "reentries_after_write": sum(1 for *_, after in tracer.reentries if after),
         "dra_calls_inside_the_engine": tracer.inside,
         "package_changes_before_write": tracer.package_changes,
+        "package_changes_above_base_before_write": tracer.floor_changes,
         "record_reads_before_write": tracer.record_reads[0],
         "record_reads": sum(tracer.record_reads),
+        "gpu_reads_before_write": tracer.gpu_reads[0],
+        "gpu_reads": sum(tracer.gpu_reads),
+        "gpu_reads_by_the_driver": tracer.driver_gpu_reads,
         "callbacks": Counter(f"{a} -> {b}" for a, b, _ in tracer.reentries).most_common(),
     }
 
@@ -195,8 +217,17 @@ def show(result: dict[str, Any]) -> None:
         " not counted)"
     )
     print(
+        f"  of which between packages other than base/ (its helpers folded into their callers):"
+        f" {result['package_changes_above_base_before_write']}"
+    )
+    print(
         f"record reads (owners.json consulted) per prepare: {result['record_reads']}"
         f" ({result['record_reads_before_write']} before the first NVML write)"
+    )
+    print(
+        f"reads of the GPUs (nvml.read_inventory) per prepare: {result['gpu_reads']}"
+        f" ({result['gpu_reads_before_write']} before the first NVML write;"
+        f" {result['gpu_reads_by_the_driver']} by nodeagent/dra/ itself)"
     )
     for what, n in result["callbacks"]:
         print(f"  {n:3d} x {what}")

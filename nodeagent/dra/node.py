@@ -146,6 +146,7 @@ class NodeDriver:
         self.daemons = ClaimDaemons(config.plugin_dir, config.mps_control, regimes)
         self.users = users  # a share claim's user from its pods' runAsUser (None: not read)
         self._guard = threading.Lock()
+        self._fixed: Inventory | None = None  # the GPUs' fixed facts (`fixed`), read once
         self._claims: dict[str, threading.Lock] = {}  # one call per claim at a time
         self.inflight = InFlight()  # the kubelet's prepares under way (nodeagent.dra.inflight)
         owners.listen(self._view)  # the checkpoint follows each write of the record
@@ -156,10 +157,12 @@ class NodeDriver:
         mistaken for a lost record's traces (a record of before is sealed now, the
         checkpoints of before folded into it); then the checkpoint, its view, as it has the
         driver's claims, without the temporary file of a checkpoint write a kill interrupted (a
-        claim's CDI spec write: its unprepare removes it)."""
+        claim's CDI spec write: its unprepare removes it); the share servers adopted; the GPUs'
+        fixed facts read (`fixed`)."""
         self.owners.ensure()
         self.owners.update(lambda o: o, self._first_view)
         self.daemons.adopt(self.share_clients())
+        self.fixed()
 
     @property
     def shares(self) -> ShareServers:
@@ -230,6 +233,15 @@ class NodeDriver:
         with self.session.lock:
             return read_inventory(self.session)
 
+    def fixed(self) -> Inventory:
+        """The GPUs as first read, for their facts that never change while the driver runs:
+        index, UUID, memory, MIG profiles and placements (what a claim's allocation names;
+        nodeagent.dra.prepared). What is on them now is the engine's to read, under the MIG
+        writer lock: a prepare makes no read of the GPUs of its own."""
+        if self._fixed is None:
+            self._fixed = self.inventory()
+        return self._fixed
+
     # -- prepare ------------------------------------------------------------------------------
 
     def prepare(
@@ -285,9 +297,7 @@ class NodeDriver:
             claimed = claimed_devices(claim, c.driver, c.pool, c.share_sm_limit)
             if self.users is not None:
                 claimed = self.users.resolve(claim, claimed, deadline)
-            previous = before.devices if before else ()
-            wanted = prepared_devices(self.inventory(), claimed, previous, c.gpus)
-            wanted = self._joining(ref.uid, wanted, claims)
+            wanted = prepared_devices(self.fixed(), claimed, c.gpus)
         except AgentError:
             if before is not None:  # a retry that is refused now holds nothing
                 self._release(ref.uid, before, deadline)
@@ -296,7 +306,8 @@ class NodeDriver:
         entry = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted), (), c.driver)
         try:
             done = self._run(ClaimChange(ref.uid, entry, deadline=deadline, read=read))
-            made = _made(done.inventory, wanted, ref)
+            entry = done.claim or entry  # as the engine recorded it: `existed` settled
+            made = _made(done.inventory, list(entry.devices), ref)
             made = [self._start_mps(ref.uid, d, done.inventory) for d in made]
             ids = tuple(cdi.cdi_id(c.driver, ref.uid, d.device) for d in made)
             self._write_cdi(ref.uid, made)
@@ -311,23 +322,6 @@ class NodeDriver:
             raise
         log.info("dra.prepared", claim=str(ref), devices=[d.device for d in made])
         return _answer(entry), kind
-
-    def _joining(
-        self, uid: str, wanted: list[PreparedDevice], claims: Mapping[str, PreparedClaim]
-    ) -> list[PreparedDevice]:
-        """A share of a MIG slice that other claims share already takes their `existed`: a
-        slice made for shares goes with the last claim sharing it, whoever made it."""
-        out = []
-        for d in wanted:
-            mates = [
-                m
-                for other, c in claims.items()
-                if other != uid
-                for m in c.devices
-                if d.shared and d.is_mig and m.shared and m.device == d.device
-            ]
-            out.append(replace(d, existed=mates[0].existed) if mates else d)
-        return out
 
     # -- made before the pod binds (binding conditions) ----------------------------------------
 
@@ -351,12 +345,12 @@ class NodeDriver:
             ):
                 return list(before.devices)
             claimed = claimed_devices(claim, c.driver, c.pool, c.share_sm_limit)
-            previous = before.devices if before else ()
-            wanted = prepared_devices(self.inventory(), claimed, previous, c.gpus)
+            wanted = prepared_devices(self.fixed(), claimed, c.gpus)
             entry = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted), (), c.driver)
             try:
                 done = self._run(ClaimChange(ref.uid, entry, deadline=deadline))
-                made = _made(done.inventory, wanted, ref)
+                entry = done.claim or entry  # as the engine recorded it: `existed` settled
+                made = _made(done.inventory, list(entry.devices), ref)
                 self._update(ref.uid, replace(entry, devices=tuple(made)))
             except BaseException as err:
                 log.warning("dra.make_undone", claim=str(ref), error=str(err))

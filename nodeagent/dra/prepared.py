@@ -11,21 +11,18 @@ from collections.abc import Collection
 from nodeagent.base.errors import ConfigError
 from nodeagent.dra.claims import ClaimedDevice
 from nodeagent.nvml.inventory import Inventory
-from nodeagent.reconcile.claims import slice_at
 from nodeagent.state.held import PreparedDevice
 
 
 def prepared_devices(
-    inventory: Inventory,
-    claimed: list[ClaimedDevice],
-    previous: tuple[PreparedDevice, ...] = (),
-    managed: Collection[int] | None = None,
+    inventory: Inventory, claimed: list[ClaimedDevice], managed: Collection[int] | None = None
 ) -> list[PreparedDevice]:
-    """What each claimed device is on this node. `existed` says a MIG slice was already there
-    before the claim; a claim prepared before (a retry after a crash) keeps its first answer.
-    Raises ConfigError for a GPU, profile or placement this node does not have."""
+    """What each claimed device is on this node: the GPU, profile and placement it names, read
+    off the GPUs' fixed facts. Whether its slice is there already (`existed`, what its release
+    leaves) is the engine's to decide, under the MIG writer lock (nodeagent.reconcile.claims
+    `settled`): here it is False. Raises ConfigError for a GPU, profile or placement this node
+    does not have, or a share larger than its device."""
     gpus = {g.index: g for g in inventory.gpus if managed is None or g.index in managed}
-    before = {d.device: d for d in previous}
     out = []
     for c in claimed:
         gpu = gpus.get(c.ref.gpu)
@@ -50,15 +47,10 @@ def prepared_devices(
         if profile is None or at is None:
             raise ConfigError(f"device {c.device}: GPU {gpu.index} has no such profile placement")
         _fits(c, profile.memory_bytes, f"a {profile.name} slice")
-        # A retry keeps the first answer, unless the slice is gone since (a reboot): then
-        # this claim makes it.
-        existed = slice_at(gpu, profile.id, at.start) is not None or c.admin
-        if c.device in before and not c.admin:
-            existed = existed and before[c.device].existed
         out.append(
             PreparedDevice(
                 c.request, c.pool, c.device, gpu.index, gpu.uuid, profile.id, profile.name,
-                at.start, at.size, existed, mps=mps, admin=c.admin, shared=c.ref.shared,
+                at.start, at.size, mps=mps, admin=c.admin, shared=c.ref.shared,
                 share_id=c.share_id,
             )
         )  # fmt: skip

@@ -67,12 +67,13 @@ class ClaimChange:
 @dataclass(frozen=True)
 class ChangeDone:
     """What the change did: each NVML operation (with the time it took), the GPUs after it,
-    how long it waited for the MIG writer lock, and the record as the change left it."""
+    how long it waited for the MIG writer lock, and the claim as the change recorded it (a
+    prepare's devices with `existed` decided under the lock: `settled`)."""
 
     operations: tuple[Done, ...]
     inventory: Inventory
     lock_wait_seconds: float = 0.0
-    owners: Owners | None = field(default=None, compare=False)
+    claim: PreparedClaim | None = None
 
 
 class ClaimEngine(Protocol):
@@ -96,6 +97,39 @@ def claim_wants(
     mates, joined = check_owners(change, owners, inventory)
     held = {uuid: who for uuid, who in held.items() if who not in mates}
     return prepare_wants(inventory, list(devices), held, change.name, joined)
+
+
+def settled(change: ClaimChange, owners: Owners, inventory: Inventory) -> ClaimChange:
+    """The claim to prepare with each MIG device's `existed` (whether its release leaves the
+    slice) decided from the GPUs as the run read them under the MIG writer lock and the record
+    as it is then, never from an earlier read: a share of a slice other claims hold already
+    takes theirs (the slice goes with the last claim sharing it, whoever made it); admin access
+    made nothing; else whether the slice is there now, where a claim recorded before with the
+    device (a retry after a crash, a claim made before its pod bound) keeps its first answer
+    that it made the slice. A release lets go of what the record says the claim holds (the
+    claim as the caller has it only where the record has none)."""
+    recorded = owners.claims.get(change.uid)
+    if change.release:
+        return change if recorded is None else replace(change, claim=recorded)
+    gpus = {g.index: g for g in inventory.gpus}
+    before = {d.device: d for d in recorded.devices} if recorded is not None else {}
+    others = [d for uid, c in sorted(owners.claims.items()) if uid != change.uid for d in c.devices]
+    out = []
+    for d in change.claim.devices:
+        if not d.is_mig:
+            out.append(d)
+            continue
+        mates = [m for m in others if d.same_share(m)]
+        if mates:
+            existed = mates[0].existed
+        elif d.admin:
+            existed = True
+        else:
+            gpu = gpus.get(d.gpu)
+            there = gpu is not None and slice_at(gpu, d.profile_id or 0, d.placement_start or 0)
+            existed = bool(there) and (d.device not in before or before[d.device].existed)
+        out.append(replace(d, existed=existed))
+    return replace(change, claim=replace(change.claim, devices=tuple(out)))
 
 
 def check_owners(

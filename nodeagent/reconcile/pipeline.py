@@ -153,9 +153,9 @@ class Pipeline:
                 run.locks.close()
         if run.done:
             log.info("change.done", change=change.name, operations=len(run.done))
-        assert run.snapshot is not None
+        assert run.snapshot is not None and run.scope is not None
         return ChangeDone(
-            tuple(run.done), run.snapshot.inventory, run.lock_wait_seconds, run.owners
+            tuple(run.done), run.snapshot.inventory, run.lock_wait_seconds, run.scope.claim
         )
 
     # -- the run ----------------------------------------------------------------------------
@@ -331,13 +331,11 @@ class Pipeline:
         change (the hooks file, what an MPS start needs), so a run that cannot finish fails
         here, before anything changed."""
         assert run.snapshot is not None
-        scope = prepares(run)
-        if scope is not None and self.owners is not None:
+        if prepares(run) is not None and self.owners is not None:
             # Under the MIG writer lock: planned with the record as it is now, and the claim
             # written into it (`preparing`) when the plan holds, in one read-modify-write.
             run.owners = self.owners.update(
-                lambda o: preparing(scope, self._claim_plan(run, o)),
-                wait_seconds=record_wait(run),
+                lambda o: self._claim_plan(run, o), wait_seconds=record_wait(run)
             )
             return
         if run.desired is not None or run.scope is not None:
@@ -355,12 +353,13 @@ class Pipeline:
     def _claim_plan(self, run: Run, owners: Owners) -> Owners:
         """A claim's plan from the GPUs as observed and the record as `owners` has it now
         (the claims recorded since the change began hold their devices too). Raises as
-        plan_from does, ConfigError (the hooks file); returns `owners`."""
-        assert run.snapshot is not None
+        plan_from does, ConfigError (the hooks file); returns the record with the claim in it
+        as planned (`preparing`, its devices settled)."""
+        assert run.snapshot is not None and run.scope is not None
         run.owners = owners
         run.mig_plan = plan_from(run, reheld(run, run.snapshot, self.allocations))
         self._claim_hooks(run)
-        return owners
+        return preparing(run.scope, owners)
 
     def _claim_hooks(self, run: Run) -> None:
         """A claim's change: the MIG layout of its GPUs only (no MPS daemon, no offer of the

@@ -13,7 +13,7 @@ from nodeagent.mig.apply import Done
 from nodeagent.mig.plan import Plan, plan
 from nodeagent.mig.select import MigTarget
 from nodeagent.mps.manager import MpsChange, MpsIntent
-from nodeagent.reconcile.claims import ClaimChange, claim_wants
+from nodeagent.reconcile.claims import ClaimChange, claim_wants, settled
 from nodeagent.reconcile.ports import Clients, Wanted
 from nodeagent.settings import Settings
 from nodeagent.sharing.resolve import Resolution
@@ -112,6 +112,7 @@ def plan_from(run: Run, snapshot: Snapshot) -> Plan:
     held = snapshot.allocated
     if run.scope is not None:
         assert run.owners is not None
+        run.scope = settled(run.scope, run.owners, snapshot.inventory)
         held = {uuid: who for uuid, who in held.items() if who != run.scope.name}
         run.desired = claim_wants(run.scope, run.owners, snapshot.inventory, held)
     assert run.desired is not None

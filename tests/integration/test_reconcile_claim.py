@@ -9,7 +9,7 @@ MIG config; each operation comes back typed, with its duration."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,8 @@ from nodeagent.base.errors import SliceInUse
 from nodeagent.metrics.agent import AgentStats
 from nodeagent.mig.plan import Op
 from nodeagent.mps.manager import MpsManager
-from nodeagent.nvml import NvmlSession, read_inventory
+from nodeagent.nvml import MigWriter, NvmlSession, read_inventory
+from nodeagent.nvml.inventory import Placement
 from nodeagent.reconcile import Pipeline, Report, SettingsDesire, Wanted, no_lock
 from nodeagent.reconcile.claims import ClaimChange
 from nodeagent.settings import Settings
@@ -122,7 +123,7 @@ def test_a_claims_change_runs_the_steps_on_its_gpus_only(
     assert (done.operations[1].gi_id, done.operations[2].ci_id) == (made.gi_id, made.ci_id)
     assert not done.inventory.gpus[0].mig_current  # the GPU it does not name is left alone
     assert {"observe", "plan", "pause", "apply", "verify", "cdi"} <= set(engine.stats.steps)
-    assert done.owners == record.read() and record.read().claims[UID] == claim
+    assert done.claim == record.read().claims[UID] == claim  # nothing there before: made by it
     # Asked again: the GPUs are as it wants; nothing more is done.
     again = engine.run_change(ClaimChange(UID, claim))
     assert again.operations == () and record.read().claims[UID] == claim
@@ -167,3 +168,68 @@ def test_the_hooks_run_around_a_claims_operations_only(tmp_path: Path) -> None:
     assert log.read_text().split() == list(names)
     engine.run_change(ClaimChange(UID, _claim(lib, 0)))
     assert log.read_text().split() == list(names)
+
+
+def _made_by_hand(lib: SimulatedNvml, gpu: int) -> None:
+    """The 1g.18gb slice at placement 0 of GPU `gpu`, made outside the claim (a MIG config's
+    apply, say) after the driver read the GPUs."""
+    writer = MigWriter(NvmlSession(lib))
+    writer.set_mig_mode(gpu, True)
+    writer.create_compute_instance(gpu, writer.create_gpu_instance(gpu, ONE_1G, Placement(0, 1)), 1)
+
+
+def test_whether_a_claim_made_its_slice_is_decided_under_the_lock_not_from_the_drivers_read(
+    pipeline: tuple[Pipeline, SimulatedNvml, World],
+) -> None:
+    """The driver's devices say the slice is not there (it read the GPUs before the lock);
+    another change made it since: the engine records the claim as having found it, so its
+    release leaves the slice."""
+    engine, lib, _world = pipeline
+    assert engine.owners is not None
+    claim = _claim(lib, 1)  # existed=False, as the driver's read had it
+    _made_by_hand(lib, 1)
+
+    done = engine.run_change(ClaimChange(UID, claim))
+
+    assert done.operations == ()
+    assert done.claim is not None and [d.existed for d in done.claim.devices] == [True]
+    assert engine.owners.read().claims[UID] == done.claim
+    gone = engine.run_change(ClaimChange(UID, claim, release=True))  # the caller's copy says
+    assert gone.operations == ()  # made, but the record says found: the slice stays
+    assert len(read_inventory(engine.store.session).gpus[1].slices) == 1
+
+
+def test_a_retry_keeps_its_first_answer_and_a_release_goes_by_the_record(
+    pipeline: tuple[Pipeline, SimulatedNvml, World],
+) -> None:
+    """A prepare cut short after it made the slice is asked again: the slice is there now, but
+    the record says the claim made it, and the claim's release destroys it even when the
+    caller's copy of the claim says it found it."""
+    engine, lib, _world = pipeline
+    assert engine.owners is not None
+    claim = _claim(lib, 1)
+    engine.run_change(ClaimChange(UID, claim))  # made it (recorded `preparing`, existed=False)
+
+    again = engine.run_change(ClaimChange(UID, claim))
+    assert again.claim is not None and [d.existed for d in again.claim.devices] == [False]
+    found = replace(claim, devices=tuple(replace(d, existed=True) for d in claim.devices))
+    gone = engine.run_change(ClaimChange(UID, found, release=True))
+    assert [d.op.op for d in gone.operations] == [Op.DESTROY_CI, Op.DESTROY_GI]
+
+
+def test_a_share_of_a_slice_others_share_takes_their_answer(
+    pipeline: tuple[Pipeline, SimulatedNvml, World],
+) -> None:
+    """The slice was made for the first share: the second share, which finds it there, takes
+    the first one's answer (made), so the slice goes with the last claim sharing it."""
+    engine, lib, _world = pipeline
+    assert engine.owners is not None
+
+    def share(name: str) -> PreparedClaim:
+        c = _claim(lib, 1, name)
+        return replace(c, devices=tuple(replace(d, shared=True) for d in c.devices))
+
+    first = engine.run_change(ClaimChange(OTHER, share("tts")))
+    second = engine.run_change(ClaimChange(UID, share("asr")))
+    assert first.claim is not None and second.claim is not None
+    assert [d.existed for d in first.claim.devices + second.claim.devices] == [False, False]
