@@ -25,6 +25,7 @@ class Superseded(AgentError):
     """An unprepare of the claim came while this prepare was under way: nothing prepared."""
 
     retry = True  # the kubelet asks again if a pod still needs the claim
+    reason = "superseded"  # a race the kubelet ends, not a fault (nodeagent_dra_refusals_total)
 
 
 class Ticket:

@@ -101,9 +101,10 @@ class MpsManager:
                     )
                 return MpsChange("stop", reason="MPS disabled")
             if self.daemon is None:
-                if self._running_as_wanted(intent):
-                    return MpsChange("adopt", intent)
-                return MpsChange("start", intent)
+                found = self._running(intent)
+                if found == "limits":  # adopted, its limits changed (the start path does it)
+                    return MpsChange("limits", intent, "a running daemon, adopted")
+                return MpsChange(found or "start", intent)
             current = self.daemon
             old, new = current.settings, intent.settings
             moved = (old.pipe_dir, old.log_dir, old.layout, old.exclusive_process) != (
@@ -182,21 +183,23 @@ class MpsManager:
                     raise
                 self.daemon, self.started_by_us = daemon, not adopted
 
-    def _running_as_wanted(self, intent: MpsIntent) -> bool:
-        """A daemon already runs in the pipe directory for these GPUs with these limits (read
-        back): nothing to change, only to adopt (an agent restart, a second command)."""
+    def _running(self, intent: MpsIntent) -> str | None:
+        """What already runs in the pipe directory (an agent restart, a second command):
+        'adopt', a daemon for these GPUs with these limits (read back): nothing to change;
+        'limits', one for these GPUs whose limits differ: adopted, and its limits set; None,
+        none, or one for other GPUs (started, replacing it while it has no clients)."""
         daemon = MpsDaemon(intent.settings, intent.limits, self.compute)
         pid = daemon.control.daemon_pid()
         if pid is None:
-            return False
+            return None
         running = daemon.control.daemon_devices(pid)
         if running is not None and ",".join(running) != intent.limits.visible_devices:
-            return False
+            return None
         try:
             daemon.verify()
         except MpsError:
-            return False
-        return True
+            return "limits"
+        return "adopt"
 
     def _prepare(self, settings: MpsSettings) -> None:
         """The device plugin's layout: folders clients can traverse, and `<root>/shm` as a

@@ -64,3 +64,27 @@ def test_export_of_a_node_without_mps(node: Callable[..., Result]) -> None:
     assert export.returncode == 0, export.stderr
     entries = yaml.safe_load(export.stdout)["sharing-configs"]["current"]
     assert entries == [{"devices": [0, 1, 2, 3], "whole": {}}]
+
+
+def test_apply_in_a_new_process_says_it_changes_the_running_daemons_limits(
+    node: Callable[..., Result], tmp_path: Path
+) -> None:
+    """A second command finds the first one's daemon on the same GPUs with other limits: it
+    adopts it and sets its limits, and says so ('limits'), not that it starts one."""
+    (tmp_path / "pinned.yaml").write_text(CONFIG)
+    assert (
+        node("sharing", "apply", "-f", str(tmp_path / "pinned.yaml"), "-c", "pinned").returncode
+        == 0
+    )
+    wider = CONFIG.replace("thread-percentage: 30", "thread-percentage: 50")
+    (tmp_path / "wider.yaml").write_text(wider)
+    before = node("mps", "status").stdout
+    assert "default active thread percentage: 30.0" in before
+
+    done = node("sharing", "apply", "-f", str(tmp_path / "wider.yaml"), "-c", "pinned")
+
+    assert done.returncode == 0, done.stderr
+    assert "MPS daemon: limits\n" in done.stdout and "start" not in done.stdout
+    after = node("mps", "status").stdout
+    assert "default active thread percentage: 50.0" in after
+    assert after.splitlines()[0] == before.splitlines()[0]  # the same daemon (its pid)

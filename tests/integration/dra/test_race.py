@@ -144,6 +144,7 @@ def test_a_prepare_that_read_its_claim_before_the_unprepare_prepares_nothing(
         " needs it"
     )
     assert dra_node.layout(0) == []  # no slice made for a claim that is gone
+    assert dra_node.stats is not None and dra_node.stats.refusals["superseded"] == 1  # not "other"
     assert load(dra_node.checkpoint).claims == {}
     assert not list(dra_node.cdi_dir.glob("*uid-late*"))
     # A prepare that begins after the unprepare is the kubelet's new ask: it prepares.
