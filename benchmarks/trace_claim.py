@@ -58,6 +58,26 @@ def _ours(frame: FrameType) -> bool:
     return _where(frame).is_relative_to(PACKAGE)
 
 
+def _caller(frame: FrameType) -> FrameType | None:
+    """The nearest nodeagent frame that called `frame`, through the standard library
+    (contextlib, functools) and the other libraries."""
+    caller = frame.f_back
+    while caller is not None and not _ours(caller):
+        caller = caller.f_back
+    return caller
+
+
+def _in_emulator(frame: FrameType) -> bool:
+    """The emulator's code, or what it calls (its file lock's helpers): it stands for the
+    GPUs, not a step of the route."""
+    at: FrameType | None = frame
+    while at is not None:
+        if _where(at).is_relative_to(SIM):
+            return True
+        at = at.f_back
+    return False
+
+
 def _name(frame: FrameType) -> str:
     path = _where(frame)
     shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
@@ -76,8 +96,8 @@ class Tracer:
         # callers: the changes between the floors that hold the claim's rules.
         self.floor: str | None = None
         self.floor_changes = 0
-        # calls into another nodeagent package than the last nodeagent call's (the emulator
-        # not counted: it stands for the GPUs)
+        # calls into another nodeagent package than the last nodeagent call's (the emulator,
+        # and the helpers it calls, not counted: it stands for the GPUs)
         self.package_changes = 0
         self.record_reads = [0, 0]  # owners.json read (and its checksum checked): before, after
         self.gpu_reads = [0, 0]  # the GPUs read through NVML: before the write, after
@@ -89,7 +109,7 @@ class Tracer:
         if frame.f_code.co_name == WRITE and not self.route:
             self.route = self._stack(frame)
             return
-        if _ours(frame) and not _where(frame).is_relative_to(SIM):
+        if _ours(frame) and not _in_emulator(frame):
             package = _where(frame).relative_to(PACKAGE).parts[0]
             if not self.route and self.package is not None and package != self.package:
                 self.package_changes += 1
@@ -102,17 +122,13 @@ class Tracer:
                 self.record_reads[bool(self.route)] += 1
             if _where(frame) == READ and frame.f_code.co_name == GPU_READ:
                 self.gpu_reads[bool(self.route)] += 1
-                caller = frame.f_back
-                while caller is not None and not _ours(caller):
-                    caller = caller.f_back
+                caller = _caller(frame)
                 self.driver_gpu_reads += caller is not None and _where(caller).is_relative_to(DRA)
         if not _where(frame).is_relative_to(DRA):
             return
         if self._under_engine(frame):
             self.inside += 1
-        caller = frame.f_back
-        while caller is not None and not _ours(caller):
-            caller = caller.f_back  # through the standard library (contextlib, functools)
+        caller = _caller(frame)
         if caller is None or _where(caller).is_relative_to(DRA):
             return
         if frame.f_code.co_name == "prepare" and caller.f_code.co_filename == __file__:
