@@ -441,13 +441,13 @@ class NodeDriver:
         return {u: (c.namespace, c.name) for u, c in claims.items() if c.state == PREPARED}
 
     def check_shares(
-        self, claims: Mapping[str, PreparedClaim] | None = None
+        self, servers: Mapping[ShareKey, list[tuple[str, PreparedDevice]]] | None = None
     ) -> list[tuple[str, str]]:
         """Each share server that should run and does not (crashed, killed) started again
         with its ceiling; returns the (claim UID, device) of the claims it serves: their
-        clients lost their server. The claims on other servers are not touched. `claims`: the
-        driver's claims as read already (None: read now)."""
-        servers = self.share_clients(claims)
+        clients lost their server. The claims on other servers are not touched. `servers`:
+        `share_clients` as the caller computed it this tick (None: from the record now)."""
+        servers = servers if servers is not None else self.share_clients()
         return self.daemons.revive(
             servers, lambda key: [claim_device(uid, d) for uid, d in servers.get(key, [])]
         )

@@ -45,8 +45,9 @@ from nodeagent.dra.watch import (
     share_views,
 )
 from nodeagent.metrics.shares import ShareUsage, ShareView, process_memory
+from nodeagent.mps.servers import ShareKey
 from nodeagent.nvml import Inventory
-from nodeagent.state.held import PreparedClaim
+from nodeagent.state.held import PreparedClaim, PreparedDevice
 
 log = get_logger("nodeagent.dra")
 WATCH_SECONDS = 2.0  # a claim over its share is said within this (and the write's time)
@@ -99,26 +100,31 @@ class ShareWatch:
         self._next = now + WATCH_SECONDS
         try:
             claims = self.node.recorded()  # the record, read once a tick
+            servers = self.node.share_clients(claims)  # and the servers it wants, once
             if inventory is None:
-                if not self.node.share_clients(claims) and not self.said:
+                if not servers and not self.said:
                     return []
                 inventory = self.node.inventory()
-            return self._tick(inventory, now, claims)
+            return self._tick(inventory, now, claims, servers)
         except AgentError as err:
             log.warning("dra.share_watch_failed", error=str(err))
             return []
 
     def _tick(
-        self, inventory: Inventory, now: float, recorded: Mapping[str, PreparedClaim]
+        self,
+        inventory: Inventory,
+        now: float,
+        recorded: Mapping[str, PreparedClaim],
+        servers: Mapping[ShareKey, list[tuple[str, PreparedDevice]]],
     ) -> list[Finding]:
-        for uid, device in self.node.check_shares(recorded):
+        for uid, device in self.node.check_shares(servers):
             self.restarted[(uid, device)] = now
         used = process_memory(inventory)  # by GPU, then pid
         claims = self.node.prepared_claims(recorded)
         out: list[Finding] = []
         views: list[ShareView] = []
         environ = functools.cache(environ_of)  # one read a client a look, for both uses
-        for key, on in self.node.share_clients(recorded).items():
+        for key, on in servers.items():
             pids = self.node.shares.clients(key)
             stalls = self.node.shares.stalls(key)
             views += share_views(on, pids, environ, claims)
