@@ -192,8 +192,7 @@ def share_views(
         namespace, name = claims.get(uid, ("", uid))
         view = ShareView(
             uid, namespace, name, d.device, d.gpu, d.is_mig, limits.request_percent,
-            limits.limit_percent, limits.memory_bytes, limits.priority,
-            tuple(mine[uid]) if placed else None,
+            limits.limit_percent, limits.memory_bytes, tuple(mine[uid]) if placed else None,
         )  # fmt: skip
         out.append(view)
     return out

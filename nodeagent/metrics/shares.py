@@ -51,7 +51,6 @@ class ShareView:
     request_percent: int
     limit_percent: int
     memory_request_bytes: int | None
-    priority: str
     clients: tuple[int, ...] | None
 
 

@@ -30,7 +30,7 @@ SERVER, ASR, TTS = 100, 101, 102
 def view(claim: str, request: int, clients: tuple[int, ...] | None, **kw: object) -> ShareView:
     base = ShareView(
         claim, "speech", claim, "gpu-0-mps", 0, False, request, 100, request * 80 * MIB // 100,
-        "normal", clients,
+        clients,
     )  # fmt: skip
     return replace(base, **kw)  # type: ignore[arg-type]
 
@@ -141,7 +141,7 @@ def test_views_place_clients_by_their_claim_and_read_an_old_record_s_limit_as_it
     assert (a.name, a.request_percent, a.limit_percent, a.memory_request_bytes, a.clients) == (
         "asr", 30, 30, 8 << 30, (1, 3)
     )  # fmt: skip
-    assert (b.name, b.limit_percent, b.priority, b.clients) == ("emb", 100, "low", (2,))
+    assert (b.name, b.limit_percent, b.clients) == ("emb", 100, (2,))
     # A client that runs but whose environment cannot be read, or one that names no claim:
     # any claim of the server may have started it.
     unread = share_views(on, [1, 2, 4], env.get, claims, alive=lambda pid: True)
