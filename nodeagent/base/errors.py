@@ -156,3 +156,10 @@ class Stopping(AgentError):
 
     reason = "stopping"
     retry = True
+
+
+def shown(value: object) -> str:
+    """`value` for a sentence: repr'd, at most 64 characters of it (a value from a file or an
+    answer can be any length)."""
+    text = repr(value)
+    return text if len(text) <= 64 else text[:63] + "…"

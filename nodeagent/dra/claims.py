@@ -43,12 +43,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from nodeagent.base.errors import ConfigError
+from nodeagent.base.errors import ConfigError, shown
 from nodeagent.base.shapes import MapOf, Shape, check
 from nodeagent.base.units import MAX_DIGITS, whole_number
 from nodeagent.dra.capacity import MEMORY_CAPACITY, SM_CAPACITY
 from nodeagent.dra.devices import DeviceRef, parse_device_name
-from nodeagent.state.held import MAX_USER, is_uid, shown
+from nodeagent.state.held import MAX_USER, is_uid
 
 CONFIG_API_VERSION = "gpu.nodeagent.io/v1"
 MPS_KIND = "MpsConfig"

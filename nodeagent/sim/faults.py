@@ -17,7 +17,7 @@ from typing import Any
 
 import pynvml
 
-from nodeagent.base.errors import SimError
+from nodeagent.base.errors import SimError, shown
 
 FAULTS_ENV = "NODEAGENT_SIM_FAULTS"
 
@@ -36,11 +36,6 @@ class Fault:
 
 
 _RULE_KEYS = ("function", "call", "mutation", "error", "exit", "when")
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _error_codes() -> dict[str, int]:
@@ -68,14 +63,14 @@ def emulated_functions() -> dict[str, str]:
 def _error_code(value: Any, where: str) -> int:
     codes = _error_codes()
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise SimError(f"{where}: 'error' must be an NVML error name or code, not {_shown(value)}")
+        raise SimError(f"{where}: 'error' must be an NVML error name or code, not {shown(value)}")
     if isinstance(value, int):
         if value not in codes.values():
             raise SimError(f"{where}: 'error' {value} is no NVML error code (e.g. 19, IN_USE)")
         return value
     code = codes.get(value.upper().removeprefix("NVML_ERROR_"))
     if code is None:
-        raise SimError(f"{where}: 'error' names unknown NVML error {_shown(value)} (e.g. IN_USE)")
+        raise SimError(f"{where}: 'error' names unknown NVML error {shown(value)} (e.g. IN_USE)")
     return code
 
 
@@ -84,7 +79,7 @@ def _count(rule: dict[str, Any], key: str, where: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SimError(f"{where}: {key!r} must be a whole number from 1 up, not {_shown(value)}")
+        raise SimError(f"{where}: {key!r} must be a whole number from 1 up, not {shown(value)}")
     return value
 
 
@@ -95,7 +90,7 @@ def _function(rule: dict[str, Any], where: str) -> str | None:
     functions = emulated_functions()
     if not isinstance(value, str) or value not in functions:
         raise SimError(
-            f"{where}: 'function' {_shown(value)} is no NVML function of the emulator's"
+            f"{where}: 'function' {shown(value)} is no NVML function of the emulator's"
             " (pynvml's names, e.g. nvmlDeviceCreateGpuInstanceWithPlacement)"
         )
     return functions[value]
@@ -103,12 +98,11 @@ def _function(rule: dict[str, Any], where: str) -> str | None:
 
 def _rule(rule: Any, where: str) -> Fault:
     if not isinstance(rule, dict):
-        raise SimError(f"{where} must be an object (a rule), not {_shown(rule)}")
+        raise SimError(f"{where} must be an object (a rule), not {shown(rule)}")
     unknown = sorted(set(rule) - set(_RULE_KEYS))
     if unknown:
         raise SimError(
-            f"{where} is a bad rule: unknown key {_shown(unknown[0])};"
-            f" keys: {', '.join(_RULE_KEYS)}"
+            f"{where} is a bad rule: unknown key {shown(unknown[0])}; keys: {', '.join(_RULE_KEYS)}"
         )
     if ("error" in rule) == ("exit" in rule):
         raise SimError(f"{where} needs exactly one of 'error' or 'exit'")
@@ -117,11 +111,11 @@ def _rule(rule: Any, where: str) -> Fault:
         isinstance(exit_code, bool) or not isinstance(exit_code, int) or not 0 <= exit_code <= 255
     ):
         raise SimError(
-            f"{where}: 'exit' must be a process exit status 0 to 255, not {_shown(exit_code)}"
+            f"{where}: 'exit' must be a process exit status 0 to 255, not {shown(exit_code)}"
         )
     when = rule.get("when", "before")
     if when not in ("before", "after"):
-        raise SimError(f"{where}: 'when' is 'before' or 'after', not {_shown(when)}")
+        raise SimError(f"{where}: 'when' is 'before' or 'after', not {shown(when)}")
     return Fault(
         function=_function(rule, where),
         call=_count(rule, "call", where),

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from nodeagent.base.errors import shown
 from nodeagent.base.logs import printable
 from nodeagent.base.shapes import Shape, problem
 
@@ -143,12 +144,6 @@ def is_uid(value: object) -> bool:
     """Whether `value` is a claim UID by the kubelet's rule (see _TOKEN); a device name is
     held to the same rule."""
     return isinstance(value, str) and _TOKEN.fullmatch(value) is not None and ".." not in value
-
-
-def shown(value: object) -> str:
-    """`value` for a sentence: repr'd, at most 64 characters of it."""
-    text = repr(value)
-    return text if len(text) <= 64 else text[:63] + "…"
 
 
 def typed(values: Mapping[str, Any], types: Mapping[str, tuple[type, ...]]) -> None:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from nodeagent.base.errors import ConfigError
+from nodeagent.base.errors import ConfigError, shown
 from nodeagent.base.jsontext import NotJson, check_seal, parse_json, sealed_text
 from nodeagent.nvml import Inventory
 from nodeagent.state.held import (
@@ -36,7 +36,6 @@ from nodeagent.state.held import (
     device_of,
     is_uid,
     on_gpu,
-    shown,
     typed,
 )
 from nodeagent.state.snapshot import Holder
