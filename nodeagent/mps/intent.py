@@ -152,11 +152,11 @@ def _creatable(folder: Path) -> str | None:
 
 
 def check_startable(change: MpsChange) -> None:
-    """A start (or restart) of the MPS daemon can happen: the control binary is an executable
-    file, and the pipe and log directories exist or can be made. Raises ConfigError (exit 2):
-    what is missing is the node's setup or a setting (mps.control, mps.pipe-dir), and nothing
-    has changed yet."""
-    if change.action not in ("start", "restart") or change.intent is None:
+    """A start (or restart, or a change of limits: the control program sets them) of the MPS
+    daemon can happen: the control binary is an executable file, and the pipe and log
+    directories exist or can be made. Raises ConfigError (exit 2): what is missing is the
+    node's setup or a setting (mps.control, mps.pipe-dir), and nothing has changed yet."""
+    if change.action not in ("start", "restart", "limits") or change.intent is None:
         return
     s = change.intent.settings
     binary = s.control_binary

@@ -140,7 +140,12 @@ class MpsManager:
         if change.action == "none":
             return
         with self.lock:
-            if change.intent is not None and change.action in ("adopt", "start", "restart"):
+            # 'limits' with no daemon held: one found running (plan), taken over by the start
+            # path, which sets its limits: a daemon this process starts to hold, as a start.
+            takes = change.action in ("adopt", "start", "restart") or (
+                change.action == "limits" and self.daemon is None
+            )
+            if change.intent is not None and takes:
                 self.regimes.pipeline(change.intent.settings.devices, claimed)
             if change.action == "adopt" and change.intent is not None:
                 self.daemon = MpsDaemon(change.intent.settings, change.intent.limits, self.compute)

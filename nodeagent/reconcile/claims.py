@@ -67,8 +67,9 @@ class ClaimChange:
 @dataclass(frozen=True)
 class ChangeDone:
     """What the change did: each NVML operation (with the time it took), the GPUs after it,
-    how long it waited for the MIG writer lock, and the claim as the change recorded it (a
-    prepare's devices with `existed` decided under the lock: `settled`)."""
+    how long it waited for the MIG writer lock, and the claim as the change planned it (a
+    prepare's as it recorded it, its devices' `existed` decided under the lock: `settled`; a
+    release's as the record had it before it was let go)."""
 
     operations: tuple[Done, ...]
     inventory: Inventory
@@ -106,14 +107,25 @@ def settled(change: ClaimChange, owners: Owners, inventory: Inventory) -> ClaimC
     takes theirs (the slice goes with the last claim sharing it, whoever made it); admin access
     made nothing; else whether the slice is there now, where a claim recorded before with the
     device (a retry after a crash, a claim made before its pod bound) keeps its first answer
-    that it made the slice. A release lets go of what the record says the claim holds (the
-    claim as the caller has it only where the record has none)."""
+    that it made the slice. Only the record's claims with a state count (one known from the
+    DRA checkpoint's traces alone says nothing of what it made), and only the same driver's.
+
+    A release lets go of what the record says the claim holds: nothing where the record has no
+    such claim, or knows it from traces only (the engine records a claim before its first NVML
+    operation: a claim it has not recorded made nothing, whatever the caller's copy says)."""
     recorded = owners.claims.get(change.uid)
+    if recorded is not None and recorded.state is None:
+        recorded = None  # rebuilt from traces: what it made is not known
     if change.release:
-        return change if recorded is None else replace(change, claim=recorded)
+        return replace(change, claim=recorded or replace(change.claim, devices=()))
     gpus = {g.index: g for g in inventory.gpus}
     before = {d.device: d for d in recorded.devices} if recorded is not None else {}
-    others = [d for uid, c in sorted(owners.claims.items()) if uid != change.uid for d in c.devices]
+    others = [
+        d
+        for uid, c in sorted(owners.claims.items())
+        if uid != change.uid and c.state is not None and c.driver == change.claim.driver
+        for d in c.devices
+    ]
     out = []
     for d in change.claim.devices:
         if not d.is_mig:
@@ -144,7 +156,7 @@ def check_owners(
     for d in change.claim.devices:
         if d.admin:
             continue
-        gpu = gpus[d.gpu]
+        gpu = _gpu(gpus, d)
         start, size = (
             (d.placement_start or 0, d.placement_size or 0)
             if d.is_mig
@@ -178,6 +190,15 @@ def released(uid: str, owners: Owners) -> Owners:
     if claim.state is None:
         return owners.without(uid)
     return owners.with_claim(uid, replace(claim, state=UNPREPARING, devices=()))
+
+
+def _gpu(gpus: Mapping[int, Gpu], d: PreparedDevice) -> Gpu:
+    """The GPU a device is on, as read now. Raises ConfigError when NVML no longer has it (the
+    driver named it from the GPUs as first read)."""
+    gpu = gpus.get(d.gpu)
+    if gpu is None:
+        raise ConfigError(f"{d.device}: GPU {d.gpu} is not on this node now; nothing was changed")
+    return gpu
 
 
 def slice_at(gpu: Gpu, profile_id: int, start: int) -> Slice | None:
@@ -273,7 +294,7 @@ def prepare_wants(
     layouts: dict[int, dict[Instance, Shape]] = {}
     out: dict[int, MigTarget] = {}
     for d in devices:
-        gpu = gpus[d.gpu]
+        gpu = _gpu(gpus, d)
         if d.admin:  # the GPU as it is: a slice with admin access must be there
             there = slice_at(gpu, d.profile_id or 0, d.placement_start or 0) if d.is_mig else None
             if d.is_mig and (there is None or there.ci_id is None):

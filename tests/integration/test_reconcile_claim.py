@@ -26,7 +26,7 @@ from nodeagent.reconcile import Pipeline, Report, SettingsDesire, Wanted, no_loc
 from nodeagent.reconcile.claims import ClaimChange
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml, parse_spec
-from nodeagent.state.held import PREPARING, UNPREPARING, PreparedClaim, PreparedDevice
+from nodeagent.state.held import PREPARING, UNPREPARING, PreparedClaim, PreparedDevice, on_gpu
 from nodeagent.state.owners import OwnerStore
 from nodeagent.state.record import Owners
 from nodeagent.state.snapshot import Snapshot, Store
@@ -233,3 +233,38 @@ def test_a_share_of_a_slice_others_share_takes_their_answer(
     second = engine.run_change(ClaimChange(UID, share("asr")))
     assert first.claim is not None and second.claim is not None
     assert [d.existed for d in first.claim.devices + second.claim.devices] == [False, False]
+
+
+def _traced(lib: SimulatedNvml, gpu: int, shared: bool = False) -> PreparedClaim:
+    """The record's entry for a claim rebuilt from the DRA checkpoint's traces alone (state
+    None): its slice as found, nothing known of whether it made it."""
+    g = read_inventory(NvmlSession(lib)).gpus[gpu]
+    device = on_gpu(
+        gpu, g.uuid, (0, 1, ONE_1G), g.slices[0].mig_uuid, device=f"gpu-{gpu}-mig-1g18gb-19-0",
+        shared=shared,
+    )  # fmt: skip
+    return PreparedClaim("", "", None, (device,))
+
+
+def test_a_claim_known_from_traces_only_says_nothing_of_what_it_made(
+    pipeline: tuple[Pipeline, SimulatedNvml, World],
+) -> None:
+    """Let go, it destroys nothing; prepared again, its entry is no first answer; shared, its
+    entry gives a new share no answer: the slice there is found in each case."""
+    engine, lib, _world = pipeline
+    assert engine.owners is not None
+    _made_by_hand(lib, 1)
+    engine.owners.update(lambda o: o.with_claim(UID, _traced(lib, 1)))
+
+    gone = engine.run_change(ClaimChange(UID, PreparedClaim("", "", PREPARING), release=True))
+    assert gone.operations == () and len(read_inventory(NvmlSession(lib)).gpus[1].slices) == 1
+
+    engine.owners.update(lambda o: o.with_claim(UID, _traced(lib, 1)))
+    again = engine.run_change(ClaimChange(UID, _claim(lib, 1)))
+    assert again.claim is not None and [d.existed for d in again.claim.devices] == [True]
+
+    engine.owners.update(lambda o: o.without(UID).with_claim(OTHER, _traced(lib, 1, shared=True)))
+    share = _claim(lib, 1)
+    share = replace(share, devices=tuple(replace(d, shared=True) for d in share.devices))
+    joined = engine.run_change(ClaimChange(UID, share))
+    assert joined.claim is not None and [d.existed for d in joined.claim.devices] == [True]

@@ -208,6 +208,20 @@ def test_the_device_plugin_daemon_and_a_share_server_exclude_each_other_on_one_g
         quit_mps(fake_mps_control, pipe)
 
 
+def test_a_daemon_found_running_with_other_limits_is_held_to_the_same_exclusion(
+    dra_node: DraNode, fake_mps_control: str
+) -> None:
+    """A fresh process's plan finds a daemon on the GPU with other limits ('limits': taken
+    over, its limits set): taking it over is refused beside a share server, as a start is."""
+    prepared(dra_node, share("asr", "uid-l", "gpu-0-mps", 30, "8Gi"))
+    manager = MpsManager(regimes=dra_node.node.daemons.regimes)
+    intent = _pipeline_intent(dra_node, fake_mps_control, 0)
+    with pytest.raises(MpsError, match="GPU 0 runs the DRA MPS share server gpu-0-mps-u0"):
+        manager.apply(MpsChange("limits", intent, "a running daemon, adopted"))
+    assert manager.daemon is None
+    assert control_of(dra_node.root / "dp", fake_mps_control).daemon_pid() is None
+
+
 def test_a_restarted_driver_knows_the_share_servers_it_adopts(
     dra_node: DraNode, fake_mps_control: str
 ) -> None:
