@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeagent.base.errors import ConfigError
+from nodeagent.base.errors import AgentError, ConfigError
 from nodeagent.base.files import (
     atomic_write_text,
     interrupted_writes,
@@ -51,7 +51,7 @@ from nodeagent.base.lock import held_lock
 from nodeagent.base.logs import get_logger
 from nodeagent.nvml import Inventory, NvmlSession, read_inventory
 from nodeagent.state.held import PreparedClaim
-from nodeagent.state.record import CLAIM, VERSION, Owners, holder, parse
+from nodeagent.state.record import CLAIM, VERSION, Owners, holder, parse, untrusted
 from nodeagent.state.snapshot import Allocations, Holders
 
 log = get_logger("nodeagent.owners")
@@ -288,7 +288,7 @@ class OwnerStore:
                 if found is not None:
                     owners = change(found)
                     if owners is not found or found.version != VERSION:
-                        self._write(owners)  # a change that changes nothing writes nothing
+                        self._write(owners, found)  # a change that changes nothing writes nothing
                         for listener in self._listeners:
                             listener(owners)
                     if then is not None:
@@ -329,14 +329,26 @@ class OwnerStore:
         except OSError as err:  # litter, not a reason to refuse a change
             log.warning("owners.litter_left", path=str(err.filename), error=err.strerror)
 
-    def _write(self, owners: Owners) -> None:
-        """Replace the record. Raises ConfigError when the file cannot be written."""
+    def _write(self, owners: Owners, since: Owners | None = None) -> None:
+        """Replace the record (`since`: as it was read before the change), with nothing its
+        reader would refuse: a record that fails its own checks is read as lost (every claim
+        in it rebuilt from traces), so a write of one is refused, as this process's bug,
+        before the file is touched; the claims the change made are checked. Raises
+        ConfigError when the file cannot be written, AgentError for such a record (nothing
+        written)."""
+        why = untrusted(owners, since if since is not None and since.version == VERSION else None)
+        if why is not None:
+            raise AgentError(
+                f"refusing to write an ownership record that would not be trusted when read:"
+                f" {why}; nothing was written (a bug of nodeagent's: please report it)"
+            )
+        text = owners.to_json()
         with self._lock:
             if self.path is None:
                 self._memory = owners
                 return
             try:
-                atomic_write_text(self.path, owners.to_json(), mode=0o600)
+                atomic_write_text(self.path, text, mode=0o600)
             except OSError as err:
                 raise ConfigError(
                     f"cannot write the ownership record {self.path}: {err.strerror}"

@@ -19,6 +19,7 @@ written; the store folds the DRA checkpoints of before into it (nodeagent.state.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -154,6 +155,22 @@ class Owners:
         claims = {uid: asdict(c) for uid, c in sorted(self.claims.items())}
         payload = {"version": VERSION, "config": self.config, "claims": claims}
         return sealed_text({**payload, "uncertain": self.uncertain})
+
+
+def untrusted(owners: Owners, since: Owners | None = None) -> str | None:
+    """Why `parse` would not trust `owners` once written (None: it would): a claim UID that is
+    not a Kubernetes UID, a claim its reader refuses. Only the claims that are not `since`'s
+    (the record as read before a change) are looked at; all of them without it."""
+    for uid, claim in sorted(owners.claims.items()):
+        if since is not None and since.claims.get(uid) is claim:
+            continue
+        if not is_uid(uid):
+            return f"claim UID {shown(uid)} is not a Kubernetes UID"
+        try:
+            claim_of(json.loads(json.dumps(asdict(claim))))
+        except (TypeError, KeyError, AttributeError, ValueError) as err:
+            return f"claim {uid} is malformed ({err})"
+    return None
 
 
 def parse(raw: bytes, path: Path) -> Owners:

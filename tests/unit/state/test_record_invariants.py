@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from nodeagent.base.errors import ConfigError
+from nodeagent.base.errors import AgentError, ConfigError
 from nodeagent.base.files import entry_of
 from nodeagent.base.jsontext import sealed_text
 from nodeagent.dra.checkpoint import load
@@ -21,7 +21,7 @@ from nodeagent.dra.traces import evidence_of, rebuild
 from nodeagent.nvml import NvmlSession, read_inventory
 from nodeagent.sim import SimulatedNvml
 from nodeagent.sim.models import parse_spec
-from nodeagent.state.held import PREPARED, PreparedDevice
+from nodeagent.state.held import PREPARED, PreparedClaim, PreparedDevice
 from nodeagent.state.owners import Owners, OwnerStore
 from nodeagent.state.record import parse
 
@@ -172,3 +172,21 @@ def test_a_name_that_leaves_its_folder_names_nothing_to_remove(tmp_path: Path, n
     with pytest.raises(ConfigError, match="is not a name within"):
         entry_of(tmp_path, name, "the claim UID")
     assert entry_of(tmp_path, "uid-1", "the claim UID") == tmp_path / "uid-1"
+
+
+def test_a_record_its_reader_would_not_trust_is_never_written(tmp_path: Path) -> None:
+    """A writer's bug (a prepared claim without its CDI ids) would make the next read lose
+    every claim to a rebuild: the write is refused in one sentence, the file kept as it was."""
+    store = OwnerStore(tmp_path / "owners.json", lambda _inventory: Owners())
+    good = PreparedClaim(
+        "speech", "asr", PREPARED, (PreparedDevice(**SLICE),), ("k8s.d/claim=u-0",)
+    )
+    store.write(Owners({"uid-1": good}))
+    before = (tmp_path / "owners.json").read_bytes()
+    bad = dataclasses.replace(good, cdi_ids=())
+
+    with pytest.raises(AgentError, match="refusing to write an ownership record that would not"):
+        store.update(lambda o: o.with_claim("uid-2", bad))
+
+    assert (tmp_path / "owners.json").read_bytes() == before
+    assert store.read().claims == {"uid-1": good}

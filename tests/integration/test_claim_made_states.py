@@ -1,0 +1,130 @@
+"""What a claim's release destroys, over any order of prepares, releases and slices made by
+hand (a MIG config's apply between a driver's look at the GPUs and its change), through the
+engine (nodeagent.reconcile.claims `settled`): a release destroys exactly the slices its claim
+made, and a slice that was there before a claim, or that a claim found, outlives it. The
+caller's copy of a claim always says it made nothing (the driver's look, before the lock) and
+is flipped at random on release: the record decides, never the copy."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from nodeagent.agent.factory import command_pipeline
+from nodeagent.base.errors import SliceInUse
+from nodeagent.dra.cdi import cdi_id
+from nodeagent.nvml import MigWriter, NvmlSession, read_inventory
+from nodeagent.nvml.inventory import Placement
+from nodeagent.reconcile.claims import ClaimChange
+from nodeagent.settings import Settings
+from nodeagent.sim import SimulatedNvml, parse_spec
+from nodeagent.state.held import PREPARED, PREPARING, PreparedClaim, PreparedDevice
+
+ONE_1G = 19  # the 1g.18gb profile of an H200: seven placements, 0 to 6, none overlapping
+GPU = 0
+UIDS = [f"5b0e9c1a-7d3e-4c52-9a51-0c6f4f1b2a0{i}" for i in range(3)]
+STARTS = st.integers(min_value=0, max_value=6)
+
+
+class ClaimsAndHands(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lib = SimulatedNvml(parse_spec("h200"))
+        self.session = NvmlSession(self.lib)
+        MigWriter(self.session).set_mig_mode(GPU, True)
+        self.uuid = read_inventory(self.session).gpus[GPU].uuid
+        self.root = Path(tempfile.mkdtemp(prefix="claims-"))
+        # As the agent wires it: the ownership record beside the MIG writer lock, its claims
+        # holders of their devices for every plan.
+        self.engine = command_pipeline(
+            self.session, Settings(), self.lib.reset, self.root / ".mig.lock"
+        )
+        self.made_by: dict[int, str] = {}  # placement start -> "hand" or the claim's UID
+        self.claims: dict[str, int] = {}  # prepared claim UID -> its slice's start
+
+    def _claim(self, uid: str, start: int, existed: bool = False) -> PreparedClaim:
+        device = PreparedDevice(
+            "r", "node", f"gpu-0-mig-1g18gb-19-{start}", GPU, self.uuid, ONE_1G, "1g.18gb",
+            start, 1, existed,
+        )  # fmt: skip
+        return PreparedClaim("speech", uid[-1], PREPARING, (device,), (), "gpu.nodeagent.io")
+
+    @rule(start=STARTS)
+    def made_by_hand(self, start: int) -> None:
+        if start in self.made_by:
+            return
+        writer = MigWriter(self.session)
+        gi = writer.create_gpu_instance(GPU, ONE_1G, Placement(start, 1))
+        writer.create_compute_instance(GPU, gi, 1)
+        self.made_by[start] = "hand"
+
+    @precondition(lambda self: len(self.claims) < len(UIDS))
+    @rule(data=st.data(), start=STARTS)
+    def prepare(self, data: st.DataObject, start: int) -> None:
+        if start in self.claims.values():
+            return  # another claim holds it: refused (tests of their own say how)
+        uid = data.draw(st.sampled_from([u for u in UIDS if u not in self.claims]))
+        done = self.engine.run_change(ClaimChange(uid, self._claim(uid, start)))
+        assert done.claim is not None
+        (device,) = done.claim.devices
+        assert device.existed == (start in self.made_by)  # found, or made by this claim
+        self.made_by.setdefault(start, uid)
+        self.claims[uid] = start
+        # The driver's last write: the claim prepared, with the MIG device it got.
+        (made,) = [s for s in done.inventory.gpus[GPU].slices if s.placement.start == start]
+        held = replace(device, gi_id=made.gi_id, ci_id=made.ci_id, mig_uuid=made.mig_uuid)
+        ids = (cdi_id("gpu.nodeagent.io", uid, held.device),)
+        entry = replace(done.claim, state=PREPARED, devices=(held,), cdi_ids=ids)
+        assert self.engine.owners is not None
+        self.engine.owners.update(lambda o: o.with_claim(uid, entry))
+
+    @precondition(lambda self: bool(self.claims) and len(self.claims) < len(UIDS))
+    @rule(data=st.data())
+    def refused_prepare(self, data: st.DataObject) -> None:
+        """A claim for a slice another claim holds is refused before anything is recorded;
+        the driver's undo lets go of its own copy, which says it made the slice: nothing
+        goes (the record never had the claim)."""
+        start = data.draw(st.sampled_from(sorted(self.claims.values())))
+        uid = data.draw(st.sampled_from([u for u in UIDS if u not in self.claims]))
+        with pytest.raises(SliceInUse):
+            self.engine.run_change(ClaimChange(uid, self._claim(uid, start)))
+        done = self.engine.run_change(ClaimChange(uid, self._claim(uid, start), release=True))
+        assert done.operations == ()
+        assert self.engine.owners is not None
+        assert uid not in self.engine.owners.read().claims
+
+    @precondition(lambda self: bool(self.claims))
+    @rule(data=st.data(), flip=st.booleans())
+    def release(self, data: st.DataObject, flip: bool) -> None:
+        uid = data.draw(st.sampled_from(sorted(self.claims)))
+        start = self.claims.pop(uid)
+        mine = self.made_by[start] == uid
+        copy = self._claim(uid, start, existed=mine != flip)  # right or wrong: not read
+        done = self.engine.run_change(ClaimChange(uid, copy, release=True))
+        assert len(done.operations) == (2 if mine else 0)  # its CI and GI, or nothing
+        if mine:
+            del self.made_by[start]
+        assert self.engine.owners is not None
+        self.engine.owners.update(lambda o: o.without(uid))  # the driver's last write
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    @invariant()
+    def the_gpu_holds_what_was_made_and_not_let_go(self) -> None:
+        slices = read_inventory(self.session).gpus[GPU].slices
+        assert sorted(s.placement.start for s in slices) == sorted(self.made_by)
+
+
+ClaimsAndHands.TestCase.settings = settings(
+    max_examples=40, stateful_step_count=12, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+test_what_a_release_destroys = ClaimsAndHands.TestCase
