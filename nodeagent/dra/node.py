@@ -190,7 +190,7 @@ class NodeDriver:
         """Put (or drop, None) one claim in the ownership record: one read-modify-write,
         waited for until `deadline` (time.monotonic; None: the store's wait)."""
         self.owners.update(
-            lambda o: o.with_claim(uid, entry) if entry else _dropped(o, uid),
+            lambda o: o.with_claim(uid, entry) if entry else _dropped(o, uid, self.config.driver),
             wait_seconds=_left(deadline),
         )
 
@@ -538,8 +538,13 @@ def _left(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
-def _dropped(owners: Owners, uid: str) -> Owners:
-    return owners.without(uid) if uid in owners.claims else owners
+def _dropped(owners: Owners, uid: str, driver: str) -> Owners:
+    """The record without the claim's entry: this driver's, or one known from traces only
+    (never another driver's entry for the same claim UID)."""
+    claim = owners.claims.get(uid)
+    if claim is None or (claim.state is not None and claim.driver != driver):
+        return owners
+    return owners.without(uid)
 
 
 def claim_device(uid: str, d: PreparedDevice) -> ClaimDevice:

@@ -211,7 +211,8 @@ class Changer:
         scope = run.scope
         if scope is not None and scope.release and self.owners is not None:
             run.owners = self.owners.update(
-                lambda o: released(scope.uid, o), wait_seconds=record_wait(run)
+                lambda o: released(scope.uid, o, scope.claim.driver),
+                wait_seconds=record_wait(run),
             )
 
     def refresh_cdi(self, run: Run) -> None:

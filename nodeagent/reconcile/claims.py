@@ -107,15 +107,28 @@ def settled(change: ClaimChange, owners: Owners, inventory: Inventory) -> ClaimC
     takes theirs (the slice goes with the last claim sharing it, whoever made it); admin access
     made nothing; else whether the slice is there now, where a claim recorded before with the
     device (a retry after a crash, a claim made before its pod bound) keeps its first answer
-    that it made the slice. Only the record's claims with a state count (one known from the
-    DRA checkpoint's traces alone says nothing of what it made), and only the same driver's.
+    that it made the slice while the slice is the one it recorded (one with another MIG UUID
+    was made by someone else since: found; a claim recorded `preparing`, before it knew the
+    MIG UUID, keeps its answer). Only the record's claims with a state count (one known from
+    the DRA checkpoint's traces alone says nothing of what it made), and only the same
+    driver's: a claim the record has as another driver's is refused (ConfigError).
 
     A release lets go of what the record says the claim holds: nothing where the record has no
     such claim, or knows it from traces only (the engine records a claim before its first NVML
     operation: a claim it has not recorded made nothing, whatever the caller's copy says)."""
     recorded = owners.claims.get(change.uid)
-    if recorded is not None and recorded.state is None:
-        recorded = None  # rebuilt from traces: what it made is not known
+    if recorded is not None and recorded.state is not None:
+        if recorded.driver != change.claim.driver:
+            if not change.release:
+                raise ConfigError(
+                    f"{change.name}: the ownership record has the claim as prepared by DRA"
+                    f" driver {recorded.driver!r}; one claim served by two nodeagent drivers on"
+                    " one node is not supported (the record keeps one entry a claim); nothing"
+                    " was changed"
+                )
+            recorded = None  # another driver's: nothing of it is this release's
+    else:
+        recorded = None  # none, or rebuilt from traces: what it made is not known
     if change.release:
         return replace(change, claim=recorded or replace(change.claim, devices=()))
     gpus = {g.index: g for g in inventory.gpus}
@@ -138,8 +151,15 @@ def settled(change: ClaimChange, owners: Owners, inventory: Inventory) -> ClaimC
             existed = True
         else:
             gpu = gpus.get(d.gpu)
-            there = gpu is not None and slice_at(gpu, d.profile_id or 0, d.placement_start or 0)
-            existed = bool(there) and (d.device not in before or before[d.device].existed)
+            there = slice_at(gpu, d.profile_id or 0, d.placement_start or 0) if gpu else None
+            prior = before.get(d.device)
+            existed = there is not None and (
+                prior is None
+                or prior.existed
+                # another slice than the one it recorded (it was lost, and someone made this
+                # one since): found, not made
+                or (prior.mig_uuid is not None and prior.mig_uuid != there.mig_uuid)
+            )
         out.append(replace(d, existed=existed))
     return replace(change, claim=replace(change.claim, devices=tuple(out)))
 
@@ -181,14 +201,17 @@ def preparing(change: ClaimChange, owners: Owners) -> Owners:
     return owners.with_claim(change.uid, change.claim)
 
 
-def released(uid: str, owners: Owners) -> Owners:
+def released(uid: str, owners: Owners, driver: str) -> Owners:
     """The record once the claim's slices are gone: the claim `unpreparing`, holding nothing,
-    until its files are removed too (a claim known from traces only goes at once)."""
+    until its files are removed too (a claim known from traces only goes at once); an entry of
+    another driver than the releasing one is left as it is."""
     claim = owners.claims.get(uid)
     if claim is None:
         return owners
     if claim.state is None:
         return owners.without(uid)
+    if claim.driver != driver:
+        return owners
     return owners.with_claim(uid, replace(claim, state=UNPREPARING, devices=()))
 
 

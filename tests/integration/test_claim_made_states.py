@@ -1,9 +1,11 @@
-"""What a claim's release destroys, over any order of prepares, releases and slices made by
-hand (a MIG config's apply between a driver's look at the GPUs and its change), through the
-engine (nodeagent.reconcile.claims `settled`): a release destroys exactly the slices its claim
-made, and a slice that was there before a claim, or that a claim found, outlives it. The
-caller's copy of a claim always says it made nothing (the driver's look, before the lock) and
-is flipped at random on release: the record decides, never the copy."""
+"""What a claim's release destroys, over any order of prepares, refused prepares, releases,
+slices made by hand (a MIG config's apply between a driver's look at the GPUs and its change)
+and claims' slices lost (a reboot, a hand) and maybe made again before the kubelet asks again,
+through the engine as the agent wires it (nodeagent.reconcile.claims `settled`): a release
+destroys exactly the slices its claim made, and a slice its claim found outlives it. 1g slices
+only, so none is in another's way (the idle slices a claim's slice needs gone are the planner's
+tests'). The caller's copy of a claim always says it made nothing (the driver's look, before
+the lock) and is flipped at random on release: the record decides, never the copy."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from nodeagent.agent.factory import command_pipeline
 from nodeagent.base.errors import SliceInUse
 from nodeagent.dra.cdi import cdi_id
 from nodeagent.nvml import MigWriter, NvmlSession, read_inventory
-from nodeagent.nvml.inventory import Placement
+from nodeagent.nvml.inventory import Placement, Slice
 from nodeagent.reconcile.claims import ClaimChange
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml, parse_spec
@@ -71,6 +73,12 @@ class ClaimsAndHands(RuleBasedStateMachine):
         if start in self.claims.values():
             return  # another claim holds it: refused (tests of their own say how)
         uid = data.draw(st.sampled_from([u for u in UIDS if u not in self.claims]))
+        self._prepare(uid, start)
+
+    def _slices(self) -> tuple[Slice, ...]:
+        return read_inventory(self.session).gpus[GPU].slices
+
+    def _prepare(self, uid: str, start: int) -> None:
         done = self.engine.run_change(ClaimChange(uid, self._claim(uid, start)))
         assert done.claim is not None
         (device,) = done.claim.devices
@@ -84,6 +92,23 @@ class ClaimsAndHands(RuleBasedStateMachine):
         entry = replace(done.claim, state=PREPARED, devices=(held,), cdi_ids=ids)
         assert self.engine.owners is not None
         self.engine.owners.update(lambda o: o.with_claim(uid, entry))
+
+    @precondition(lambda self: bool(self.claims))
+    @rule(data=st.data(), remade=st.booleans())
+    def lost_then_prepared_again(self, data: st.DataObject, remade: bool) -> None:
+        """A prepared claim's slice is lost (a reboot, a hand), maybe made again by hand at
+        the same placement, and the kubelet asks again: a slice there now is found; none,
+        and the claim makes it."""
+        uid = data.draw(st.sampled_from(sorted(self.claims)))
+        start = self.claims[uid]
+        (lost,) = [s for s in self._slices() if s.placement.start == start]
+        writer = MigWriter(self.session)
+        writer.destroy_compute_instance(GPU, lost.gi_id, lost.ci_id or 0)
+        writer.destroy_gpu_instance(GPU, lost.gi_id)
+        del self.made_by[start]
+        if remade:
+            self.made_by_hand(start)
+        self._prepare(uid, start)
 
     @precondition(lambda self: bool(self.claims) and len(self.claims) < len(UIDS))
     @rule(data=st.data())

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from nodeagent.agent.factory import command_pipeline
-from nodeagent.base.errors import SliceInUse
+from nodeagent.base.errors import ConfigError, SliceInUse
 from nodeagent.metrics.agent import AgentStats
 from nodeagent.mig.plan import Op
 from nodeagent.mps.manager import MpsManager
@@ -26,7 +26,14 @@ from nodeagent.reconcile import Pipeline, Report, SettingsDesire, Wanted, no_loc
 from nodeagent.reconcile.claims import ClaimChange
 from nodeagent.settings import Settings
 from nodeagent.sim import SimulatedNvml, parse_spec
-from nodeagent.state.held import PREPARING, UNPREPARING, PreparedClaim, PreparedDevice, on_gpu
+from nodeagent.state.held import (
+    PREPARED,
+    PREPARING,
+    UNPREPARING,
+    PreparedClaim,
+    PreparedDevice,
+    on_gpu,
+)
 from nodeagent.state.owners import OwnerStore
 from nodeagent.state.record import Owners
 from nodeagent.state.snapshot import Snapshot, Store
@@ -268,3 +275,57 @@ def test_a_claim_known_from_traces_only_says_nothing_of_what_it_made(
     share = replace(share, devices=tuple(replace(d, shared=True) for d in share.devices))
     joined = engine.run_change(ClaimChange(UID, share))
     assert joined.claim is not None and [d.existed for d in joined.claim.devices] == [True]
+
+
+def test_a_claim_prepared_again_finds_a_slice_made_since_its_own_was_lost(
+    pipeline: tuple[Pipeline, SimulatedNvml, World],
+) -> None:
+    """The claim made its slice; the slice was lost (a reboot, a hand) and someone made another
+    at the same placement before the kubelet asked again: that one is found, not made, and the
+    claim's release leaves it."""
+    engine, lib, _world = pipeline
+    assert engine.owners is not None
+    claim = _claim(lib, 1)
+    done = engine.run_change(ClaimChange(UID, claim))
+    assert done.claim is not None
+    (made,) = done.inventory.gpus[1].slices
+    (device,) = done.claim.devices
+    recorded = replace(
+        done.claim, state=PREPARED, devices=(replace(device, mig_uuid=made.mig_uuid),),
+        cdi_ids=("k8s.gpu.nodeagent.io/claim=x",),
+    )  # fmt: skip
+    engine.owners.update(lambda o: o.with_claim(UID, recorded))
+    writer = MigWriter(NvmlSession(lib))
+    writer.destroy_compute_instance(1, made.gi_id, made.ci_id or 0)
+    writer.destroy_gpu_instance(1, made.gi_id)
+    _made_by_hand(lib, 1)  # another slice, another MIG UUID, the same placement
+
+    again = engine.run_change(ClaimChange(UID, claim))
+
+    assert again.claim is not None and [d.existed for d in again.claim.devices] == [True]
+    gone = engine.run_change(ClaimChange(UID, claim, release=True))
+    assert gone.operations == () and len(read_inventory(NvmlSession(lib)).gpus[1].slices) == 1
+
+
+def test_a_claim_another_driver_recorded_is_refused_and_never_released_by_this_one(
+    pipeline: tuple[Pipeline, SimulatedNvml, World],
+) -> None:
+    """The record keeps one entry a claim UID: a claim one nodeagent driver prepared is refused
+    to a second driver on the node (in one sentence, nothing changed), and the second one's
+    undo destroys nothing of the first one's and leaves its entry."""
+    engine, lib, _world = pipeline
+    assert engine.owners is not None
+    mine = _claim(lib, 1)
+    engine.run_change(ClaimChange(UID, mine))
+    recorded = engine.owners.read().claims[UID]
+    theirs = replace(mine, driver="other.nodeagent.io")
+
+    with pytest.raises(
+        ConfigError, match=r"has the claim as prepared by DRA driver 'gpu\.nodeagent\.io'"
+    ):
+        engine.run_change(ClaimChange(UID, theirs))
+    undo = engine.run_change(ClaimChange(UID, theirs, release=True))
+
+    assert undo.operations == ()
+    assert len(read_inventory(NvmlSession(lib)).gpus[1].slices) == 1
+    assert engine.owners.read().claims[UID] == recorded

@@ -4,6 +4,13 @@ a prepare refused before anything was recorded undoes nothing it did not make.""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
+from nodeagent.base.errors import ConfigError
+from nodeagent.dra.claims import ClaimRef
+from nodeagent.dra.node import NodeDriver
 from nodeagent.nvml import MigWriter, Placement
 from tests.support.dra import DraNode, allocated_claim
 
@@ -29,3 +36,31 @@ def test_a_refused_prepare_leaves_a_slice_that_was_there_before_it(dra_node: Dra
     assert refused.error == "claim speech/two: gpu-1: claim speech/llm holds the GPU of GPU 1"
     assert dra_node.layout(0) == [("1g.18gb", 1)]
     assert "uid-2" not in dra_node.node.recorded()
+
+
+def test_a_second_nodeagent_driver_never_takes_or_drops_a_claim_the_first_one_holds(
+    dra_node: DraNode,
+) -> None:
+    """The record keeps one entry a claim UID: the same claim asked of a second nodeagent
+    driver on the node (another driver name, the same record) is refused in one sentence, and
+    its undo leaves the first driver's slice and entry as they were."""
+    mine = dra_node.add_claim(allocated_claim("asr", "uid-1", {"g": "gpu-0-mig-1g18gb-19-3"}))
+    assert dra_node.kubelet.prepare([mine])["uid-1"].error == ""
+    entry = dra_node.node.owners.read().claims["uid-1"]
+    node = dra_node.node
+    config = dataclasses.replace(node.config, driver="other.nodeagent.io")
+    other = NodeDriver(node.session, config, node.engine, node.owners)
+    claim = allocated_claim("asr", "uid-1", {"g": "gpu-0-mig-1g18gb-19-3"})
+    for result in claim["status"]["allocation"]["devices"]["results"]:
+        result["driver"] = "other.nodeagent.io"
+
+    with pytest.raises(ConfigError) as err:
+        other.prepare(ClaimRef("speech", "asr", "uid-1"), claim)
+
+    assert str(err.value) == (
+        "claim speech/asr: the ownership record has the claim as prepared by DRA driver"
+        " 'gpu.nodeagent.io'; one claim served by two nodeagent drivers on one node is not"
+        " supported (the record keeps one entry a claim); nothing was changed"
+    )
+    assert dra_node.layout(0) == [("1g.18gb", 3)]
+    assert dra_node.node.owners.read().claims["uid-1"] == entry
