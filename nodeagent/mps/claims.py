@@ -112,6 +112,9 @@ class ClaimDaemons:
         self.regimes = regimes or MpsRegimes()
         self._guard = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}  # one claim at a time per server
+        # Per server, the (claim, device) that left it and the record still has (its entry
+        # goes after its slices): two claims letting go at once must not each count the other.
+        self._left: dict[str, set[tuple[str, str]]] = {}
 
     @contextmanager
     def _held(self, key: ShareKey) -> Iterator[None]:
@@ -119,6 +122,14 @@ class ClaimDaemons:
             lock = self._locks.setdefault(key.name, threading.Lock())
         with lock:
             yield
+
+    def _on(self, key: ShareKey, mates: Mates) -> list[ClaimDevice]:
+        """The claims on the server now (under its lock): the record's, less those that left
+        it (forgotten once the record has them no more)."""
+        recorded = mates(key)
+        left = self._left.get(key.name, set()) & {(m.claim, m.device) for m in recorded}
+        self._left[key.name] = left
+        return [m for m in recorded if (m.claim, m.device) not in left]
 
     def claim_dir(self, claim: str) -> Path:
         """A claim's own daemons' folders: <plugin dir>/mps/<claim uid>."""
@@ -151,7 +162,9 @@ class ClaimDaemons:
             return {"pipe_dir": str(root / "pipe")}
         key = dev.key
         with self._held(key):
-            others = [m.limits.client(m.claim) for m in mates(key) if m.claim != dev.claim]
+            self._left.get(key.name, set()).discard((dev.claim, dev.device))
+            on = self._on(key, mates)
+            others = [m.limits.client(m.claim) for m in on if m.claim != dev.claim]
             self.regimes.share(key.gpu, key.name, _uuid(inventory, key.gpu))
             try:
                 server = self.servers.serve(key, [*others, dev.limits.client(dev.claim)])
@@ -170,7 +183,9 @@ class ClaimDaemons:
             return
         key = dev.key
         with self._held(key):
-            remaining = [m.limits.client(m.claim) for m in mates(key) if m.claim != dev.claim]
+            on = self._on(key, mates)
+            self._left.setdefault(key.name, set()).add((dev.claim, dev.device))
+            remaining = [m.limits.client(m.claim) for m in on if m.claim != dev.claim]
             self.servers.leave(key, remaining)
             if not remaining:
                 self.regimes.share_gone(key.name)
@@ -187,7 +202,7 @@ class ClaimDaemons:
         out: list[tuple[str, str]] = []
         for key in keys:
             with self._held(key):
-                on = mates(key)
+                on = self._on(key, mates)
                 if self.servers.revive(key, [m.limits.client(m.claim) for m in on]):
                     out += [(m.claim, m.device) for m in on]
         return out

@@ -80,8 +80,12 @@ class Changer:
         scope = run.scope
         hooks = run.hooks is not None and (bool(operations) or (self.one_shot and scope is None))
         # A claim let go that plans no NVML operation takes no lock: dropping it from the
-        # record never endangers a slice, so it never waits behind another writer.
-        idle_lock = scope is not None and not scope.release
+        # record never endangers a slice, so it never waits behind another writer. But one
+        # sharing a MIG slice does: another share let go at the same time may have kept the
+        # slice for it, and under the lock the record is read again (the last one destroys it).
+        idle_lock = scope is not None and (
+            not scope.release or any(d.shared and d.is_mig for d in scope.claim.devices)
+        )
         if not (operations or run.mps_change.action != "none" or hooks or idle_lock):
             return
         began = time.monotonic()

@@ -138,30 +138,36 @@ def settled(change: ClaimChange, owners: Owners, inventory: Inventory) -> ClaimC
         for uid, c in sorted(owners.claims.items())
         if uid != change.uid and c.state is not None and c.driver == change.claim.driver
         for d in c.devices
+        if not d.admin  # admin access made nothing and keeps nothing
     ]
     out = []
     for d in change.claim.devices:
         if not d.is_mig:
             out.append(d)
             continue
+        gpu = gpus.get(d.gpu)
+        there = slice_at(gpu, d.profile_id or 0, d.placement_start or 0) if gpu else None
         mates = [m for m in others if d.same_share(m)]
-        if mates:
-            existed = mates[0].existed
-        elif d.admin:
+        if d.admin:
             existed = True
+        elif mates:
+            existed = mates[0].existed or _another(mates[0], there)
         else:
-            gpu = gpus.get(d.gpu)
-            there = slice_at(gpu, d.profile_id or 0, d.placement_start or 0) if gpu else None
             prior = before.get(d.device)
             existed = there is not None and (
-                prior is None
-                or prior.existed
-                # another slice than the one it recorded (it was lost, and someone made this
-                # one since): found, not made
-                or (prior.mig_uuid is not None and prior.mig_uuid != there.mig_uuid)
+                prior is None or prior.existed or _another(prior, there)
             )
         out.append(replace(d, existed=existed))
     return replace(change, claim=replace(change.claim, devices=tuple(out)))
+
+
+def _another(recorded: PreparedDevice, there: Slice | None) -> bool:
+    """Whether the slice there now is another than the one the record has for the device (its
+    own was lost, and someone made this one since: found, not made). A device recorded before
+    its slice was made (`preparing`) has no MIG UUID: the record's answer stands."""
+    return (
+        there is not None and recorded.mig_uuid is not None and recorded.mig_uuid != there.mig_uuid
+    )
 
 
 def check_owners(

@@ -125,11 +125,12 @@ class Owners:
         return None
 
     def sharing(self, share: PreparedDevice, but: str) -> list[str]:
-        """The claims (other than `but`) holding the same share as `share`, by name."""
+        """The claims (other than `but`) holding the same share as `share`, by name (admin
+        access to it holds nothing: it keeps no slice)."""
         return [
             str(c)
             for uid, c in sorted(self.claims.items())
-            if uid != but and any(d.same_share(share) for d in c.devices)
+            if uid != but and any(d.same_share(share) and not d.admin for d in c.devices)
         ]
 
     def mps_daemons(self) -> dict[int, str]:

@@ -1,0 +1,114 @@
+"""Share claims of one device let go at once, or beside an admin-access claim: the last one
+to go takes the MIG slice the shares made and stops their server; nothing is left that no
+claim holds (the kubelet's unprepares run side by side, each from the record as it read it)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from nodeagent.reconcile.claims import ChangeDone, ClaimChange
+from tests.integration.dra.test_share_servers import capped, prepared, servers, share
+from tests.support.dra import DraNode
+
+MIG_SHARE = "gpu-0-mig-1g18gb-19-2-mps"
+
+
+def _together(node: DraNode, uids: list[str], hold: Callable[[DraNode], None]) -> None:
+    """Unprepare `uids` on threads of their own, `hold` making them meet halfway."""
+    hold(node)
+    errors: list[BaseException] = []
+
+    def go(uid: str) -> None:
+        try:
+            node.node.unprepare(uid)
+        except BaseException as err:  # the test's failure, said below
+            errors.append(err)
+
+    threads = [threading.Thread(target=go, args=(u,)) for u in uids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+
+
+def _both_read_first(node: DraNode) -> None:
+    """Each release reads the record before either writes it (the race)."""
+    engine, store = node.node.engine, node.node.owners
+    original = engine.run_change
+    met = threading.Barrier(2, timeout=10)
+
+    def run_change(change: ClaimChange) -> ChangeDone:
+        if change.release and change.read is None:
+            read = store.read()
+            met.wait()
+            change = replace(change, read=read)
+        return original(change)
+
+    engine.run_change = run_change  # type: ignore[method-assign]
+
+
+def _both_leave_the_server_first(node: DraNode) -> None:
+    """Each claim leaves the server before the record lets go of either."""
+    daemons = node.node.daemons
+    original = daemons.stop
+    met = threading.Barrier(2, timeout=10)
+
+    def stop(*args: object) -> None:
+        original(*args)  # type: ignore[arg-type]
+        met.wait()
+
+    daemons.stop = stop  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("dra_node", ["h200x4"], indirect=True)
+def test_two_shares_of_a_slice_let_go_at_once_take_the_slice(dra_node: DraNode) -> None:
+    prepared(
+        dra_node,
+        capped(share("tts-0", "uid-t0", MIG_SHARE, 50, "8Gi"), smLimit=50),
+        capped(share("tts-1", "uid-t1", MIG_SHARE, 25, "4Gi"), smLimit=25),
+    )
+    assert len(dra_node.inventory().gpus[0].slices) == 1
+
+    _together(dra_node, ["uid-t0", "uid-t1"], _both_read_first)
+
+    assert dra_node.node.owners.read().claims == {}
+    assert dra_node.inventory().gpus[0].slices == ()
+    assert servers(dra_node) == []
+
+
+@pytest.mark.parametrize("device", ["gpu-0-mps", MIG_SHARE])
+@pytest.mark.parametrize("dra_node", ["h200x4"], indirect=True)
+def test_two_shares_leaving_their_server_at_once_stop_it(dra_node: DraNode, device: str) -> None:
+    prepared(
+        dra_node,
+        capped(share("tts-0", "uid-t0", device, 50, "8Gi"), smLimit=50),
+        capped(share("tts-1", "uid-t1", device, 25, "4Gi"), smLimit=25),
+    )
+    assert len(servers(dra_node)) == 1
+
+    _together(dra_node, ["uid-t0", "uid-t1"], _both_leave_the_server_first)
+
+    assert dra_node.node.owners.read().claims == {}
+    assert servers(dra_node) == []
+    assert dra_node.node.check_shares() == []  # nothing the watch would start again
+
+
+@pytest.mark.parametrize("dra_node", ["h200x4"], indirect=True)
+def test_admin_access_to_a_share_keeps_no_slice(dra_node: DraNode) -> None:
+    """Admin access to the share device the first share made: the share's unprepare takes
+    the slice (admin access holds nothing), and the admin claim's leaves nothing behind."""
+    (first,) = prepared(dra_node, capped(share("tts-0", "uid-t0", MIG_SHARE, 50, "8Gi")))
+    admin = share("watch", "uid-adm", MIG_SHARE, 50, "8Gi")
+    admin["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    (watcher,) = prepared(dra_node, admin)
+
+    assert dra_node.kubelet.unprepare([first]) == {"uid-t0": ""}
+    assert dra_node.kubelet.unprepare([watcher]) == {"uid-adm": ""}
+
+    assert dra_node.node.owners.read().claims == {}
+    assert dra_node.inventory().gpus[0].slices == ()
