@@ -48,15 +48,25 @@ class ClaimsAndHands(RuleBasedStateMachine):
         self.engine = command_pipeline(
             self.session, Settings(), self.lib.reset, self.root / ".mig.lock"
         )
-        self.made_by: dict[int, str] = {}  # placement start -> "hand" or the claim's UID
+        self.made_by: dict[int, str] = {}  # placement start -> "hand" or "claims"
         self.claims: dict[str, int] = {}  # prepared claim UID -> its slice's start
+        self.shared: dict[int, bool] = {}  # start -> whether its claims share the slice
 
-    def _claim(self, uid: str, start: int, existed: bool = False) -> PreparedClaim:
+    def _claim(
+        self, uid: str, start: int, share: bool = False, existed: bool = False
+    ) -> PreparedClaim:
+        name = f"gpu-0-mig-1g18gb-19-{start}" + ("-mps" if share else "")
         device = PreparedDevice(
-            "r", "node", f"gpu-0-mig-1g18gb-19-{start}", GPU, self.uuid, ONE_1G, "1g.18gb",
-            start, 1, existed,
+            "r", "node", name, GPU, self.uuid, ONE_1G, "1g.18gb", start, 1, existed,
+            shared=share,
         )  # fmt: skip
         return PreparedClaim("speech", uid[-1], PREPARING, (device,), (), "gpu.nodeagent.io")
+
+    def _holders(self, start: int) -> list[str]:
+        return sorted(u for u, s in self.claims.items() if s == start)
+
+    def _slices(self) -> tuple[Slice, ...]:
+        return read_inventory(self.session).gpus[GPU].slices
 
     @rule(start=STARTS)
     def made_by_hand(self, start: int) -> None:
@@ -68,23 +78,24 @@ class ClaimsAndHands(RuleBasedStateMachine):
         self.made_by[start] = "hand"
 
     @precondition(lambda self: len(self.claims) < len(UIDS))
-    @rule(data=st.data(), start=STARTS)
-    def prepare(self, data: st.DataObject, start: int) -> None:
-        if start in self.claims.values():
-            return  # another claim holds it: refused (tests of their own say how)
+    @rule(data=st.data(), start=STARTS, share=st.booleans())
+    def prepare(self, data: st.DataObject, start: int, share: bool) -> None:
+        """A claim of the slice at `start`, or a share of it (joining the shares there)."""
+        if self._holders(start) and not (share and self.shared[start]):
+            return  # another claim holds it: refused (refused_prepare)
         uid = data.draw(st.sampled_from([u for u in UIDS if u not in self.claims]))
-        self._prepare(uid, start)
+        self._prepare(uid, start, share)
 
-    def _slices(self) -> tuple[Slice, ...]:
-        return read_inventory(self.session).gpus[GPU].slices
-
-    def _prepare(self, uid: str, start: int) -> None:
-        done = self.engine.run_change(ClaimChange(uid, self._claim(uid, start)))
+    def _prepare(self, uid: str, start: int, share: bool) -> None:
+        joining = [u for u in self._holders(start) if u != uid]
+        done = self.engine.run_change(ClaimChange(uid, self._claim(uid, start, share)))
         assert done.claim is not None
         (device,) = done.claim.devices
-        assert device.existed == (start in self.made_by)  # found, or made by this claim
-        self.made_by.setdefault(start, uid)
-        self.claims[uid] = start
+        # A share joining others takes their answer; else: found, or made by this claim.
+        found = self.made_by.get(start) == "hand" if joining else start in self.made_by
+        assert device.existed == found
+        self.made_by.setdefault(start, "claims")
+        self.claims[uid], self.shared[start] = start, share
         # The driver's last write: the claim prepared, with the MIG device it got.
         (made,) = [s for s in done.inventory.gpus[GPU].slices if s.placement.start == start]
         held = replace(device, gi_id=made.gi_id, ci_id=made.ci_id, mig_uuid=made.mig_uuid)
@@ -96,10 +107,13 @@ class ClaimsAndHands(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.claims))
     @rule(data=st.data(), remade=st.booleans())
     def lost_then_prepared_again(self, data: st.DataObject, remade: bool) -> None:
-        """A prepared claim's slice is lost (a reboot, a hand), maybe made again by hand at
-        the same placement, and the kubelet asks again: a slice there now is found; none,
-        and the claim makes it."""
-        uid = data.draw(st.sampled_from(sorted(self.claims)))
+        """A claim's slice (one claim alone holds it) is lost (a reboot, a hand), maybe made
+        again by hand at the same placement, and the kubelet asks again: a slice there now is
+        found; none, and the claim makes it."""
+        alone = [u for u, s in self.claims.items() if self._holders(s) == [u]]
+        if not alone:
+            return
+        uid = data.draw(st.sampled_from(sorted(alone)))
         start = self.claims[uid]
         (lost,) = [s for s in self._slices() if s.placement.start == start]
         writer = MigWriter(self.session)
@@ -108,15 +122,15 @@ class ClaimsAndHands(RuleBasedStateMachine):
         del self.made_by[start]
         if remade:
             self.made_by_hand(start)
-        self._prepare(uid, start)
+        self._prepare(uid, start, self.shared[start])
 
     @precondition(lambda self: bool(self.claims) and len(self.claims) < len(UIDS))
     @rule(data=st.data())
     def refused_prepare(self, data: st.DataObject) -> None:
-        """A claim for a slice another claim holds is refused before anything is recorded;
-        the driver's undo lets go of its own copy, which says it made the slice: nothing
-        goes (the record never had the claim)."""
-        start = data.draw(st.sampled_from(sorted(self.claims.values())))
+        """A claim (not a share) of a slice other claims hold is refused before anything is
+        recorded; the driver's undo lets go of its own copy, which says it made the slice:
+        nothing goes (the record never had the claim)."""
+        start = data.draw(st.sampled_from(sorted(set(self.claims.values()))))
         uid = data.draw(st.sampled_from([u for u in UIDS if u not in self.claims]))
         with pytest.raises(SliceInUse):
             self.engine.run_change(ClaimChange(uid, self._claim(uid, start)))
@@ -128,13 +142,14 @@ class ClaimsAndHands(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.claims))
     @rule(data=st.data(), flip=st.booleans())
     def release(self, data: st.DataObject, flip: bool) -> None:
+        """A claim let go: the slice goes with the last claim holding it, if claims made it."""
         uid = data.draw(st.sampled_from(sorted(self.claims)))
         start = self.claims.pop(uid)
-        mine = self.made_by[start] == uid
-        copy = self._claim(uid, start, existed=mine != flip)  # right or wrong: not read
+        goes = self.made_by[start] == "claims" and not self._holders(start)
+        copy = self._claim(uid, start, self.shared[start], existed=goes == flip)  # not read
         done = self.engine.run_change(ClaimChange(uid, copy, release=True))
-        assert len(done.operations) == (2 if mine else 0)  # its CI and GI, or nothing
-        if mine:
+        assert len(done.operations) == (2 if goes else 0)  # its CI and GI, or nothing
+        if goes:
             del self.made_by[start]
         assert self.engine.owners is not None
         self.engine.owners.update(lambda o: o.without(uid))  # the driver's last write
