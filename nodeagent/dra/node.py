@@ -147,7 +147,9 @@ class NodeDriver:
         self.users = users  # a share claim's user from its pods' runAsUser (None: not read)
         self._guard = threading.Lock()
         self._fixed: Inventory | None = None  # the GPUs' fixed facts (`fixed`), read once
-        self._claims: dict[str, threading.Lock] = {}  # one call per claim at a time
+        # One call per claim at a time: each claim's lock and how many calls hold or wait
+        # for it (dropped with the last, so a claim gone leaves nothing behind).
+        self._claims: dict[str, tuple[threading.Lock, int]] = {}
         self.inflight = InFlight()  # the kubelet's prepares under way (nodeagent.dra.inflight)
         owners.listen(self._view)  # the checkpoint follows each write of the record
 
@@ -182,9 +184,18 @@ class NodeDriver:
     @contextmanager
     def _claim(self, uid: str) -> Iterator[None]:
         with self._guard:
-            lock = self._claims.setdefault(uid, threading.Lock())
-        with lock:
-            yield
+            lock, users = self._claims.get(uid, (threading.Lock(), 0))
+            self._claims[uid] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._claims[uid]
+                if users == 1:
+                    del self._claims[uid]
+                else:
+                    self._claims[uid] = (lock, users - 1)
 
     def _update(self, uid: str, entry: PreparedClaim | None, deadline: float | None = None) -> None:
         """Put (or drop, None) one claim in the ownership record: one read-modify-write,
@@ -446,11 +457,11 @@ class NodeDriver:
         """Each share server that should run and does not (crashed, killed) started again
         with its ceiling; returns the (claim UID, device) of the claims it serves: their
         clients lost their server. The claims on other servers are not touched. `servers`:
-        `share_clients` as the caller computed it this tick (None: from the record now)."""
+        `share_clients` as the caller computed it this tick (None: from the record now), which
+        servers to look at; the claims a stopped one serves are read from the record again,
+        under its lock."""
         servers = servers if servers is not None else self.share_clients()
-        return self.daemons.revive(
-            servers, lambda key: [claim_device(uid, d) for uid, d in servers.get(key, [])]
-        )
+        return self.daemons.revive(servers, self._mates())  # the record as it is then
 
     def _start_mps(self, uid: str, d: PreparedDevice, inventory: Inventory) -> PreparedDevice:
         """The claim's daemon for `d` (a share: its device's one server, started by the

@@ -119,6 +119,8 @@ class ShareWatch:
     ) -> list[Finding]:
         for uid, device in self.node.check_shares(servers):
             self.restarted[(uid, device)] = now
+        serving = {(uid, d.device) for on in servers.values() for uid, d in on}
+        self.restarted = {k: t for k, t in self.restarted.items() if k in serving}  # gone ones
         used = process_memory(inventory)  # by GPU, then pid
         claims = self.node.prepared_claims(recorded)
         out: list[Finding] = []

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeagent.base.errors import AgentError
+from nodeagent.base.errors import AgentError, MpsError
 from nodeagent.base.files import entry_of
+from nodeagent.base.logs import get_logger
 from nodeagent.mps.control import no_link, removable
 from nodeagent.mps.daemon import MpsDaemon
 from nodeagent.mps.regimes import MpsRegimes
@@ -40,6 +41,8 @@ from nodeagent.nvml import Inventory
 SHARES_DIR = "mps-shared"  # <plugin dir>/mps-shared/<device>-u<uid>/{pipe,log}: share servers
 OWN_DIR = "mps"  # <plugin dir>/mps/<claim uid>/<device>/{pipe,log}: a claim's own daemon
 CLIENT_PRIORITY = {"normal": 0, "low": 1}  # CUDA_MPS_CLIENT_PRIORITY
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -198,11 +201,23 @@ class ClaimDaemons:
 
     def revive(self, keys: Iterable[ShareKey], mates: Mates) -> list[tuple[str, str]]:
         """Each share server of `keys` that should run and does not (crashed, killed) started
-        again with its ceiling; returns the (claim UID, device) of the claims it serves."""
+        again with its ceiling; returns the (claim UID, device) of the claims it serves.
+        `mates` is read under the server's lock, only for a server that does not run: the
+        claims it serves then (a caller's earlier read may hold claims gone since, or lack one
+        prepared since, whose limit is the ceiling)."""
         out: list[tuple[str, str]] = []
         for key in keys:
             with self._held(key):
+                if self.servers.pid(key) is not None:
+                    continue  # it runs: nothing to read
                 on = self._on(key, mates)
+                if not on:
+                    continue
+                try:  # its GPU is a share server's again, unless the pipeline's daemon took it
+                    self.regimes.share(key.gpu, key.name)
+                except MpsError as err:
+                    log.error("mps.share_server_not_restarted", server=key.name, error=str(err))
+                    continue
                 if self.servers.revive(key, [m.limits.client(m.claim) for m in on]):
                     out += [(m.claim, m.device) for m in on]
         return out

@@ -4,14 +4,26 @@ claim holds (the kubelet's unprepares run side by side, each from the record as 
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
+from nodeagent.dra.sharewatch import ShareWatch
 from nodeagent.reconcile.claims import ChangeDone, ClaimChange
-from tests.integration.dra.test_share_servers import capped, prepared, servers, share
+from tests.integration.dra.test_share_servers import (
+    _wait_gone,
+    capped,
+    control_of,
+    defaults,
+    prepared,
+    servers,
+    share,
+)
 from tests.support.dra import DraNode
 
 MIG_SHARE = "gpu-0-mig-1g18gb-19-2-mps"
@@ -112,3 +124,62 @@ def test_admin_access_to_a_share_keeps_no_slice(dra_node: DraNode) -> None:
 
     assert dra_node.node.owners.read().claims == {}
     assert dra_node.inventory().gpus[0].slices == ()
+
+
+def test_the_watch_never_starts_a_server_again_for_claims_gone_since_its_read(
+    dra_node: DraNode,
+) -> None:
+    """The share watch read the record (two claims on a server), then waited on NVML; the
+    kubelet let go of both meanwhile: the watch starts nothing (the claims a stopped server
+    serves are read again under its lock), and no GPU stays a share server's."""
+    a, b = prepared(
+        dra_node,
+        capped(share("a", "uid-a", "gpu-0-mps", 30, "8Gi"), smLimit=30),
+        capped(share("b", "uid-b", "gpu-0-mps", 20, "4Gi"), smLimit=20),
+    )
+    node = dra_node.node
+    reached, go = threading.Event(), threading.Event()
+    original = node.check_shares
+
+    def held(servers: Any = None) -> list[tuple[str, str]]:
+        reached.set()
+        assert go.wait(30)
+        return original(servers)
+
+    node.check_shares = held  # type: ignore[method-assign]
+    tick = threading.Thread(target=ShareWatch(node).tick)
+    tick.start()
+    assert reached.wait(30)
+    assert dra_node.kubelet.unprepare([a, b]) == {"uid-a": "", "uid-b": ""}
+    go.set()
+    tick.join(30)
+
+    assert servers(dra_node) == []
+    node.daemons.regimes.pipeline((0,))  # GPU 0 is no share server's: the pipeline's may run
+    node.daemons.regimes.pipeline(())
+
+
+def test_a_server_started_again_has_the_ceiling_of_the_claims_it_serves_then(
+    dra_node: DraNode, fake_mps_control: str
+) -> None:
+    """The watch's read had one claim (limit 30); one with limit 80 came since, and the
+    server died: it is started again with 80, the largest limit of the claims it serves."""
+    prepared(dra_node, capped(share("a", "uid-a", "gpu-0-mps", 30, "8Gi"), smLimit=30))
+    node = dra_node.node
+    earlier = node.share_clients()  # the watch's read
+    prepared(dra_node, capped(share("d", "uid-d", "gpu-0-mps", 60, "16Gi"), smLimit=80))
+    (root,) = servers(dra_node)
+    pid = control_of(root, fake_mps_control).daemon_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    _wait_gone(pid)
+
+    assert sorted(node.check_shares(earlier)) == [("uid-a", "gpu-0-mps"), ("uid-d", "gpu-0-mps")]
+    assert defaults(root, fake_mps_control) == (80.0, 16 << 30)
+
+
+def test_a_claim_gone_leaves_no_lock_behind(dra_node: DraNode) -> None:
+    for i in range(5):
+        (c,) = prepared(dra_node, share(f"c{i}", f"uid-{i}", "gpu-0-mps", 10, "1Gi"))
+        assert dra_node.kubelet.unprepare([c]) == {c.uid: ""}
+    assert dra_node.node._claims == {}
