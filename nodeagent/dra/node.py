@@ -512,6 +512,24 @@ class NodeDriver:
             self.stats.observe_unprepare(kind, time.monotonic() - began, True)
         log.info("dra.unprepared", claim=str(claim))
 
+    def _rejoin(self, uid: str, left: list[PreparedDevice]) -> None:
+        """A release that failed before the record let go of the claim (the MIG writer lock
+        held past the kubelet's deadline, an NVML error): the share servers the claim left
+        serve it again, with its limit in their ceiling, while the record has it (else a
+        prepare of it, answered from the record, would find no server, and none would be
+        started for it). Best effort: a failure is said, and the kubelet's retry goes on."""
+        recorded = self.recorded().get(uid)
+        if recorded is None or recorded.state != PREPARED:
+            return  # a prepare's undo, or the slices gone already: nothing answers from it
+        held = {d.device for d in recorded.devices}
+        for d in left:
+            if not d.shared or d.device not in held:
+                continue
+            try:
+                self.daemons.start(claim_device(uid, d), self._mates(), self.fixed())
+            except AgentError as err:
+                log.warning("dra.share_not_rejoined", claim=str(recorded), error=str(err))
+
     def _release(self, uid: str, claim: PreparedClaim, deadline: float | None) -> None:
         """Undo what `claim` made, in the order that never leaves a slice unowned while it
         exists: MPS daemons, the slices (once they are gone, under the same lock, the engine
@@ -519,11 +537,17 @@ class NodeDriver:
         write of it), the MPS directories, the claim's entry."""
         c = self.config
         own = self.daemons.checked_claim_dir(uid)  # no link on the way: refused before anything
-        for d in claim.devices:
-            if d.mps is not None:
-                self.daemons.stop(claim_device(uid, d), self._mates())
+        left: list[PreparedDevice] = []
+        try:
+            for d in claim.devices:
+                if d.mps is not None:
+                    self.daemons.stop(claim_device(uid, d), self._mates())
+                    left.append(d)
+            self._run(ClaimChange(uid, claim, release=True, deadline=deadline))
+        except BaseException:
+            self._rejoin(uid, left)
+            raise
         me = str(claim)
-        self._run(ClaimChange(uid, claim, release=True, deadline=deadline))
         spec = cdi.spec_file(c.cdi_dir, c.driver, uid)
         try:
             # The spec, and the temporary file of a write of it cut short by a kill: nothing

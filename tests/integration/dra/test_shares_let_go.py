@@ -7,14 +7,19 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from nodeagent.base.errors import LockHeld
+from nodeagent.base.lock import mig_writer_lock
+from nodeagent.dra.node import claim_device
 from nodeagent.dra.sharewatch import ShareWatch
 from nodeagent.reconcile.claims import ChangeDone, ClaimChange
+from nodeagent.state.held import PREPARED
 from tests.integration.dra.test_share_servers import (
     _wait_gone,
     capped,
@@ -183,3 +188,45 @@ def test_a_claim_gone_leaves_no_lock_behind(dra_node: DraNode) -> None:
         (c,) = prepared(dra_node, share(f"c{i}", f"uid-{i}", "gpu-0-mps", 10, "1Gi"))
         assert dra_node.kubelet.unprepare([c]) == {c.uid: ""}
     assert dra_node.node._claims == {}
+
+
+@pytest.mark.parametrize("dra_node", ["h200x4"], indirect=True)
+def test_a_share_whose_unprepare_failed_is_served_again(dra_node: DraNode) -> None:
+    """A share's unprepare left its server, then gave up on the MIG writer lock (another
+    writer held it past the deadline): the record still has the claim prepared, so it is the
+    server's client again; asked again it is answered from the record, and the other share's
+    unprepare leaves the server running for it. The kubelet's retry lets go of it in the end."""
+    a, b = prepared(
+        dra_node,
+        capped(share("tts-0", "uid-t0", MIG_SHARE, 50, "8Gi"), smLimit=50),
+        capped(share("tts-1", "uid-t1", MIG_SHARE, 25, "4Gi"), smLimit=25),
+    )
+    node = dra_node.node
+    got, done = threading.Event(), threading.Event()
+
+    def writer() -> None:  # a MIG config's apply in another process, say
+        with mig_writer_lock(dra_node.root / ".sim.json.lock", 5):
+            got.set()
+            done.wait(10)
+
+    other = threading.Thread(target=writer)
+    other.start()
+    try:
+        assert got.wait(5)
+        with pytest.raises(LockHeld):
+            node.unprepare("uid-t0", deadline=time.monotonic() + 0.3)
+    finally:
+        done.set()
+        other.join(10)
+    assert node.owners.read().claims["uid-t0"].state == PREPARED
+
+    assert dra_node.kubelet.prepare([a])["uid-t0"].error == ""  # answered from the record
+    assert dra_node.kubelet.unprepare([b]) == {"uid-t1": ""}
+    assert len(servers(dra_node)) == 1  # still serving the claim the record has prepared
+    (device,) = node.recorded()["uid-t0"].devices
+    assert node.daemons.pid(claim_device("uid-t0", device)) is not None
+    assert node.check_shares() == []  # running: nothing for the watch to start
+
+    assert dra_node.kubelet.unprepare([a]) == {"uid-t0": ""}
+    assert node.owners.read().claims == {}
+    assert servers(dra_node) == [] and dra_node.inventory().gpus[0].slices == ()
