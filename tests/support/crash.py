@@ -38,7 +38,8 @@ if kill:
         real_replace(src, dst, *args, **kwargs)
 
     os.replace = replace
-config = NodeConfig("gpu.nodeagent.io", pool, root / "p", root / "cdi")
+control = sys.argv[7] if len(sys.argv) > 7 else "nvidia-cuda-mps-control"  # MPS claims'
+config = NodeConfig("gpu.nodeagent.io", pool, root / "p", root / "cdi", mps_control=control)
 session = NvmlSession(open_emulator(gpus, root / "sim.json"))
 node = dra_driver(session, Settings(), config, lambda i: None, root / ".sim.json.lock")
 meta = claim["metadata"]
@@ -59,16 +60,17 @@ def run(
     kill: dict[str, Any] | None = None,
     pool: str = "node-1",
     gpus: str = "h200x2",
+    mps_control: str = "nvidia-cuda-mps-control",
 ) -> int:
     """The driver of node `pool` in a process of its own; `fault`: an NVML fault of the
     emulator's; `kill`: {"write": N} or {"at": path}, the process ends before that rename of
-    a written file."""
+    a written file; `mps_control`: the MPS control program its MPS claims use."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
     if fault is not None:
         env["NODEAGENT_SIM_FAULTS"] = json.dumps([fault])
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(root), action, json.dumps(claim), json.dumps(kill),
-         pool, gpus],
+         pool, gpus, mps_control],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode in (0, 137), proc.stderr
