@@ -4,6 +4,9 @@ its wait, shared with the ownership record's lock (nodeagent.state.owners).
 
 The holder writes its pid into the file, so a waiter that gives up can say who holds it. The
 kernel drops an flock when its holder dies, so a killed writer never leaves the node locked.
+The threads of one process (the DRA driver's prepares, side by side) queue on a lock of their
+own before the file's, so the lock passes between them at once; a holder in another process is
+tried every POLL_SECONDS.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import errno
 import fcntl
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +27,9 @@ from nodeagent.base.logs import get_logger
 
 log = get_logger("nodeagent.base.lock")
 LOCK_NAME = "mig-writer.lock"
+POLL_SECONDS = 0.05  # a waiter's tries of a lock another process holds
+_TURNS: dict[str, threading.Lock] = {}  # held_lock's in-process queue, one lock per path
+_TURNS_GUARD = threading.Lock()
 
 
 def lock_path(run_dir: Path, sim_state: Path | None, simulate: bool) -> Path | None:
@@ -82,16 +89,15 @@ def held_lock(
     signal's number),
     ConfigError (not a regular file, cannot be opened), AgentError (the system refused)."""
     fd = open_lock_file(path, what)
+    turn = _turn(path)
+    took_turn = False
     try:
         deadline = clock() + timeout_seconds
         waited = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as err:
-                if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    raise ConfigError(f"cannot lock {path}: {err.strerror}") from err
+
+        def wait_on() -> None:
+            """Once more: the wait said once, a stop signal or the deadline ends it."""
+            nonlocal waited
             if not waited:
                 log.info("lock.waiting", lock=what, path=str(path), holder=_holder(fd))
                 waited = True
@@ -106,7 +112,23 @@ def held_lock(
                     f"{holder_words} {path} (pid {_holder(fd)}); gave up after"
                     f" {round(waited_before + timeout_seconds, 2):g} s"
                 )
-            sleep(0.05)
+
+        # This process's threads queue on a lock of their own first, so the next one takes the
+        # file's lock the moment its holder lets go (not at its next try, up to POLL_SECONDS
+        # later: a burst of a kubelet's prepares would wait a try per claim, in step).
+        took_turn = turn.acquire(blocking=False)
+        while not took_turn:
+            wait_on()
+            took_turn = turn.acquire(timeout=POLL_SECONDS)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as err:
+                if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise ConfigError(f"cannot lock {path}: {err.strerror}") from err
+            wait_on()
+            sleep(POLL_SECONDS)  # another process holds it: the kernel says so at a try only
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -123,3 +145,11 @@ def held_lock(
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+        if took_turn:
+            turn.release()
+
+
+def _turn(path: Path) -> threading.Lock:
+    """The lock this process's threads take before the file's at `path` (one per path)."""
+    with _TURNS_GUARD:
+        return _TURNS.setdefault(os.path.abspath(path), threading.Lock())
