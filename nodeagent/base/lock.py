@@ -4,9 +4,9 @@ its wait, shared with the ownership record's lock (nodeagent.state.owners).
 
 The holder writes its pid into the file, so a waiter that gives up can say who holds it. The
 kernel drops an flock when its holder dies, so a killed writer never leaves the node locked.
-The threads of one process (the DRA driver's prepares, side by side) queue on a lock of their
-own before the file's, so the lock passes between them at once; a holder in another process is
-tried every POLL_SECONDS.
+The worker threads of one process (the DRA driver's prepares, side by side) queue on a lock of
+their own before the file's, so the lock passes between them at once; a holder in another
+process is tried every POLL_SECONDS (the main thread, where signal handlers run, only tries).
 """
 
 from __future__ import annotations
@@ -89,7 +89,10 @@ def held_lock(
     signal's number),
     ConfigError (not a regular file, cannot be opened), AgentError (the system refused)."""
     fd = open_lock_file(path, what)
-    turn = _turn(path)
+    # Not in the main thread: a signal handler runs there and may raise (cli/stops.py) between
+    # taking the turn and noting it, which would keep it taken for good; the flock alone
+    # serves the main thread (a close drops it, whatever is raised).
+    turn = None if threading.current_thread() is threading.main_thread() else _turn(path)
     took_turn = False
     try:
         deadline = clock() + timeout_seconds
@@ -116,10 +119,11 @@ def held_lock(
         # This process's threads queue on a lock of their own first, so the next one takes the
         # file's lock the moment its holder lets go (not at its next try, up to POLL_SECONDS
         # later: a burst of a kubelet's prepares would wait a try per claim, in step).
-        took_turn = turn.acquire(blocking=False)
-        while not took_turn:
-            wait_on()
-            took_turn = turn.acquire(timeout=POLL_SECONDS)
+        if turn is not None:
+            took_turn = turn.acquire(blocking=False)
+            while not took_turn:
+                wait_on()
+                took_turn = turn.acquire(timeout=POLL_SECONDS)
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -144,9 +148,11 @@ def held_lock(
                 os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
-        os.close(fd)
-        if took_turn:
-            turn.release()
+        try:
+            os.close(fd)
+        finally:
+            if took_turn and turn is not None:
+                turn.release()
 
 
 def _turn(path: Path) -> threading.Lock:

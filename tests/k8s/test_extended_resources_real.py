@@ -8,6 +8,7 @@ nvidia.com/gpu fill both."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import uuid
@@ -18,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from nodeagent.base.errors import KubeError
 from nodeagent.dra.k8s.driver import DraDriver
 from nodeagent.nvml import MigWriter, NvmlSession, read_inventory
 from tests.k8s.test_gates_real import _plugin
@@ -81,10 +83,16 @@ def _dra_node(
     MigWriter(session).set_mig_mode(0, True)  # a whole GPU's claim turns it off again
     plugin.start()
     stop = threading.Event()
-    # The agent's dra-bind worker: a MIG placement not made yet has binding conditions.
-    binder = threading.Thread(
-        target=lambda: [plugin.bind() for _ in iter(lambda: stop.wait(0.5), True)]
-    )
+
+    def bind() -> None:
+        """The agent's dra-bind worker: a MIG placement not made yet has binding conditions;
+        a pass that fails (KubeError: the watch ended at once, as the teardown's interrupt
+        ends it) is tried again, as the worker tries it."""
+        while not stop.wait(0.5):
+            with contextlib.suppress(KubeError):
+                plugin.bind()
+
+    binder = threading.Thread(target=bind)
     binder.start()
     try:
         assert plugin.publish(read_inventory(session))
