@@ -92,6 +92,7 @@ def test_a_watch_that_never_failed_does_not_end_a_failing_ones_pause() -> None:
     """Only the API server coming back ends the pauses: the Node's healthy watch says nothing
     of the claims' own failure (a 403 on them alone keeps their backoff)."""
     reconnect, stop = Reconnect(first_seconds=60, max_seconds=60), threading.Event()
+    reconnect.wait = wait_fixed(60)  # a random wait up to 60 s is under 0.5 s one time in 120
 
     def refused(version: str | None) -> Iterator[tuple[str, Any]]:
         raise KubeError("Kubernetes API: watch resourceclaims failed: HTTP 403 Forbidden")
