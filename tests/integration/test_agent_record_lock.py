@@ -6,7 +6,6 @@ does, with the record consistent and the next apply finishing the change."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -20,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from nodeagent.state.owners import OWNERS_NAME
+from tests.integration.cli.test_record_lock import held
 from tests.support.cli import Result
 
 TIMEOUT = 30.0
@@ -29,16 +29,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@contextmanager
-def _held(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 @contextmanager
@@ -103,7 +93,7 @@ def test_an_agent_starting_while_the_record_is_held_serves_and_stops(
 ) -> None:
     base = _configs(cli, tmp_path)
     port = _free_port()
-    with _held(tmp_path / f".{OWNERS_NAME}.lock"), _agent(tmp_path, port) as proc:
+    with held(tmp_path / f".{OWNERS_NAME}.lock"), _agent(tmp_path, port) as proc:
         _until("/healthz answer", lambda: _healthz(port) == 200, proc)
         took = _stopped(proc)
     text = (tmp_path / "agent.log").read_text()

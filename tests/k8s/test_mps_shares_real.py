@@ -138,6 +138,25 @@ def _spec_env(cdi_dir: Path, uid: str) -> dict[str, str]:
     return dict(e.split("=", 1) for e in device["containerEdits"]["env"])
 
 
+def _allocated(
+    api_client: Any, namespace: str, node: str, template: str, pods: list[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`pods` made on `node` from the claim template `template`, each with a claim of its own:
+    their claims and allocation results, once the scheduler allocated every claim."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    for pod in pods:
+        core.create_namespaced_pod(
+            namespace, _pod(pod, node, {"resourceClaimTemplateName": template})
+        )
+    claims = _wait(
+        f"{len(pods)} claims allocated",
+        lambda: all(c := [_claim_of(api_client, namespace, p) for p in pods]) and c,
+    )
+    return claims, [_result(c) for c in claims]
+
+
 def test_three_30_percent_shares_fit_one_gpu_a_fourth_waits(
     api_client: Any, namespace: str, short_tmp: Path, fake_mps_control: str
 ) -> None:
@@ -155,15 +174,7 @@ def test_three_30_percent_shares_fit_one_gpu_a_fourth_waits(
              {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}}},
     )  # fmt: skip
     pods = ["asr-0", "asr-1", "asr-2"]
-    for pod in pods:
-        core.create_namespaced_pod(
-            namespace, _pod(pod, node, {"resourceClaimTemplateName": "mps-30"})
-        )
-    claims = _wait(
-        "3 claims allocated",
-        lambda: all(c := [_claim_of(api_client, namespace, p) for p in pods]) and c,
-    )
-    results = [_result(c) for c in claims]
+    claims, results = _allocated(api_client, namespace, node, "mps-30", pods)
     assert {r["device"] for r in results} == {"gpu-0-mps"}, results
     assert len({r["shareID"] for r in results}) == 3, results
     assert all(r["consumedCapacity"] == {SM: "30", MEMORY: "16Gi"} for r in results), results
@@ -219,21 +230,13 @@ def test_two_claims_share_one_mig_slice_and_its_one_daemon(
 ) -> None:
     from kubernetes import client
 
-    core, res = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
+    res = client.ResourceV1Api(api_client)
     state = short_tmp / "sim.json"
     session = NvmlSession(SimulatedNvml(parse_spec("h200"), state))
     node = _node(api_client, session, "mig")
     res.create_namespaced_resource_claim_template(namespace, _template("mps-half-1g", namespace))
     pods = ["tts-0", "tts-1"]
-    for pod in pods:
-        core.create_namespaced_pod(
-            namespace, _pod(pod, node, {"resourceClaimTemplateName": "mps-half-1g"})
-        )
-    claims = _wait(
-        "2 claims allocated",
-        lambda: all(c := [_claim_of(api_client, namespace, p) for p in pods]) and c,
-    )
-    results = [_result(c) for c in claims]
+    claims, results = _allocated(api_client, namespace, node, "mps-half-1g", pods)
     (device,) = {r["device"] for r in results}
     assert device.startswith("gpu-0-mig-1g18gb-19-") and device.endswith("-mps"), results
     assert len({r["shareID"] for r in results}) == 2, results
@@ -295,15 +298,7 @@ def test_requests_are_what_the_scheduler_counts_limits_summing_past_100_let_no_f
         namespace, _limited_template("burst-30", 30, "16Gi", 60)
     )
     pods = ["asr", "tts", "emb"]
-    for pod in pods:
-        core.create_namespaced_pod(
-            namespace, _pod(pod, node, {"resourceClaimTemplateName": "burst-30"})
-        )
-    claims = _wait(
-        "3 claims allocated",
-        lambda: all(c := [_claim_of(api_client, namespace, p) for p in pods]) and c,
-    )
-    results = [_result(c) for c in claims]
+    claims, results = _allocated(api_client, namespace, node, "burst-30", pods)
     assert {r["device"] for r in results} == {"gpu-0-mps"}, results
     assert all(r["consumedCapacity"] == {SM: "30", MEMORY: "16Gi"} for r in results), results
 
