@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import kubernetes_validate
 import pytest
 
 from nodeagent.base.errors import ConfigError
@@ -17,7 +16,7 @@ from nodeagent.dra.claims import Mps, claimed_devices, share_mps
 from nodeagent.dra.devices import DeviceRef, parse_device_name, resource_slices
 from nodeagent.state.owners import Owners
 from tests.support.records import held, owned
-from tests.unit.dra.test_devices import DRIVER, inventory
+from tests.unit.dra.test_devices import DRIVER, inventory, validate_slices
 
 SM, MEMORY = f"{DRIVER}/sm", f"{DRIVER}/memory"
 
@@ -94,17 +93,7 @@ def test_mig_shares_twin_every_placement_within_the_slice_limit() -> None:
 
 @pytest.mark.parametrize(("spec", "mig"), [("h200x2", False), ("a100-40gb", False), ("a30", True)])
 def test_share_slices_validate_against_the_v1_schema(spec: str, mig: bool) -> None:
-    for s in resource_slices(inventory(spec, mig), "node-1", DRIVER, shares="mig"):
-        obj = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": {"name": s.name},
-            "spec": {
-                **s.spec,
-                "pool": {"name": "node-1", "generation": 1, "resourceSliceCount": 2},
-            },
-        }
-        kubernetes_validate.validate(obj, "1.37.0", strict=True)
+    validate_slices(resource_slices(inventory(spec, mig), "node-1", DRIVER, shares="mig"))
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ kubernetes/api@10b39a39bcee995dfe7cd5e8e7b922be5e46f1e2:resource/v1/types.go.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import replace
 from itertools import combinations
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 
 from nodeagent.dra.devices import (
     DeviceRef,
+    SliceSpec,
     counter_set,
     gpu_device,
     gpu_devices,
@@ -178,7 +180,12 @@ def test_eight_gpus_split_counters_and_devices_within_api_limits() -> None:
 
 @pytest.mark.parametrize("spec", ["h200x2", "a100-40gb"])
 def test_slices_validate_against_the_v1_schema(spec: str) -> None:
-    for s in resource_slices(inventory(spec), "node-1", DRIVER):
+    validate_slices(resource_slices(inventory(spec), "node-1", DRIVER))
+
+
+def validate_slices(slices: Iterable[SliceSpec]) -> None:
+    """Each slice, as the publisher sends it, valid against the v1 ResourceSlice schema."""
+    for s in slices:
         obj = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceSlice",
