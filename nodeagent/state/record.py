@@ -20,7 +20,7 @@ written; the store folds the DRA checkpoints of before into it (nodeagent.state.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -165,13 +165,22 @@ def untrusted(owners: Owners, since: Owners | None = None) -> str | None:
     for uid, claim in sorted(owners.claims.items()):
         if since is not None and since.claims.get(uid) is claim:
             continue
-        if not is_uid(uid):
-            return f"claim UID {shown(uid)} is not a Kubernetes UID"
         try:
-            claim_of(json.loads(json.dumps(asdict(claim))))
-        except (TypeError, KeyError, AttributeError, ValueError) as err:
-            return f"claim {uid} is malformed ({err})"
+            _claim(uid, json.loads(json.dumps(asdict(claim))), device_of)
+        except ValueError as err:
+            return str(err)
     return None
+
+
+def _claim(uid: object, entry: Any, read: Callable[[Any], PreparedDevice]) -> PreparedClaim:
+    """One claim of the record as its reader takes it. Raises ValueError (a UID that is not a
+    Kubernetes UID: it would name a folder to remove; a claim half understood)."""
+    if not is_uid(uid):
+        raise ValueError(f"claim UID {shown(uid)} is not a Kubernetes UID")
+    try:
+        return claim_of(entry, read)
+    except (TypeError, KeyError, AttributeError, ValueError) as err:
+        raise ValueError(f"claim {uid} is malformed ({err})") from err
 
 
 def parse(raw: bytes, path: Path) -> Owners:
@@ -192,12 +201,7 @@ def parse(raw: bytes, path: Path) -> Owners:
         read = device_of if version == VERSION else _v1_device
         claims = {}
         for uid, entry in data["claims"].items():
-            if not is_uid(uid):  # it would name a folder to remove: the record is not trusted
-                raise ValueError(f"claim UID {shown(uid)} is not a Kubernetes UID")
-            try:
-                claims[str(uid)] = claim_of(entry, read)
-            except (TypeError, KeyError, AttributeError, ValueError) as err:
-                raise ValueError(f"claim {uid} is malformed ({err})") from err
+            claims[str(uid)] = _claim(uid, entry, read)
     except NotJson as err:
         raise ConfigError(f"ownership record {path} is unreadable (it is {err})") from err
     except (ValueError, TypeError, KeyError, AttributeError) as err:
