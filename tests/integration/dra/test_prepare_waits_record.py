@@ -11,7 +11,7 @@ import pytest
 from nodeagent.base.errors import LockHeld
 from nodeagent.dra.claims import ClaimRef
 from nodeagent.state.owners import OWNERS_NAME
-from tests.integration.test_agent_record_lock import _held
+from tests.integration.cli.test_record_lock import held
 from tests.support.dra import DraNode, allocated_claim
 
 
@@ -19,7 +19,7 @@ def test_a_prepare_waits_for_a_held_record_no_longer_than_its_deadline(
     dra_node: DraNode,
 ) -> None:
     claim = allocated_claim("asr", "uid-1", {"gpu": "gpu-0-mig-1g18gb-19-3"})
-    with _held(dra_node.root / f".{OWNERS_NAME}.lock"):
+    with held(dra_node.root / f".{OWNERS_NAME}.lock"):
         began = time.monotonic()
         with pytest.raises(LockHeld, match="another process holds the ownership record's lock"):
             dra_node.node.prepare(ClaimRef("speech", "asr", "uid-1"), claim, began + 1.0)
