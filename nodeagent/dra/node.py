@@ -269,7 +269,7 @@ class NodeDriver:
         ticket), LockHeld, NvmlError, MpsError, AgentError; whatever it raises, the claim holds
         nothing afterwards."""
         began = time.monotonic()
-        kind = "gpu"
+        kinds: list[str] = []  # the claim's kind once its devices are known (a refusal's too)
         try:
             with self._claim(ref.uid):
                 if ticket is not None and ticket.unprepared:
@@ -278,19 +278,22 @@ class NodeDriver:
                         " deleted, or the kubelet let go of it): nothing was prepared; the"
                         " kubelet asks again if a pod still needs it"
                     )
-                prepared, kind = self._prepare(ref, claim, deadline)
+                prepared = self._prepare(ref, claim, deadline, kinds)
         except AgentError as err:
             if self.stats is not None:
                 self.stats.refused(reason_of(err))
+                kind = kinds[0] if kinds else "gpu"  # refused before its devices were read
                 self.stats.observe_prepare(kind, time.monotonic() - began, False)
             raise
         if self.stats is not None:
-            self.stats.observe_prepare(kind, time.monotonic() - began, True)
+            self.stats.observe_prepare(kinds[0], time.monotonic() - began, True)
         return prepared
 
     def _prepare(
-        self, ref: ClaimRef, claim: Mapping[str, Any], deadline: float | None
-    ) -> tuple[list[Prepared], str]:
+        self, ref: ClaimRef, claim: Mapping[str, Any], deadline: float | None, kinds: list[str]
+    ) -> list[Prepared]:
+        """The claim prepared; `kinds` gets its kind (mig | mps | gpu | admin) once its devices
+        are known, whether it is prepared or refused."""
         c = self.config
         owners = self.owners.read()
         claims = owners.prepared_here(c.driver)
@@ -299,7 +302,8 @@ class NodeDriver:
         if before is not None and before.state == PREPARED:
             gone = self._gone(ref.uid, before)
             if gone is None:
-                return _answer(before), kind_of(before.devices)
+                kinds.append(kind_of(before.devices))
+                return _answer(before)
             # A reboot (MIG slices, /var/run/cdi and MPS daemons do not survive one; the
             # checkpoint does), or someone destroyed it: made again, as NVIDIA's driver
             # drops a checkpoint of an earlier boot.
@@ -313,7 +317,6 @@ class NodeDriver:
             if before is not None:  # a retry that is refused now holds nothing
                 self._release(ref.uid, before, deadline)
             raise
-        kind = kind_of(wanted)
         entry = PreparedClaim(ref.namespace, ref.name, PREPARING, tuple(wanted), (), c.driver)
         try:
             done = self._run(ClaimChange(ref.uid, entry, deadline=deadline, read=read))
@@ -325,6 +328,7 @@ class NodeDriver:
             entry = replace(entry, state=PREPARED, devices=tuple(made), cdi_ids=ids)
             self._update(ref.uid, entry, deadline)
         except BaseException as err:
+            kinds.append(kind_of(entry.devices))
             log.warning("dra.prepare_undone", claim=str(ref), error=str(err))
             try:
                 self._release(ref.uid, entry, deadline)
@@ -332,7 +336,8 @@ class NodeDriver:
                 log.error("dra.undo_failed", claim=str(ref), error=str(undo))
             raise
         log.info("dra.prepared", claim=str(ref), devices=[d.device for d in made])
-        return _answer(entry), kind
+        kinds.append(kind_of(entry.devices))
+        return _answer(entry)
 
     # -- made before the pod binds (binding conditions) ----------------------------------------
 

@@ -98,6 +98,9 @@ class Plan:
         return {"operations": [op.to_dict() for op in self.operations]}
 
 
+NO_PLAN = Plan()  # no GPU, no operation: a run's plan until it plans (frozen, shared)
+
+
 @dataclass(frozen=True)
 class _Gi:
     """One existing GPU instance and its compute instances (from the Inventory's slices)."""

@@ -46,6 +46,9 @@ class MpsChange:
     reason: str = ""
 
 
+NO_MPS_CHANGE = MpsChange("none")  # the daemon stays as it is (frozen, shared)
+
+
 def prepare_layout(settings: MpsSettings) -> bool:
     """The device plugin's folders for this daemon (nodeagent.mps.layout.prepare: modes, the
     SELinux context); False in the flat layout. Raises MpsError or ConfigError."""
@@ -93,7 +96,7 @@ class MpsManager:
         with self.lock:
             if intent is None:
                 if self.daemon is None:
-                    return MpsChange("none")
+                    return NO_MPS_CHANGE
                 if self._clients():
                     raise MpsError(
                         f"MPS is disabled but the daemon serves {self._clients()} clients;"

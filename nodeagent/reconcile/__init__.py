@@ -29,9 +29,10 @@
 
 Nothing changes before resolve and plan succeeded for the whole node. Every failure is
 reported as `<step>: <reason>` (`resolve: mig.yaml: no config named 'x'`), and each step's
-duration is a sample of `nodeagent_reconcile_step_duration_seconds{step}`. Collaborators come
-in through the constructor (nodeagent.agent.factory builds the agent's and a command's),
-so the whole pipeline runs in a unit test on the emulator with fakes.
+duration is a sample of `nodeagent_reconcile_step_duration_seconds{step}`, taken when the run
+ends. Collaborators come in through the constructor (nodeagent.agent.factory builds the
+agent's and a command's), so the whole pipeline runs in a unit test on the emulator with
+fakes.
 """
 
 from __future__ import annotations

@@ -19,12 +19,12 @@ from nodeagent.host.duties import reboot, refresh_cdi
 from nodeagent.host.hooks import hook_env, run_hook
 from nodeagent.mig.apply import Done, Reset, execute
 from nodeagent.mig.plan import Op, Operation
-from nodeagent.mps.manager import MpsChange, MpsManager
+from nodeagent.mps.manager import NO_MPS_CHANGE, MpsChange, MpsManager
 from nodeagent.mps.settings import validate
 from nodeagent.nvml import MigWriter
 from nodeagent.reconcile.claims import released
 from nodeagent.reconcile.ports import Clients, Report, Reporter, Stops
-from nodeagent.reconcile.run import Run, holders, plan_from, prepares, record_wait
+from nodeagent.reconcile.run import Run, holders, lock_wait_left, plan_from, prepares
 from nodeagent.settings import Settings
 from nodeagent.state.owners import OwnerStore, claimed_mps
 from nodeagent.state.snapshot import Allocations, Store
@@ -146,9 +146,7 @@ class Changer:
             # (the plan refused this already if the daemon has clients).
             self.mps.apply(MpsChange("stop", reason="its GPUs change"))
             change = (
-                MpsChange("start", change.intent)
-                if change.action == "restart"
-                else MpsChange("none")
+                MpsChange("start", change.intent) if change.action == "restart" else NO_MPS_CHANGE
             )
         if run.mig_plan.operations or run.scope is not None:
             self._apply_mig(run)
@@ -216,7 +214,8 @@ class Changer:
         if scope is not None and scope.release and self.owners is not None:
             run.owners = self.owners.update(
                 lambda o: released(scope.uid, o, scope.claim.driver),
-                wait_seconds=record_wait(run),
+                wait_seconds=lock_wait_left(run),
+                waited=run.lock_wait_seconds,
             )
 
     def refresh_cdi(self, run: Run) -> None:
@@ -263,10 +262,7 @@ def _lock_settings(run: Run) -> Settings:
     and less what the run waited for the MIG writer lock: one mig.lock-timeout for both the
     writer lock and the record's."""
     s = run.settings
-    deadline = run.scope.deadline if run.scope is not None else None
-    left = max(0.0, s.mig.lock_timeout_seconds - run.lock_wait_seconds)
-    if deadline is not None:
-        left = max(0.0, min(left, deadline - time.monotonic()))
+    left = lock_wait_left(run)
     if left == s.mig.lock_timeout_seconds:
         return s
     return dataclasses.replace(s, mig=dataclasses.replace(s.mig, lock_timeout_seconds=left))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from itertools import combinations
 from typing import Protocol
 
@@ -56,12 +57,12 @@ class ClaimChange:
     release: bool = False
     deadline: float | None = None
     read: Owners | None = field(default=None, repr=False, compare=False)
-    # Who asks, in logs and errors, as the record names the claim as a holder (so the
-    # claim's own devices never count as busy for its change).
-    name: str = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "name", str(holder(self.uid, self.claim)))
+    @cached_property
+    def name(self) -> str:
+        """Who asks, in logs and errors, as the record names the claim as a holder (so the
+        claim's own devices never count as busy for its change)."""
+        return str(holder(self.uid, self.claim))
 
 
 @dataclass(frozen=True)

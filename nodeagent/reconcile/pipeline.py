@@ -42,9 +42,9 @@ from nodeagent.reconcile.report import report_of
 from nodeagent.reconcile.run import (
     Run,
     holders,
+    lock_wait_left,
     plan_from,
     prepares,
-    record_wait,
     reheld,
     unheld,
 )
@@ -142,7 +142,13 @@ class Pipeline:
             for name, step in self._claim_steps(change):
                 self.step(run, name, step)
         except Exception as err:
-            log.warning("change.failed", change=change.name, step=run.step, error=str(err))
+            log.warning(
+                "change.failed",
+                change=change.name,
+                step=run.step,
+                error=str(err),
+                steps=run.took_ms,
+            )
             run.outcome = "failure"
             raise
         finally:
@@ -151,8 +157,9 @@ class Pipeline:
                     self.step(run, "restore", self.change.restore)
             finally:
                 run.locks.close()
+                self.observed(run)
         if run.done:
-            log.info("change.done", change=change.name, operations=len(run.done))
+            log.info("change.done", change=change.name, operations=len(run.done), steps=run.took_ms)
         assert run.snapshot is not None and run.scope is not None
         return ChangeDone(
             tuple(run.done), run.snapshot.inventory, run.lock_wait_seconds, run.scope.claim
@@ -172,6 +179,7 @@ class Pipeline:
                 return self._run_once(run, dry_run or compare, compare)
             finally:
                 run.locks.close()
+                self.observed(run)
                 self.store.publish_mps(self.mps.status)  # the metrics' MPS status
 
     def _run_once(self, run: Run, dry_run: bool, compare: bool) -> Report:
@@ -234,16 +242,26 @@ class Pipeline:
         ]
 
     def step(self, run: Run, name: str, step: Step) -> None:
-        """Run one named step: its duration logged, kept in the run and in the step metric."""
+        """Run one named step, its duration kept in the run: the step metric takes the run's
+        durations once the run ends (`observed`), and the run's last log line and its report
+        name them, so a step calls nothing beside its own work."""
         run.step = name
         began = self.clock()
-        log.debug("reconcile.step", step=name)
         try:
             step(run)
         finally:
             seconds = self.clock() - began
             run.took_ms[name] = round(seconds * 1000, 1)
+            run.took.append((name, seconds))
+
+    def observed(self, run: Run) -> None:
+        """The run's step durations into the step metric and one debug line (once, as the run
+        ends: a failure's warning names the step it failed in)."""
+        if run.took:
+            log.debug("reconcile.steps", steps=dict(run.took_ms))
+        for name, seconds in run.took:
             self.stats.observe_step(name, seconds)
+        run.took.clear()
 
     def _send_report(self, report: Report) -> bool:
         """Whether the reporter took the report (the state label was written)."""
@@ -335,7 +353,9 @@ class Pipeline:
             # Under the MIG writer lock: planned with the record as it is now, and the claim
             # written into it (`preparing`) when the plan holds, in one read-modify-write.
             run.owners = self.owners.update(
-                lambda o: self._claim_plan(run, o), wait_seconds=record_wait(run)
+                lambda o: self._claim_plan(run, o),
+                wait_seconds=lock_wait_left(run),
+                waited=run.lock_wait_seconds,
             )
             return
         if run.desired is not None or run.scope is not None:

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from nodeagent.base.errors import KubeError
 from nodeagent.host.hooks import HooksFile
 from nodeagent.mig.apply import Done
-from nodeagent.mig.plan import Plan, plan
+from nodeagent.mig.plan import NO_PLAN, Plan, plan
 from nodeagent.mig.select import MigTarget
-from nodeagent.mps.manager import MpsChange, MpsIntent
+from nodeagent.mps.manager import NO_MPS_CHANGE, MpsChange, MpsIntent
 from nodeagent.reconcile.claims import ClaimChange, claim_wants, settled
 from nodeagent.reconcile.ports import Clients, Wanted
 from nodeagent.settings import Settings
@@ -38,8 +38,8 @@ class Run:
     uncovered: list[str] = field(default_factory=list)  # GPUs a MIG config does not select
     mps_intent: MpsIntent | None = None
     sharing: Resolution | None = None
-    mig_plan: Plan = field(default_factory=Plan)
-    mps_change: MpsChange = field(default_factory=lambda: MpsChange("none"))
+    mig_plan: Plan = NO_PLAN
+    mps_change: MpsChange = NO_MPS_CHANGE
     clients: Clients | None = None
     paused: bool = False
     hooks: HooksFile | None = None
@@ -49,6 +49,7 @@ class Run:
     step: str = ""
     failed: bool = False  # a step before publish failed: the sharing taken last still holds
     took_ms: dict[str, float] = field(default_factory=dict)  # step -> milliseconds
+    took: list[tuple[str, float]] = field(default_factory=list)  # (step, seconds), in order
     # The MIG writer lock, from the start of pause to the end of restore.
     locks: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     locked: bool = False  # pause took the MIG writer lock
@@ -97,10 +98,15 @@ def prepares(run: Run) -> ClaimChange | None:
     return run.scope if run.scope is not None and not run.scope.release else None
 
 
-def record_wait(run: Run) -> float | None:
-    """The wait for the record's lock: until a claim's deadline (None: the store's own)."""
+def lock_wait_left(run: Run) -> float:
+    """How long the run may still wait for a lock: one mig.lock-timeout (the run's settings)
+    for the MIG writer lock and the record's together, less what the run waited for the
+    writer lock, and never past a claim's deadline (time.monotonic)."""
+    left = max(0.0, run.settings.mig.lock_timeout_seconds - run.lock_wait_seconds)
     deadline = run.scope.deadline if run.scope is not None else None
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
+    if deadline is not None:
+        left = max(0.0, min(left, deadline - time.monotonic()))
+    return left
 
 
 def plan_from(run: Run, snapshot: Snapshot) -> Plan:

@@ -152,6 +152,7 @@ class OwnerStore:
         self._lock = threading.Lock()
         self._updating = threading.Lock()  # one read-modify-write at a time in this process
         self._said: tuple[str, tuple[str, ...], str | None] | None = None  # the last warning
+        self._swept = False  # this process swept the cut-short writes (at its first write)
         # The wait for the record's lock when the caller gives none (mig.lock-timeout's
         # default); the stop signal that ends a wait at once (0: none).
         self.default_wait: Callable[[], float] = lambda: DEFAULT_WAIT_SECONDS
@@ -319,15 +320,21 @@ class OwnerStore:
 
     def _sweep(self) -> None:
         """Remove the temporary files of record writes a kill cut short (readers never see
-        them, and nothing else would remove them). Under the record's lock: every write of the
-        record holds it, so none of them is a write under way."""
+        them, and nothing else would remove them), once per process, at its first write: a
+        cut-short write is a killed process's, swept by the next process that writes (the
+        agent restarted, the next one-shot command). Under the record's lock: every write of
+        the record holds it, so none of them is a write under way."""
         assert self.path is not None
+        if self._swept:
+            return
         try:
             for path in interrupted_writes(self.path):
                 path.unlink(missing_ok=True)
                 log.info("owners.litter_removed", path=str(path))
-        except OSError as err:  # litter, not a reason to refuse a change
+        except OSError as err:  # litter, not a reason to refuse a change: tried again
             log.warning("owners.litter_left", path=str(err.filename), error=err.strerror)
+            return
+        self._swept = True
 
     def _write(self, owners: Owners, since: Owners | None = None) -> None:
         """Replace the record (`since`: as it was read before the change), with nothing its

@@ -159,6 +159,30 @@ def test_a_slice_another_claim_holds_refuses_the_claim_and_changes_nothing(
     assert world.calls == [] and not engine.applying
 
 
+def test_a_claims_steps_reach_the_step_metric_once_its_run_ends_refused_or_not(
+    pipeline: tuple[Pipeline, SimulatedNvml, World],
+) -> None:
+    """A step calls nothing beside its own work: the run keeps each step's duration and the
+    step metric takes them as the run ends, each step once, a refused change's steps too."""
+    engine, lib, _world = pipeline
+    assert engine.owners is not None
+    counted: list[dict[str, float]] = []
+    lib.latency = {CREATE_GI: 1e-9}
+    lib.sleep = lambda _s: counted.append({k: v[-1] for k, v in engine.stats.steps.items()})
+
+    engine.run_change(ClaimChange(UID, _claim(lib, 1)))
+
+    assert counted == [{}]  # nothing observed while the change ran
+    steps = {k: v[-1] for k, v in engine.stats.steps.items()}
+    assert steps == {"pause": 1, "observe": 1, "plan": 1, "apply": 1, "verify": 1, "cdi": 1}
+
+    engine.owners.write(Owners({OTHER: _claim(lib, 0, "other")}))
+    with pytest.raises(SliceInUse):
+        engine.run_change(ClaimChange(UID, _claim(lib, 0)))
+    steps = {k: v[-1] for k, v in engine.stats.steps.items()}
+    assert steps == {"pause": 2, "observe": 2, "plan": 2, "apply": 1, "verify": 1, "cdi": 1}
+
+
 def test_the_hooks_run_around_a_claims_operations_only(tmp_path: Path) -> None:
     """apply-start, pre-apply-mode, pre-apply-config, apply-exit around a change that makes
     a slice; none around one that changes nothing, even on a command's pipeline (whose MIG

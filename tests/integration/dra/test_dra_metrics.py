@@ -50,6 +50,10 @@ def test_prepares_unprepares_and_refusals_are_counted(short_root: Path) -> None:
 
     assert value("nodeagent_dra_prepare_duration_seconds_count", kind="mig", result="success") == 1
     assert value("nodeagent_dra_prepare_duration_seconds_count", kind="gpu", result="success") == 1
+    # a refusal is counted by its claim's kind once its devices are read (the slice in use: a
+    # MIG claim); one refused before (its config unreadable) by the default, gpu
+    assert value("nodeagent_dra_prepare_duration_seconds_count", kind="mig", result="failure") == 1
+    assert value("nodeagent_dra_prepare_duration_seconds_count", kind="gpu", result="failure") == 1
     assert value("nodeagent_dra_claims_prepared", kind="mig") == 1
     assert value("nodeagent_dra_claims_prepared", kind="gpu") == 1
     assert value("nodeagent_dra_claims_prepared", kind="mps") == 0

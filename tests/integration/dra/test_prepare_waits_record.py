@@ -4,15 +4,20 @@ then is refused as held (reason lock), with no slice made and nothing recorded."
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
+from typing import Any
 
 import pytest
 
+from nodeagent.agent.factory import dra_driver
 from nodeagent.base.errors import LockHeld
 from nodeagent.dra.claims import ClaimRef
+from nodeagent.settings import Settings
 from nodeagent.state.owners import OWNERS_NAME
 from tests.integration.cli.test_record_lock import held
-from tests.support.dra import DraNode, allocated_claim
+from tests.support.dra import DraNode, allocated_claim, no_reset, node_config
 
 
 def test_a_prepare_waits_for_a_held_record_no_longer_than_its_deadline(
@@ -27,3 +32,55 @@ def test_a_prepare_waits_for_a_held_record_no_longer_than_its_deadline(
     assert took < 10, took
     assert dra_node.layout() == []  # no slice made
     assert "uid-1" not in dra_node.node.owners.read().claims
+
+
+def test_a_claims_two_locks_share_one_lock_timeout(
+    dra_node: DraNode, fake_mps_control: str
+) -> None:
+    """With no deadline (a claim made from the binding watch), a claim's change waits one
+    mig.lock-timeout for the MIG writer lock and the record's together, as `mig apply` does:
+    the writer lock held 1.5 s, the record's all along, mig.lock-timeout 3 s: refused after
+    about 3 s (before: 1.5 s, then the store's own full 3 s more), the sentence counting both
+    waits."""
+    settings = Settings()
+    settings = dataclasses.replace(
+        settings, mig=dataclasses.replace(settings.mig, lock_timeout_seconds=3.0)
+    )
+    root = dra_node.root
+    node = dra_driver(
+        dra_node.session, settings, node_config(root, fake_mps_control), no_reset,
+        root / ".sim.json.lock",
+    )  # fmt: skip
+    claim = allocated_claim("asr", "uid-1", {"gpu": "gpu-0-mig-1g18gb-19-3"})
+    undone: list[float] = []  # when the refused prepare began its undo
+    release = node._release
+
+    def undo(*args: Any, **kwargs: Any) -> None:
+        undone.append(time.monotonic())
+        release(*args, **kwargs)
+
+    node._release = undo  # type: ignore[method-assign]
+    with held(root / f".{OWNERS_NAME}.lock"):
+        with held(root / ".sim.json.lock"):
+            waiting = threading.Timer(1.5, lambda: None)
+            waiting.start()
+            began = time.monotonic()
+            refused: list[BaseException] = []
+
+            def prepare() -> None:
+                try:
+                    node.prepare(ClaimRef("speech", "asr", "uid-1"), claim)
+                except LockHeld as err:
+                    refused.append(err)
+
+            worker = threading.Thread(target=prepare)
+            worker.start()
+            waiting.join()
+        worker.join(timeout=30)
+    assert [type(e) for e in refused] == [LockHeld]
+    took = undone[0] - began  # the undo waits for the record too, a wait of its own
+    assert "another process holds the ownership record's lock" in str(refused[0])
+    assert "gave up after 3 s" in str(refused[0]), refused[0]
+    assert 2.5 < took < 4.2, took  # one 3 s wait, not 1.5 s and then 3 s more (4.5 s)
+    assert dra_node.layout() == []
+    assert "uid-1" not in node.owners.read().claims

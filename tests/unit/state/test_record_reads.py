@@ -98,3 +98,54 @@ def test_the_listeners_hear_of_each_write_in_order(tmp_path: Path) -> None:
 
     assert heard == [_owners(UID_A), Owners()]
     assert store.read() == Owners()
+
+
+def test_cut_short_writes_are_swept_once_per_process_at_its_first_write(
+    tmp_path: Path,
+) -> None:
+    """A write of the record cut short is a killed process's: the next process that writes
+    sweeps it, at its first write, under the record's lock (not every write: a folder listing
+    per claim's change); a sweep that could not list the folder is tried again."""
+    path = tmp_path / "owners.json"
+    first = tmp_path / ".owners.json.k3x9_a0b"  # a write killed before its rename
+    first.write_text('{"version": 2, "clai')
+    store = OwnerStore(path, lambda _inventory: Owners())
+
+    store.update(lambda _o: _owners(UID_A))
+    assert not first.exists()  # swept at this process's first write
+
+    later = tmp_path / ".owners.json.zz0011aa"  # as if another process were killed now
+    later.write_text('{"version": 2, "clai')
+    store.update(lambda _o: _owners(UID_B))
+    assert later.exists()  # this process swept already
+
+    OwnerStore(path, lambda _inventory: Owners()).update(lambda o: o)
+    assert not later.exists()  # the next process's first write (one that changes nothing)
+    assert store.read() == _owners(UID_B)
+
+
+def test_a_sweep_that_could_not_list_the_folder_is_tried_at_the_next_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "owners.json"
+    path.write_text(Owners().to_json())  # a record there: one take of the lock per update
+    litter = tmp_path / ".owners.json.k3x9_a0b"
+    litter.write_text('{"version": 2, "clai')
+    listed: list[Path] = []
+
+    def interrupted_writes(at: Path) -> list[Path]:
+        listed.append(at)
+        if len(listed) == 1:
+            raise PermissionError(13, "Permission denied", str(at.parent))
+        return original(at)
+
+    original = owners_module.interrupted_writes
+    monkeypatch.setattr(owners_module, "interrupted_writes", interrupted_writes)
+    store = OwnerStore(path, lambda _inventory: Owners())
+
+    store.update(lambda _o: _owners(UID_A))  # litter left, the change made all the same
+    assert litter.exists() and store.read() == _owners(UID_A)
+    store.update(lambda _o: _owners(UID_B))
+    assert not litter.exists() and len(listed) == 2
+    store.update(lambda _o: _owners(UID_A))
+    assert len(listed) == 2
