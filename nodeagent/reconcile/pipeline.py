@@ -156,8 +156,8 @@ class Pipeline:
                 if run.hooks_started:
                     self.step(run, "restore", self.change.restore)
             finally:
+                self.observed(run)  # first: whatever closing the locks raises
                 run.locks.close()
-                self.observed(run)
         if run.done:
             log.info("change.done", change=change.name, operations=len(run.done), steps=run.took_ms)
         assert run.snapshot is not None and run.scope is not None
@@ -178,8 +178,8 @@ class Pipeline:
             try:
                 return self._run_once(run, dry_run or compare, compare)
             finally:
+                self.observed(run)  # first: whatever closing the locks raises
                 run.locks.close()
-                self.observed(run)
                 self.store.publish_mps(self.mps.status)  # the metrics' MPS status
 
     def _run_once(self, run: Run, dry_run: bool, compare: bool) -> Report:
