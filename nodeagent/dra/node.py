@@ -331,13 +331,25 @@ class NodeDriver:
             kinds.append(kind_of(entry.devices))
             log.warning("dra.prepare_undone", claim=str(ref), error=str(err))
             try:
-                self._release(ref.uid, entry, deadline)
+                if self._recorded(ref.uid):
+                    self._release(ref.uid, entry, deadline)
             except AgentError as undo:  # the claim stays recorded: unprepare finishes it
                 log.error("dra.undo_failed", claim=str(ref), error=str(undo))
             raise
         log.info("dra.prepared", claim=str(ref), devices=[d.device for d in made])
         kinds.append(kind_of(entry.devices))
         return _answer(entry)
+
+    def _recorded(self, uid: str) -> bool:
+        """Whether the record has the claim, read now (no lock: this claim's calls take turns).
+        A prepare the engine refused before it recorded the claim made nothing (the record has
+        a claim before its first NVML operation, and MPS daemons and CDI specs come after):
+        its undo has nothing to release, so it neither waits for the locks nor reads the GPUs.
+        A record that cannot be read says yes: the undo runs."""
+        try:
+            return uid in self.owners.read().claims
+        except AgentError:
+            return True
 
     # -- made before the pod binds (binding conditions) ----------------------------------------
 

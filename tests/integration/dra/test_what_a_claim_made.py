@@ -12,6 +12,7 @@ from nodeagent.base.errors import ConfigError
 from nodeagent.dra.claims import ClaimRef
 from nodeagent.dra.node import NodeDriver
 from nodeagent.nvml import MigWriter, Placement
+from nodeagent.reconcile.claims import ChangeDone, ClaimChange
 from tests.support.dra import DraNode, allocated_claim
 
 ONE_1G = 19  # the 1g.18gb profile of an H200
@@ -30,12 +31,23 @@ def test_a_refused_prepare_leaves_a_slice_that_was_there_before_it(dra_node: Dra
     both = dra_node.add_claim(
         allocated_claim("two", "uid-2", {"a": "gpu-0-mig-1g18gb-19-1", "b": "gpu-1"})
     )
+    runs: list[bool] = []  # the engine's runs for the claim: release or not
+    engine_run = dra_node.node._run
+
+    def counted(change: ClaimChange) -> ChangeDone:
+        runs.append(change.release)
+        return engine_run(change)
+
+    dra_node.node._run = counted  # type: ignore[method-assign]
 
     refused = dra_node.kubelet.prepare([both])["uid-2"]
 
     assert refused.error == "claim speech/two: gpu-1: claim speech/llm holds the GPU of GPU 1"
     assert dra_node.layout(0) == [("1g.18gb", 1)]
     assert "uid-2" not in dra_node.node.recorded()
+    # Never recorded, so it made nothing: its undo runs no release (which would read the GPUs
+    # and wait for the locks again).
+    assert runs == [False]
 
 
 def test_a_second_nodeagent_driver_never_takes_or_drops_a_claim_the_first_one_holds(
