@@ -39,13 +39,13 @@ def test_a_claims_two_locks_share_one_lock_timeout(
 ) -> None:
     """With no deadline (a claim made from the binding watch), a claim's change waits one
     mig.lock-timeout for the MIG writer lock and the record's together, as `mig apply` does:
-    the writer lock held 1.5 s, the record's all along, mig.lock-timeout 3 s: refused after
-    about 3 s (before: 1.5 s, then the store's own full 3 s more), the sentence counting both
+    the writer lock held 2.5 s, the record's all along, mig.lock-timeout 4 s: refused after
+    about 4 s (before: 2.5 s, then the store's own full 4 s more), the sentence counting both
     waits. The engine never recorded the claim, so it made nothing: the refusal's undo has
-    nothing to release and does not wait again (before: 3 s more, then `dra.undo_failed`)."""
+    nothing to release and does not wait again (before: 4 s more, then `dra.undo_failed`)."""
     settings = Settings()
     settings = dataclasses.replace(
-        settings, mig=dataclasses.replace(settings.mig, lock_timeout_seconds=3.0)
+        settings, mig=dataclasses.replace(settings.mig, lock_timeout_seconds=4.0)
     )
     root = dra_node.root
     node = dra_driver(
@@ -63,9 +63,6 @@ def test_a_claims_two_locks_share_one_lock_timeout(
     node._release = undo  # type: ignore[method-assign]
     with held(root / f".{OWNERS_NAME}.lock"):
         with held(root / ".sim.json.lock"):
-            waiting = threading.Timer(1.5, lambda: None)
-            waiting.start()
-            began = time.monotonic()
             refused: list[BaseException] = []
 
             def prepare() -> None:
@@ -75,14 +72,15 @@ def test_a_claims_two_locks_share_one_lock_timeout(
                     refused.append(err)
 
             worker = threading.Thread(target=prepare)
+            began = time.monotonic()
             worker.start()
-            waiting.join()
+            time.sleep(2.5)  # then the MIG writer lock is let go
         worker.join(timeout=30)
         took = time.monotonic() - began
     assert [type(e) for e in refused] == [LockHeld]
     assert undone == []  # nothing recorded, nothing made: nothing to undo
     assert "another process holds the ownership record's lock" in str(refused[0])
-    assert "gave up after 3 s" in str(refused[0]), refused[0]
-    assert 2.5 < took < 4.2, took  # one 3 s wait, not 1.5 s and then 3 s more (4.5 s)
+    assert "gave up after 4 s" in str(refused[0]), refused[0]
+    assert 3.5 < took < 5.5, took  # one 4 s wait; before, 2.5 s + 4 s, and 4 s more to undo
     assert dra_node.layout() == []
     assert "uid-1" not in node.owners.read().claims
