@@ -62,7 +62,7 @@ system-deps:
 # Two xdist workers more than CPUs: much of the suite's test time is waiting (agents'
 # intervals, processes, sockets, Prometheus, the real scheduler's 5 s PreBind reads and its
 # control planes starting, 12-17 s each), so spare workers keep the CPUs busy (2 cores, 4
-# workers: 4,264 passed, 41 skipped in 260 s; at 3,357 tests 3 workers took 129 s, 4 120 s).
+# workers: 4,264 passed, 41 skipped in 260-330 s; at 3,357 tests 3 workers took 129 s, 4 120 s).
 # TEST_WORKERS=N overrides.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 2 )))
 
