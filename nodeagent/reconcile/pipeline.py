@@ -250,18 +250,15 @@ class Pipeline:
         try:
             step(run)
         finally:
-            seconds = self.clock() - began
-            run.took_ms[name] = round(seconds * 1000, 1)
-            run.took.append((name, seconds))
+            run.took.append((name, self.clock() - began))
 
     def observed(self, run: Run) -> None:
         """The run's step durations into the step metric and one debug line (once, as the run
         ends: a failure's warning names the step it failed in)."""
         if run.took:
-            log.debug("reconcile.steps", steps=dict(run.took_ms))
+            log.debug("reconcile.steps", steps=run.took_ms)
         for name, seconds in run.took:
             self.stats.observe_step(name, seconds)
-        run.took.clear()
 
     def _send_report(self, report: Report) -> bool:
         """Whether the reporter took the report (the state label was written)."""

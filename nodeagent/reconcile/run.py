@@ -48,12 +48,16 @@ class Run:
     done: list[Done] = field(default_factory=list)
     step: str = ""
     failed: bool = False  # a step before publish failed: the sharing taken last still holds
-    took_ms: dict[str, float] = field(default_factory=dict)  # step -> milliseconds
     took: list[tuple[str, float]] = field(default_factory=list)  # (step, seconds), in order
     # The MIG writer lock, from the start of pause to the end of restore.
     locks: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     locked: bool = False  # pause took the MIG writer lock
     lock_wait_seconds: float = 0.0
+
+    @property
+    def took_ms(self) -> dict[str, float]:
+        """{step: milliseconds} (a step run twice: its last run), for the logs and the report."""
+        return {name: round(seconds * 1000, 1) for name, seconds in self.took}
 
 
 def unheld(snapshot: Snapshot) -> Snapshot:
