@@ -166,21 +166,23 @@ def test_a_claims_steps_reach_the_step_metric_once_its_run_ends_refused_or_not(
     step metric takes them as the run ends, each step once, a refused change's steps too."""
     engine, lib, _world = pipeline
     assert engine.owners is not None
+
+    def counts() -> dict[str, float]:  # {step: samples in the step metric}
+        return {k: v[-1] for k, v in engine.stats.steps.items()}
+
     counted: list[dict[str, float]] = []
     lib.latency = {CREATE_GI: 1e-9}
-    lib.sleep = lambda _s: counted.append({k: v[-1] for k, v in engine.stats.steps.items()})
+    lib.sleep = lambda _s: counted.append(counts())
 
     engine.run_change(ClaimChange(UID, _claim(lib, 1)))
 
     assert counted == [{}]  # nothing observed while the change ran
-    steps = {k: v[-1] for k, v in engine.stats.steps.items()}
-    assert steps == {"pause": 1, "observe": 1, "plan": 1, "apply": 1, "verify": 1, "cdi": 1}
+    assert counts() == {"pause": 1, "observe": 1, "plan": 1, "apply": 1, "verify": 1, "cdi": 1}
 
     engine.owners.write(Owners({OTHER: _claim(lib, 0, "other")}))
     with pytest.raises(SliceInUse):
         engine.run_change(ClaimChange(UID, _claim(lib, 0)))
-    steps = {k: v[-1] for k, v in engine.stats.steps.items()}
-    assert steps == {"pause": 2, "observe": 2, "plan": 2, "apply": 1, "verify": 1, "cdi": 1}
+    assert counts() == {"pause": 2, "observe": 2, "plan": 2, "apply": 1, "verify": 1, "cdi": 1}
 
 
 def test_the_hooks_run_around_a_claims_operations_only(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ then is refused as held (reason lock), with no slice made and nothing recorded."
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from typing import Any
@@ -14,9 +13,9 @@ import pytest
 from nodeagent.agent.factory import dra_driver
 from nodeagent.base.errors import LockHeld
 from nodeagent.dra.claims import ClaimRef
-from nodeagent.settings import Settings
 from nodeagent.state.owners import OWNERS_NAME
 from tests.integration.cli.test_record_lock import held
+from tests.support.agent import make_settings
 from tests.support.dra import DraNode, allocated_claim, no_reset, node_config
 
 
@@ -43,10 +42,7 @@ def test_a_claims_two_locks_share_one_lock_timeout(
     about 4 s (before: 2.5 s, then the store's own full 4 s more), the sentence counting both
     waits. The engine never recorded the claim, so it made nothing: the refusal's undo has
     nothing to release and does not wait again (before: 4 s more, then `dra.undo_failed`)."""
-    settings = Settings()
-    settings = dataclasses.replace(
-        settings, mig=dataclasses.replace(settings.mig, lock_timeout_seconds=4.0)
-    )
+    settings = make_settings(mig={"lock_timeout_seconds": 4.0})
     root = dra_node.root
     node = dra_driver(
         dra_node.session, settings, node_config(root, fake_mps_control), no_reset,
